@@ -1,0 +1,3 @@
+from project.callbacks.reseed import ReseedEachEpoch
+
+__all__ = ["ReseedEachEpoch"]

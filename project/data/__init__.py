@@ -1,0 +1,3 @@
+from project.data.datamodule import ImageNetDataModule
+
+__all__ = ["ImageNetDataModule"]

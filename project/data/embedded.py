@@ -1,0 +1,68 @@
+"""The quickstart's data set: scikit-learn's 1,797 real handwritten digits, written once as JPEGs in ImageFolder layout.
+
+They ship inside the scikit-learn wheel, so the quickstart needs no download and runs the same ImageFolder + JPEG
+path that ImageNet runs.
+"""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+EMBEDDED_PREFIX = "embedded:"
+EMBEDDED_SETS = ("digits",)
+DIGITS_SIZE = 32  # px; the 8x8 originals upscaled so a torchvision ResNet's 32x downsampling still fits
+DIGITS_VERSION = "v1"  # bump when the materialized files change, so stale caches are not reused
+VAL_EVERY = 5  # every 5th image of each class goes to val/: 1,438 train / 359 val
+
+
+def cache_dir() -> Path:
+    """Where materialized data sets live: $PROJECT_DATA_CACHE, else ~/.cache/project."""
+    return Path(os.environ.get("PROJECT_DATA_CACHE", Path.home() / ".cache" / "project")).expanduser()
+
+
+def resolve_root(root: str) -> Path:
+    """Map 'embedded:digits' to its materialized folder (creating it once); return other roots unchanged."""
+    if not root.startswith(EMBEDDED_PREFIX):
+        return Path(root).expanduser()
+    name = root[len(EMBEDDED_PREFIX):]
+    if name not in EMBEDDED_SETS:
+        raise ValueError(f"unknown embedded data set {root!r}; available: {', '.join(EMBEDDED_PREFIX + n for n in EMBEDDED_SETS)}")
+    return materialize_digits(cache_dir() / f"digits-{DIGITS_SIZE}px-{DIGITS_VERSION}")
+
+
+def materialize_digits(target: Path) -> Path:
+    """Write the digits as target/{train,val}/<digit>/<index>.jpg, deterministically; reuse a finished folder."""
+    if (target / ".complete").exists():
+        return target
+    from sklearn.datasets import load_digits  # imported here: only the embedded data set needs it
+
+    digits = load_digits()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Written aside and renamed into place: ranks racing here, or a killed run, never leave a half-written set.
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        seen_per_class: dict[int, int] = {}
+        for index, (pixels, label) in enumerate(zip(digits.images, digits.target)):
+            label = int(label)
+            nth = seen_per_class.get(label, 0)
+            seen_per_class[label] = nth + 1
+            split = "val" if nth % VAL_EVERY == VAL_EVERY - 1 else "train"
+            gray = Image.fromarray(np.round(pixels * (255.0 / 16.0)).astype(np.uint8), mode="L")
+            image = gray.resize((DIGITS_SIZE, DIGITS_SIZE), Image.BICUBIC).convert("RGB")
+            out = staging / split / str(label)
+            out.mkdir(parents=True, exist_ok=True)
+            image.save(out / f"{index:04d}.jpg", quality=95)
+        (staging / ".complete").touch()
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / ".complete").exists():  # a stale partial folder, not another rank's finished one
+                shutil.rmtree(target, ignore_errors=True)
+                staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

@@ -1,0 +1,62 @@
+"""Check an ImageFolder-layout root (train/<class>/, val/<class>/) and fail with an error that names the fix."""
+
+import os
+from pathlib import Path
+
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+EXPECTED_LAYOUT = "expected layout: ROOT/train/<class>/<image>.JPEG and ROOT/val/<class>/<image>.JPEG"
+
+
+class DataLayoutError(ValueError):
+    """The data root does not have the train/<class>/ and val/<class>/ layout."""
+
+
+def _class_dirs(split_dir: Path) -> list[str]:
+    return sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
+
+
+def _has_image(class_dir: Path) -> bool:
+    for _dirpath, _dirnames, filenames in os.walk(class_dir, followlinks=True):
+        if any(name.lower().endswith(IMG_EXTENSIONS) for name in filenames):
+            return True
+    return False
+
+
+def check_split(root: Path, split: str) -> list[str]:
+    """Return the sorted class names of ROOT/split, or raise DataLayoutError saying what is wrong."""
+    split_dir = root / split
+    if not split_dir.is_dir():
+        raise DataLayoutError(f"data root {root} has no '{split}/' folder; {EXPECTED_LAYOUT}")
+    classes = _class_dirs(split_dir)
+    if not classes:
+        raise DataLayoutError(f"{split_dir} holds no class folders; {EXPECTED_LAYOUT}")
+    empty = [c for c in classes if not _has_image(split_dir / c)]
+    if empty:
+        shown = ", ".join(empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
+        raise DataLayoutError(
+            f"{split_dir} has {len(empty)} class folder(s) without images ({shown}); every class needs at least "
+            f"one image with an extension in {IMG_EXTENSIONS}. Fill or remove the empty folders."
+        )
+    return classes
+
+
+def check_layout(root: str | os.PathLike) -> list[str]:
+    """Validate ROOT/train and ROOT/val and return the class names (sorted, as ImageFolder indexes them)."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise DataLayoutError(
+            f"data root {root} does not exist; pass --data.root pointing to your data set ({EXPECTED_LAYOUT}), "
+            "or use --data.root embedded:digits for the built-in quickstart data"
+        )
+    train_classes = check_split(root, "train")
+    val_classes = check_split(root, "val")
+    if train_classes != val_classes:
+        only_train = sorted(set(train_classes) - set(val_classes))
+        only_val = sorted(set(val_classes) - set(train_classes))
+        raise DataLayoutError(
+            f"class folders of {root / 'train'} and {root / 'val'} differ: "
+            f"only in train/: {only_train[:20] or 'none'}; only in val/: {only_val[:20] or 'none'}. "
+            "Both splits must hold the same class folders (the class index is the folder's sorted position)."
+        )
+    return train_classes
