@@ -1,0 +1,76 @@
+"""Shared fixtures: the real quickstart config, shrunk (tiny data, CPU, tmp dir), and ways to run the real CLI."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+QUICKSTART = CONFIGS / "quickstart.yaml"
+
+# Shrinks configs/quickstart.yaml for tests: no progress bars or summaries, one quick epoch.
+SHRINK = [
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+    "--trainer.max_epochs=1",
+    "--trainer.log_every_n_steps=1",
+    "--data.batch_size=8",
+]
+
+
+def write_image_folder(root: Path, classes: dict[str, tuple[int, int]], *, size: int = 32, seed: int = 0) -> Path:
+    """Write root/{train,val}/<class>/*.jpg: noisy images whose mean colour depends on the class (learnable)."""
+    rng = np.random.default_rng(seed)
+    palette = [(200, 40, 40), (40, 200, 40), (40, 40, 200), (200, 200, 40), (40, 200, 200)]
+    for index, (name, (n_train, n_val)) in enumerate(sorted(classes.items())):
+        colour = np.array(palette[index % len(palette)], dtype=np.int16)
+        for split, count in (("train", n_train), ("val", n_val)):
+            out = root / split / name
+            out.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                noise = rng.integers(-40, 40, size=(size, size, 3))
+                pixels = np.clip(colour + noise, 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(out / f"{name}_{i:03d}.jpg", quality=90)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory) -> Path:
+    """3 classes, 40 train and 17 val images (an odd val size, so shards differ across ranks), 32 px JPEGs."""
+    root = tmp_path_factory.mktemp("tiny_imagenet")
+    return write_image_folder(root, {"cat": (14, 6), "dog": (13, 6), "fox": (13, 5)})
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_cache(tmp_path_factory) -> Path:
+    """The embedded digits are materialized once per session into a tmp cache, never into ~/.cache."""
+    cache = tmp_path_factory.mktemp("data_cache")
+    os.environ["PROJECT_DATA_CACHE"] = str(cache)
+    return cache
+
+
+def tiny_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
+    """The real quickstart config, shrunk onto `root`, writing into `run_dir`."""
+    return ["--config", str(QUICKSTART), *SHRINK, f"--data.root={root}", f"--trainer.default_root_dir={run_dir}", *extra]
+
+
+def run_project(args: list[str], *, cwd: Path = REPO, env: dict | None = None, timeout: float = 600,
+                launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m project ARGS` (or `LAUNCHER -m project ARGS`) in a fresh process; output captured."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    command = [*(launcher or [sys.executable]), "-m", "project", *args]
+    return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """All scalars of a TensorBoard run dir, read with tensorboard's own reader: {tag: [(step, value), ...]}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
