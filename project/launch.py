@@ -12,7 +12,10 @@ def launched_process_count() -> Optional[tuple[int, str]]:
     env = os.environ
     if "TORCHELASTIC_RUN_ID" in env and "WORLD_SIZE" in env:
         return int(env["WORLD_SIZE"]), "torchrun"
-    # Inside an srun step (not the batch script itself, which runs once per job whatever --ntasks says).
+    # Inside an srun step (not the batch script itself, which runs once per job whatever --ntasks says). Seen on
+    # Slurm 22.05: SLURM_STEP_NUM_TASKS exists only in a step; SLURM_PROCID and SLURM_NTASKS exist in the batch script too.
+    # DDP under srun takes its world size from SLURM_NTASKS, so there Lightning's own SLURMEnvironment.validate_settings
+    # is what catches --ntasks-per-node != devices; this catches the single-device case, which it does not check.
     if "SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
         return int(env["SLURM_STEP_NUM_TASKS"]), "srun"
     return None
@@ -30,4 +33,6 @@ def check_process_count(world_size: int, num_devices: int, num_nodes: int) -> No
             f"(trainer.devices={num_devices} x trainer.num_nodes={num_nodes}). Make them agree: e.g. "
             f"--trainer.devices={max(1, count // max(1, num_nodes))} --trainer.num_nodes={num_nodes} with a distributed "
             f"strategy (--trainer.strategy=ddp), or start {world_size} process(es)."
+            + (" Under slurm/train.sbatch, leave --trainer.devices/--trainer.num_nodes out: it sets them from"
+               " the allocation (--ntasks-per-node, --nodes)." if launcher == "srun" else "")
         )

@@ -3,6 +3,7 @@
     python -m project fit --config configs/quickstart.yaml
 """
 
+import math
 from collections.abc import Callable
 from typing import Literal, Optional
 
@@ -136,16 +137,25 @@ class ImageClassifier(L.LightningModule):
         global_batch = self.global_batch_size()
         lr = scaled_lr(hp.lr_per_256, global_batch)
         rank_zero_info(f"learning rate {lr:.6g} = lr_per_256 {hp.lr_per_256} x global batch {global_batch} / 256")
-        self.hparams["effective_lr"] = lr
-        self.hparams["global_batch_size"] = global_batch
+        for logger in self.loggers:  # not in hparams: checkpoint hparams must stay valid CLI arguments
+            logger.log_metrics({"train/effective_lr": lr, "train/global_batch_size": global_batch}, step=self.global_step)
         groups = parameter_groups(self.network, hp.weight_decay, decay_norm_and_bias=hp.decay_norm_and_bias)
         optimizer = torch.optim.SGD(groups, lr=lr, momentum=hp.momentum, nesterov=hp.nesterov)
 
-        total_steps = int(self.trainer.estimated_stepping_batches)  # also sets num_training_batches
-        steps_per_epoch = max(1, self.trainer.num_training_batches // self.trainer.accumulate_grad_batches)
+        total_steps = self.trainer.estimated_stepping_batches
+        if math.isinf(total_steps):
+            raise ValueError(
+                "the LR schedule needs a known length, got trainer.max_epochs=-1 and trainer.max_steps=-1 (no end): "
+                "set --trainer.max_epochs or --trainer.max_steps"
+            )
+        if math.isinf(self.trainer.num_training_batches):
+            # Given max_steps alone Lightning does not size the epoch, but warmup and milestones are counted in epochs.
+            self.trainer.fit_loop.setup_data()
+        # Rounded up as Lightning counts: an epoch's last, partial accumulation window still steps the optimizer.
+        steps_per_epoch = max(1, math.ceil(self.trainer.num_training_batches / self.trainer.accumulate_grad_batches))
         scheduler = warmup_then_decay(
             optimizer,
-            total_steps=total_steps,
+            total_steps=int(total_steps),
             warmup_steps=round(hp.warmup_epochs * steps_per_epoch),
             schedule=hp.schedule,
             milestones=[m * steps_per_epoch for m in hp.step_milestones],

@@ -74,3 +74,9 @@ def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     accumulator.Reload()
     return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+
+
+@pytest.fixture(autouse=True)
+def plain_argv(monkeypatch):
+    """In-process cli_main gets its arguments from the test, not from pytest's own command line."""
+    monkeypatch.setattr(sys, "argv", ["python -m project"])

@@ -14,10 +14,10 @@ def epoch_seed(base_seed: int, epoch: int, rank: int) -> int:
 
 
 class ReseedEachEpoch(L.Callback):
-    """Augmentations and dropout then depend only on the seed and the epoch, not on how many epochs ran in this process.
+    """The model's random stream (dropout, stochastic depth) then depends only on the seed and the epoch.
 
-    DataLoader workers draw their base seed from the main process's RNG when an epoch's iterator is created,
-    so their augmentations follow too (non-persistent workers; persistent ones keep their own streams).
+    Data augmentation does not rely on it: Lightning fetches the first epoch's first batch before this hook,
+    so the data module seeds each sample itself (data/seeded.py).
     """
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

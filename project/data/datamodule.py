@@ -5,15 +5,21 @@
 """
 
 import os
-from typing import Optional
+import sys
+from typing import Literal, Optional
 
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 
+from project.data.decode import DecodedImageFolder, collate_readable
 from project.data.embedded import resolve_root
 from project.data.folder import check_layout
+from project.data.pipeline import DeviceDecoder, EncodedBatch, EncodedImageFolder, collate_encoded, split_normalize
+from project.data.predict import ImagePathDataset
+from project.data.prepare_imagenet import read_class_labels
 from project.data.samplers import ExactDistributedSampler, training_sampler
+from project.data.seeded import PerSampleSeeded
 from project.data.transforms import eval_preset, train_preset
 
 
@@ -33,6 +39,11 @@ class ImageNetDataModule(L.LightningDataModule):
         hflip_prob: float = 0.5,
         eval_resize_size: int = 256,
         eval_crop_size: int = 224,
+        predict_root: Optional[str] = None,
+        decoder: Literal["pil", "torchvision", "nvjpeg"] = "torchvision",
+        normalize_on_device: bool = True,
+        on_corrupt: Literal["error", "skip"] = "error",
+        multiprocessing_context: Optional[Literal["fork", "forkserver", "spawn"]] = None,
     ):
         """
         Args:
@@ -47,6 +58,17 @@ class ImageNetDataModule(L.LightningDataModule):
             hflip_prob: probability of a horizontal flip in training (0 disables it).
             eval_resize_size: short side the evaluation images are resized to before the center crop.
             eval_crop_size: side of the evaluation center crop.
+            predict_root: folder of images for `predict` (any depth, sorted order); None predicts ROOT/val.
+            decoder: "torchvision" (torchvision.io into uint8 tensors, PIL only for formats it does not read) or
+                "pil" (the stock torchvision loader). Both give 3-channel RGB for gray, CMYK and PNG-as-.JPEG files.
+                "nvjpeg": workers only read the bytes; JPEGs are decoded and augmented on the training device
+                (nvJPEG on a GPU), other files are decoded in the workers. Needs normalize_on_device.
+            normalize_on_device: workers return uint8 images and the batch is converted to float and normalized on
+                the training device (4x smaller copies, cheaper workers); False normalizes in the workers.
+            on_corrupt: an unreadable image stops with an error naming it ("error"), or is left out of its batch
+                and counted in a warning ("skip").
+            multiprocessing_context: start method of the DataLoader workers. None: "fork" on Linux, also inside
+                ddp_spawn's processes, where Python's default is "spawn" and every worker would re-import torch.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -64,20 +86,42 @@ class ImageNetDataModule(L.LightningDataModule):
         self.num_classes = len(self.class_names)
         self.train_transform = train_preset(crop_size=train_crop_size, scale=tuple(train_crop_scale), hflip_prob=hflip_prob)
         self.eval_transform = eval_preset(resize_size=eval_resize_size, crop_size=eval_crop_size)
+        self.normalize_batch = None
+        if normalize_on_device:
+            # The presets stop at uint8; on_after_batch_transfer finishes them on the device.
+            self.train_transform, self.normalize_batch = split_normalize(self.train_transform)
+            self.eval_transform, _ = split_normalize(self.eval_transform)
+        self.device_decoder = None
+        if decoder == "nvjpeg":
+            if self.normalize_batch is None:
+                raise ValueError("data.decoder=nvjpeg augments uint8 images on the device: set data.normalize_on_device=true")
+            self.device_decoder = DeviceDecoder(self.train_transform, self.eval_transform, on_corrupt)
+        # Folder names (wnids for ImageNet) stay the keys; labels are the human names prepare_imagenet wrote.
+        self.class_labels: list[str] = read_class_labels(self.root, self.class_names)
         self.datasets: dict[str, Dataset] = {}
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
-            self.datasets["train"] = self._image_folder("train", self.train_transform)
+            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+            self.datasets["train"] = PerSampleSeeded(self._image_folder("train", self.train_transform), seed)
         if stage in ("fit", "validate"):
             self.datasets["val"] = self._image_folder("val", self.eval_transform)
         if stage == "test":
             # ImageNet's labelled test set is its val set; a ROOT/test/ folder takes precedence when present.
             split = "test" if (self.root / "test").is_dir() else "val"
             self.datasets["test"] = self._image_folder(split, self.eval_transform)
+        if stage == "predict":
+            folder = self.hparams.predict_root or self.root / "val"
+            self.datasets["predict"] = ImagePathDataset(
+                folder, transform=self.eval_transform, decoder=self.hparams.decoder
+            )
 
     def _image_folder(self, split: str, transform) -> ImageFolder:
-        dataset = ImageFolder(str(self.root / split), transform=transform)
+        if self.device_decoder is not None:
+            dataset = EncodedImageFolder(str(self.root / split), on_corrupt=self.hparams.on_corrupt)
+        else:
+            dataset = DecodedImageFolder(str(self.root / split), transform=transform, decoder=self.hparams.decoder,
+                                         on_corrupt=self.hparams.on_corrupt)
         if dataset.classes != self.class_names:
             raise ValueError(f"{self.root / split} classes differ from train/: {sorted(set(dataset.classes) ^ set(self.class_names))}")
         return dataset
@@ -96,7 +140,17 @@ class ImageNetDataModule(L.LightningDataModule):
             pin_memory=self.hparams.pin_memory,
             persistent_workers=self.hparams.persistent_workers and workers > 0,
             prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
+            # getattr: the train set arrives wrapped (PerSampleSeeded); look at the folder inside.
+            collate_fn=(collate_encoded if isinstance(getattr(dataset, "dataset", dataset), EncodedImageFolder)
+                        else collate_readable if self.hparams.on_corrupt == "skip" else None),
+            multiprocessing_context=self._start_method() if workers > 0 else None,
         )
+
+    def _start_method(self) -> Optional[str]:
+        # A process started by spawn (ddp_spawn's ranks) inherits "spawn" as its default start method.
+        if self.hparams.multiprocessing_context is None and sys.platform == "linux":
+            return "fork"
+        return self.hparams.multiprocessing_context
 
     def train_dataloader(self) -> DataLoader:
         world_size, rank = self._world()
@@ -114,3 +168,20 @@ class ImageNetDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._eval_loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        """Batches of (images, indices into the dataset's `paths`), each image once over all ranks."""
+        return self._eval_loader("predict")
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        if isinstance(batch, EncodedBatch):  # decoder="nvjpeg": decode and augment where the model runs
+            trainer = self.trainer
+            batch = self.device_decoder(batch, trainer.strategy.root_device, training=trainer.training)
+        return batch
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        if self.normalize_batch is None:
+            return batch
+        batch = self.normalize_batch.batch(batch)
+        # Lightning converts inputs for "16-true"/"bf16-true" before the transfer, when they were still uint8.
+        return self.trainer.precision_plugin.convert_input(batch) if self.trainer is not None else batch

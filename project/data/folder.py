@@ -13,7 +13,9 @@ class DataLayoutError(ValueError):
 
 
 def _class_dirs(split_dir: Path) -> list[str]:
-    return sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
+    # Exactly as ImageFolder.find_classes lists them, hidden folders (.ipynb_checkpoints) included: a folder skipped
+    # here would still be a class there, shifting every index and failing later with a less helpful message.
+    return sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
 
 
 def _has_image(class_dir: Path) -> bool:
@@ -46,7 +48,8 @@ def check_layout(root: str | os.PathLike) -> list[str]:
     root = Path(root).expanduser()
     if not root.is_dir():
         raise DataLayoutError(
-            f"data root {root} does not exist; pass --data.root pointing to your data set ({EXPECTED_LAYOUT}), "
+            f"data root {root} {'is a file, not a folder' if root.exists() else 'does not exist'}; "
+            f"pass --data.root pointing to your data set ({EXPECTED_LAYOUT}), "
             "or use --data.root embedded:digits for the built-in quickstart data"
         )
     train_classes = check_split(root, "train")

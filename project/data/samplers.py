@@ -22,16 +22,18 @@ class ExactDistributedSampler(DistributedSampler):
         return self.num_samples
 
 
+class EpochKeyedSampler(DistributedSampler):
+    """DistributedSampler that yields (index, epoch), so each sample's augmentation can be seeded from both."""
+
+    def __iter__(self):
+        epoch = self.epoch
+        return ((index, epoch) for index in super().__iter__())
+
+
 def training_sampler(dataset: Dataset, *, num_replicas: int, rank: int, seed: int) -> DistributedSampler:
-    """Shuffle from (seed, epoch) alone, also on one process, so a run resumed at an epoch boundary sees the same order.
+    """Shuffle from (seed, epoch) alone, also on one process, so a resumed run sees the same order.
 
     Lightning calls set_epoch on it each epoch; its shards are reshuffled each epoch across ranks.
+    Pair it with seeded.PerSampleSeeded, which takes the (index, epoch) keys it yields.
     """
-    return DistributedSampler(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
-
-
-def shard_sizes(length: int, num_replicas: int) -> list[int]:
-    """How many samples each rank evaluates (they differ by at most one)."""
-    return [len(range(r, length, num_replicas)) for r in range(num_replicas)]
-
-
+    return EpochKeyedSampler(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)

@@ -1,0 +1,59 @@
+"""The images to predict: every image file under a folder (searched recursively), in sorted path order.
+
+    python -m project predict --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt \
+        --data.predict_root path/to/images
+"""
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import Dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from project.data.decode import DECODERS, decode_torchvision
+
+
+def list_images(root: str | os.PathLike) -> list[Path]:
+    """Image files under `root` (hidden folders skipped), sorted by their path relative to `root`: a stable order."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"predict root {root} is not a folder; pass --data.predict_root pointing to a folder of images "
+            f"(any depth, extensions {', '.join(IMG_EXTENSIONS)})"
+        )
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        found += [Path(dirpath, name).relative_to(root) for name in filenames if name.lower().endswith(IMG_EXTENSIONS)]
+    if not found:
+        raise FileNotFoundError(
+            f"predict root {root} holds no images; expected files with an extension in {IMG_EXTENSIONS} "
+            "at any depth below it"
+        )
+    # Sorted as POSIX strings, so the order (and the CSV written from it) is the same on every machine.
+    return [root / rel for rel in sorted(found, key=lambda p: p.as_posix())]
+
+
+class ImagePathDataset(Dataset):
+    """Yields (image, index); `paths[index]` names the file, so predictions can be written back under its path.
+
+    decoder: as the data module's `data.decoder`; "nvjpeg" decodes with torchvision on the CPU here, since only the
+    training path carries encoded bytes to the device.
+    """
+
+    def __init__(self, root: str | os.PathLike, transform: Callable | None = None, *, decoder: str = "torchvision"):
+        self.root = Path(root).expanduser()
+        self.paths = list_images(self.root)
+        self.transform = transform
+        self.loader: Callable[[str], Any] = DECODERS.get(decoder, decode_torchvision)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        image = self.loader(str(self.paths[index]))
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, index

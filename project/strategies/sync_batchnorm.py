@@ -1,0 +1,92 @@
+"""`sync_batchnorm: true` that also works on CPU (gloo), where torch's SyncBatchNorm refuses to run.
+
+    python -m project fit --config configs/quickstart.yaml --config configs/cpu_ddp.yaml --trainer.sync_batchnorm=true
+
+On NCCL it is torch's SyncBatchNorm, as Lightning does. On gloo every BatchNorm becomes GlooSyncBatchNorm: per-rank
+counts, means and squared deviations are exchanged with a differentiable all-reduce and combined exactly (Chan et
+al.), so training normalizes with the statistics of the global batch, as one process with the whole batch would.
+"""
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.plugins import TorchSyncBatchNorm
+from torch import nn
+from torch.distributed.nn.functional import all_reduce
+
+
+class GlooSyncBatchNorm(nn.BatchNorm2d):
+    """BatchNorm whose training statistics span all ranks; same parameters and buffers as nn.BatchNorm2d."""
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (N, C, ...), got {input.dim()}D")
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)
+        if not (self.training and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return super().forward(input)
+        channels = input.shape[1]
+        dims = [0, *range(2, input.dim())]
+        count = torch.tensor([input.numel() / channels], dtype=input.dtype, device=input.device)
+        mean = input.mean(dims)
+        m2 = (input - mean.view(1, -1, *([1] * (input.dim() - 2)))).pow(2).sum(dims)
+        # An all-gather made of an all-reduce of one filled row per rank: differentiable, and gloo supports it.
+        rows = input.new_zeros(dist.get_world_size(), 1 + 2 * channels)
+        rows = rows.index_copy(0, torch.tensor([dist.get_rank()], device=input.device), torch.cat([count, mean, m2])[None])
+        rows = all_reduce(rows)
+        counts, means, m2s = rows[:, :1], rows[:, 1 : 1 + channels], rows[:, 1 + channels :]
+        total = counts.sum()
+        global_mean = (counts * means).sum(0) / total
+        global_m2 = (m2s + counts * (means - global_mean).pow(2)).sum(0)
+        biased_var = global_m2 / total
+        if self.track_running_stats:
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                momentum = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+                self.running_mean.lerp_(global_mean.detach(), momentum)
+                self.running_var.lerp_((global_m2 / (total - 1)).detach(), momentum)
+        shape = (1, channels, *([1] * (input.dim() - 2)))
+        output = (input - global_mean.view(shape)) * torch.rsqrt(biased_var + self.eps).view(shape)
+        if self.affine:
+            output = output * self.weight.view(shape) + self.bias.view(shape)
+        return output
+
+
+def _move_state(source: nn.Module, target: nn.Module) -> nn.Module:
+    """Hand the very Parameter and buffer objects over (as torch's convert_sync_batchnorm does): an optimizer
+    built before the conversion keeps updating the parameters the model uses."""
+    if source.affine:
+        target.weight, target.bias = source.weight, source.bias
+    if source.track_running_stats:
+        target.running_mean, target.running_var = source.running_mean, source.running_var
+        target.num_batches_tracked = source.num_batches_tracked
+    target.train(source.training)
+    return target
+
+
+def _convert(module: nn.Module) -> nn.Module:
+    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, GlooSyncBatchNorm):
+        return _move_state(module, GlooSyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats))
+    for name, child in module.named_children():
+        module.add_module(name, _convert(child))
+    return module
+
+
+def _revert(module: nn.Module) -> nn.Module:
+    if isinstance(module, GlooSyncBatchNorm):
+        return _move_state(module, nn.BatchNorm2d(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats))
+    for name, child in module.named_children():
+        module.add_module(name, _revert(child))
+    return module
+
+
+class SyncBatchNormAnyBackend(TorchSyncBatchNorm):
+    """Lightning's sync_batchnorm plugin, with GlooSyncBatchNorm where the process group is gloo (CPU)."""
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        if dist.is_initialized() and dist.get_backend() == "gloo":
+            return _convert(model)
+        return super().apply(model)
+
+    def revert(self, model: nn.Module) -> nn.Module:
+        return _revert(super().revert(model))

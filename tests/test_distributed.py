@@ -1,0 +1,118 @@
+"""Multi-process training on CPU with gloo: ddp, ddp_spawn and torchrun train one job, evaluation is exact at any
+world size, rank zero alone writes, and data parallelism computes what one process computes.
+
+    python -m pytest tests/test_distributed.py
+"""
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import CONFIGS, read_scalars, run_project, tiny_args
+from test_strategies import NO_AUGMENT, network_state, relative_difference
+
+pytestmark = pytest.mark.slow
+
+CPU_DDP = ["--config", str(CONFIGS / "cpu_ddp.yaml")]
+
+
+def assert_ok(result):
+    assert result.returncode == 0, f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-6000:]}"
+
+
+def run_files(run_dir: Path) -> dict[str, list[Path]]:
+    logs = run_dir / "lightning_logs"
+    return {
+        "versions": sorted(logs.glob("version_*")),
+        "checkpoints": sorted(logs.glob("*/checkpoints/*.ckpt")),
+        "configs": sorted(run_dir.rglob("config.yaml")),
+        "event_files": sorted(run_dir.rglob("events.out.tfevents.*")),
+    }
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tiny_root, tmp_path_factory) -> Path:
+    """One 2-process gloo DDP fit of the shrunk quickstart; shared by the tests that inspect its outputs."""
+    run_dir = tmp_path_factory.mktemp("ddp_run")
+    assert_ok(run_project(["fit", *tiny_args(tiny_root, run_dir), *CPU_DDP]))
+    return run_dir
+
+
+def test_ddp_two_processes_write_one_run_from_rank_zero(ddp_run):
+    files = run_files(ddp_run)
+    assert [p.name for p in files["versions"]] == ["version_0"]
+    names = sorted(p.name for p in files["checkpoints"])
+    assert len(names) == 2 and names[0].startswith("epoch000-val_acc1=") and names[1] == "last.ckpt"
+    assert len(files["configs"]) == 1 and len(files["event_files"]) == 1
+    scalars = read_scalars(files["versions"][0])
+    assert len(scalars["val/acc1"]) == 1  # logged once, by rank 0, after the cross-rank reduction
+    # 40 train images over 2 ranks in batches of 8: 20 per rank, 3 steps per epoch (the run counts each step once)
+    checkpoint = torch.load(ddp_run / "lightning_logs/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
+    assert checkpoint["global_step"] == 3
+
+
+def validate_metrics(checkpoint: Path, tiny_root: Path, run_dir: Path, devices: int) -> dict[str, float]:
+    args = ["validate", *tiny_args(tiny_root, run_dir), *CPU_DDP, f"--trainer.devices={devices}",
+            "--data.batch_size=4", f"--ckpt_path={checkpoint}"]
+    assert_ok(run_project(args))
+    scalars = read_scalars(run_dir / "lightning_logs" / "version_0")
+    return {key: scalars[key][-1][1] for key in ("val/acc1", "val/acc5", "val/loss")}
+
+
+def test_validate_is_exact_with_1_2_and_3_processes_on_an_odd_val_set(ddp_run, tiny_root, tmp_path):
+    checkpoint = ddp_run / "lightning_logs/version_0/checkpoints/last.ckpt"
+    # 17 val images in batches of 4: shards of 17, 9+8 and 6+6+5 images; padding would count some twice
+    one, two, three = (validate_metrics(checkpoint, tiny_root, tmp_path / f"w{n}", n) for n in (1, 2, 3))
+    for key in ("val/acc1", "val/acc5"):
+        assert one[key] == two[key] == three[key], key
+    assert two["val/loss"] == pytest.approx(one["val/loss"], rel=1e-6)
+    assert three["val/loss"] == pytest.approx(one["val/loss"], rel=1e-6)
+    # and the reduced accuracy is a count over all 17 images, not a mean of per-rank means
+    assert round(one["val/acc1"] * 17, 4) == round(one["val/acc1"] * 17)
+
+
+def test_ddp_spawn_two_processes_train_one_run(tiny_root, tmp_path):
+    assert_ok(run_project(["fit", *tiny_args(tiny_root, tmp_path), *CPU_DDP, "--trainer.strategy=ddp_spawn"]))
+    files = run_files(tmp_path)
+    assert len(files["versions"]) == 1 and len(files["checkpoints"]) == 2 and len(files["configs"]) == 1
+    assert len(read_scalars(files["versions"][0])["val/acc1"]) == 1
+
+
+def test_ddp_2x_batch_b_with_sync_batchnorm_equals_one_process_with_batch_2b(tiny_root, tmp_path):
+    # float64: in float32, 6-image BatchNorm batches amplify rounding to ~1e-3 after 3 steps (measured), hiding
+    # whether the two computations are the same; in float64 they agree to ~3e-14.
+    steps = ["--trainer.limit_train_batches=3", "--trainer.precision=64-true", *NO_AUGMENT]
+    single = ["fit", *tiny_args(tiny_root, tmp_path / "single"), "--data.batch_size=12", *steps]
+    ddp = ["fit", *tiny_args(tiny_root, tmp_path / "ddp"), *CPU_DDP, "--data.batch_size=6", "--trainer.sync_batchnorm=true", *steps]
+    assert_ok(run_project(single))
+    assert_ok(run_project(ddp))
+    last = "lightning_logs/version_0/checkpoints/last.ckpt"
+    difference = relative_difference(network_state(tmp_path / "ddp" / last), network_state(tmp_path / "single" / last))
+    assert difference <= 1e-9, difference
+    # the recipe saw the same global batch in both: LR 0.2 x 12 / 256
+    for run in ("single", "ddp"):
+        lr = read_scalars(tmp_path / run / "lightning_logs/version_0")["train/effective_lr"][0][1]
+        assert lr == pytest.approx(0.2 * 12 / 256)
+
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"]
+
+
+def test_torchrun_two_processes_train_as_one_job(tiny_root, tmp_path):
+    result = run_project(["fit", *tiny_args(tiny_root, tmp_path), *CPU_DDP], launcher=TORCHRUN)
+    assert_ok(result)
+    files = run_files(tmp_path)
+    assert len(files["versions"]) == 1 and len(files["checkpoints"]) == 2 and len(files["event_files"]) == 1
+    checkpoint = torch.load(files["checkpoints"][-1], map_location="cpu", weights_only=True)
+    assert checkpoint["global_step"] == 3  # 2 ranks x 3 steps of 8 images, not 2 separate 5-step runs
+
+
+def test_torchrun_with_a_process_count_that_does_not_match_devices_stops_with_a_clear_error(tiny_root, tmp_path):
+    result = run_project(["fit", *tiny_args(tiny_root, tmp_path)], launcher=TORCHRUN)
+    assert result.returncode != 0
+    assert "torchrun started 2 processes but the Trainer expects 1" in result.stderr
+    assert "--trainer.devices=2" in result.stderr
+    assert not (tmp_path / "lightning_logs").exists()  # stopped before anything was written

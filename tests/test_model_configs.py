@@ -1,0 +1,73 @@
+"""Every config under configs/ that sets `model:` keys builds through the CLI and takes a training step, at tiny size.
+
+    python -m pytest tests/test_model_configs.py --durations=0
+"""
+
+import inspect
+import math
+import os
+from unittest import mock
+
+import lightning as L
+import pytest
+import torch
+import yaml
+from torchvision import models
+from conftest import CONFIGS, QUICKSTART, SHRINK
+
+from project import ImageClassifier, cli_main
+
+MODEL_CONFIGS = sorted(path for path in CONFIGS.rglob("*.yaml") if "model" in (yaml.safe_load(path.read_text()) or {}))
+
+
+def distinct_model_sections() -> dict[str, dict]:
+    """{"a.yaml+b.yaml": model section}: configs with the same `model:` part (e.g. the 8-GPU ones) are stepped once."""
+    groups: dict[str, tuple[list[str], dict]] = {}
+    for path in MODEL_CONFIGS:
+        section = yaml.safe_load(path.read_text())["model"] or {}
+        names, _ = groups.setdefault(yaml.safe_dump(section, sort_keys=True), ([], section))
+        names.append(path.relative_to(CONFIGS).as_posix())
+    return {"+".join(names): section for names, section in groups.values()}
+
+
+MODEL_SECTIONS = distinct_model_sections()
+
+
+def test_model_configs_are_found_and_hold_only_model_keys():
+    assert {f"model/{arch}.yaml" for arch in ("resnet18", "resnet50", "wide_resnet50_2", "resnext50_32x4d")} <= {
+        path.relative_to(CONFIGS).as_posix() for path in MODEL_CONFIGS
+    }
+    for path in sorted((CONFIGS / "model").glob("*.yaml")):
+        keys = set(yaml.safe_load(path.read_text()))
+        assert keys == {"model"}, f"{path} sets {sorted(keys - {'model'})}: a model config holds only `model:` keys"
+
+
+@pytest.mark.parametrize("section", MODEL_SECTIONS.values(), ids=MODEL_SECTIONS.keys())
+def test_model_config_builds_and_takes_a_training_step(section: dict, tiny_root, tmp_path):
+    # The quickstart's trainer and data parts (CPU, 32 px) with only this config's model part on the model's
+    # defaults: a config's own trainer part may ask for GPUs, its data part for ImageNet.
+    quickstart = yaml.safe_load(QUICKSTART.read_text())
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({**quickstart, "model": section}))
+    args = ["--config", str(config), *SHRINK, "--data.batch_size=2", f"--data.root={tiny_root}",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--model.compile=false"]  # torch.compile takes minutes on CPU; the network is the same without it
+    with mock.patch.dict(os.environ):  # the CLI seeds and sets PL_GLOBAL_SEED: keep it out of later tests
+        cli = cli_main(args, run=False)
+        model = cli.model
+        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=1, limit_val_batches=0,
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False)
+        trainer.fit(model, datamodule=cli.datamodule)
+
+    assert math.isfinite(float(trainer.callback_metrics["train/loss"]))
+    if "backbone" not in section:  # the configured torchvision network was built, not the model's default one
+        arch = section.get("arch", inspect.signature(ImageClassifier).parameters["arch"].default)
+        with torch.device("meta"):  # shapes only: no memory, no initialisation
+            expected = sum(p.numel() for p in getattr(models, arch)(num_classes=3).parameters())
+        assert sum(p.numel() for p in model.network.parameters()) == expected, f"expected a {arch}"
+    with torch.no_grad():
+        assert model.eval()(torch.zeros(2, 3, 32, 32)).shape == (2, 3)  # num_classes linked from the 3-class data
+    changed = [name for name, p in model.named_parameters() if not torch.equal(p.detach(), before[name])]
+    assert len(changed) == len(before), f"parameters not updated by the step: {sorted(set(before) - set(changed))[:5]}"

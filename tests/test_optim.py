@@ -1,0 +1,128 @@
+"""The ImageNet optimisation recipe: LR per 256 scaled by the real global batch, warmup then cosine/step, no-decay groups.
+
+    python -m pytest tests/test_optim.py
+"""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import read_scalars, tiny_args
+from project.backbones import build_resnet
+from project.cli import cli_main
+from project.optim import parameter_groups, scaled_lr, warmup_then_decay
+
+
+def _factors(total_steps: int, warmup_steps: int, schedule: str, **kwargs) -> list[float]:
+    """The LR factor the scheduler applies at each optimizer step, read from a real SGD optimizer."""
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = warmup_then_decay(optimizer, total_steps=total_steps, warmup_steps=warmup_steps, schedule=schedule, **kwargs)
+    factors = []
+    for _ in range(total_steps):
+        factors.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return factors
+
+
+def test_linear_scaling_rule():
+    assert scaled_lr(0.1, 256) == pytest.approx(0.1)
+    assert scaled_lr(0.1, 1024) == pytest.approx(0.4)
+    assert scaled_lr(0.2, 8) == pytest.approx(0.00625)
+
+
+def test_warmup_rises_linearly_then_cosine_decays_to_zero():
+    factors = _factors(total_steps=10, warmup_steps=4, schedule="cosine")
+    assert factors[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    expected_cosine = [0.5 * (1 + math.cos(math.pi * k / 6)) for k in range(6)]
+    assert factors[4:] == pytest.approx(expected_cosine)
+    assert factors[4] == pytest.approx(1.0) and factors[-1] < 0.07
+
+
+def test_step_schedule_multiplies_by_gamma_at_each_milestone():
+    factors = _factors(total_steps=10, warmup_steps=2, schedule="step", milestones=[4, 7], gamma=0.1)
+    assert factors == pytest.approx([0.5, 1, 1, 1, 0.1, 0.1, 0.1, 0.01, 0.01, 0.01])
+
+
+def test_no_warmup_starts_at_the_full_lr():
+    assert _factors(total_steps=3, warmup_steps=0, schedule="cosine")[0] == pytest.approx(1.0)
+
+
+def test_unknown_schedule_is_refused():
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    with pytest.raises(ValueError, match="schedule must be 'cosine' or 'step', got 'linear'"):
+        warmup_then_decay(optimizer, total_steps=3, warmup_steps=0, schedule="linear")
+
+
+def _is_norm_or_bias(network: nn.Module, name: str) -> bool:
+    module = network.get_submodule(name.rsplit(".", 1)[0])
+    return name.endswith(".bias") or isinstance(module, nn.modules.batchnorm._BatchNorm)
+
+
+def test_norm_and_bias_parameters_can_be_excluded_from_weight_decay():
+    network = build_resnet("resnet18", 4)
+    decay, no_decay = parameter_groups(network, 5e-5, decay_norm_and_bias=False)
+    assert decay["weight_decay"] == 5e-5 and no_decay["weight_decay"] == 0.0
+    ids_no_decay = {id(p) for p in no_decay["params"]}
+    ids_decay = {id(p) for p in decay["params"]}
+    for name, p in network.named_parameters():
+        expected = _is_norm_or_bias(network, name)
+        assert (id(p) in ids_no_decay) == expected, name
+        assert (id(p) in ids_decay) != expected, name
+    assert "fc.bias" in {n for n, p in network.named_parameters() if id(p) in ids_no_decay}
+
+
+def test_by_default_every_parameter_gets_weight_decay():
+    network = build_resnet("resnet18", 4)
+    (group,) = parameter_groups(network, 1e-4, decay_norm_and_bias=True)
+    assert group["weight_decay"] == 1e-4
+    assert len(group["params"]) == len(list(network.parameters()))
+
+
+@pytest.fixture(scope="module")
+def accumulated_run(tiny_root, tmp_path_factory):
+    """A fit whose global batch is 8 per device x 1 device x 2 accumulated batches = 16.
+
+    tiny_root's 5 batches per epoch make 3 optimizer steps (the last takes a single batch): 0.67 warmup epochs are
+    2 steps and the milestone at epoch 1 is step 3. The run's length is given in steps only, so Lightning has not
+    sized the epoch yet when the schedule is built.
+    """
+    cli = cli_main(["fit", *tiny_args(
+        tiny_root, tmp_path_factory.mktemp("accumulated"), "--trainer.max_epochs=-1", "--trainer.max_steps=6",
+        "--trainer.accumulate_grad_batches=2", "--model.lr_per_256=0.256", "--model.warmup_epochs=0.67",
+        "--model.schedule=step", "--model.step_milestones=[1]", "--model.step_gamma=0.1",
+        "--model.decay_norm_and_bias=false", "--model.weight_decay=5e-5",
+    )])
+    return cli, read_scalars(Path(cli.trainer.log_dir))
+
+
+def test_fit_scales_lr_by_global_batch_with_accumulation_and_logs_it(accumulated_run):
+    cli, scalars = accumulated_run
+    assert [v for _, v in scalars["train/global_batch_size"]] == [16]
+    assert [v for _, v in scalars["train/effective_lr"]] == pytest.approx([0.256 * 16 / 256])
+    assert cli.trainer.global_step == 6
+
+
+def test_fit_converts_warmup_and_milestone_epochs_to_optimizer_steps(accumulated_run):
+    _, scalars = accumulated_run
+    base = 0.256 * 16 / 256
+    logged = [value for _step, value in sorted(scalars["train/lr"])]
+    assert logged == pytest.approx([base / 2, base, base, base / 10, base / 10, base / 10])
+
+
+def test_fit_excludes_norm_and_bias_from_weight_decay_when_asked(accumulated_run):
+    cli, _ = accumulated_run
+    decay, no_decay = cli.trainer.optimizers[0].param_groups
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (5e-5, 0.0)
+    assert {id(p) for p in no_decay["params"]} == {
+        id(p) for n, p in cli.model.network.named_parameters() if _is_norm_or_bias(cli.model.network, n)
+    }
+
+
+def test_a_run_without_end_is_refused_before_training(tiny_root, tmp_path):
+    with pytest.raises(ValueError, match="needs a known length.*set --trainer.max_epochs or --trainer.max_steps"):
+        cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=-1")])
+    assert not list(tmp_path.rglob("*.ckpt"))

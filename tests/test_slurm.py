@@ -1,0 +1,198 @@
+"""slurm/train.sbatch on a real two-node Slurm (tests/slurm_cluster.py): multi-node DDP, preemption -> requeue -> resume.
+
+    bash .ci/install_slurm.sh && python -m pytest tests/test_slurm.py --durations=0
+
+Every job is the project's own script with command-line overrides only: the quickstart config shrunk onto tiny data,
+CPU, gloo, `sbatch --gpus-per-node=0` on a cluster that has no GPUs.
+"""
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from jsonargparse import Namespace
+
+import slurm_cluster
+from conftest import REPO, read_scalars, tiny_args
+from project.slurm import pin_run_to_slurm_job
+
+
+SCRIPT = str(REPO / "slurm" / "train.sbatch")
+TWO_NODES = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1"]
+ONE_NODE = ["--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1"]
+TWO_TASKS = ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1"]
+# 3 epochs of 5 steps (40 images over 2 ranks, batch 4), validation only after the last: long enough to be signalled
+# while training, and val/acc1 is logged exactly once.
+EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3", "--data.batch_size=4"]
+JOB_TIMEOUT = 240  # only reached on failure; a loaded 2-core machine needed up to 155 s for the preempted job
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    reason = slurm_cluster.unavailable_reason()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Slurm tests ({reason}); .ci/run installs Slurm with .ci/install_slurm.sh")
+        pytest.skip(reason)
+    cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
+    yield cluster
+    slurm_cluster.stop(cluster)
+
+
+def submit(slurm, sbatch_options: list[str], log: Path, args: list[str]) -> int:
+    return slurm.sbatch(*sbatch_options, f"--output={log}", SCRIPT, *args, cwd=REPO)
+
+
+def global_step(checkpoint: Path) -> int:
+    return torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"]
+
+
+def wait_for_lines(log: Path, text: str, count: int, slurm, job_id: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not (log.exists() and log.read_text().count(text) >= count):
+        state = slurm.job(job_id).get("JobState")
+        if state not in ("PENDING", "CONFIGURING", "RUNNING"):
+            pytest.fail(f"job {job_id} ended ({state}) before printing {text!r} {count}x:\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{text!r} not printed {count}x within {timeout:.0f} s:\n{log.read_text()}")
+        time.sleep(0.2)
+
+
+@dataclass
+class Job:
+    id: int
+    log: Path
+    root: Path  # trainer.default_root_dir
+
+    def text(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def run_dir(self) -> Path:
+        return self.root / "lightning_logs" / f"slurm-{self.id}"
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm, tiny_root, tmp_path_factory) -> dict[str, Job]:
+    """All jobs submitted at once, so imports, requeue delay and scheduling of one overlap the others' work.
+
+    Each node offers 4 CPUs and every task takes one, so all of them run side by side.
+    """
+    out = tmp_path_factory.mktemp("jobs")
+    specs = {
+        "uninterrupted": (TWO_NODES, tiny_args(tiny_root, out / "uninterrupted", *EPOCHS)),
+        # Its progress bar (stderr, in the job log) tells the test when epoch 1 has started.
+        "preempted": (TWO_NODES, tiny_args(tiny_root, out / "preempted", *EPOCHS, "--trainer.enable_progress_bar=true")),
+        # Two tasks on the node, but the user pins the Trainer to one device: two independent rank-0 runs, unless stopped.
+        "mismatch": (TWO_TASKS, tiny_args(tiny_root, out / "mismatch", "--trainer.devices=1")),
+        "no_data": (ONE_NODE, tiny_args(out / "no-such-dir", out / "no_data")),
+    }
+    submitted = {}
+    for name, (options, args) in specs.items():
+        log = out / f"{name}.out"
+        submitted[name] = Job(submit(slurm, options, log, args), log, out / name)
+    return submitted
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_preempted_job_checkpoints_requeues_and_resumes_to_the_same_final_step(slurm, jobs):
+    job = jobs["preempted"]
+    # Mid-training: epoch 0 is done, 2 of the 3 epochs (10 steps) are left.
+    wait_for_lines(job.log, "Epoch 1:", 1, slurm, job.id, timeout=JOB_TIMEOUT)
+    slurm.command("scancel", "--signal=USR1", str(job.id))
+    record = slurm.wait_until_done(job.id, JOB_TIMEOUT)
+    text = job.text()
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", text
+    assert record["Restarts"] == "1", text
+
+    run_dir = job.run_dir()
+    hpc = run_dir / "hpc_ckpt_1.ckpt"
+    assert f"Slurm job {job.id}: signalled; saved {hpc} at global step" in text, text
+    assert f"Slurm job {job.id}: requeued; it resumes from {hpc}" in text, text
+    assert f"job {job.id} restart 1:" in text, "the script's header of the requeued run is missing"
+    assert f"Slurm job {job.id} (restart 1): resuming from {hpc}" in text, text
+    assert f"Restored all states from the checkpoint at {hpc}" in text, text
+
+    # The requeued run wrote into the same run dir and finished where the uninterrupted job did.
+    assert sorted(p.name for p in (job.root / "lightning_logs").iterdir()) == [run_dir.name]
+    final = global_step(run_dir / "checkpoints" / "last.ckpt")
+    reference = jobs["uninterrupted"]
+    assert slurm.wait_until_done(reference.id, JOB_TIMEOUT)["JobState"] == "COMPLETED", reference.text()
+    assert final == global_step(reference.run_dir() / "checkpoints" / "last.ckpt") == 3 * 5
+    saved_at = global_step(hpc)
+    assert 5 < saved_at < final, "the signal should have landed in epoch 1 or 2, after a whole batch"
+    logged = {tag: {step for step, _ in values} for tag, values in read_scalars(run_dir).items()}
+    expected = {tag: {step for step, _ in values} for tag, values in read_scalars(reference.run_dir()).items()}
+    assert logged["val/acc1"] == expected["val/acc1"]
+    # Same curve steps; only the preempted step's own train metrics are missing (the run stopped at its end).
+    assert expected["train/loss"] - logged["train/loss"] <= {saved_at - 1}
+    assert logged["train/loss"] <= expected["train/loss"]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_two_node_job_trains_one_ddp_run_over_both_nodes(slurm, jobs):
+    job = jobs["uninterrupted"]
+    record = slurm.wait_until_done(job.id, JOB_TIMEOUT)
+    log = job.text()
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", log
+    assert record["NodeList"] == "n[1-2]" and record["Restarts"] == "0"
+    assert "Starting with 2 processes" in log and "distributed_backend=gloo" in log
+    for rank, node in ((0, "n1"), (1, "n2")):
+        assert f"Slurm job {job.id}: task {rank} of 2 on node {node}" in log
+        assert f"GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2" in log
+    # One writer: one run dir, pinned to the job, with one config and one checkpoint set.
+    run_dir = job.run_dir()
+    assert [p.name for p in (job.root / "lightning_logs").iterdir()] == [run_dir.name]
+    assert sorted(p.name for p in run_dir.glob("*.yaml")) == ["config.yaml", "hparams.yaml"]
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert len(checkpoints) == 2 and "last.ckpt" in checkpoints, checkpoints
+    assert not list(job.root.rglob("hpc_ckpt_*.ckpt"))
+    assert len(read_scalars(run_dir)["val/acc1"]) == 1
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_task_count_not_matching_devices_x_nodes_stops_at_start_up(slurm, jobs):
+    job = jobs["mismatch"]
+    record = slurm.wait_until_done(job.id, JOB_TIMEOUT)
+    log = job.text()
+    assert record["JobState"] == "FAILED" and record["ExitCode"] != "0:0", log
+    assert "srun started 2 processes but the Trainer expects 1" in log, log
+    assert "Starting with" not in log  # stopped before any rendezvous
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_missing_data_root_fails_fast_with_the_data_module_error(slurm, jobs):
+    job = jobs["no_data"]
+    record = slurm.wait_until_done(job.id, JOB_TIMEOUT)
+    log = job.text()
+    assert record["JobState"] == "FAILED" and record["ExitCode"] != "0:0", log
+    assert re.search(r"DataLayoutError: data root \S*no-such-dir does not exist", log), log
+    assert "Starting with" not in log
+
+
+def test_a_job_resumes_from_its_own_newest_preemption_checkpoint_not_ckpt_path_nor_another_jobs(tmp_path, monkeypatch):
+    """The rule behind a requeued job's resume, in-process: the env vars are the ones srun sets in a task."""
+    for name in [name for name in os.environ if name.startswith("SLURM_")]:
+        monkeypatch.delenv(name)  # the test itself may run inside a Slurm job
+    config = Namespace(trainer=Namespace(default_root_dir=str(tmp_path), logger=None), ckpt_path="old/last.ckpt")
+    assert pin_run_to_slurm_job(config, "fit") is None and config.ckpt_path == "old/last.ckpt"  # not in a job
+
+    for name, value in {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train",
+                        "SLURM_RESTART_COUNT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    other_job = tmp_path / "lightning_logs" / "slurm-6"
+    this_job = tmp_path / "lightning_logs" / "slurm-7"
+    for checkpoint in (other_job / "hpc_ckpt_5.ckpt", this_job / "hpc_ckpt_2.ckpt", this_job / "hpc_ckpt_10.ckpt"):
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint.touch()
+    assert pin_run_to_slurm_job(config, "fit") == this_job
+    assert config.ckpt_path == str(this_job / "hpc_ckpt_10.ckpt")
+    assert config.trainer.default_root_dir == str(this_job)  # where Lightning writes the next hpc_ckpt_N
+    assert config.trainer.logger.init_args.version == "slurm-7"
