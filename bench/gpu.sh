@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU throughput table (issue 6): ResNet-50, 224 px, batch 256 per GPU; fp32 / 16-mixed / bf16-mixed, each with and
 # without channels_last, and torch.compile; synthetic data, then the real input pipeline on generated JPEGs.
-#   bash bench/gpu.sh                  # one GPU, ~6 min on an H200: table in runs/bench/gpu.md (rows in gpu.json)
+#   bash bench/gpu.sh                  # one GPU (not yet run on one): table in runs/bench/gpu.md, rows in gpu.json
 #   bash bench/gpu.sh --tiny           # CPU smoke run of the same path, ~1 min (tests/test_bench.py runs it)
 #   bash bench/gpu.sh --variants bf16-mixed+cl --steps 200     # extra arguments go to bench/gpu_bench.py
 # Environment: BENCH_OUT (default runs/bench), BENCH_JPEGS (default $BENCH_OUT/fake_imagenet, generated once).

@@ -55,8 +55,7 @@ def run_variant(name: str, data_kind: str, args, workdir: Path) -> dict:
     throughput = ThroughputLogger()
     trainer = L.Trainer(
         accelerator=args.accelerator, devices=1, precision=precision,
-        # max_epochs bounds nothing here; left unset (-1 with max_steps), the model cannot size its LR warm-up.
-        max_steps=args.warmup + args.steps, max_epochs=10_000, limit_val_batches=0, num_sanity_val_steps=0,
+        max_steps=args.warmup + args.steps, limit_val_batches=0, num_sanity_val_steps=0,
         log_every_n_steps=args.window, default_root_dir=workdir / f"{name}-{data_kind}",
         callbacks=[throughput], enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )

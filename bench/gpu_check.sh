@@ -2,7 +2,7 @@
 # Strategy and precision check on one GPU (issue 3): `python -m project fit` with the configs, ResNet-50 on generated
 # JPEGs, a few hundred steps each: gpu, dp, ddp (1 device), fp16, bf16, channels_last, compile; then dp over a
 # repeated device id (Lightning's --trainer.devices=[0,0], and torch's DataParallel directly).
-#   bash bench/gpu_check.sh             # ~8 min on one H200; summary in runs/gpu_check/summary.md
+#   bash bench/gpu_check.sh             # one GPU (not yet run on one); summary in runs/gpu_check/summary.md
 #   bash bench/gpu_check.sh --tiny      # CPU, resnet18 32 px, 4 steps: the runs that make sense without a GPU
 # Environment: CHECK_OUT (runs/gpu_check), BENCH_JPEGS (generated once), STEPS (200), BATCH (128), WORKERS (cpus - 2).
 # A failing run does not stop the others; its exit code goes into the summary.
@@ -14,7 +14,7 @@ mkdir -p "$out"
 if [ "${1:-}" = "--tiny" ]; then
     jpegs=${BENCH_JPEGS:-$out/fake_imagenet}
     python bench/fake_imagenet.py "$jpegs" --classes 2 --train 48 --val 2 --size 64x48 --workers 1 || exit 1
-    base=(--config configs/quickstart.yaml --data.root="$jpegs" --trainer.max_steps="${STEPS:-4}" --trainer.max_epochs=10000 --data.batch_size=8
+    base=(--config configs/quickstart.yaml --data.root="$jpegs" --trainer.max_steps="${STEPS:-4}" --data.batch_size=8
           --trainer.log_every_n_steps=1 --trainer.limit_val_batches=1 --trainer.enable_progress_bar=false
           --trainer.enable_model_summary=false)
     runs=(cpu dp ddp channels_last)
@@ -25,7 +25,7 @@ else
     python bench/fake_imagenet.py "$jpegs" --classes 1000 --train 38400 --val 1000 || exit 1
     workers=${WORKERS:-$(( $(nproc) > 3 ? $(nproc) - 2 : 1 ))}
     base=(--config configs/gpu.yaml --model.arch=resnet50 --data.root="$jpegs" --data.batch_size="${BATCH:-128}"
-          --data.num_workers="$workers" --trainer.max_steps="${STEPS:-200}" --trainer.max_epochs=10000 --trainer.log_every_n_steps=20
+          --data.num_workers="$workers" --trainer.max_steps="${STEPS:-200}" --trainer.log_every_n_steps=20
           --trainer.limit_val_batches=2 --trainer.enable_progress_bar=false)
     runs=(gpu dp ddp fp16 bf16 channels_last compile dp_repeat)
     skip=2
