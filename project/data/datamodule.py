@@ -23,6 +23,11 @@ from project.data.seeded import PerSampleSeeded
 from project.data.transforms import eval_preset, train_preset
 
 
+def _run_seed() -> int:
+    """The run's seed (LightningCLI's seed_everything sets it): shuffling and augmentation derive from it."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
 class ImageNetDataModule(L.LightningDataModule):
     """ImageNet (or any ImageFolder-layout data set): class count and names are read from the folders."""
 
@@ -102,8 +107,7 @@ class ImageNetDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
-            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-            self.datasets["train"] = PerSampleSeeded(self._image_folder("train", self.train_transform), seed)
+            self.datasets["train"] = PerSampleSeeded(self._image_folder("train", self.train_transform), _run_seed())
         if stage in ("fit", "validate"):
             self.datasets["val"] = self._image_folder("val", self.eval_transform)
         if stage == "test":
@@ -154,9 +158,8 @@ class ImageNetDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         world_size, rank = self._world()
-        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         dataset = self.datasets["train"]
-        return self._loader(dataset, training_sampler(dataset, num_replicas=world_size, rank=rank, seed=seed))
+        return self._loader(dataset, training_sampler(dataset, num_replicas=world_size, rank=rank, seed=_run_seed()))
 
     def _eval_loader(self, split: str) -> DataLoader:
         world_size, rank = self._world()
