@@ -20,7 +20,7 @@ from project.data import ImageNetDataModule
 from project.launch import check_process_count
 from project.strategies.sync_batchnorm import SyncBatchNormAnyBackend
 from project.model import ImageClassifier
-from project.run_dir import find_last_checkpoint, version_number, version_of
+from project.run_dir import find_last_checkpoint, pin_logger_version, version_number, version_of
 from project.slurm import RequeueOnSignal, pin_run_to_slurm_job
 
 
@@ -62,10 +62,7 @@ class ImageClassifierCLI(LightningCLI):
         version = version_of(config.ckpt_path, root) if config.ckpt_path else None
         # Only the default logger is pinned; a logger configured by the user is left as configured.
         if version is not None and config.trainer.logger in (None, True):
-            config.trainer.logger = Namespace(
-                class_path="lightning.pytorch.loggers.TensorBoardLogger",
-                init_args=Namespace(save_dir=root, version=version_number(version)),
-            )
+            pin_logger_version(config.trainer, root, version_number(version))
 
     def instantiate_trainer(self, **kwargs):
         trainer_config = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]

@@ -11,7 +11,11 @@ and a resumed run's curves land in a new version_N. Here "last" means the newest
 from pathlib import Path
 from typing import Optional
 
+from jsonargparse import Namespace
+
 LOGS = "lightning_logs"
+# Loggers whose directory is save_dir/name/version, so pinning `version` pins the directory.
+VERSIONED_LOGGERS = ("TensorBoardLogger", "CSVLogger")
 
 
 def find_last_checkpoint(default_root_dir: str | Path) -> Optional[Path]:
@@ -40,3 +44,19 @@ def version_number(name: str) -> int | str:
     """TensorBoardLogger writes `version_{int}` for ints and the string itself otherwise."""
     prefix = "version_"
     return int(name[len(prefix):]) if name.startswith(prefix) and name[len(prefix):].isdigit() else name
+
+
+def pin_logger_version(trainer: Namespace, save_dir: str | Path, version: int | str) -> None:
+    """Make the run log into <save_dir>/lightning_logs/<version> (edits the parsed trainer config in place).
+
+    The default logger becomes a TensorBoardLogger pinned to that version; a configured TensorBoard or CSV logger
+    gets the version; any other logger is left as configured.
+    """
+    logger = trainer.logger
+    if logger in (None, True):
+        trainer.logger = Namespace(
+            class_path="lightning.pytorch.loggers.TensorBoardLogger",
+            init_args=Namespace(save_dir=str(save_dir), name=LOGS, version=version),
+        )
+    elif isinstance(logger, Namespace) and str(logger.get("class_path", "")).rsplit(".", 1)[-1] in VERSIONED_LOGGERS:
+        logger.init_args.version = version

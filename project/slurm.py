@@ -27,9 +27,8 @@ from jsonargparse import Namespace
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-LOGS = "lightning_logs"
-# Loggers whose directory is save_dir/name/version, so pinning `version` pins the directory.
-VERSIONED_LOGGERS = ("TensorBoardLogger", "CSVLogger")
+from project.run_dir import LOGS, pin_logger_version
+
 
 
 def slurm_job_id() -> Optional[str]:
@@ -69,14 +68,7 @@ def pin_run_to_slurm_job(config: Namespace, subcommand: str) -> Optional[Path]:
     trainer = config.trainer
     root = Path(trainer.default_root_dir or os.getcwd())
     run_dir = job_run_dir(root, job_id)
-    logger = trainer.logger
-    if logger in (None, True):
-        trainer.logger = Namespace(
-            class_path="lightning.pytorch.loggers.TensorBoardLogger",
-            init_args=Namespace(save_dir=str(root), name=LOGS, version=run_dir.name),
-        )
-    elif isinstance(logger, Namespace) and str(logger.get("class_path", "")).rsplit(".", 1)[-1] in VERSIONED_LOGGERS:
-        logger.init_args.version = run_dir.name
+    pin_logger_version(trainer, root, run_dir.name)
     trainer.default_root_dir = str(run_dir)
 
     if subcommand == "fit":
