@@ -1,14 +1,20 @@
-"""Template overhead: one ResNet trained by a plain PyTorch loop and by our Trainer path, alternating in one run.
+"""Template overhead: one ResNet trained by a plain PyTorch loop and by our Trainer path, alternating step by step.
 
     python bench/overhead.py                # 1 CPU process: median step-time ratio (ours / plain) and loss agreement
     python bench/overhead.py --ddp          # 2 gloo processes: plain DistributedDataParallel vs strategy="ddp"
     python bench/overhead.py --quick        # the CI smoke run (add --ddp for its 2-process variant)
 
 Both sides get the same network (built under the same seed), the same synthetic batches, SGD with the same
-LR schedule (project.optim), the same step count and the same threads. A step is timed from the end of one step
-to the end of the next, so fetching the batch, hooks and logging count; the ratio of CPU time per step is reported
-too, as a figure a busy machine disturbs less than wall time. "Ours" is the Trainer as `python -m project`
-builds it: TensorBoard logger, checkpointing, ReseedEachEpoch, ThroughputLogger; no progress bar, no validation.
+LR schedule (project.optim), the same step count and the same threads. They run in one process, taking turns one
+step at a time: after each of the Trainer's steps a callback runs one plain step (Interleave). A plain step counts
+fetching, forward, backward and the optimizer; our step is everything between two plain steps (fetching, hooks,
+logging, checkpoint bookkeeping). Each of our steps is divided by the plain step right after it, and the reported
+ratio is the median of those ratios over all rounds: a change in the machine's speed (other load, heat) hits both
+sides of a pair alike, which separate back-to-back runs could not resolve on a shared 2-core machine (their
+per-run ratios spread over ±10 %). Also reported: the ratio of the two sides' median step times, the median ratio
+of CPU time, and the median of each round's ratios.
+"Ours" is the Trainer as `python -m project` builds it: TensorBoard logger, checkpointing, ReseedEachEpoch,
+ThroughputLogger; no progress bar, no validation.
 Results and the commands behind them: docs/benchmarks.md.
 """
 
@@ -43,17 +49,12 @@ from project.optim import parameter_groups, scaled_lr, warmup_then_decay  # noqa
 RECIPE = dict(lr_per_256=0.1, momentum=0.9, weight_decay=1e-4, warmup_epochs=0.2)
 
 
-class StepClock(L.Callback):
-    """Wall and CPU time at the end of every training step."""
-
-    def __init__(self):
-        self.ends: list[tuple[float, float]] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.ends.append((time.perf_counter(), time.process_time()))
-
-
 NORMALIZE = NormalizeBatch(IMAGENET_MEAN, IMAGENET_STD)  # what the data modules do on the device
+Clock = tuple[float, float]  # (wall, CPU) seconds
+
+
+def clock() -> Clock:
+    return time.perf_counter(), time.process_time()
 
 
 def eval_loss(network: torch.nn.Module, batch) -> float:
@@ -63,40 +64,65 @@ def eval_loss(network: torch.nn.Module, batch) -> float:
         return F.cross_entropy(network(NORMALIZE(batch[0])), batch[1]).item()
 
 
-def plain_run(args, batches, world: int) -> tuple[list[tuple[float, float]], float]:
-    """The textbook loop: forward, loss, zero_grad, backward, step, schedule."""
-    torch.manual_seed(args.seed)
-    network = build_resnet(args.arch, args.num_classes)
-    model = DistributedDataParallel(network) if world > 1 else network
-    lr = scaled_lr(RECIPE["lr_per_256"], args.batch_size * world)
-    optimizer = torch.optim.SGD(
-        parameter_groups(network, RECIPE["weight_decay"], decay_norm_and_bias=True), lr=lr, momentum=RECIPE["momentum"]
-    )
-    scheduler = warmup_then_decay(
-        optimizer, total_steps=args.steps, warmup_steps=round(RECIPE["warmup_epochs"] * args.steps), schedule="cosine"
-    )
-    ends = []
-    model.train()
-    for images, targets in DataLoader(ReplayedBatches(batches, args.steps), batch_size=None):
-        loss = F.cross_entropy(model(NORMALIZE(images)), targets)
-        optimizer.zero_grad(set_to_none=True)
+class PlainLoop:
+    """The textbook loop, one step per call: fetch, forward, loss, zero_grad, backward, step, schedule."""
+
+    def __init__(self, args, batches, world: int):
+        torch.manual_seed(args.seed)
+        self.network = build_resnet(args.arch, args.num_classes)
+        self.model = DistributedDataParallel(self.network) if world > 1 else self.network
+        lr = scaled_lr(RECIPE["lr_per_256"], args.batch_size * world)
+        groups = parameter_groups(self.network, RECIPE["weight_decay"], decay_norm_and_bias=True)
+        self.optimizer = torch.optim.SGD(groups, lr=lr, momentum=RECIPE["momentum"])
+        self.scheduler = warmup_then_decay(
+            self.optimizer, total_steps=args.steps, warmup_steps=round(RECIPE["warmup_epochs"] * args.steps),
+            schedule="cosine",
+        )
+        self.batches = iter(DataLoader(ReplayedBatches(batches, args.steps), batch_size=None))
+        self.model.train()
+
+    def step(self) -> None:
+        images, targets = next(self.batches)
+        loss = F.cross_entropy(self.model(NORMALIZE(images)), targets)
+        self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        optimizer.step()
-        scheduler.step()
-        ends.append((time.perf_counter(), time.process_time()))
-    return ends, eval_loss(network, batches[0])
+        self.optimizer.step()
+        self.scheduler.step()
 
 
-def ours_run(args, batches, world: int, workdir: Path) -> tuple[list[tuple[float, float]], float]:
-    """The same training through ImageClassifier and the Trainer (strategy="ddp" when world > 1)."""
+class Interleave(L.Callback):
+    """Runs one plain step after each of our steps, so the two sides alternate step by step and any change in the
+    machine's speed hits both alike. Our step is the time from the end of one plain step to the start of the next:
+    one whole cycle of the Trainer (the rest of its hooks and logging, fetching, the step), nothing of the plain loop.
+    """
+
+    def __init__(self, plain: PlainLoop):
+        self.plain = plain
+        self.ours: list[Clock] = []
+        self.plains: list[Clock] = []
+        self._resumed: Clock | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        start = clock()
+        self.plain.step()
+        end = clock()
+        self.plains.append((end[0] - start[0], end[1] - start[1]))
+        if self._resumed is not None:
+            self.ours.append((start[0] - self._resumed[0], start[1] - self._resumed[1]))
+        self._resumed = clock()
+
+
+def interleaved_run(args, batches, world: int, workdir: Path) -> tuple[Interleave, float, float]:
+    """Our Trainer path (ImageClassifier, strategy="ddp" when world > 1) with the plain loop interleaved."""
+    plain = PlainLoop(args, batches, world)
     L.seed_everything(args.seed, verbose=False)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # the same initial weights as the plain loop's
     model = ImageClassifier(num_classes=args.num_classes, arch=args.arch, **RECIPE)
     data = SyntheticDataModule(
         num_classes=args.num_classes, batch_size=args.batch_size, image_size=args.image_size,
         batches_per_epoch=args.steps, distinct_batches=args.distinct, seed=args.seed,
     )
-    clock = StepClock()
+    interleave = Interleave(plain)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=world,
@@ -108,18 +134,12 @@ def ours_run(args, batches, world: int, workdir: Path) -> tuple[list[tuple[float
         num_sanity_val_steps=0,
         log_every_n_steps=10,
         default_root_dir=workdir,
-        callbacks=[ReseedEachEpoch(), ThroughputLogger(), clock],
+        callbacks=[ReseedEachEpoch(), ThroughputLogger(), interleave],
         enable_progress_bar=False,
         enable_model_summary=False,
     )
     trainer.fit(model, datamodule=data)
-    return clock.ends, eval_loss(model.network, batches[0])
-
-
-def step_times(ends: list[tuple[float, float]], skip: int) -> tuple[list[float], list[float]]:
-    """(wall, CPU) seconds of each step after the first `skip`."""
-    pairs = list(zip(ends[skip:], ends[skip + 1 :]))
-    return [b[0] - a[0] for a, b in pairs], [b[1] - a[1] for a, b in pairs]
+    return interleave, eval_loss(plain.network, batches[0]), eval_loss(model.network, batches[0])
 
 
 def relaunch_with_torchrun(argv: list[str]) -> int:
@@ -135,8 +155,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--arch", default="resnet18")
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=None, help="per process (default 32; 8 with --quick)")
-    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 40; 8 with --quick)")
-    parser.add_argument("--rounds", type=int, default=None, help="alternations (default 4; 2 with --quick)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per round (default 40; 8 with --quick)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="fresh runs of both sides, one new Trainer each (default 4; 2 with --quick)")
     parser.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the timings")
     parser.add_argument("--num-classes", type=int, default=10)
     parser.add_argument("--distinct", type=int, default=4, help="distinct synthetic batches cycled over")
@@ -151,8 +172,8 @@ def main(argv: list[str]) -> int:
     args.steps = args.steps or (8 if args.quick else 40)
     args.threads = args.threads or (1 if args.quick else None)
     args.rounds = args.rounds or (2 if args.quick else 4)
-    if args.steps <= args.skip + 1:
-        parser.error(f"--steps must exceed --skip + 1 ({args.skip + 1}), got {args.steps}")
+    if args.steps <= args.skip + 2:
+        parser.error(f"--steps must exceed --skip + 2 ({args.skip + 2}), got {args.steps}")
 
     if args.ddp and "TORCHELASTIC_RUN_ID" not in os.environ:
         return relaunch_with_torchrun(argv)
@@ -167,9 +188,10 @@ def main(argv: list[str]) -> int:
         batch_size=args.batch_size, image_size=args.image_size, num_classes=args.num_classes,
         distinct=args.distinct, seed=args.seed + rank,
     )
-    times: dict[str, list[float]] = {"plain": [], "ours": []}
-    cpu_times: dict[str, list[float]] = {"plain": [], "ours": []}
-    losses: dict[str, list[float]] = {"plain": [], "ours": []}
+    # Per measured step: (ours, plain) wall and CPU seconds, ours paired with the plain step right after it.
+    walls: list[tuple[float, float]] = []
+    cpus: list[tuple[float, float]] = []
+    losses: list[tuple[float, float]] = []
     round_ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -177,40 +199,37 @@ def main(argv: list[str]) -> int:
             holder = [str(workdir)]
             dist.broadcast_object_list(holder, src=0)
             workdir = Path(holder[0])
-        for round_index in range(args.rounds):
-            # Alternate who goes first, so drift in the machine's speed (other load, heat) hits both sides alike.
-            order = ("plain", "ours") if round_index % 2 == 0 else ("ours", "plain")
-            medians = {}
-            for side in order:
-                if world > 1:
-                    dist.barrier()
-                ends, loss = plain_run(args, batches, world) if side == "plain" else ours_run(args, batches, world, workdir)
-                steps, cpu_steps = step_times(ends, args.skip)
-                times[side] += steps
-                cpu_times[side] += cpu_steps
-                losses[side].append(loss)
-                medians[side] = statistics.median(steps)
-            round_ratios.append(medians["ours"] / medians["plain"])
+        for _ in range(args.rounds):
+            if world > 1:
+                dist.barrier()
+            run, plain_loss, ours_loss = interleaved_run(args, batches, world, workdir)
+            pairs = list(zip(run.ours, run.plains[1:]))[args.skip :]
+            walls += [(o[0], p[0]) for o, p in pairs]
+            cpus += [(o[1], p[1]) for o, p in pairs]
+            losses.append((plain_loss, ours_loss))
+            round_ratios.append(statistics.median(o[0] / p[0] for o, p in pairs))
 
-    plain_median, ours_median = statistics.median(times["plain"]), statistics.median(times["ours"])
-    cpu_ratio = statistics.median(cpu_times["ours"]) / statistics.median(cpu_times["plain"])
-    loss_diff = max(abs(o - p) / abs(p) for o, p in zip(losses["ours"], losses["plain"]))
+    plain_median, ours_median = statistics.median(p for _, p in walls), statistics.median(o for o, _ in walls)
+    ratio = statistics.median(o / p for o, p in walls)
+    cpu_ratio = statistics.median(o / p for o, p in cpus)
+    loss_diff = max(abs(o - p) / abs(p) for p, o in losses)
     result = {
         "variant": f"ddp x{world} (gloo)" if world > 1 else "single process",
         "arch": args.arch, "image_size": args.image_size, "batch_size": args.batch_size, "steps": args.steps,
-        "rounds": args.rounds, "threads": torch.get_num_threads(),
-        "plain_step_s": plain_median, "ours_step_s": ours_median, "ratio": ours_median / plain_median,
-        "round_ratios": round_ratios, "cpu_ratio": cpu_ratio,
-        "loss_plain": losses["plain"][-1], "loss_ours": losses["ours"][-1],
+        "rounds": args.rounds, "paired_steps": len(walls), "threads": torch.get_num_threads(),
+        "plain_step_s": plain_median, "ours_step_s": ours_median, "ratio": ratio,
+        "median_step_ratio": ours_median / plain_median, "round_ratios": round_ratios, "cpu_ratio": cpu_ratio,
+        "loss_plain": losses[-1][0], "loss_ours": losses[-1][1],
         "loss_rel_diff": loss_diff, "losses_agree": loss_diff <= args.tolerance,
     }
     if rank == 0:
         print(
             f"{result['variant']}: {args.arch} {args.image_size}px batch {args.batch_size}, {args.rounds} rounds x "
             f"{args.steps} steps, {result['threads']} thread(s)/process\n"
+            f"  ratio ours/plain, median over {len(walls)} paired steps: {ratio:.4f} (CPU time: {cpu_ratio:.4f}); "
+            f"per round: {', '.join(f'{r:.3f}' for r in round_ratios)}\n"
             f"  median step: plain {plain_median * 1e3:.1f} ms, ours {ours_median * 1e3:.1f} ms, "
-            f"ratio {result['ratio']:.4f} (per round: {', '.join(f'{r:.3f}' for r in round_ratios)}); "
-            f"CPU time per step ratio {cpu_ratio:.4f}\n"
+            f"their ratio {result['median_step_ratio']:.4f}\n"
             f"  loss after {args.steps} steps: plain {result['loss_plain']:.8f}, ours {result['loss_ours']:.8f}, "
             f"max relative difference {loss_diff:.2e} ({'agree' if result['losses_agree'] else 'DISAGREE'}, "
             f"tolerance {args.tolerance:g})"
