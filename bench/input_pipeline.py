@@ -7,7 +7,8 @@ One process, one thread: images per CPU-second of the process, so other jobs on 
 barely the figures; pipelines alternate on the same files each round and the ratio is the median of the per-round ratios.
 "ours" is the data module's default: torchvision.io decode and v2 on uint8 tensors in the workers, collated; the GPU
 then normalizes the batch. "ours + batch normalize on the CPU" is the same where there is no GPU (a CPU-only run);
-"float per image" is data.normalize_on_device=false. Every row decodes, crops, flips (train) and collates.
+"float per image" is data.normalize_on_device=false. Every row decodes, crops, flips (train) and collates batches of
+64 with default_collate, as a DataLoader worker does (float tensors for the stock and float rows, uint8 for ours).
 Results with the exact command: docs/benchmarks.md, "Input pipeline".
 """
 
@@ -25,6 +26,7 @@ import PIL
 import torch
 import torchvision
 from PIL import Image
+from torch.utils.data import default_collate
 from torchvision import transforms as v1
 from torchvision.datasets.folder import pil_loader
 
@@ -35,7 +37,7 @@ from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_preset, tr
 
 # ImageNet's commonest shapes (landscape and portrait 4:3, 3:2), jittered: "around 500x375".
 SHAPES = [(500, 375), (375, 500), (500, 333), (500, 400), (333, 500), (640, 480)]
-BATCH = 64  # images per NormalizeBatch call in "ours"
+BATCH = 64  # images per collated batch (and per NormalizeBatch call)
 
 
 def photo_like(rng: np.random.Generator, width: int, height: int) -> Image.Image:
@@ -76,20 +78,20 @@ def pipelines(crop: int, resize: int, device: str | None = None) -> dict[str, di
         uint8_preset, normalize_batch = split_normalize(float_presets[preset])
 
         def run_stock(paths, t=stock[preset]):
-            for p in paths:
-                t(pil_loader(str(p)))
+            for start in range(0, len(paths), BATCH):
+                default_collate([(t(pil_loader(str(p))), 0) for p in paths[start : start + BATCH]])
 
         def run_tv_float(paths, t=float_presets[preset]):
-            for p in paths:
-                t(decode_torchvision(str(p)))
+            for start in range(0, len(paths), BATCH):
+                default_collate([(t(decode_torchvision(str(p))), 0) for p in paths[start : start + BATCH]])
 
         def run_ours(paths, t=uint8_preset):
             for start in range(0, len(paths), BATCH):
-                torch.stack([t(decode_torchvision(str(p))) for p in paths[start : start + BATCH]])
+                default_collate([(t(decode_torchvision(str(p))), 0) for p in paths[start : start + BATCH]])
 
         def run_ours_cpu(paths, t=uint8_preset, norm=normalize_batch):
             for start in range(0, len(paths), BATCH):
-                norm(torch.stack([t(decode_torchvision(str(p))) for p in paths[start : start + BATCH]]))
+                norm(default_collate([(t(decode_torchvision(str(p))), 0) for p in paths[start : start + BATCH]])[0])
 
         table[preset] = {"stock PIL + v1": run_stock, "torchvision.io + v2, float per image": run_tv_float,
                          "ours": run_ours, "ours + batch normalize on the CPU": run_ours_cpu}
