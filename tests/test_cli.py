@@ -121,6 +121,18 @@ def test_repeated_configs_compose_and_the_later_wins(tiny_root, tmp_path):
     assert cli.model.hparams.num_classes == 3  # linked from the data, never typed
 
 
+def test_a_batch_limit_of_1_is_one_batch_and_1_0_all_of_them(tiny_root, tmp_path):
+    # Lightning types these Union[float, int]: parsed float-first, `1` used to arrive as 1.0 = every batch.
+    limits = tmp_path / "limits.yaml"
+    limits.write_text("trainer:\n  limit_val_batches: 1\n")
+    cli = cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--trainer.limit_train_batches=1", "--config", str(limits))])
+    assert cli.trainer.global_step == 1  # 40 images at batch 8 would be 5 steps
+    assert cli.trainer.num_val_batches == [1]  # 17 val images at batch 8 would be 3
+    cli = cli_main(tiny_args(tiny_root, tmp_path, "--trainer.limit_train_batches=1.0", "--trainer.limit_val_batches=0.5"),
+                   run=False)
+    assert (cli.trainer.limit_train_batches, cli.trainer.limit_val_batches) == (1.0, 0.5)
+
+
 def test_channels_last_network_gives_the_same_logits():
     torch.manual_seed(0)
     plain = ImageClassifier(num_classes=4, arch="resnet18").eval()
