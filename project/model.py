@@ -66,6 +66,7 @@ class ImageClassifier(L.LightningModule):
             arch, num_classes, zero_init_residual=zero_init_residual
         )
         self._compiled_network: Optional[nn.Module] = None
+        self._step_lr = 0.0  # the LR of the current training step, logged at its end
         top5 = min(5, num_classes)
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
@@ -96,11 +97,15 @@ class ImageClassifier(L.LightningModule):
         images, targets = batch
         loss = F.cross_entropy(self(images), targets, label_smoothing=self.hparams.label_smoothing)
         self.log("train/loss", loss, prog_bar=True)
-        # Each self.log costs ~0.5 ms of bookkeeping on a CPU; the LR is only written on logging steps, so only
-        # record it then (the loss stays every step: the progress bar shows it).
-        if self.trainer._logger_connector.should_update_logs:
-            self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        self._step_lr = self.trainer.optimizers[0].param_groups[0]["lr"]  # the scheduler steps before the batch ends
         return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        # Each self.log costs ~0.5 ms of bookkeeping on a CPU and the LR is only written on logging steps, so it is
+        # recorded only then (the loss every step: the progress bar shows it). Checked here, after the callbacks'
+        # hooks, so a step on which a callback stops the run (max_time) is logged with its own LR.
+        if self.trainer._logger_connector.should_update_logs:
+            self.log("train/lr", self._step_lr, on_step=True, on_epoch=False)
 
     def _evaluate(self, batch, loss_metric: MeanMetric, acc1: MulticlassAccuracy, acc5: MulticlassAccuracy, stage: str):
         images, targets = batch

@@ -2,15 +2,23 @@
 
 Lightning annotates limit_{train,val,test,predict}_batches as Union[float, int]. The CLI's parser tries the types in
 order, so `--trainer.limit_val_batches=1` (or `limit_val_batches: 1` in YAML) arrived as 1.0, which Lightning reads
-as "100 % of the batches" instead of "one batch". Same arguments here with int first: 1 is one batch, 1.0 or 0.25
-a fraction, as Lightning documents them.
+as "100 % of the batches" instead of "one batch". Here the integer type comes first: 1 is one batch, 1.0 or 0.25 a
+fraction, as Lightning documents them.
 """
 
 from typing import Optional, Union
 
 import lightning as L
+from jsonargparse.typing import NonNegativeFloat
 
-BatchLimit = Optional[Union[int, float]]
+# Not Union[int, float]: typing caches unions by equality, and Lightning's signature already created the equal
+# Union[float, int], which would bring the float-first order back. (jsonargparse's NonNegativeInt would not do
+# either: it truncates 0.5 to 0.)
+BatchLimit = Optional[Union[int, NonNegativeFloat]]
+
+
+def _plain(limit: Optional[Union[int, float]]) -> Optional[Union[int, float]]:
+    return limit if limit is None or isinstance(limit, int) else float(limit)
 
 
 class Trainer(L.Trainer):
@@ -23,11 +31,10 @@ class Trainer(L.Trainer):
         limit_predict_batches: BatchLimit = None,
         **kwargs,
     ):
-        limits = dict(
-            limit_train_batches=limit_train_batches,
-            limit_val_batches=limit_val_batches,
-            limit_test_batches=limit_test_batches,
-            limit_predict_batches=limit_predict_batches,
+        super().__init__(
+            limit_train_batches=_plain(limit_train_batches),
+            limit_val_batches=_plain(limit_val_batches),
+            limit_test_batches=_plain(limit_test_batches),
+            limit_predict_batches=_plain(limit_predict_batches),
+            **kwargs,
         )
-        # Unset ones are left out, so Lightning's PL_TRAINER_* environment defaults still apply to them.
-        super().__init__(**{name: value for name, value in limits.items() if value is not None}, **kwargs)

@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser
 from torch import nn
 
 from conftest import read_scalars, tiny_args
@@ -123,6 +124,7 @@ def test_repeated_configs_compose_and_the_later_wins(tiny_root, tmp_path):
 
 def test_a_batch_limit_of_1_is_one_batch_and_1_0_all_of_them(tiny_root, tmp_path):
     # Lightning types these Union[float, int]: parsed float-first, `1` used to arrive as 1.0 = every batch.
+    LightningArgumentParser().add_lightning_class_args(L.Trainer, "trainer")  # a stock Trainer parser built first
     limits = tmp_path / "limits.yaml"
     limits.write_text("trainer:\n  limit_val_batches: 1\n")
     cli = cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--trainer.limit_train_batches=1", "--config", str(limits))])
