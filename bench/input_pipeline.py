@@ -8,11 +8,13 @@ barely the figures; pipelines alternate on the same files each round and the rat
 "ours" is the data module's default: torchvision.io decode and v2 on uint8 tensors in the workers, collated; the GPU
 then normalizes the batch. "ours + batch normalize on the CPU" is the same where there is no GPU (a CPU-only run);
 "float per image" is data.normalize_on_device=false. Every row decodes, crops, flips (train) and collates batches of
-64 with default_collate, as a DataLoader worker does (float tensors for the stock and float rows, uint8 for ours).
+64 with default_collate into shared memory, as a DataLoader worker does (float tensors for the stock and float
+rows, uint8 for ours).
 Results with the exact command: docs/benchmarks.md, "Input pipeline".
 """
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -26,6 +28,7 @@ import PIL
 import torch
 import torchvision
 from PIL import Image
+import torch.utils.data._utils.worker as dataloader_worker
 from torch.utils.data import default_collate
 from torchvision import transforms as v1
 from torchvision.datasets.folder import pil_loader
@@ -63,6 +66,18 @@ def generate(folder: Path, count: int, seed: int = 0) -> list[Path]:
             photo_like(rng, int(width * jitter), int(height * jitter)).save(path, quality=90)
         paths.append(path)
     return paths
+
+
+@contextlib.contextmanager
+def collating_as_a_worker():
+    """Inside a DataLoader worker default_collate stacks each batch into fresh shared memory, to hand it to the main
+    process; it checks get_worker_info(), which this sets for the measurement (float batches pay more: 4x the bytes)."""
+    saved = dataloader_worker._worker_info
+    dataloader_worker._worker_info = dataloader_worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=None)
+    try:
+        yield
+    finally:
+        dataloader_worker._worker_info = saved
 
 
 def pipelines(crop: int, resize: int, device: str | None = None) -> dict[str, dict[str, callable]]:
@@ -122,7 +137,8 @@ def measure(paths: list[Path], rounds: int, crop: int, resize: int, device: str 
         for _ in range(rounds):
             for name, run in runs.items():
                 cpu0, wall0 = time.process_time(), time.perf_counter()
-                run(paths)
+                with collating_as_a_worker():
+                    run(paths)
                 per_round[name].append(len(paths) / (time.process_time() - cpu0))
                 wall[name] += time.perf_counter() - wall0
         stock = per_round[next(iter(runs))]
