@@ -19,10 +19,10 @@ from project.callbacks.throughput import ThroughputLogger
 from project.data import ImageNetDataModule
 from project.launch import check_process_count
 from project.strategies.sync_batchnorm import SyncBatchNormAnyBackend
-from project.trainer import Trainer
 from project.model import ImageClassifier
 from project.run_dir import find_last_checkpoint, pin_logger_version, version_number, version_of
 from project.slurm import RequeueOnSignal, pin_run_to_slurm_job
+from project.trainer import Trainer
 
 
 class ImageClassifierCLI(LightningCLI):
