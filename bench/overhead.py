@@ -1,6 +1,6 @@
 """Template overhead: one ResNet trained by a plain PyTorch loop and by our Trainer path, alternating step by step.
 
-    python bench/overhead.py                # 1 CPU process: median step-time ratio (ours / plain) and loss agreement
+    python bench/overhead.py                # 1 CPU process: step-time ratio (ours / plain) and loss agreement
     python bench/overhead.py --ddp          # 2 gloo processes: plain DistributedDataParallel vs strategy="ddp"
     python bench/overhead.py --quick        # the CI smoke run (add --ddp for its 2-process variant)
 
