@@ -27,6 +27,8 @@ class PerSampleSeeded(Dataset):
     def __getitem__(self, key: tuple[int, int]):
         index, epoch = key
         # fork_rng restores the global CPU RNG afterwards: the model's own random stream is left untouched.
+        # Only the CPU generator is seeded, the one the transforms draw from: torch.manual_seed would also seed
+        # every CUDA device and costs ~0.3 ms, against ~2 us for this, per image.
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(sample_seed(self.base_seed, epoch, index))
+            torch.default_generator.manual_seed(sample_seed(self.base_seed, epoch, index))
             return self.dataset[index]
