@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from project.callbacks.throughput import ThroughputLogger  # noqa: E402
 from project.data import ImageNetDataModule  # noqa: E402
-from project.data.synthetic import SyntheticDataModule  # noqa: E402
+from synthetic import SyntheticDataModule  # noqa: E402
 from project.model import ImageClassifier  # noqa: E402
 
 # name -> (Trainer precision, channels_last, torch.compile)

@@ -34,8 +34,9 @@ from torchvision import transforms as v1
 from torchvision.datasets.folder import pil_loader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from project.data.decode import decode_torchvision  # noqa: E402
-from project.data.pipeline import DeviceDecoder, EncodedBatch, load_for_device, split_normalize  # noqa: E402
+from project.data.decoders import decode_torchvision  # noqa: E402
+from project.data.device_decode import DeviceDecoder, EncodedBatch, load_for_device  # noqa: E402
+from project.data.device_normalize import split_normalize  # noqa: E402
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_preset, train_preset  # noqa: E402
 
 # ImageNet's commonest shapes (landscape and portrait 4:3, 3:2), jittered: "around 500x375".

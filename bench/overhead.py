@@ -42,8 +42,8 @@ from torch.utils.data import DataLoader  # noqa: E402
 from project.backbones import build_resnet  # noqa: E402
 from project.callbacks import ReseedEachEpoch  # noqa: E402
 from project.callbacks.throughput import ThroughputLogger  # noqa: E402
-from project.data.pipeline import NormalizeBatch  # noqa: E402
-from project.data.synthetic import ReplayedBatches, SyntheticDataModule, synthetic_batches  # noqa: E402
+from project.data.device_normalize import NormalizeBatch  # noqa: E402
+from synthetic import ReplayedBatches, SyntheticDataModule, synthetic_batches  # noqa: E402
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
 from project.model import ImageClassifier  # noqa: E402
 from project.optim import parameter_groups, scaled_lr, warmup_then_decay  # noqa: E402

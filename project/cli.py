@@ -17,12 +17,12 @@ from project.callbacks import PredictionCsvWriter, ReseedEachEpoch
 from project.callbacks.checkpoint import LatestModelCheckpoint
 from project.callbacks.throughput import ThroughputLogger
 from project.data import ImageNetDataModule
-from project.launch import check_process_count
+from project.launchers import check_process_count
 from project.strategies.sync_batchnorm import SyncBatchNormAnyBackend
 from project.model import ImageClassifier
 from project.run_dir import find_last_checkpoint, pin_logger_version, version_number, version_of
 from project.slurm import RequeueOnSignal, pin_run_to_slurm_job
-from project.trainer import Trainer
+from project.compat.batch_limits import Trainer
 
 
 class ImageClassifierCLI(LightningCLI):
@@ -82,7 +82,7 @@ def cli_main(args: Optional[list[str]] = None, *, run: bool = True) -> ImageClas
     return ImageClassifierCLI(
         ImageClassifier,
         ImageNetDataModule,
-        trainer_class=Trainer,  # Lightning's, with `limit_*_batches: 1` meaning one batch (project/trainer.py)
+        trainer_class=Trainer,  # Lightning's, with `limit_*_batches: 1` meaning one batch (project/compat/batch_limits.py)
         args=args,
         run=run,
         seed_everything_default=42,  # fixed, so a resumed or requeued job continues the same data order

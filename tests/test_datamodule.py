@@ -15,7 +15,7 @@ from conftest import tiny_args, write_image_folder
 from project import ImageNetDataModule
 from project.cli import cli_main
 from project.data.embedded import materialize_digits, resolve_root
-from project.data.folder import DataLayoutError
+from project.data.layout import DataLayoutError
 
 SIZES = dict(train_crop_size=24, eval_resize_size=32, eval_crop_size=28)  # distinct, so a mixed-up preset shows
 

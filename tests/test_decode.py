@@ -15,9 +15,9 @@ from torch.utils.data import DataLoader
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from project.data.datamodule import ImageNetDataModule
-from project.data.decode import (DecodedImageFolder, UnreadableImageError, collate_readable, decode_pil,
+from project.data.decoders import (DecodedImageFolder, UnreadableImageError, collate_readable, decode_pil,
                                  decode_torchvision, main)
-from project.data.pipeline import EncodedBatch, jpeg_frame, load_for_device
+from project.data.device_decode import EncodedBatch, jpeg_frame, load_for_device
 
 LEFT, RIGHT = (200, 30, 40), (20, 180, 220)  # flat halves: JPEG keeps flat colours within a few levels
 
@@ -95,7 +95,7 @@ def folder_with_a_broken_file(tiny_root, tmp_path):
 def test_skip_mode_leaves_the_file_out_and_counts_it(folder_with_a_broken_file, caplog):
     root, victim = folder_with_a_broken_file
     dataset = DecodedImageFolder(str(root / "train"), decoder="torchvision", on_corrupt="skip")
-    with caplog.at_level(logging.WARNING, logger="project.data.decode"):
+    with caplog.at_level(logging.WARNING, logger="project.data.decoders"):
         batches = list(DataLoader(dataset, batch_size=8, collate_fn=collate_readable))
     assert sum(len(targets) for _images, targets in batches) == len(dataset) - 1
     [message] = [r.getMessage() for r in caplog.records if str(victim) in r.getMessage()]
@@ -187,7 +187,7 @@ def test_fit_with_device_decode_skips_a_broken_jpeg(folder_with_a_broken_file, t
     root, victim = folder_with_a_broken_file
     args = tiny_args(root, tmp_path / "run", "--data.decoder=nvjpeg", "--data.on_corrupt=skip",
                      "--trainer.limit_val_batches=1", "--trainer.logger=false")
-    with caplog.at_level(logging.WARNING, logger="project.data.decode"):
+    with caplog.at_level(logging.WARNING, logger="project.data.device_decode"):
         cli = cli_main(["fit", *args])
     assert cli.trainer.state.finished and cli.trainer.global_step == 5  # 40 images - 1 skipped, batches of 8
     [message] = [r.getMessage() for r in caplog.records if str(victim) in r.getMessage()]

@@ -14,7 +14,7 @@ import torch
 from conftest import run_project, tiny_args
 
 from project import ImageClassifier, cli_main
-from project.data.decode import decode_torchvision
+from project.data.decoders import decode_torchvision
 from project.data.predict import ImagePathDataset, list_images
 from project.data.transforms import eval_preset
 

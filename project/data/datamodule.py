@@ -12,12 +12,13 @@ import lightning as L
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 
-from project.data.decode import DecodedImageFolder, collate_readable
+from project.data.decoders import DecodedImageFolder, collate_readable
 from project.data.embedded import resolve_root
-from project.data.folder import check_layout
-from project.data.pipeline import DeviceDecoder, EncodedBatch, EncodedImageFolder, collate_encoded, split_normalize
+from project.data.layout import check_layout
+from project.data.device_decode import DeviceDecoder, EncodedBatch, EncodedImageFolder, collate_encoded
+from project.data.device_normalize import split_normalize
 from project.data.predict import ImagePathDataset
-from project.data.prepare_imagenet import read_class_labels
+from project.data.class_labels import read_class_labels
 from project.data.samplers import ExactDistributedSampler, training_sampler
 from project.data.seeded import PerSampleSeeded
 from project.data.transforms import eval_preset, train_preset

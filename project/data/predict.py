@@ -12,7 +12,7 @@ from typing import Any
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from project.data.decode import DECODERS, decode_torchvision
+from project.data.decoders import DECODERS, decode_torchvision
 
 
 def list_images(root: str | os.PathLike) -> list[Path]:

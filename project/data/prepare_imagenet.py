@@ -27,8 +27,9 @@ import torch
 from torchvision.datasets.imagenet import ARCHIVE_META, META_FILE
 from torchvision.datasets.utils import check_integrity
 
+from project.data.class_labels import CLASS_INDEX_FILE
+
 TRAIN_IMAGES, VAL_IMAGES, NUM_CLASSES = 1_281_167, 50_000, 1_000
-CLASS_INDEX_FILE = "class_index.json"
 DEVKIT_DATA = "ILSVRC2012_devkit_t12/data"
 VAL_NAME = re.compile(r"ILSVRC2012_val_(\d{8})\.JPEG")
 DOWNLOAD = "https://image-net.org/challenges/LSVRC/2012/2012-downloads.php (free account needed)"
@@ -109,15 +110,6 @@ def write_class_index(root: Path, devkit: Devkit) -> None:
     buffer = io.BytesIO()
     torch.save(({w: tuple(devkit.words[w].split(", ")) for w in devkit.wnids}, devkit.val_wnids), buffer)
     write_atomic(root / META_FILE, buffer.getvalue())
-
-
-def read_class_labels(root: Path, class_names: list[str]) -> list[str]:
-    """Human-readable names for the class folders, from ROOT/class_index.json; the folder name where it has none."""
-    index_file = Path(root) / CLASS_INDEX_FILE
-    if not index_file.is_file():
-        return list(class_names)
-    names = {entry["wnid"]: entry["name"] for entry in json.loads(index_file.read_text())}
-    return [names.get(folder, folder) for folder in class_names]
 
 
 def check_space(root: Path, needed: int) -> None:

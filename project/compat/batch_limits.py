@@ -1,6 +1,7 @@
 """Trainer: Lightning's own, with the batch limits typed so that an integer from YAML or the command line stays one.
 
-Lightning annotates limit_{train,val,test,predict}_batches as Union[float, int]. The CLI's parser tries the types in
+Workaround for LightningCLI parsing `--trainer.limit_val_batches=1` as 1.0 (100 %): see project.compat.WORKAROUNDS.
+Lightning annotates limit_{train,val,test,predict}_batches and overfit_batches as Union[float, int]. The CLI's parser tries the types in
 order, so `--trainer.limit_val_batches=1` (or `limit_val_batches: 1` in YAML) arrived as 1.0, which Lightning reads
 as "100 % of the batches" instead of "one batch". Here the integer type comes first: 1 is one batch, 1.0 or 0.25 a
 fraction, as Lightning documents them.
@@ -29,6 +30,7 @@ class Trainer(L.Trainer):
         limit_val_batches: BatchLimit = None,
         limit_test_batches: BatchLimit = None,
         limit_predict_batches: BatchLimit = None,
+        overfit_batches: Union[int, NonNegativeFloat] = 0.0,
         **kwargs,
     ):
         super().__init__(
@@ -36,5 +38,6 @@ class Trainer(L.Trainer):
             limit_val_batches=_plain(limit_val_batches),
             limit_test_batches=_plain(limit_test_batches),
             limit_predict_batches=_plain(limit_predict_batches),
+            overfit_batches=_plain(overfit_batches),
             **kwargs,
         )

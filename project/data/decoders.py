@@ -1,6 +1,6 @@
 """Image loading for the data module: torchvision.io decoding, PIL only where needed, always 3-channel RGB.
 
-    python -m project.data.decode /datasets/imagenet        # list the files training would fail on, before a long run
+    python -m project.data.decoders /datasets/imagenet        # list the files training would fail on, before a long run
 
 ImageNet's train set holds a PNG saved as .JPEG, 22 CMYK JPEGs and grayscale JPEGs: decode_image reads the real format
 from the bytes (not the name) and converts CMYK (Adobe-inverted included) and gray to RGB; formats torchvision.io does
@@ -36,7 +36,7 @@ class UnreadableImageError(OSError):
 def _unreadable(path: str, reason: str) -> UnreadableImageError:
     error = UnreadableImageError(
         f"cannot decode {path} ({reason}); expected a complete JPEG/PNG/WebP/GIF or another format PIL reads. "
-        "Replace or delete the file (python -m project.data.decode ROOT lists them all), or set data.on_corrupt=skip"
+        "Replace or delete the file (python -m project.data.decoders ROOT lists them all), or set data.on_corrupt=skip"
     )
     error.path, error.reason = path, reason  # attributes, not args: OSError gives extra args errno meanings
     return error
@@ -108,7 +108,7 @@ def collate_readable(batch: list):
     readable = [sample for sample in batch if sample is not None]
     if not readable:
         raise UnreadableImageError(f"all {len(batch)} images of a batch were unreadable (see the warnings naming them): "
-                                   "the data set is damaged; check it with python -m project.data.decode ROOT")
+                                   "the data set is damaged; check it with python -m project.data.decoders ROOT")
     return default_collate(readable)
 
 
@@ -121,7 +121,7 @@ def _check(path: str) -> Optional[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m project.data.decode", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m project.data.decoders", description=__doc__.split("\n")[0])
     parser.add_argument("root", type=Path, help="folder to check (all image files below it)")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="decoding processes")
     args = parser.parse_args(argv)

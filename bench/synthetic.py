@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from project.data.pipeline import NormalizeBatch
+from project.data.device_normalize import NormalizeBatch
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 
