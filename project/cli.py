@@ -25,11 +25,17 @@ from project.slurm import RequeueOnSignal, pin_run_to_slurm_job
 from project.compat.batch_limits import Trainer
 
 
+def run_seed(seed_everything) -> int:
+    """The run seed the data order and augmentations derive from; `seed_everything: false` or `true` give 0."""
+    return seed_everything if isinstance(seed_everything, int) and not isinstance(seed_everything, bool) else 0
+
+
 class ImageClassifierCLI(LightningCLI):
     """Defined in the package (not __main__) so ddp_spawn can pickle it."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("seed_everything", "data.seed", compute_fn=run_seed)
         parser.add_lightning_class_args(LatestModelCheckpoint, "checkpoint")
         # `predict` writes a CSV (--predictions.output); in the other subcommands the callback does nothing.
         parser.add_lightning_class_args(PredictionCsvWriter, "predictions")

@@ -4,9 +4,8 @@
     python -m project fit --config configs/ddp_8gpu.yaml --data.root /datasets/imagenet
 """
 
-import os
 import sys
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
@@ -19,14 +18,10 @@ from project.data.device_decode import DeviceDecoder, EncodedBatch, EncodedImage
 from project.data.device_normalize import split_normalize
 from project.data.predict import ImagePathDataset
 from project.data.class_labels import read_class_labels
-from project.data.samplers import ExactDistributedSampler, training_sampler
-from project.data.seeded import PerSampleSeeded
+from project.data.samplers import (ExactDistributedSampler, ResumableDataLoader, ResumableSampler, loader_state,
+                                   restore_loader_state)
+from project.data.training_samples import SeededSamples
 from project.data.transforms import eval_preset, train_preset
-
-
-def _run_seed() -> int:
-    """The run's seed (LightningCLI's seed_everything sets it): shuffling and augmentation derive from it."""
-    return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 class ImageNetDataModule(L.LightningDataModule):
@@ -50,6 +45,8 @@ class ImageNetDataModule(L.LightningDataModule):
         normalize_on_device: bool = True,
         on_corrupt: Literal["error", "skip"] = "error",
         multiprocessing_context: Optional[Literal["fork", "forkserver", "spawn"]] = None,
+        ra_reps: int = 1,
+        seed: int = 0,
     ):
         """
         Args:
@@ -75,6 +72,9 @@ class ImageNetDataModule(L.LightningDataModule):
                 and counted in a warning ("skip").
             multiprocessing_context: start method of the DataLoader workers. None: "fork" on Linux, also inside
                 ddp_spawn's processes, where Python's default is "spawn" and every worker would re-import torch.
+            ra_reps: repeated augmentation: each drawn image appears this many times per epoch, on different ranks,
+                each copy augmented differently (torchvision's RASampler, DeiT); the epoch keeps the data set's length.
+            seed: the run seed, linked from seed_everything: the training order and every augmentation derive from it.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -105,10 +105,12 @@ class ImageNetDataModule(L.LightningDataModule):
         # Folder names (wnids for ImageNet) stay the keys; labels are the human names prepare_imagenet wrote.
         self.class_labels: list[str] = read_class_labels(self.root, self.class_names)
         self.datasets: dict[str, Dataset] = {}
+        self.train_sampler: Optional[ResumableSampler] = None
+        self._resume_state: Optional[dict[str, Any]] = None  # from a checkpoint, for the next train loader
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
-            self.datasets["train"] = PerSampleSeeded(self._image_folder("train", self.train_transform), _run_seed())
+            self.datasets["train"] = SeededSamples(self._image_folder("train", self.train_transform), self.hparams.seed)
         if stage in ("fit", "validate"):
             self.datasets["val"] = self._image_folder("val", self.eval_transform)
         if stage == "test":
@@ -135,9 +137,9 @@ class ImageNetDataModule(L.LightningDataModule):
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    def _loader(self, dataset: Dataset, sampler) -> DataLoader:
+    def _loader(self, dataset: Dataset, sampler, loader_class: type[DataLoader] = DataLoader) -> DataLoader:
         workers = self.hparams.num_workers
-        return DataLoader(
+        return loader_class(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
@@ -145,7 +147,7 @@ class ImageNetDataModule(L.LightningDataModule):
             pin_memory=self.hparams.pin_memory,
             persistent_workers=self.hparams.persistent_workers and workers > 0,
             prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
-            # getattr: the train set arrives wrapped (PerSampleSeeded); look at the folder inside.
+            # getattr: the train set arrives wrapped (SeededSamples); look at the folder inside.
             collate_fn=(collate_encoded if isinstance(getattr(dataset, "dataset", dataset), EncodedImageFolder)
                         else collate_readable if self.hparams.on_corrupt == "skip" else None),
             multiprocessing_context=self._start_method() if workers > 0 else None,
@@ -160,7 +162,24 @@ class ImageNetDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         world_size, rank = self._world()
         dataset = self.datasets["train"]
-        return self._loader(dataset, training_sampler(dataset, num_replicas=world_size, rank=rank, seed=_run_seed()))
+        self.train_sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=self.hparams.seed,
+                                              repeats=self.hparams.ra_reps)
+        if self._resume_state is not None:
+            restore_loader_state(self.train_sampler, self.batch_size, self._resume_state)
+            self._resume_state = None
+        return self._loader(dataset, self.train_sampler, ResumableDataLoader)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the training order stands, saved in every checkpoint (LightningDataModule's own hook).
+
+        Lightning also saves it through the train loader's state_dict, but restores that one too late when the
+        model reads trainer.estimated_stepping_batches (Lightning #20550, project.compat): this copy is restored
+        before the train loader is built.
+        """
+        return {"train_loader": loader_state(self.train_sampler, self.batch_size)} if self.train_sampler else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resume_state = state_dict.get("train_loader")
 
     def _eval_loader(self, split: str) -> DataLoader:
         world_size, rank = self._world()

@@ -1,0 +1,45 @@
+"""Every random draw of a run derives from the run seed and *where* it happens, never from how far a process got.
+
+    sample_seed(seed, epoch, index, repeat)   one image's augmentation (crop, flip, auto-augment, erasing)
+    batch_seed(seed, epoch, batch_index)      a batch's MixUp/CutMix draw, the same on every rank
+    step_seed(seed, step, rank)               the model's own randomness (dropout, stochastic depth) for one step
+
+So a run resumed at any batch, or split over any number of processes or DataLoader workers, draws what an
+uninterrupted run draws. The run seed is `seed_everything` of the CLI (default 42), linked into the data module and
+the model (`--seed_everything` sets it).
+"""
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(*values: int) -> int:
+    """A 63-bit hash of the values (splitmix64 rounds): nearby inputs give unrelated seeds."""
+    state = 0x9E3779B97F4A7C15
+    for value in values:
+        state = (state ^ (value & _MASK)) & _MASK
+        state = (state + 0x9E3779B97F4A7C15) & _MASK
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+        state = z ^ (z >> 31)
+    return state >> 1  # torch generators take seeds below 2**63
+
+
+def sample_seed(run_seed: int, epoch: int, index: int, repeat: int = 0) -> int:
+    """Seed of one image's augmentation; `repeat` tells apart the copies of repeated augmentation (ra_reps)."""
+    return _mix(1, run_seed, epoch, index, repeat)
+
+
+def batch_seed(run_seed: int, epoch: int, batch_index: int) -> int:
+    """Seed of one training batch's draws (MixUp/CutMix): the same on every rank at the same batch index."""
+    return _mix(2, run_seed, epoch, batch_index)
+
+
+def step_seed(run_seed: int, step: int, rank: int) -> int:
+    """Seed of the model's random stream for one optimizer step on one rank."""
+    return _mix(3, run_seed, step, rank)
+
+
+def order_seed(run_seed: int, epoch: int) -> int:
+    """Seed of one epoch's training order (the shuffle shared by all ranks)."""
+    return _mix(4, run_seed, epoch)
