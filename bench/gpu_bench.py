@@ -51,7 +51,8 @@ def run_variant(name: str, data_kind: str, args, workdir: Path) -> dict:
     else:
         data = ImageNetDataModule(root=str(args.jpegs), batch_size=args.batch_size, num_workers=args.workers,
                                   pin_memory=torch.cuda.is_available(), train_crop_size=args.image_size)
-    model = ImageClassifier(num_classes=data.num_classes, arch=args.arch, channels_last=channels_last, compile=compile_)
+    model = ImageClassifier(num_classes=data.num_classes, arch=args.arch, channels_last=channels_last, compile=compile_,
+                            batch_size=args.batch_size)
     throughput = ThroughputLogger()
     trainer = L.Trainer(
         accelerator=args.accelerator, devices=1, precision=precision,

@@ -15,7 +15,8 @@ back-to-back runs could not resolve on a shared 2-core machine (their per-run ra
 reported: the median of the per-pair ratios (an ordinary, non-logging step), the same two for CPU time, and each
 round's ratio. Not timed on either side: building the model and Trainer, and what follows the last step (the
 end-of-epoch checkpoint save).
-"Ours" is the Trainer as `python -m project` builds it: TensorBoard logger, checkpointing, ReseedEachEpoch,
+"Ours" is the Trainer as `python -m project` builds it: TensorBoard logger, checkpointing (last.ckpt's
+signal and time checks), the per-step model seeding,
 ThroughputLogger; no progress bar, no validation.
 Results and the commands behind them: docs/benchmarks.md.
 """
@@ -40,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from project.backbones import build_resnet  # noqa: E402
-from project.callbacks import ReseedEachEpoch  # noqa: E402
+from project.callbacks.last_checkpoint import LastCheckpoint  # noqa: E402
 from project.callbacks.throughput import ThroughputLogger  # noqa: E402
 from project.data.device_normalize import NormalizeBatch  # noqa: E402
 from synthetic import ReplayedBatches, SyntheticDataModule, synthetic_batches  # noqa: E402
@@ -119,7 +120,7 @@ def interleaved_run(args, batches, world: int, workdir: Path) -> tuple[Interleav
     plain = PlainLoop(args, batches, world)
     L.seed_everything(args.seed, verbose=False)
     torch.manual_seed(args.seed)  # the same initial weights as the plain loop's
-    model = ImageClassifier(num_classes=args.num_classes, arch=args.arch, **RECIPE)
+    model = ImageClassifier(num_classes=args.num_classes, arch=args.arch, batch_size=args.batch_size, **RECIPE)
     data = SyntheticDataModule(
         num_classes=args.num_classes, batch_size=args.batch_size, image_size=args.image_size,
         batches_per_epoch=args.steps, distinct_batches=args.distinct, seed=args.seed,
@@ -136,7 +137,7 @@ def interleaved_run(args, batches, world: int, workdir: Path) -> tuple[Interleav
         num_sanity_val_steps=0,
         log_every_n_steps=10,
         default_root_dir=workdir,
-        callbacks=[ReseedEachEpoch(), ThroughputLogger(), interleave],
+        callbacks=[LastCheckpoint(), ThroughputLogger(), interleave],
         enable_progress_bar=False,
         enable_model_summary=False,
     )

@@ -1,6 +1,6 @@
 """python -m project {fit,validate,test,predict} --config configs/quickstart.yaml"""
 
-from project.cli import cli_main
+from project.cli import main
 
 if __name__ == "__main__":
-    cli_main()
+    main()

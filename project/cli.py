@@ -1,86 +1,177 @@
-"""The command line: LightningCLI with the data module's class count linked into the model.
+"""The command line: LightningCLI over ImageClassifier and ImageNetDataModule, with the run's safety rails.
 
     python -m project fit --config configs/quickstart.yaml
     python -m project validate --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt
     python -m project fit --print_config
+
+What it adds to LightningCLI, in the order a run meets it: links (the class count, the run seed and the batch size
+flow from the data and the seed into the model; --print_config shows them); the resume plan (project.resume: which
+checkpoint, which run dir, verified before anything is built); explicit values kept over a checkpoint's
+hyperparameters (project.compat.ckpt_hparams); the Trainer's plugins (atomic checkpoint files, Slurm without
+Lightning's signal-handler requeue, sync BN on gloo) and default callbacks; a check that the checkpoint fits the model
+and the data; and for `fit`, the run dir's lock (project.run_lock) for the length of the run.
 """
 
-import os
+import sys
+from datetime import timedelta
+from pathlib import Path
 from typing import Optional
 
 from jsonargparse import Namespace
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 import project.strategies  # noqa: F401  registers strategy="dp" before any Trainer is built
-from project.callbacks import PredictionCsvWriter, ReseedEachEpoch
-from project.callbacks.checkpoint import LatestModelCheckpoint
+from project.callbacks.last_checkpoint import LastCheckpoint
+from project.callbacks.prediction_writer import PredictionCsvWriter
 from project.callbacks.throughput import ThroughputLogger
-from project.data import ImageNetDataModule
-from project.launchers import check_process_count
-from project.strategies.sync_batchnorm import SyncBatchNormAnyBackend
-from project.model import ImageClassifier
-from project.run_dir import find_last_checkpoint, pin_logger_version, version_number, version_of
-from project.slurm import RequeueOnSignal, pin_run_to_slurm_job
+from project.checkpoint_fit import check_checkpoint_fits
+from project.checkpoint_io import AtomicCheckpointIO
 from project.compat.batch_limits import Trainer
+from project.compat.ckpt_hparams import explicit_values, keep_explicit_model_values
+from project.data import ImageNetDataModule
+from project.launchers import check_process_count, env_global_rank
+from project.model import ImageClassifier
+from project.resume import RunPlan, next_version, pin_logger_version, plan_run
+from project.run_lock import RunDirTaken, RunLock, claim
+from project.saved_config import KeepingSaveConfigCallback
+from project.slurm import cluster_environment, slurm_job_id, task_line
+from project.strategies.sync_batchnorm import SyncBatchNormAnyBackend
 
 
 def run_seed(seed_everything) -> int:
-    """The run seed the data order and augmentations derive from; `seed_everything: false` or `true` give 0."""
+    """The run seed the data order and augmentations derive from; `seed_everything: false` gives 0."""
     return seed_everything if isinstance(seed_everything, int) and not isinstance(seed_everything, bool) else 0
 
 
 class ImageClassifierCLI(LightningCLI):
     """Defined in the package (not __main__) so ddp_spawn can pickle it."""
 
+    plan: Optional[RunPlan] = None
+    run_lock: Optional[RunLock] = None
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.batch_size", "model.batch_size")
         parser.link_arguments("seed_everything", "data.seed", compute_fn=run_seed)
-        parser.add_lightning_class_args(LatestModelCheckpoint, "checkpoint")
+        parser.link_arguments("seed_everything", "model.seed", compute_fn=run_seed)
+        parser.add_argument("--ddp_timeout_minutes", type=float, default=10.0,
+                            help="ddp/ddp_spawn: a rank that stops answering ends the job after this long (torch's "
+                                 "default is 30 minutes)")
+        # Checkpoint callbacks: best by val/acc1 (ModelCheckpoint), then last.ckpt, which must save after it.
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+        parser.add_lightning_class_args(ThroughputLogger, "throughput")
         # `predict` writes a CSV (--predictions.output); in the other subcommands the callback does nothing.
         parser.add_lightning_class_args(PredictionCsvWriter, "predictions")
-        parser.set_defaults(
-            {
-                "checkpoint.monitor": "val/acc1",
-                "checkpoint.mode": "max",
-                "checkpoint.save_last": True,
-                "checkpoint.filename": "epoch{epoch:03d}-val_acc1={val/acc1:.4f}",
-                "checkpoint.auto_insert_metric_name": False,
-            }
-        )
+        parser.set_defaults({
+            "checkpoint.monitor": "val/acc1",
+            "checkpoint.mode": "max",
+            "checkpoint.filename": "epoch{epoch:03d}-val_acc1={val/acc1:.4f}",
+            "checkpoint.auto_insert_metric_name": False,
+        })
+
+    # -- after parsing: the resume plan, before Lightning reads the checkpoint's hyperparameters ------------------
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            config = self.config[subcommand]
+            self.plan = plan_run(subcommand, config)
+            self._explicit = explicit_values(parser, args, self.config, subcommand) if self.plan.hparams else None
+            if subcommand == "fit" and self.plan.reason:
+                rank_zero_info(self.plan.reason)
+            for path, why in self.plan.skipped:
+                rank_zero_warn(f"skipped checkpoint {path}: {why}")
 
     def before_instantiate_classes(self) -> None:
-        if self.subcommand == "fit":
-            self._resume_into_same_run(self.config[self.subcommand])
-        if self.subcommand:
-            # After the "last" lookup: inside a Slurm job, the job's run dir and preemption checkpoint take over.
-            pin_run_to_slurm_job(self.config[self.subcommand], self.subcommand)
-
-    @staticmethod
-    def _resume_into_same_run(config: Namespace) -> None:
-        root = config.trainer.default_root_dir or os.getcwd()
-        if config.ckpt_path == "last":
-            found = find_last_checkpoint(root)
-            if found is None:
-                rank_zero_warn(f"--ckpt_path last: no checkpoint under {root} yet; starting from scratch")
-            else:
-                rank_zero_info(f"--ckpt_path last: resuming from {found}")
-            config.ckpt_path = str(found) if found else None
-        version = version_of(config.ckpt_path, root) if config.ckpt_path else None
-        # Only the default logger is pinned; a logger configured by the user is left as configured.
-        if version is not None and config.trainer.logger in (None, True):
-            pin_logger_version(config.trainer, root, version_number(version))
+        if not self.subcommand:
+            return
+        config = self.config[self.subcommand]
+        if self.plan and self.plan.hparams:
+            for line in keep_explicit_model_values(config, self._explicit, self.plan.hparams):
+                rank_zero_info(line)
+        config.data.seed = config.model.seed = run_seed(config.seed_everything)  # after a random pick (true)
+        job_id = slurm_job_id()
+        if job_id is not None and self.plan is not None:
+            print(task_line(job_id, self.plan.run_dir or config.trainer.default_root_dir), flush=True)
 
     def instantiate_trainer(self, **kwargs):
         trainer_config = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
+        plugins = trainer_config.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            plugins.append(AtomicCheckpointIO())
+        if (environment := cluster_environment()) is not None:
+            plugins.append(environment)
         if trainer_config.get("sync_batchnorm"):
             # Lightning's own plugin needs CUDA; this one picks torch's SyncBatchNorm or a gloo one at set-up.
-            plugins = trainer_config.get("plugins") or []
-            plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
-            trainer_config["plugins"] = [*plugins, SyncBatchNormAnyBackend()]
+            plugins.append(SyncBatchNormAnyBackend())
+        trainer_config["plugins"] = plugins
+        timeout = timedelta(minutes=self._config_value("ddp_timeout_minutes", 10.0))
+        strategy = trainer_config.get("strategy")
+        if strategy in ("ddp", "ddp_spawn"):
+            trainer_config["strategy"] = DDPStrategy(timeout=timeout, start_method="spawn" if strategy == "ddp_spawn" else "popen")
+        callbacks = list(trainer_config.get("callbacks") or [])
+        if trainer_config.get("enable_progress_bar", True) is not False:
+            # Each refresh reads the logged tensors on the host (a GPU sync): only on logging steps.
+            callbacks.append(TQDMProgressBar(refresh_rate=trainer_config.get("log_every_n_steps") or 50))
+        trainer_config["callbacks"] = callbacks
         trainer = super().instantiate_trainer(**kwargs)
+        if trainer.loggers:  # LearningRateMonitor raises without a logger (Lightning #17159)
+            trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))
         check_process_count(trainer.world_size, trainer.num_devices, trainer.num_nodes)
         return trainer
+
+    def _config_value(self, key: str, default):
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        value = config.get(key)
+        return default if value is None else value
+
+    def after_instantiate_classes(self) -> None:
+        super().after_instantiate_classes()
+        if self.subcommand and self.plan and self.plan.ckpt_path is not None:
+            check_checkpoint_fits(self.plan.ckpt_path, self.model, self.datamodule)
+
+    # -- fit: the run dir is claimed (created, locked) for the length of the run ---------------------------------
+    def fit(self, model, datamodule=None, **kwargs) -> None:
+        self.run_lock = self._claim_run_dir()
+        try:
+            self.trainer.fit(model, datamodule=datamodule, **kwargs)
+        except BaseException:
+            if self.run_lock is not None and self.trainer.global_step == 0:
+                self.run_lock.remove_failed_start()  # a new run that failed before its first step leaves nothing
+            raise
+        finally:
+            if self.run_lock is not None:
+                self.run_lock.release()
+
+    def _claim_run_dir(self) -> Optional[RunLock]:
+        plan = self.plan
+        if plan is None or plan.run_dir is None or env_global_rank() != 0:
+            return None  # the other ranks write nothing; rank 0's lock covers the job
+        for _ in range(100):
+            try:
+                return claim(plan.run_dir, fresh=plan.fresh)
+            except RunDirTaken:  # a run started at the same moment took this version: take the next one
+                root = plan.run_dir.parent.parent
+                plan.run_dir = root / plan.run_dir.parent.name / f"version_{next_version(root)}"
+                self._repin(plan.run_dir)
+        raise RuntimeError(f"could not create a new run dir under {plan.run_dir.parent}")
+
+    def _repin(self, run_dir: Path) -> None:
+        config = self.config[self.subcommand]
+        root = run_dir.parent.parent
+        pin_logger_version(config.trainer, root, int(run_dir.name.removeprefix("version_")))
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        logger = self.trainer.logger
+        if isinstance(logger, TensorBoardLogger):
+            self.trainer.loggers = [TensorBoardLogger(save_dir=logger.save_dir, name=logger.name,
+                                                      version=config.trainer.logger.init_args.version)]
 
 
 def cli_main(args: Optional[list[str]] = None, *, run: bool = True) -> ImageClassifierCLI:
@@ -88,11 +179,24 @@ def cli_main(args: Optional[list[str]] = None, *, run: bool = True) -> ImageClas
     return ImageClassifierCLI(
         ImageClassifier,
         ImageNetDataModule,
-        trainer_class=Trainer,  # Lightning's, with `limit_*_batches: 1` meaning one batch (project/compat/batch_limits.py)
+        trainer_class=Trainer,  # Lightning's, with `limit_*_batches: 1` meaning one batch (project/compat)
         args=args,
         run=run,
         seed_everything_default=42,  # fixed, so a resumed or requeued job continues the same data order
-        trainer_defaults={"callbacks": [ReseedEachEpoch(), ThroughputLogger(), RequeueOnSignal()]},
-        save_config_kwargs={"overwrite": True},  # a resumed run rewrites the same resolved config
+        save_config_callback=KeepingSaveConfigCallback,
+        save_config_kwargs={"overwrite": True},  # a resumed run writes its config; the previous one is kept
         parser_kwargs={"prog": "python -m project"},
     )
+
+
+def main() -> None:
+    """`python -m project`: user errors as one line and exit 2 (PROJECT_DEBUG=1 shows the traceback)."""
+    from project.errors import report_and_exit
+
+    try:
+        cli_main()
+    except SystemExit:
+        raise
+    except BaseException as error:  # noqa: BLE001  report_and_exit re-raises what is not the user's
+        report_and_exit(error)
+    sys.exit(0)

@@ -1,10 +1,42 @@
-"""Refuse to run when an external launcher started a different number of processes than the Trainer expects.
+"""What started this process: torchrun, srun, Lightning's own ddp launcher, or a person; and whether the count fits.
 
-Seen here: `torchrun --nproc_per_node=2` with devices left at auto on CPU ran two independent rank-0 jobs.
+Read from the environment, before any process group exists (the run-dir lock and the resume plan need the rank at
+start-up). `check_process_count` refuses to run when an external launcher started a different number of processes
+than the Trainer expects (seen here: `torchrun --nproc_per_node=2` with devices left at auto on CPU ran two
+independent rank-0 jobs).
 """
 
 import os
 from typing import Optional
+
+
+def env_global_rank() -> int:
+    """This process's global rank as the launcher set it (torchrun RANK, Slurm SLURM_PROCID, Lightning's children
+    NODE_RANK/LOCAL_RANK); 0 for a process started by hand, which is where Lightning's ddp launcher starts rank 0."""
+    env = os.environ
+    if "RANK" in env:
+        return int(env["RANK"])
+    if "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:
+        return int(env["SLURM_PROCID"])
+    local, node = int(env.get("LOCAL_RANK", 0)), int(env.get("NODE_RANK", env.get("GROUP_RANK", 0)))
+    return local if node == 0 else node * max(1, int(env.get("LOCAL_WORLD_SIZE", 1))) + local
+
+
+def env_world_size() -> int:
+    """The number of ranks the launcher started (1 when unknown, e.g. before Lightning launches its children)."""
+    env = os.environ
+    for name in ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS"):
+        if name in env:
+            return int(env[name])
+    return 1
+
+
+def torchelastic_restart() -> Optional[int]:
+    """How often torchrun restarted this job's workers (0 on the first attempt), or None outside torchrun."""
+    env = os.environ
+    if "TORCHELASTIC_RUN_ID" not in env:
+        return None
+    return int(env.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
 def launched_process_count() -> Optional[tuple[int, str]]:

@@ -17,6 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from project.backbones import build_resnet
 from project.optim import parameter_groups, scaled_lr, warmup_then_decay
+from project.seeds import step_seed
 
 
 class ImageClassifier(L.LightningModule):
@@ -40,6 +41,8 @@ class ImageClassifier(L.LightningModule):
         label_smoothing: float = 0.0,
         channels_last: bool = False,
         compile: bool = False,
+        batch_size: Optional[int] = None,
+        seed: int = 0,
     ):
         """
         Args:
@@ -59,6 +62,9 @@ class ImageClassifier(L.LightningModule):
             label_smoothing: label smoothing of the training loss.
             channels_last: run the network in NHWC memory format (faster convolutions with AMP on GPUs).
             compile: torch.compile the network (checkpoints keep the plain module's parameter names).
+            batch_size: images per batch per process (dp: the whole batch); linked from data.batch_size, it scales
+                the LR with the global batch.
+            seed: the run seed, linked from seed_everything: the model's random stream at each step derives from it.
         """
         super().__init__()
         self.save_hyperparameters(ignore=["backbone"])
@@ -66,7 +72,6 @@ class ImageClassifier(L.LightningModule):
             arch, num_classes, zero_init_residual=zero_init_residual
         )
         self._compiled_network: Optional[nn.Module] = None
-        self._step_lr = 0.0  # the LR of the current training step, logged at its end
         top5 = min(5, num_classes)
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
@@ -93,19 +98,19 @@ class ImageClassifier(L.LightningModule):
             return compiled(images)
         return self.network(images)
 
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        # The model's randomness (dropout, stochastic depth) at a step depends on (seed, step, rank) only, so a run
+        # resumed at any batch draws what an uninterrupted one draws. Host-side only: no device sync.
+        seed = step_seed(self.hparams.seed, self.trainer.global_step, self.trainer.global_rank)
+        torch.default_generator.manual_seed(seed)
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed(seed)
+
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         images, targets = batch
         loss = F.cross_entropy(self(images), targets, label_smoothing=self.hparams.label_smoothing)
         self.log("train/loss", loss, prog_bar=True)
-        self._step_lr = self.trainer.optimizers[0].param_groups[0]["lr"]  # the scheduler steps before the batch ends
         return loss
-
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        # Each self.log costs ~0.5 ms of bookkeeping on a CPU and the LR is only written on logging steps, so it is
-        # recorded only then (the loss every step: the progress bar shows it). Checked here, after the callbacks'
-        # hooks, so a step on which a callback stops the run (max_time) is logged with its own LR.
-        if self.trainer._logger_connector.should_update_logs:
-            self.log("train/lr", self._step_lr, on_step=True, on_epoch=False)
 
     def _evaluate(self, batch, loss_metric: MeanMetric, acc1: MulticlassAccuracy, acc5: MulticlassAccuracy, stage: str):
         images, targets = batch
@@ -133,12 +138,19 @@ class ImageClassifier(L.LightningModule):
 
     def global_batch_size(self) -> int:
         """Images per optimizer step over all processes: per-process batch x processes x accumulation."""
-        datamodule = self.trainer.datamodule
-        per_process = getattr(datamodule, "batch_size", None)
+        per_process = self.hparams.batch_size
         if per_process is None:
-            raise RuntimeError("cannot scale the LR: the data module has no `batch_size` attribute")
+            raise ValueError("ImageClassifier(batch_size=...) is needed to scale the LR by the global batch: pass the "
+                             "data module's batch size (python -m project links it from data.batch_size)")
         # trainer.world_size counts processes: for dp (one process) the batch is already the global one.
         return per_process * self.trainer.world_size * self.trainer.accumulate_grad_batches
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
+                             weights_only: bool = True, **kwargs):
+        """Lightning's, but weights_only=True by default whatever torch's default is: checkpoints are untrusted."""
+        return super().load_from_checkpoint(checkpoint_path, map_location=map_location, hparams_file=hparams_file,
+                                            strict=strict, weights_only=weights_only, **kwargs)
 
     def configure_optimizers(self):
         hp = self.hparams
@@ -169,4 +181,5 @@ class ImageClassifier(L.LightningModule):
             milestones=[m * steps_per_epoch for m in hp.step_milestones],
             gamma=hp.step_gamma,
         )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        # Named for LearningRateMonitor: train/lr (train/lr/<group> when the groups' LRs differ).
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"}}

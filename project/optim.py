@@ -21,7 +21,9 @@ def parameter_groups(network: nn.Module, weight_decay: float, *, decay_norm_and_
         if p.requires_grad:
             # 1-d parameters are exactly the norm scales/shifts and the biases in conv nets
             (no_decay if p.ndim <= 1 else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # Named so LearningRateMonitor logs train/lr/decay and train/lr/no_decay (one group is plain train/lr).
+    return [{"params": decay, "weight_decay": weight_decay, "name": "decay"},
+            {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
 
 
 def warmup_then_decay(

@@ -1,6 +1,8 @@
 """Shared fixtures: the real quickstart config, shrunk (tiny data, CPU, tmp dir), and ways to run the real CLI."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,7 @@ import pytest
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
 CONFIGS = REPO / "configs"
 QUICKSTART = CONFIGS / "quickstart.yaml"
 
@@ -59,12 +62,49 @@ def tiny_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
     return ["--config", str(QUICKSTART), *SHRINK, f"--data.root={root}", f"--trainer.default_root_dir={run_dir}", *extra]
 
 
+def project_env(env: dict | None = None) -> dict:
+    """The environment of a `python -m project` subprocess: unbuffered, tests/ importable (stop_callbacks)."""
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **(env or {})}
+
+
 def run_project(args: list[str], *, cwd: Path = REPO, env: dict | None = None, timeout: float = 600,
                 launcher: list[str] | None = None) -> subprocess.CompletedProcess:
     """Run `python -m project ARGS` (or `LAUNCHER -m project ARGS`) in a fresh process; output captured."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     command = [*(launcher or [sys.executable]), "-m", "project", *args]
-    return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=cwd, env=project_env(env), capture_output=True, text=True, timeout=timeout)
+
+
+def start_project(args: list[str], *, env: dict | None = None, new_session: bool = False) -> subprocess.Popen:
+    """Start `python -m project ARGS` without waiting (for signals, kill -9, concurrent runs); output captured."""
+    return subprocess.Popen([sys.executable, "-m", "project", *args], cwd=REPO, env=project_env(env), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=new_session)
+
+
+def callback(class_path: str, **init_args) -> str:
+    """A `--trainer.callbacks+=` argument adding one callback."""
+    return "--trainer.callbacks+=" + json.dumps({"class_path": class_path, "init_args": init_args})
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(size) -> a fresh tmpfs of that size (a real, small disk, and another filesystem than /tmp); needs root."""
+    mounts = []
+
+    def mount(size: str) -> Path:
+        target = tmp_path / f"tmpfs{len(mounts)}"
+        target.mkdir()
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            pytest.skip("mounting a tmpfs needs root")
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)], capture_output=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+        mounts.append(target)
+        return target
+
+    yield mount
+    for target in mounts:
+        subprocess.run(["umount", "-l", str(target)], check=False)
 
 
 def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -54,7 +54,7 @@ def test_backbone_from_a_module_outside_the_project_trains_by_config_alone(tiny_
     version = run_dir / "lightning_logs" / "version_0"
     saved = yaml.safe_load((version / "config.yaml").read_text())
     assert saved["model"]["backbone"] == {"class_path": "my_models.TinyConvNet", "init_args": {"width": 12}}
-    weights = torch.load(version / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    weights = torch.load(version / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     # The network is the user's, built with width 12 and the 3 classes linked from the data: no ResNet inside.
     assert weights["network.features.0.weight"].shape == (12, 3, 3, 3)
     assert weights["network.head.weight"].shape == (3, 12)

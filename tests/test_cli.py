@@ -94,6 +94,8 @@ def test_print_config_fed_back_reproduces_the_run_into_the_same_dir(run, capsys,
     assert rerun_dir == run.root_dir / "lightning_logs" / "version_1"
     assert {p: p.stat().st_mtime_ns for p in run.version_dir.rglob("*") if p.is_file()} == before
     first, second = (yaml.safe_load((d / "config.yaml").read_text()) for d in (run.version_dir, rerun_dir))
+    # Each run's config names its own version dir (the logger is pinned to it); everything else is the same.
+    assert [c["trainer"].pop("logger")["init_args"]["version"] for c in (first, second)] == [0, 1]
     assert second == first
     assert float(cli.trainer.callback_metrics["val/acc1"]) == pytest.approx(run.metrics["val/acc1"])
 
@@ -157,7 +159,7 @@ class TinyNet(nn.Sequential):
 
 @pytest.mark.slow
 def test_compiled_model_checkpoint_loads_into_an_uncompiled_model(tiny_root, tmp_path):
-    model = ImageClassifier(num_classes=3, backbone=TinyNet, compile=True, channels_last=True)
+    model = ImageClassifier(num_classes=3, backbone=TinyNet, compile=True, channels_last=True, batch_size=8)
     datamodule = ImageNetDataModule(root=str(tiny_root), batch_size=8, num_workers=0, pin_memory=False,
                                     train_crop_size=32, eval_resize_size=32, eval_crop_size=32)
     trainer = L.Trainer(accelerator="cpu", max_steps=2, limit_val_batches=0, default_root_dir=tmp_path, logger=False,
@@ -166,7 +168,7 @@ def test_compiled_model_checkpoint_loads_into_an_uncompiled_model(tiny_root, tmp
     trainer.fit(model, datamodule)
     assert model._compiled_network is not None  # the steps above ran the compiled graph
 
-    state = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    state = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     assert [k for k in state if "_orig_mod" in k] == []
     plain = ImageClassifier.load_from_checkpoint(tmp_path / "last.ckpt", backbone=TinyNet, compile=False,
                                                  channels_last=False).eval()

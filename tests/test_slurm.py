@@ -18,7 +18,8 @@ from jsonargparse import Namespace
 
 import slurm_cluster
 from conftest import REPO, read_scalars, tiny_args
-from project.slurm import pin_run_to_slurm_job
+from project.resume import plan_run
+from test_resume import assert_same_training, final_state
 
 
 SCRIPT = str(REPO / "slurm" / "train.sbatch")
@@ -26,8 +27,9 @@ TWO_NODES = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-pe
 ONE_NODE = ["--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1"]
 TWO_TASKS = ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1"]
 # 3 epochs of 5 steps (40 images over 2 ranks, batch 4), validation only after the last: long enough to be signalled
-# while training, and val/acc1 is logged exactly once.
-EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3", "--data.batch_size=4"]
+# while training, and val/acc1 is logged exactly once. The ranks agree on signals every 2 steps (default 10).
+EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3", "--data.batch_size=4",
+          "--last_checkpoint.check_every_n_steps=2"]
 JOB_TIMEOUT = 240  # only reached on failure; a loaded 2-core machine needed up to 155 s for the preempted job
 
 
@@ -48,7 +50,7 @@ def submit(slurm, sbatch_options: list[str], log: Path, args: list[str]) -> int:
 
 
 def global_step(checkpoint: Path) -> int:
-    return torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"]
+    return torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"]
 
 
 def wait_for_lines(log: Path, text: str, count: int, slurm, job_id: int, timeout: float) -> None:
@@ -99,7 +101,7 @@ def jobs(slurm, tiny_root, tmp_path_factory) -> dict[str, Job]:
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_preempted_job_checkpoints_requeues_and_resumes_to_the_same_final_step(slurm, jobs):
+def test_preempted_job_checkpoints_requeues_and_resumes_to_the_weights_of_an_uninterrupted_job(slurm, jobs):
     job = jobs["preempted"]
     # Mid-training: epoch 0 is done, 2 of the 3 epochs (10 steps) are left.
     wait_for_lines(job.log, "Epoch 1:", 1, slurm, job.id, timeout=JOB_TIMEOUT)
@@ -110,21 +112,20 @@ def test_preempted_job_checkpoints_requeues_and_resumes_to_the_same_final_step(s
     assert record["Restarts"] == "1", text
 
     run_dir = job.run_dir()
-    hpc = run_dir / "hpc_ckpt_1.ckpt"
-    assert f"Slurm job {job.id}: signalled; saved {hpc} at global step" in text, text
-    assert f"Slurm job {job.id}: requeued; it resumes from {hpc}" in text, text
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert re.search(rf"Slurm job {job.id}: SIGUSR1 at epoch \d, global step \d+; saved {re.escape(str(last))}; "
+                     "requeued, it resumes there", text), text
     assert f"job {job.id} restart 1:" in text, "the script's header of the requeued run is missing"
-    assert f"Slurm job {job.id} (restart 1): resuming from {hpc}" in text, text
-    assert f"Restored all states from the checkpoint at {hpc}" in text, text
+    assert f"Slurm job {job.id} (restart 1): resuming from {last}" in text, text
+    assert f"Restored all states from the checkpoint at {last}" in text, text
+    saved_at = int(re.search(r"SIGUSR1 at epoch \d, global step (\d+)", text).group(1))
+    assert 5 < saved_at < 15, "the signal should have landed in epoch 1 or 2, after a whole batch"
 
-    # The requeued run wrote into the same run dir and finished where the uninterrupted job did.
+    # The requeued run wrote into the same run dir and ended with the uninterrupted job's weights.
     assert sorted(p.name for p in (job.root / "lightning_logs").iterdir()) == [run_dir.name]
-    final = global_step(run_dir / "checkpoints" / "last.ckpt")
     reference = jobs["uninterrupted"]
     assert slurm.wait_until_done(reference.id, JOB_TIMEOUT)["JobState"] == "COMPLETED", reference.text()
-    assert final == global_step(reference.run_dir() / "checkpoints" / "last.ckpt") == 3 * 5
-    saved_at = global_step(hpc)
-    assert 5 < saved_at < final, "the signal should have landed in epoch 1 or 2, after a whole batch"
+    assert_same_training(final_state(run_dir), final_state(reference.run_dir()))
     logged = {tag: {step for step, _ in values} for tag, values in read_scalars(run_dir).items()}
     expected = {tag: {step for step, _ in values} for tag, values in read_scalars(reference.run_dir()).items()}
     assert logged["val/acc1"] == expected["val/acc1"]
@@ -177,22 +178,30 @@ def test_missing_data_root_fails_fast_with_the_data_module_error(slurm, jobs):
     assert "Starting with" not in log
 
 
-def test_a_job_resumes_from_its_own_newest_preemption_checkpoint_not_ckpt_path_nor_another_jobs(tmp_path, monkeypatch):
+def test_a_requeued_job_resumes_from_its_own_newest_checkpoint_not_ckpt_path_nor_another_jobs(tmp_path, monkeypatch):
     """The rule behind a requeued job's resume, in-process: the env vars are the ones srun sets in a task."""
+    from test_which_checkpoint import write_checkpoint
+
     for name in [name for name in os.environ if name.startswith("SLURM_")]:
         monkeypatch.delenv(name)  # the test itself may run inside a Slurm job
-    config = Namespace(trainer=Namespace(default_root_dir=str(tmp_path), logger=None), ckpt_path="old/last.ckpt")
-    assert pin_run_to_slurm_job(config, "fit") is None and config.ckpt_path == "old/last.ckpt"  # not in a job
-
-    for name, value in {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train",
-                        "SLURM_RESTART_COUNT": "1"}.items():
+    given = write_checkpoint(tmp_path / "old" / "last.ckpt", step=1)
+    other_job = write_checkpoint(tmp_path / "lightning_logs" / "slurm-6" / "checkpoints" / "last.ckpt", step=9)
+    for name, value in {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train"}.items():
         monkeypatch.setenv(name, value)
-    other_job = tmp_path / "lightning_logs" / "slurm-6"
+
+    def plan(restarts: int):
+        monkeypatch.setenv("SLURM_RESTART_COUNT", str(restarts))
+        config = Namespace(trainer=Namespace(default_root_dir=str(tmp_path), logger=None), ckpt_path=str(given))
+        return plan_run("fit", config), config
+
     this_job = tmp_path / "lightning_logs" / "slurm-7"
-    for checkpoint in (other_job / "hpc_ckpt_5.ckpt", this_job / "hpc_ckpt_2.ckpt", this_job / "hpc_ckpt_10.ckpt"):
-        checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        checkpoint.touch()
-    assert pin_run_to_slurm_job(config, "fit") == this_job
-    assert config.ckpt_path == str(this_job / "hpc_ckpt_10.ckpt")
-    assert config.trainer.default_root_dir == str(this_job)  # where Lightning writes the next hpc_ckpt_N
+    first, config = plan(0)  # the first run: --ckpt_path as given, written into the job's own dir
+    assert first.ckpt_path == given and first.run_dir == this_job
     assert config.trainer.logger.init_args.version == "slurm-7"
+    older = write_checkpoint(this_job / "checkpoints" / "epoch000-val_acc1=0.5000.ckpt", step=3)
+    newest = write_checkpoint(this_job / "checkpoints" / "last.ckpt", step=4)
+    os.utime(older, (1, 1))
+    requeued, config = plan(1)
+    assert requeued.ckpt_path == newest and config.ckpt_path == str(newest)  # not --ckpt_path, not job 6's
+    assert requeued.reason == f"Slurm job 7 (restart 1): resuming from {newest} instead of --ckpt_path {given}"
+    assert other_job.exists()

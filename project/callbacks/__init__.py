@@ -1,4 +1,5 @@
+from project.callbacks.last_checkpoint import LastCheckpoint
 from project.callbacks.prediction_writer import PredictionCsvWriter
-from project.callbacks.reseed import ReseedEachEpoch
+from project.callbacks.throughput import ThroughputLogger
 
-__all__ = ["PredictionCsvWriter", "ReseedEachEpoch"]
+__all__ = ["LastCheckpoint", "PredictionCsvWriter", "ThroughputLogger"]

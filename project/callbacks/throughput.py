@@ -9,7 +9,8 @@ Keys, each the mean over the steps since the previous log line (`trainer.log_eve
     perf/data_wait               share of that time the training loop spent waiting for the next batch
     perf/device/tflops           model FLOP/s achieved per device (FLOPs counted once with torch.utils.flop_counter)
     perf/device/mfu              tflops / the device's dense peak (GPU table below, or `peak_flops`)
-The progress bar shows `img/s` and `wait`.
+The progress bar shows `img/s` and `wait`. Configure it as a group: `--throughput.peak_flops 4.0e14` (the dense peak
+of a GPU missing from PEAK_FLOPS), `--throughput.count_flops false`.
 """
 
 import copy
@@ -21,6 +22,8 @@ import torch
 from lightning.fabric.utilities.throughput import get_available_flops, measure_flops
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
+
+from project.training_steps import is_logging_step, logged_step, after_optimizer_step
 
 # Dense (no sparsity) peak FLOP/s per GPU from NVIDIA's datasheets, by a substring of torch.cuda.get_device_name().
 # Lightning's own table lists the H200 with its sparse figures and does not match the name "NVIDIA H200".
@@ -72,13 +75,7 @@ class ThroughputLogger(L.Callback):
 
     Lightning's ThroughputMonitor synchronizes CUDA after every batch, waits for a 100-batch window, reads FLOPs from
     the module and has no data-wait share; this callback synchronizes only when it logs and counts FLOPs itself.
-    The CLI attaches one with defaults; one you configure yourself comes first in trainer.callbacks and is the one
-    that logs (the default then stays silent), e.g. to set the peak of a GPU missing from PEAK_FLOPS:
-
-        trainer:
-          callbacks:
-            - class_path: project.callbacks.throughput.ThroughputLogger
-              init_args: {peak_flops: 4.0e14}
+    The CLI adds one as the `throughput` group (`--throughput.peak_flops 4.0e14`).
     """
 
     def __init__(self, peak_flops: Optional[float] = None, count_flops: bool = True):
@@ -94,7 +91,6 @@ class ThroughputLogger(L.Callback):
         self.windows: list[dict[str, float]] = []  # every logged window, for benchmarks reading the figures back
         self.device_peak_flops: Optional[float] = peak_flops  # resolved at setup: the argument, else the table
         self._flops_counted = False
-        self._active = True
         self._devices = 1
         self._world_size = 1
         self._device = torch.device("cpu")
@@ -115,8 +111,6 @@ class ThroughputLogger(L.Callback):
         return time.perf_counter()
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        first = next(cb for cb in trainer.callbacks if isinstance(cb, ThroughputLogger))
-        self._active = first is self
         self._device = trainer.strategy.root_device
         self._world_size = trainer.world_size
         # ddp: one device per process; dp: one process drives all the node's devices.
@@ -140,8 +134,6 @@ class ThroughputLogger(L.Callback):
             self._close_segment()
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int):
-        if not self._active:
-            return
         if self.count_flops and not self._flops_counted:
             self._count_flops(pl_module, batch)
             self._last_end = None  # the counting is no data wait
@@ -164,16 +156,14 @@ class ThroughputLogger(L.Callback):
             rank_zero_warn(f"ThroughputLogger: counting FLOPs failed ({error!r}); logging without tflops/MFU")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx):
-        if not self._active:
-            return
         images = batch[0] if isinstance(batch, (list, tuple)) else batch
         self._images += len(images)
         self._last_end = time.perf_counter()
-        if trainer.fit_loop._should_accumulate():
+        if not after_optimizer_step(trainer, batch_idx):
             return
         self._steps += 1
         # Log on the steps Lightning writes its own step metrics, so perf/* lines up with train/loss.
-        if trainer._logger_connector.should_update_logs:
+        if is_logging_step(trainer, batch_idx):
             self._log_window(trainer, pl_module)
 
     def _log_window(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -196,7 +186,7 @@ class ThroughputLogger(L.Callback):
         self.windows.append({**metrics, "steps": self._steps, "images": self._images})
         # Straight to the loggers, as Lightning's ThroughputMonitor does: each self.log costs ~0.5 ms of bookkeeping
         # on a CPU. The step is the one Lightning writes train/loss at right after this hook (and flushes then).
-        step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        step = logged_step(trainer)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         progress_bar = dict(prog_bar=True, logger=False, on_step=True, on_epoch=False)

@@ -21,6 +21,7 @@ from project.data.class_labels import read_class_labels
 from project.data.samplers import (ExactDistributedSampler, ResumableDataLoader, ResumableSampler, loader_state,
                                    restore_loader_state)
 from project.data.training_samples import SeededSamples
+from project.stop_signals import ignore_stop_signals
 from project.data.transforms import eval_preset, train_preset
 
 
@@ -151,6 +152,8 @@ class ImageNetDataModule(L.LightningDataModule):
             collate_fn=(collate_encoded if isinstance(getattr(dataset, "dataset", dataset), EncodedImageFolder)
                         else collate_readable if self.hparams.on_corrupt == "skip" else None),
             multiprocessing_context=self._start_method() if workers > 0 else None,
+            # A stop signal sent to the whole process group must not kill the workers before the checkpoint is saved.
+            worker_init_fn=ignore_stop_signals if workers > 0 else None,
         )
 
     def _start_method(self) -> Optional[str]:

@@ -1,0 +1,50 @@
+"""With `--ckpt_path`, values the user gave explicitly win over the checkpoint's hyperparameters, and each is shown.
+
+LightningCLI (since Lightning 2.5.5, PR #21116) re-parses the checkpoint's hyperparameters over the parsed config, so
+`--model.lr_per_256=0.8` with a checkpoint trained at 0.2 silently ran at 0.2, and `validate --model.arch resnet50`
+evaluated the checkpoint's resnet18 (fix proposed upstream in PR #21455, open). Here the values given on the command
+line or in a config file are put back afterwards, with one line per difference; values the user did not give still
+come from the checkpoint (so `validate --ckpt_path X` alone rebuilds X's model). Delete when a stock LightningCLI
+keeps explicit values (canary: tests/test_compat.py).
+"""
+
+import sys
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from jsonargparse import ArgumentParser, Namespace
+
+# Sources of the parse-time links (project.cli): a parse without defaults must still see them.
+LINK_SOURCES = ("seed_everything", "data.batch_size")
+
+
+def _plain(value: Any) -> Any:
+    """Comparable form: Namespaces as dicts, tuples as lists."""
+    if isinstance(value, Namespace):
+        value = value.as_dict()
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def explicit_values(parser: ArgumentParser, args: Optional[list[str]], config: Namespace, subcommand: str) -> Namespace:
+    """What the command line and its config files set, without the defaults (the subcommand's part)."""
+    argv = list(sys.argv[1:] if args is None else args)
+    sources = [f"--{key}={config[subcommand][key]}" for key in LINK_SOURCES if config[subcommand].get(key) is not None]
+    return parser.parse_args([*argv, *sources], defaults=False)[subcommand]
+
+
+def keep_explicit_model_values(config: Namespace, explicit: Namespace, checkpoint_hparams: Mapping) -> list[str]:
+    """Put the user's explicit `model.*` values back into `config` where the checkpoint's differ; one line each."""
+    given = explicit.get("model")
+    if not isinstance(given, Namespace):
+        return []
+    lines = []
+    for key, value in given.as_dict().items():
+        if key not in checkpoint_hparams or _plain(checkpoint_hparams[key]) == _plain(value):
+            continue
+        config.model[key] = given[key]
+        lines.append(f"model.{key}: {_plain(value)!r} (given) instead of the checkpoint's {_plain(checkpoint_hparams[key])!r}")
+    return lines

@@ -1,0 +1,96 @@
+"""Errors a person can read: one line (what, where, the fix), no traceback, a non-zero exit.
+
+    python -m project fit --config configs/quickstart.yaml --data.root /nowhere    # error: data root /nowhere ...
+    PROJECT_DEBUG=1 python -m project fit ...                                       # the same, with the traceback
+
+Every mistake a user can make (config, data, checkpoint, launcher, a run dir in use) raises a UserError subclass or
+one of the exceptions `user_message` recognises. `python -m project` prints it as `error: ...` (`error (rank N): ...`
+under ddp, so the failing rank names itself) and exits 2. A rank that fails only because another one died (a broken
+collective) prints one short line saying so; the failing rank first closes its process group, so the others stop at
+once, and prints its own message after theirs: the last line is the one to read.
+"""
+
+import os
+import pickle
+import sys
+import time
+from typing import Optional
+
+DEBUG_ENV = "PROJECT_DEBUG"
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """A mistake in the user's input; its message says what, where, and the fix."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint that does not exist, does not load, is not trusted, or does not fit the model or the data."""
+
+
+class RunDirInUse(UserError):
+    """Another live process writes into the run dir this one would write into."""
+
+
+# Messages of torch.distributed when a *peer* died or stopped answering: this rank is a victim, not the culprit.
+_PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+                 "has exited", "recvBytes", "Socket Timeout")
+
+
+def debugging() -> bool:
+    return os.environ.get(DEBUG_ENV, "0") not in ("", "0", "false", "False")
+
+
+def user_message(error: BaseException) -> Optional[str]:
+    """The one-line message for an error the user caused, or None for a bug (which keeps its traceback)."""
+    from project.data.decoders import UnreadableImageError  # here: errors.py must stay importable without torch
+
+    if isinstance(error, (UserError, UnreadableImageError)):
+        return str(error)
+    if isinstance(error, pickle.UnpicklingError) and "Weights only load failed" in str(error):
+        return "refused to load an untrusted checkpoint (torch.load(weights_only=True) found pickled objects)"
+    return None
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """True when `error` is a collective that broke because another rank died or hung (a consequence, not a cause)."""
+    text = f"{type(error).__name__}: {error}"
+    return "DistBackendError" in text or any(marker in text for marker in _PEER_FAILURE)
+
+
+def rank_label() -> str:
+    """' (rank N)' when this process is one of several ranks, else ''."""
+    from project.launchers import env_global_rank, env_world_size
+
+    return f" (rank {env_global_rank()})" if env_world_size() > 1 else ""
+
+
+def report_and_exit(error: BaseException) -> None:
+    """Print a user error as one line and exit 2; print one line for a peer failure and exit 1; else re-raise."""
+    if debugging():
+        raise error
+    message = user_message(error)
+    if message is not None:
+        label = rank_label()
+        if label:
+            _let_the_other_ranks_stop_first()
+        print(f"error{label}: {message}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USER_ERROR)
+    if is_peer_failure(error):
+        print(f"stopped{rank_label()}: another rank failed or stopped answering; its message above says why "
+              f"({type(error).__name__})", file=sys.stderr, flush=True)
+        sys.exit(1)
+    raise error
+
+
+def _let_the_other_ranks_stop_first(grace_s: float = 1.5) -> None:
+    """Close this rank's process group (the others' pending collectives fail now, not at their timeout) and give
+    them a moment to print their line, so this rank's message is printed last."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001  closing a broken group may fail too; the sleep still helps
+            pass
+        time.sleep(grace_s)

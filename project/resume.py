@@ -1,0 +1,196 @@
+"""Which checkpoint a run continues from, and which run dir and logger version it writes into: decided once, here.
+
+    python -m project fit --config configs/quickstart.yaml --ckpt_path last
+
+`plan_run` is called once by the CLI, after parsing and before anything is built or written. A run dir is
+`<default_root_dir>/lightning_logs/<version>/` (TensorBoard events, config.yaml, checkpoints/). Every checkpoint it
+considers is loaded (weights_only, memory-mapped) before it is chosen; one that does not load is skipped with a line
+saying why (for `last` and restarts) or stops the run (an explicit path).
+
+| fit with                          | continues from                                     | writes into            |
+|-----------------------------------|----------------------------------------------------|------------------------|
+| no --ckpt_path                    | nothing (a new run)                                | the next version_N     |
+| --ckpt_path last                  | the newest loadable *.ckpt under <root> (mtime)    | that checkpoint's run  |
+| --ckpt_path FILE                  | FILE                                               | FILE's run, if under <root>; else a new one |
+| a requeued Slurm job (restart>=1) | its own newest loadable checkpoint, over --ckpt_path | slurm-<job id>      |
+| a Slurm job's first run           | --ckpt_path as above                               | slurm-<job id>         |
+| a torchrun restart (restart>=1)   | as --ckpt_path last                                | that checkpoint's run  |
+
+last.ckpt is rewritten at every epoch end, every few minutes of training and on SIGTERM/SIGINT/SIGUSR1 (project
+.callbacks.last_checkpoint), so it is the newest checkpoint of its run; the best-by-metric ones are older fallbacks.
+"""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from jsonargparse import Namespace
+
+from project.checkpoint_io import PARTIAL_SUFFIX, load_trusted_format
+from project.errors import CheckpointError
+from project.launchers import torchelastic_restart
+from project.slurm import slurm_job_id, slurm_restart_count
+
+LOGS = "lightning_logs"
+CHECKPOINTS = "checkpoints"
+# Loggers whose directory is save_dir/name/version, so pinning `version` pins the directory.
+VERSIONED_LOGGERS = ("TensorBoardLogger", "CSVLogger")
+REQUIRED_KEYS = ("state_dict", "epoch", "global_step")
+
+
+@dataclass
+class RunPlan:
+    ckpt_path: Optional[Path] = None
+    run_dir: Optional[Path] = None  # None: Lightning decides (not fit, or a logger we cannot pin)
+    fresh: bool = True  # a new run dir (fit without a checkpoint, or from one outside <root>)
+    reason: str = ""
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    hparams: dict[str, Any] = field(default_factory=dict)  # the chosen checkpoint's model hyperparameters
+
+
+def describe_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint's contents, memory-mapped (cheap); CheckpointError when it does not load or is not ours."""
+    loaded = load_trusted_format(path, mmap=True)
+    missing = [key for key in REQUIRED_KEYS if key not in loaded]
+    if missing:
+        raise CheckpointError(f"{path} is not a Lightning training checkpoint (it lacks {', '.join(missing)})")
+    return loaded
+
+
+def checkpoint_files(directory: Path) -> list[Path]:
+    """The *.ckpt files of a directory, newest first (temp files of a save in progress are never candidates)."""
+    if not directory.is_dir():
+        return []
+    files = [p for p in directory.glob("*.ckpt") if p.is_file() and not p.name.endswith(PARTIAL_SUFFIX)]
+    return sorted(files, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def all_checkpoints(root: Path) -> list[Path]:
+    """Every run's checkpoints under <root> (and <root>/checkpoints of runs without a logger), newest first."""
+    directories = [*sorted((root / LOGS).glob(f"*/{CHECKPOINTS}")), root / CHECKPOINTS]
+    files = [p for d in directories for p in checkpoint_files(d)]
+    return sorted(files, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def first_loadable(candidates: list[Path], plan: RunPlan) -> Optional[tuple[Path, dict]]:
+    """The first candidate that loads; the others tried before it are recorded in plan.skipped with their reason."""
+    for path in candidates:
+        try:
+            return path, describe_checkpoint(path)
+        except CheckpointError as error:
+            plan.skipped.append((path, str(error)))
+    return None
+
+
+def run_dir_of(checkpoint: Path, root: Path) -> Optional[Path]:
+    """<root>/lightning_logs/<version> for a checkpoint in its checkpoints/ (or in the run dir itself), else None."""
+    path = checkpoint.resolve()
+    logs = (root / LOGS).resolve()
+    if path.parent.name == CHECKPOINTS and path.parent.parent.parent == logs:
+        return path.parent.parent
+    if path.parent.parent == logs:
+        return path.parent
+    return None
+
+
+def version_number(name: str) -> int | str:
+    """TensorBoardLogger writes `version_{int}` for ints and the string itself otherwise."""
+    prefix = "version_"
+    return int(name[len(prefix):]) if name.startswith(prefix) and name[len(prefix):].isdigit() else name
+
+
+def next_version(root: Path) -> int:
+    """As TensorBoardLogger counts: one past the highest version_N under <root>/lightning_logs."""
+    numbers = [int(p.name[8:]) for p in (root / LOGS).glob("version_*") if p.is_dir() and p.name[8:].isdigit()]
+    return max(numbers, default=-1) + 1
+
+
+def pinnable(trainer: Namespace) -> bool:
+    """True when the run's logger writes to save_dir/lightning_logs/<version> (the default one, TensorBoard, CSV)."""
+    logger = trainer.logger
+    if logger in (None, True):
+        return True
+    return isinstance(logger, Namespace) and str(logger.get("class_path", "")).rsplit(".", 1)[-1] in VERSIONED_LOGGERS
+
+
+def pin_logger_version(trainer: Namespace, save_dir: Path, version: int | str) -> None:
+    """Make the run log into <save_dir>/lightning_logs/<version> (edits the parsed trainer config in place).
+
+    The default logger becomes a TensorBoardLogger pinned to that version; a configured TensorBoard or CSV logger
+    gets the version (its save_dir and name kept); any other logger is left as configured.
+    """
+    logger = trainer.logger
+    if logger in (None, True):
+        trainer.logger = Namespace(
+            class_path="lightning.pytorch.loggers.TensorBoardLogger",
+            init_args=Namespace(save_dir=str(save_dir), name=LOGS, version=version),
+        )
+    elif pinnable(trainer):
+        logger.init_args.version = version
+
+
+def _resolve_explicit(ckpt_path: str, plan: RunPlan) -> tuple[Path, dict]:
+    path = Path(ckpt_path).expanduser()
+    return path, describe_checkpoint(path)
+
+
+def _skipped_note(plan: RunPlan) -> str:
+    return "".join(f"; skipped {path} ({why})" for path, why in plan.skipped)
+
+
+def plan_run(subcommand: str, config: Namespace) -> RunPlan:
+    """Decide the checkpoint and run dir of `subcommand` and write them into the parsed `config` (in place).
+
+    Reads files only; the run dir is created and locked later, by project.run_lock, when the run starts.
+    """
+    trainer = config.trainer
+    root = Path(trainer.default_root_dir or os.getcwd())
+    requested = config.get("ckpt_path")
+    plan = RunPlan()
+    chosen: Optional[tuple[Path, dict]] = None
+
+    job_id = slurm_job_id() if subcommand == "fit" else None
+    job_dir = root / LOGS / f"slurm-{job_id}" if job_id else None
+    if job_dir is not None and slurm_restart_count() > 0:
+        chosen = first_loadable(checkpoint_files(job_dir / CHECKPOINTS), plan)
+        if chosen:
+            given = f" instead of --ckpt_path {requested}" if requested else ""
+            plan.reason = f"Slurm job {job_id} (restart {slurm_restart_count()}): resuming from {chosen[0]}{given}"
+    restarted = subcommand == "fit" and (torchelastic_restart() or 0) > 0
+    if chosen is None and (requested == "last" or (restarted and requested is None)):
+        chosen = first_loadable(all_checkpoints(root), plan)
+        why = f"torchrun restart {torchelastic_restart()}" if restarted and requested is None else "--ckpt_path last"
+        if chosen:
+            plan.reason = f"{why}: resuming from {chosen[0]}"
+        else:
+            plan.reason = f"{why}: no loadable checkpoint under {root} yet; starting from scratch"
+    elif chosen is None and requested:
+        chosen = _resolve_explicit(requested, plan)
+        plan.reason = f"resuming from {chosen[0]}" if subcommand == "fit" else f"checkpoint {chosen[0]}"
+    plan.reason += _skipped_note(plan)
+
+    if chosen is not None:
+        plan.ckpt_path, checkpoint = chosen
+        plan.hparams = dict(checkpoint.get("hyper_parameters") or {})
+        config.ckpt_path = str(plan.ckpt_path)
+    elif requested == "last":
+        config.ckpt_path = None
+        if subcommand != "fit":
+            raise CheckpointError(f"--ckpt_path last: no loadable checkpoint under {root}{_skipped_note(plan)}; "
+                                  "pass the checkpoint's path instead")
+    if subcommand != "fit":
+        return plan
+
+    if job_dir is not None:
+        plan.run_dir = job_dir
+        plan.fresh = not job_dir.exists()
+    elif plan.ckpt_path is not None and (existing := run_dir_of(plan.ckpt_path, root)) is not None:
+        plan.run_dir, plan.fresh = existing, False
+    elif pinnable(trainer):
+        plan.run_dir = root / LOGS / f"version_{next_version(root)}"
+    if plan.run_dir is not None and pinnable(trainer):
+        pin_logger_version(trainer, root, version_number(plan.run_dir.name))
+    elif plan.run_dir is not None and trainer.logger is False and job_dir is not None:
+        trainer.default_root_dir = str(job_dir)  # checkpoints then go to the job's own <dir>/checkpoints
+    return plan

@@ -1,0 +1,53 @@
+"""Stop requests: SIGTERM, SIGINT and (in a Slurm job) SIGUSR1 only set a flag; the training loop acts on it.
+
+    kill -TERM <pid>      # or docker stop, a Kubernetes eviction, scancel, Ctrl+C: checkpoint at the next batch end
+
+Anything more inside a signal handler can deadlock a distributed job: the handler interrupts the main thread wherever
+it is, possibly inside a collective (Lightning's handlers broadcast and save from there, Lightning #20825, #21406).
+Here the handler records the signal and passes it on to the ranks Lightning started itself (they may not have
+received it: `docker stop` signals PID 1 only); project.callbacks.last_checkpoint then has all ranks agree on it at a
+batch end, save, and stop. A second Ctrl+C stops at once. DataLoader workers ignore these signals (their process
+group may receive them too): the main process ends them when it stops.
+"""
+
+import signal
+from typing import Any, Callable, Optional
+
+Forward = Callable[[int], None]
+
+
+class StopRequests:
+    """Installs flag-only handlers for `signums`; `received` is the first stop signal seen (0: none)."""
+
+    def __init__(self, signums: tuple[int, ...]):
+        self.signums = signums
+        self.received = 0
+        self._previous: dict[int, Any] = {}
+        self._forward: Optional[Forward] = None
+
+    def install(self, forward: Optional[Forward] = None) -> None:
+        """Replace the current handlers (Lightning's among them) until `restore`."""
+        self._forward = forward
+        for signum in self.signums:
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt  # the second Ctrl+C: stop now, without the checkpoint
+        first = not self.received
+        self.received = self.received or signum
+        if first and self._forward is not None:
+            self._forward(signum)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader worker_init_fn: a worker ignores the stop signals its process group gets; its parent stops it."""
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(signum, signal.SIG_IGN)

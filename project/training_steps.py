@@ -1,0 +1,25 @@
+"""Which batch ends follow an optimizer step, and which of those Lightning writes its step metrics at.
+
+From public Trainer attributes only (automatic optimization, one optimizer, as ImageClassifier has): Lightning's own
+answers (`fit_loop._should_accumulate`, `_logger_connector.should_update_logs`) are private and moved between
+releases. Call them from on_train_batch_end.
+"""
+
+import lightning as L
+
+
+def after_optimizer_step(trainer: L.Trainer, batch_idx: int) -> bool:
+    """True on a batch end right after an optimizer step (the last, partial window of an epoch steps too)."""
+    return (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 == trainer.num_training_batches
+
+
+def logged_step(trainer: L.Trainer) -> int:
+    """The step Lightning writes this optimizer step's metrics at (train/loss): one before global_step here."""
+    return trainer.global_step - 1
+
+
+def is_logging_step(trainer: L.Trainer, batch_idx: int) -> bool:
+    """True on the batch ends where Lightning writes step metrics (every log_every_n_steps optimizer steps)."""
+    if not after_optimizer_step(trainer, batch_idx):
+        return False
+    return trainer.global_step % trainer.log_every_n_steps == 0 or trainer.should_stop

@@ -1,0 +1,37 @@
+"""Callbacks that stop a real run the way the world does (tests pass them with --trainer.callbacks+=...).
+
+    --trainer.callbacks+='{"class_path": "stop_callbacks.SignalAtStep", "init_args": {"step": 3, "signum": 9}}'
+
+Importable by `python -m project` subprocesses when tests/ is on PYTHONPATH (run_project does that).
+"""
+
+import os
+import signal
+
+import lightning as L
+
+
+class SignalAtStep(L.Callback):
+    """Sends `signum` to this process (rank `rank` only) when optimizer step `step` is about to start, i.e. right
+    after step `step` - 1 ended and any checkpoint due at that batch end was written."""
+
+    def __init__(self, step: int, signum: int = int(signal.SIGKILL), rank: int = 0, group: bool = False):
+        self.step, self.signum, self.rank, self.group = step, signum, rank, group
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            if self.group:  # as Slurm, systemd or a terminal do: the whole process group, DataLoader workers included
+                os.killpg(os.getpgid(0), self.signum)
+            else:
+                os.kill(os.getpid(), self.signum)
+
+
+class StopAfterEpoch(L.Callback):
+    """Stops fit gracefully after `epoch` (what a run with a shorter max_epochs leaves behind)."""
+
+    def __init__(self, epoch: int = 0):
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch == self.epoch:
+            trainer.should_stop = True

@@ -1,0 +1,119 @@
+"""Resume exact to the batch: a run killed (-9) or stopped (SIGTERM) mid-epoch and resumed with `--ckpt_path last`
+ends with the weights, optimizer state and step of an uninterrupted run, single process and ddp x2, with workers.
+
+    python -m pytest tests/test_resume.py --durations=0
+"""
+
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import CONFIGS, callback, run_project, start_project, tiny_args
+from project.cli import cli_main
+
+# 40 images in batches of 8: 5 steps per epoch on one process, 3 per rank (20 images each) under ddp x2.
+EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3"]
+WORKERS = ["--data.num_workers=2", "--data.persistent_workers=true"]
+EVERY_STEP = ["--last_checkpoint.every_n_steps=1"]
+CPU_DDP = ["--config", str(CONFIGS / "cpu_ddp.yaml")]
+LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
+
+
+def final_state(run_dir: Path) -> dict:
+    checkpoint = torch.load(run_dir / LAST, map_location="cpu", weights_only=True)
+    momentum = checkpoint["optimizer_states"][0]["state"]
+    return {"step": checkpoint["global_step"], "epoch": checkpoint["epoch"],
+            "weights": {k: v for k, v in checkpoint["state_dict"].items() if k.startswith("network.")},
+            "momentum": {k: v["momentum_buffer"] for k, v in momentum.items()}}
+
+
+def assert_same_training(resumed: dict, reference: dict, tolerance: float = 1e-6) -> None:
+    assert resumed["step"] == reference["step"] and resumed["epoch"] == reference["epoch"]
+    for part in ("weights", "momentum"):
+        a, b = resumed[part], reference[part]
+        assert a.keys() == b.keys()
+        floats = [k for k in b if b[k].is_floating_point()]
+        diff = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in floats) ** 0.5
+        norm = sum(float(b[k].double().pow(2).sum()) for k in floats) ** 0.5
+        assert diff <= tolerance * norm, f"{part}: relative difference {diff / norm:.3e}"
+
+
+def ok(result) -> None:
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_root, tmp_path_factory) -> dict:
+    """The uninterrupted single-process run (in-process): 3 epochs, 15 steps, 2 workers."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    cli_main(["fit", *tiny_args(tiny_root, run_dir, *EPOCHS, *WORKERS)])
+    return final_state(run_dir)
+
+
+@pytest.mark.slow
+def test_kill_9_in_epoch_1_of_3_then_resume_ends_as_the_uninterrupted_run(tiny_root, tmp_path, reference):
+    args = tiny_args(tiny_root, tmp_path, *EPOCHS, *WORKERS)
+    # last.ckpt after every step; kill -9 when step 8 starts: epoch 1, its 3rd batch, checkpoint at step 7.
+    killed = run_project(["fit", *args, *EVERY_STEP, callback("stop_callbacks.SignalAtStep", step=7)])
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    stopped = torch.load(tmp_path / LAST, map_location="cpu", weights_only=True)
+    assert (stopped["global_step"], stopped["epoch"]) == (7, 1)
+    resumed = run_project(["fit", *args, "--ckpt_path=last"])
+    ok(resumed)
+    assert "You're resuming from a checkpoint that ended before the epoch ended" not in resumed.stderr
+    assert_same_training(final_state(tmp_path), reference)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_saves_exits_143_and_resumes_as_the_uninterrupted_run(tiny_root, tmp_path,
+                                                                                          reference):
+    args = tiny_args(tiny_root, tmp_path, *EPOCHS, *WORKERS)
+    # The time trigger at every agreed step exercises the timed save; SIGTERM to the whole group hits the workers too.
+    run = start_project(["fit", *args, "--last_checkpoint.every_minutes=0.0000001",
+                         callback("stop_callbacks.SignalAtStep", step=4, signum=int(signal.SIGTERM), group=True)],
+                        new_session=True)
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 143, err[-3000:]
+    assert f"stopped by SIGTERM at epoch 0, global step 5; last checkpoint: {tmp_path / LAST}" in out + err
+    assert "Traceback" not in err
+    ok(run_project(["fit", *args, "--ckpt_path=last"]))
+    assert_same_training(final_state(tmp_path), reference)
+
+
+def test_a_finished_fit_leaves_the_signal_handlers_as_it_found_them(reference):
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # else Pool.terminate() of later code would hang
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_sigint_saves_and_exits_130_in_process(tiny_root, tmp_path):
+    args = tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=2",
+                     callback("stop_callbacks.SignalAtStep", step=2, signum=int(signal.SIGINT)))
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(["fit", *args])
+    assert stopped.value.code == 130
+    saved = torch.load(tmp_path / LAST, map_location="cpu", weights_only=True)
+    assert saved["global_step"] == 3  # the signal came before step 3; that step's end saved and stopped
+    # every handler is back as it was before fit (not Lightning's, not ours)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(tiny_root, tmp_path_factory) -> dict:
+    run_dir = tmp_path_factory.mktemp("ddp_reference")
+    ok(run_project(["fit", *tiny_args(tiny_root, run_dir, *EPOCHS, *WORKERS), *CPU_DDP]))
+    return final_state(run_dir)
+
+
+@pytest.mark.slow
+def test_ddp_kill_9_mid_epoch_then_resume_ends_as_the_uninterrupted_run(tiny_root, tmp_path, ddp_reference):
+    args = [*tiny_args(tiny_root, tmp_path, *EPOCHS, *WORKERS), *CPU_DDP]
+    killed = run_project(["fit", *args, *EVERY_STEP, callback("stop_callbacks.SignalAtStep", step=4)])
+    assert killed.returncode != 0
+    stopped = torch.load(tmp_path / LAST, map_location="cpu", weights_only=True)
+    assert (stopped["global_step"], stopped["epoch"]) == (4, 1)  # 3 steps per epoch: epoch 1, after its 1st batch
+    ok(run_project(["fit", *args, "--ckpt_path=last"]))
+    assert ddp_reference["step"] == 9
+    assert_same_training(final_state(tmp_path), ddp_reference)

@@ -1,0 +1,121 @@
+"""Which checkpoint wins, and which run dir a run writes into: each row of README "Resume" (project.resume), in-process.
+
+    python -m pytest tests/test_which_checkpoint.py
+"""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from jsonargparse import Namespace
+
+from project.errors import CheckpointError
+from project.resume import plan_run
+
+
+def write_checkpoint(path: Path, step: int, *, epoch: int = 0, mtime: float | None = None) -> Path:
+    """A small but complete Lightning-format checkpoint (the keys project.resume checks, real tensors)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": {"network.w": torch.full((2,), float(step))}, "epoch": epoch, "global_step": step,
+                "hyper_parameters": {"arch": "resnet18", "num_classes": 3}}, path)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return path
+
+
+def fit_config(root: Path, ckpt_path=None, logger=None) -> Namespace:
+    return Namespace(trainer=Namespace(default_root_dir=str(root), logger=logger), ckpt_path=ckpt_path)
+
+
+@pytest.fixture(autouse=True)
+def no_launcher(monkeypatch):
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "TORCHELASTIC_"))]:
+        monkeypatch.delenv(name)
+
+
+def test_without_ckpt_path_a_new_run_gets_the_next_version(tmp_path):
+    (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)
+    (tmp_path / "lightning_logs" / "version_4").mkdir()
+    config = fit_config(tmp_path)
+    plan = plan_run("fit", config)
+    assert plan.ckpt_path is None and plan.fresh and plan.run_dir == tmp_path / "lightning_logs" / "version_5"
+    assert config.trainer.logger.init_args.version == 5
+
+
+def test_last_is_the_newest_checkpoint_of_any_run_and_continues_in_that_run(tmp_path):
+    logs = tmp_path / "lightning_logs"
+    write_checkpoint(logs / "version_0" / "checkpoints" / "last.ckpt", 5, mtime=time.time() - 100)
+    newest = write_checkpoint(logs / "version_1" / "checkpoints" / "last.ckpt", 7)
+    write_checkpoint(logs / "version_1" / "checkpoints" / "epoch000-val_acc1=0.5000.ckpt", 5, mtime=time.time() - 50)
+    config = fit_config(tmp_path, "last")
+    plan = plan_run("fit", config)
+    assert plan.ckpt_path == newest and config.ckpt_path == str(newest)
+    assert plan.run_dir == logs / "version_1" and not plan.fresh
+    assert config.trainer.logger.init_args.version == 1
+    assert plan.reason == f"--ckpt_path last: resuming from {newest}"
+
+
+def test_last_skips_a_truncated_or_crafted_newest_checkpoint_and_says_why(tmp_path):
+    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    good = write_checkpoint(checkpoints / "epoch002-val_acc1=0.9000.ckpt", 12, mtime=time.time() - 60)
+    truncated = write_checkpoint(checkpoints / "last.ckpt", 15, mtime=time.time() - 10)
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    crafted = checkpoints / "crafted.ckpt"
+    torch.save({"state_dict": {}, "epoch": 0, "global_step": 99, "payload": Path("/etc/passwd")}, crafted)
+    (checkpoints / ".last.ckpt.12345.partial").write_bytes(b"half a save")  # a killed save's temp file
+    plan = plan_run("fit", fit_config(tmp_path, "last"))
+    assert plan.ckpt_path == good
+    reasons = dict(plan.skipped)
+    assert set(reasons) == {truncated, crafted}
+    assert "is not a complete checkpoint (100 bytes" in reasons[truncated]
+    assert "is not a trusted checkpoint" in reasons[crafted]
+    assert f"skipped {truncated}" in plan.reason
+
+
+def test_last_with_nothing_to_resume_starts_a_new_run(tmp_path):
+    config = fit_config(tmp_path, "last")
+    plan = plan_run("fit", config)
+    assert plan.ckpt_path is None and config.ckpt_path is None and plan.fresh
+    assert "no loadable checkpoint under" in plan.reason and plan.run_dir.name == "version_0"
+
+
+def test_an_explicit_file_continues_its_own_run_or_starts_a_new_one_outside_the_root(tmp_path):
+    inside = write_checkpoint(tmp_path / "lightning_logs" / "version_3" / "checkpoints" / "last.ckpt", 4)
+    plan = plan_run("fit", fit_config(tmp_path, str(inside)))
+    assert plan.run_dir == inside.parent.parent and not plan.fresh
+    elsewhere = write_checkpoint(tmp_path / "downloads" / "resnet.ckpt", 4)
+    plan = plan_run("fit", fit_config(tmp_path, str(elsewhere)))
+    assert plan.ckpt_path == elsewhere and plan.fresh and plan.run_dir.name == "version_4"
+
+
+def test_an_explicit_file_that_does_not_load_stops_the_run(tmp_path):
+    jpeg = tmp_path / "photo.jpg"
+    jpeg.write_bytes(b"\xff\xd8\xff\xe0" + bytes(200))
+    with pytest.raises(CheckpointError, match=r"photo.jpg is not a (complete|) ?checkpoint"):
+        plan_run("fit", fit_config(tmp_path, str(jpeg)))
+    with pytest.raises(CheckpointError, match=r"nowhere.ckpt does not exist"):
+        plan_run("validate", fit_config(tmp_path, str(tmp_path / "nowhere.ckpt")))
+
+
+def test_a_torchrun_restart_resumes_as_last(tmp_path, monkeypatch):
+    newest = write_checkpoint(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", 3)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert plan_run("fit", fit_config(tmp_path)).ckpt_path is None  # the first attempt starts afresh
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    plan = plan_run("fit", fit_config(tmp_path))
+    assert plan.ckpt_path == newest and plan.reason.startswith("torchrun restart 1: resuming from")
+
+
+def test_validate_with_last_and_no_checkpoint_is_an_error_not_random_weights(tmp_path):
+    with pytest.raises(CheckpointError, match="--ckpt_path last: no loadable checkpoint under"):
+        plan_run("validate", fit_config(tmp_path, "last"))
+
+
+def test_a_configured_logger_that_cannot_be_pinned_is_left_alone(tmp_path):
+    logger = Namespace(class_path="lightning.pytorch.loggers.WandbLogger", init_args=Namespace(project="x"))
+    config = fit_config(tmp_path, logger=logger)
+    plan = plan_run("fit", config)
+    assert plan.run_dir is None and config.trainer.logger is logger
