@@ -1,0 +1,94 @@
+"""Progressive resizing: the train crop size follows a schedule in epochs (FFCV's rule), switched at epoch boundaries.
+
+    python -m project fit ... --data.progressive_resizing '{start_size: 160, end_size: 192, start_epoch: 65, end_epoch: 76}'
+
+FFCV (ffcv-imagenet train_imagenet.py, get_resolution): `start_size` up to and including `start_epoch`, `end_size`
+from `end_epoch` on, in between the linear interpolation rounded to the nearest multiple of `multiple` (32: a
+ResNet's total stride). The size is a pure function of the epoch and each sample's key carries its epoch
+(SeededSamples), so every DataLoader worker (persistent ones included) and every rank switches at the same boundary
+without being told, and a run resumed inside the ramp continues at the right size.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from project.data.device_normalize import split_normalize
+from project.data.transforms import train_preset
+
+Transform = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class ProgressiveResizing:
+    """Train crop size per epoch: start_size until start_epoch, a linear ramp, end_size from end_epoch on.
+
+    Args:
+        start_size: crop side up to and including start_epoch (a multiple of `multiple`).
+        end_size: crop side from end_epoch on (a multiple of `multiple`).
+        start_epoch: last epoch (0-based, as trainer.current_epoch) at start_size.
+        end_epoch: first epoch at end_size (>= start_epoch).
+        multiple: every size of the ramp is rounded to a multiple of this (FFCV: 32).
+    """
+
+    start_size: int
+    end_size: int
+    start_epoch: int
+    end_epoch: int
+    multiple: int = 32
+
+    def __post_init__(self) -> None:
+        flag = "--data.progressive_resizing"
+        if self.multiple < 1:
+            raise ValueError(f"{flag}: multiple must be >= 1, got {self.multiple}")
+        for name in ("start_size", "end_size"):
+            size = getattr(self, name)
+            if size < self.multiple or size % self.multiple:
+                raise ValueError(f"{flag}: {name}={size} is not a positive multiple of multiple={self.multiple}: "
+                                 f"round it, or set multiple to a divisor of both sizes")
+        if not 0 <= self.start_epoch <= self.end_epoch:
+            raise ValueError(f"{flag}: expected 0 <= start_epoch <= end_epoch, got start_epoch={self.start_epoch}, "
+                             f"end_epoch={self.end_epoch}")
+
+    def size_at(self, epoch: int) -> int:
+        """The crop side of a (0-based) epoch."""
+        if epoch <= self.start_epoch:
+            return self.start_size
+        if epoch >= self.end_epoch:
+            return self.end_size
+        fraction = (epoch - self.start_epoch) / (self.end_epoch - self.start_epoch)
+        interpolated = self.start_size + fraction * (self.end_size - self.start_size)
+        return round(interpolated / self.multiple) * self.multiple  # halves to even, as FFCV's np.round
+
+
+# Checkpoints keep the data module's init arguments (hyper_parameters) and load with weights_only=True.
+torch.serialization.add_safe_globals([ProgressiveResizing])
+
+
+class TrainPresetPerEpoch:
+    """transform_for_epoch of SeededSamples: the train preset at each epoch's scheduled size, built once per size.
+
+    `preset_kwargs` are train_preset's (crop_size excluded); `split` cuts each preset for normalize_on_device.
+    Plain data, so it pickles into spawned DataLoader workers; each worker builds its own presets.
+    """
+
+    def __init__(self, schedule: ProgressiveResizing, *, split: bool, **preset_kwargs: Any):
+        if "crop_size" in preset_kwargs:
+            raise TypeError("the crop size comes from the schedule: drop crop_size")
+        train_preset(crop_size=schedule.start_size, **preset_kwargs)  # bad options fail here, not in a worker
+        self.schedule = schedule
+        self.split = split
+        self.preset_kwargs = preset_kwargs
+        self._presets: dict[int, Transform] = {}
+
+    def __call__(self, epoch: int) -> Transform:
+        size = self.schedule.size_at(epoch)
+        preset = self._presets.get(size)
+        if preset is None:
+            preset = train_preset(crop_size=size, **self.preset_kwargs)
+            if self.split:
+                preset, _ = split_normalize(preset)
+            self._presets[size] = preset
+        return preset

@@ -1,0 +1,81 @@
+"""MixUp/CutMix on the training batch (torchvision transforms v2), seeded per batch, and the loss on soft targets.
+
+The model calls them in training_step, on the device, on the normalized batch:
+
+    images, targets = self.mixer(images, targets, batch_seed(run_seed, epoch, batch_idx))
+    loss = soft_target_loss(self(images), targets, loss="cross_entropy", label_smoothing=0.1)
+
+Each batch's draws (MixUp's lambda, CutMix's lambda and box, which of the two) come from torch's CPU generator seeded
+with batch_seed, so a resumed run draws what an uninterrupted one draws, and every rank draws the same lambda and box
+at the same batch index. Images are paired with their neighbour in the batch (v2's roll by one), within each rank's
+own batch, as in torchvision's reference, where the mixing runs in each process's collate function.
+"""
+
+from typing import Literal, Optional
+
+import torch
+import torch.nn.functional as F
+from torchvision.transforms import v2
+
+
+class BatchMixer:
+    """MixUp (mixup_alpha > 0) and/or CutMix (cutmix_alpha > 0), one of the two per batch when both are on.
+
+    Returns soft targets (batch, num_classes) that sum to one; with both alphas 0 the batch passes unchanged.
+    All random draws are on the CPU and the device work reads no tensor back: no host-device sync per batch.
+    """
+
+    def __init__(self, num_classes: int, mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0):
+        if mixup_alpha < 0 or cutmix_alpha < 0:
+            raise ValueError(f"mixup_alpha and cutmix_alpha must be >= 0 (0 disables), got {mixup_alpha}, {cutmix_alpha}")
+        choices = []
+        if mixup_alpha > 0:
+            choices.append(v2.MixUp(alpha=mixup_alpha, num_classes=num_classes))
+        if cutmix_alpha > 0:
+            choices.append(v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes))
+        # Both on: torchvision's reference picks one per batch with equal odds (v2.RandomChoice).
+        self.transform: Optional[v2.Transform] = (
+            None if not choices else choices[0] if len(choices) == 1 else v2.RandomChoice(choices)
+        )
+
+    def __call__(self, images: torch.Tensor, targets: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.transform is None:
+            return images, targets
+        # v2.MixUp/CutMix draw from the global CPU generator (Beta, randint, multinomial on CPU tensors); forking it
+        # leaves the run's own random stream where it was.
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)
+            return self.transform(images, targets)
+
+
+def soft_target_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    loss: Literal["cross_entropy", "bce"] = "cross_entropy",
+    label_smoothing: float = 0.0,
+    bce_target_threshold: Optional[float] = None,
+) -> torch.Tensor:
+    """The training loss on hard (N,) or soft (N, C) targets, label smoothing applied on top of either.
+
+    cross_entropy: F.cross_entropy with label_smoothing, which smooths probability targets too, as torchvision's
+        reference does after MixUp/CutMix (target * (1 - s) + s / C).
+    bce: binary cross-entropy with logits per class, the "ResNet strikes back" loss (timm BinaryCrossEntropy):
+        smoothing turns a one-hot target into off = s / C and on = 1 - s + s / C, i.e. the same target * (1 - s) + s / C,
+        which for mixed targets equals timm's smoothing of each one-hot before mixing; bce_target_threshold (RSB A1:
+        0.2) then binarizes the targets (> threshold -> 1). Mean over batch and classes, as timm.
+    """
+    if loss == "cross_entropy":
+        return F.cross_entropy(logits, targets, label_smoothing=label_smoothing)
+    if loss != "bce":
+        raise ValueError(f"loss must be 'cross_entropy' or 'bce', got {loss!r}")
+    num_classes = logits.shape[-1]
+    # float32: BCE's targets are as small as s / C (1e-4 for ImageNet), which bf16 logits' dtype would round.
+    if targets.ndim == 1:
+        targets = F.one_hot(targets, num_classes)  # on a GPU with num_classes given, no host check (no sync)
+    targets = targets.float()
+    if label_smoothing > 0:
+        targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
+    if bce_target_threshold is not None:
+        targets = (targets > bce_target_threshold).float()
+    return F.binary_cross_entropy_with_logits(logits.float(), targets)
