@@ -1,4 +1,4 @@
-"""Start a network from pretrained weights: a torchvision weights name, a plain state_dict file or one of our .ckpt files.
+"""Start a network from pretrained weights: a torchvision weights name, a state_dict file or one of our .ckpt files.
 
     python -m project fit --config configs/quickstart.yaml --model.arch=resnet18 --model.weights=IMAGENET1K_V1
 """
@@ -41,7 +41,7 @@ class LoadReport:
         if self.new:
             line += f"; newly initialised ({self.head_change}): {', '.join(self.new)}"
         if self.dropped:
-            line += f"; ignored {len(self.dropped)} tensors of parts this network does not have ({self.dropped[0]}, ...)"
+            line += f"; ignored {len(self.dropped)} tensors of parts this network lacks ({self.dropped[0]}, ...)"
         return line
 
 

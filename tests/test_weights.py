@@ -138,7 +138,8 @@ def test_a_value_that_is_neither_a_name_nor_a_file_lists_the_names(tmp_path):
 
 def test_files_that_are_not_state_dicts_say_how_to_save_one(tmp_path):
     torch.save(models.resnet18(num_classes=3), tmp_path / "module.pth")  # a pickled nn.Module: code on load
-    with pytest.raises(ValueError, match=r"holds a pickled torchvision.models.resnet.ResNet, which .*torch\.save\(network\.state_dict\(\), path\)"):
+    refused = r"a pickled torchvision\.models\.resnet\.ResNet, which .*torch\.save\(network\.state_dict\(\), path\)"
+    with pytest.raises(ValueError, match=refused):
         load_pretrained(build_network("resnet18", 3), str(tmp_path / "module.pth"), arch="resnet18", num_classes=3)
     torch.save([1, 2, 3], tmp_path / "list.pth")
     with pytest.raises(ValueError, match="holds a list, not a state_dict"):

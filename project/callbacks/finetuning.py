@@ -1,6 +1,6 @@
 """Train only the classifier head for the first epochs of a fine-tuning run, then the whole network.
 
-    python -m project fit --config configs/quickstart.yaml --model.weights=IMAGENET1K_V1 --model.freeze_backbone_epochs=2
+    python -m project fit --config configs/quickstart.yaml --model.weights=DEFAULT --model.freeze_backbone_epochs=2
 """
 
 import lightning as L
