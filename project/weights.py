@@ -126,6 +126,18 @@ def _from_file(path: Path) -> dict[str, torch.Tensor]:
     )
 
 
+def fetch_weights(weights: str, *, arch: Optional[str]) -> Optional[Path]:
+    """Bring a torchvision weights file into the hub cache (a no-op when it is there); None for a file path.
+
+    For LightningModule.prepare_data: Lightning runs it on one process per node, before the others read the cache.
+    """
+    entry = torchvision_weights(arch, weights) if arch is not None else None
+    if entry is None:
+        return None
+    _from_hub(arch, weights, entry)  # reading it back also proves the cached file whole
+    return hub_file(entry)
+
+
 def read_weights(weights: str, *, arch: Optional[str]) -> tuple[dict[str, torch.Tensor], str]:
     """The state_dict `weights` names (a torchvision weights name of arch, or a file) and a description of it."""
     entry = torchvision_weights(arch, weights) if arch is not None else None

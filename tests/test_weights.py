@@ -12,7 +12,7 @@ from torchvision import models
 
 from project import ImageClassifier
 from project.backbones import build_network
-from project.weights import eval_sizes, hub_file, load_pretrained
+from project.weights import eval_sizes, fetch_weights, hub_file, load_pretrained
 
 RESNET18_V1 = models.ResNet18_Weights.IMAGENET1K_V1
 
@@ -69,11 +69,22 @@ def test_default_names_the_entry_torchvision_marks_default(hub):
 
 
 def test_a_failed_download_is_one_line_naming_the_url_file_and_folder(hub):
-    with pytest.raises(RuntimeError) as error:
-        load_pretrained(build_network("resnet18", 10), "IMAGENET1K_V1", arch="resnet18", num_classes=10)
-    message = str(error.value)
-    assert "\n" not in message
-    assert RESNET18_V1.url in message and "resnet18-f37072fd.pth" in message and f"into {hub} " in message
+    for attempt in (lambda: load_pretrained(build_network("resnet18", 10), "IMAGENET1K_V1", arch="resnet18",
+                                            num_classes=10),
+                    lambda: fetch_weights("IMAGENET1K_V1", arch="resnet18")):
+        with pytest.raises(RuntimeError) as error:
+            attempt()
+        message = str(error.value)
+        assert "\n" not in message
+        assert RESNET18_V1.url in message and "resnet18-f37072fd.pth" in message and f"into {hub} " in message
+
+
+def test_fetch_weights_finds_a_cached_file_and_leaves_paths_alone(hub, tmp_path):
+    hub_file(RESNET18_V1).parent.mkdir(parents=True)
+    torch.save(imagenet_resnet18(), hub_file(RESNET18_V1))
+    assert fetch_weights("IMAGENET1K_V1", arch="resnet18") == hub_file(RESNET18_V1)
+    assert fetch_weights(str(tmp_path / "mine.pth"), arch="resnet18") is None
+    assert fetch_weights("IMAGENET1K_V1", arch=None) is None  # a custom backbone takes files only
 
 
 def test_same_class_count_loads_the_head_too(tmp_path):
