@@ -201,7 +201,8 @@ def load_state(network: nn.Module, state: Mapping[str, torch.Tensor], *, source:
         result = network.load_state_dict(state, strict=False)
     except RuntimeError as error:  # a shape mismatch behind a key a version hook renamed
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        raise ValueError(f"{source}: {next((l for l in lines if 'size mismatch' in l), lines[-1])}") from None
+        first = next((line for line in lines if "size mismatch" in line), lines[-1])
+        raise ValueError(f"{source}: {first}") from None
     new = [key for key in result.missing_keys if key in head_keys]
     missing = [key for key in result.missing_keys if key not in head_keys]
     if missing:
