@@ -149,6 +149,7 @@ def test_the_documented_snippet_runs_the_export_without_this_package(tmp_path):
     assert printed == {name: f"{p:.3f}" for name, p in zip(NAMES, probs.tolist())}
 
 
+@pytest.mark.slow  # a real fit first: 3-15 s on 2 shared cores
 def test_main_exports_a_trained_run_from_its_checkpoint_and_config(tiny_root, tmp_path):
     from project.cli import cli_main
 
