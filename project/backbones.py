@@ -1,31 +1,130 @@
-"""Networks as plain nn.Modules, built by torchvision from a name; the training logic lives in model.py."""
+"""Networks as plain nn.Modules, built by torchvision from a name; the training logic lives in model.py.
+
+    python -c "from project.backbones import ARCHS; print(ARCHS)"
+"""
+
+import difflib
+import re
+from collections import defaultdict
+from typing import Optional
 
 from torch import nn
 from torchvision import models
+from torchvision.models import WeightsEnum
 
-# Variants are data: every name here is a torchvision builder taking num_classes and zero_init_residual.
-RESNET_ARCHS = (
-    "resnet18",
-    "resnet34",
-    "resnet50",
-    "resnet101",
-    "resnet152",
-    "wide_resnet50_2",
-    "wide_resnet101_2",
-    "resnext50_32x4d",
-    "resnext101_32x8d",
-    "resnext101_64x4d",
-)
+# Every classification builder torchvision registers at the top level of torchvision.models: detection, segmentation,
+# video, optical flow and quantized builders live in submodules and are not listed. Each takes num_classes.
+ARCHS: tuple[str, ...] = tuple(models.list_models(module=models))
+
+
+def family_of(arch: str) -> str:
+    """The torchvision module an arch is defined in ("resnet", "efficientnet", "vision_transformer", ...)."""
+    return models.get_model_builder(arch).__module__.rsplit(".", 1)[-1]
+
+
+def _natural(name: str) -> list:
+    """resnet18 before resnet101: digit runs compare as numbers."""
+    return [int(run) if run.isdigit() else run for run in re.split(r"(\d+)", name)]
+
+
+def _by_family() -> dict[str, list[str]]:
+    families: dict[str, list[str]] = defaultdict(list)
+    for arch in sorted(ARCHS, key=_natural):
+        families[family_of(arch)].append(arch)
+    # ResNets first: the family the template's configs and README are written around.
+    return dict(sorted(families.items(), key=lambda item: (item[0] != "resnet", item[0])))
+
+
+FAMILIES: dict[str, list[str]] = _by_family()
+# ResNet, Wide ResNet and ResNeXt: the builders of torchvision.models.resnet, the ones taking zero_init_residual.
+RESNET_ARCHS: tuple[str, ...] = tuple(FAMILIES["resnet"])
+
+# Not weights-dependent: auxiliary classifiers return a tuple in training mode, which the loss cannot take, and an
+# explicit init_weights silences GoogLeNet's and Inception's "default will change" warning.
+_FIXED_OPTIONS = {
+    "googlenet": {"aux_logits": False, "init_weights": True},
+    "inception_v3": {"aux_logits": False, "init_weights": True},
+}
+
+
+def unknown_arch_message(arch: str) -> str:
+    """One line: the bad name, a close match if any, every valid name by family, and the way to bring your own."""
+    close = difflib.get_close_matches(arch, ARCHS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    families = "; ".join(", ".join(names) for names in FAMILIES.values())
+    return (
+        f"unknown arch {arch!r}{hint}; expected one of: {families} "
+        "(or pass your own network with --model.backbone, see README 'Add your model')"
+    )
+
+
+def torchvision_weights(arch: str, name: str) -> Optional[WeightsEnum]:
+    """The torchvision weights entry `name` (IMAGENET1K_V1, DEFAULT, ...) of arch, or None if arch has no such entry."""
+    enum = models.get_model_weights(arch)
+    return enum.__members__.get(name)  # members include the DEFAULT alias
+
+
+def _options_for_weights(arch: str, entry: WeightsEnum) -> dict:
+    """Builder options torchvision itself sets when it builds arch with these weights (see each builder's source)."""
+    if arch in ("googlenet", "inception_v3"):
+        return {"transform_input": True}  # ported from TensorFlow: the network re-normalises its input itself
+    if family_of(arch) == "vision_transformer":
+        return {"image_size": entry.meta["min_size"][0]}  # position embeddings are sized for it (SWAG E2E: 384)
+    if family_of(arch) == "maxvit":
+        return {"input_size": entry.meta["min_size"]}
+    return {}
+
+
+def build_network(
+    arch: str, num_classes: int, *, zero_init_residual: bool = False, weights: Optional[str] = None
+) -> nn.Module:
+    """Build a randomly initialised torchvision classifier by name.
+
+    `weights`, when it names a torchvision weights entry of arch, shapes the network the way those weights need
+    (ViT's image size, GoogLeNet's input transform); the weights themselves are loaded by project.weights. A path or
+    None changes nothing.
+    """
+    if arch not in ARCHS:
+        raise ValueError(unknown_arch_message(arch))
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+    options = dict(_FIXED_OPTIONS.get(arch, {}))
+    if zero_init_residual:
+        if arch not in RESNET_ARCHS:
+            raise ValueError(
+                f"zero_init_residual applies to the ResNet family ({', '.join(RESNET_ARCHS)}), not to arch {arch!r} "
+                f"({family_of(arch)}): drop --model.zero_init_residual"
+            )
+        options["zero_init_residual"] = True
+    entry = torchvision_weights(arch, weights) if weights is not None else None
+    if entry is not None:
+        options.update(_options_for_weights(arch, entry))
+    return models.get_model(arch, weights=None, num_classes=num_classes, **options)
 
 
 def build_resnet(arch: str, num_classes: int, *, zero_init_residual: bool = False) -> nn.Module:
-    """Build a randomly initialised torchvision ResNet-family network by name."""
-    if arch not in RESNET_ARCHS:
+    """The former ResNet-only builder, kept for existing callers: build_network with the same arguments."""
+    return build_network(arch, num_classes, zero_init_residual=zero_init_residual)
+
+
+def classifier_head(network: nn.Module) -> tuple[str, nn.Module]:
+    """The qualified name and module of the layer producing the logits: the last nn.Linear or nn.Conv2d registered.
+
+    Every torchvision classifier registers its head last (fc, classifier.1, classifier.3, heads.head, head, ...);
+    a custom backbone must do the same for head replacement and backbone freezing to find it.
+    """
+    found: Optional[tuple[str, nn.Module]] = None
+    for name, module in network.named_modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            found = (name, module)
+    if found is None:
         raise ValueError(
-            f"unknown arch {arch!r}; expected one of: {', '.join(RESNET_ARCHS)} "
-            "(or pass your own network with --model.backbone, see README 'Add your model')"
+            f"{type(network).__name__} has no nn.Linear or nn.Conv2d layer: cannot find its classifier head "
+            "(the last such layer registered in __init__)"
         )
-    if num_classes < 1:
-        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-    builder = getattr(models, arch)
-    return builder(weights=None, num_classes=num_classes, zero_init_residual=zero_init_residual)
+    return found
+
+
+def head_outputs(head: nn.Module) -> int:
+    """How many logits the head produces."""
+    return head.out_features if isinstance(head, nn.Linear) else head.out_channels
