@@ -76,7 +76,7 @@ def load_for_device(path: str, decode: Callable[[str], torch.Tensor]) -> tuple[t
     frame = jpeg_frame(data)
     if frame is not None and frame.marker in NVJPEG_FRAMES and frame.components in (1, 3) and frame.height > 0:
         return torch.frombuffer(bytearray(data), dtype=torch.uint8), (frame.height, frame.width)
-    image = decode(path)
+    image = decode(path).contiguous()  # CHW in memory (decoders return HWC views): no copy on the device later
     return image, (image.shape[-2], image.shape[-1])
 
 
