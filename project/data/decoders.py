@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
 from torch.utils.data import default_collate, get_worker_info
 from torchvision.datasets import ImageFolder
@@ -139,7 +140,8 @@ def resolve_decoder(decoder: str) -> str:
     """The decoder a `data.decoder` name stands for here: "auto" becomes the first available CPU decoder (logged)."""
     if decoder == "auto":
         chosen = next(name for name in CPU_DECODERS if unavailable(name) is None)  # PIL is always there
-        logger.info("data.decoder=auto: decoding with %s (the first available of %s)", chosen, ", ".join(CPU_DECODERS))
+        # Lightning's logger prints at INFO (ours would need logging configured): the choice shows in every run.
+        rank_zero_info(f"data.decoder=auto: decoding with {chosen} (the first installed of {', '.join(CPU_DECODERS)})")
         return chosen
     names = ("auto", *CPU_DECODERS, *DEVICE_DECODERS)
     if decoder not in names:

@@ -11,7 +11,8 @@ ceil(crop/output) points per output pixel and averaging them, an area filter whe
 Launches per batch: ~5 + ~12 per bucket; a bucket holds up to BUCKET_PIXELS padded pixels (1-3 buckets for 256
 ImageNet-sized crops). Not bit-equal to the CPU path's antialiased resize (a different filter), same geometry.
 Eval (Resize + CenterCrop): images of equal size are stacked and go through the eval preset together, so the result
-is exactly the CPU path's, image for image; launches grow with the number of distinct sizes in the batch, not images.
+is exactly the CPU path's, image for image; launches grow with the number of distinct sizes in the batch (never more
+than image by image: a size seen once costs what it did), not with the images.
 Nothing here reads a device tensor back to the host: sizes come from tensor shapes, boxes from the workers.
 """
 
@@ -143,7 +144,8 @@ def eval_batch(images: list[torch.Tensor], transform: v2.Compose) -> torch.Tenso
         by_size[tuple(image.shape)].append(i)
     parts, order = [], []
     for indices in by_size.values():
-        parts.append(transform(torch.stack([images[i] for i in indices])).as_subclass(torch.Tensor))
+        group = images[indices[0]][None] if len(indices) == 1 else torch.stack([images[i] for i in indices])  # a view
+        parts.append(transform(group).as_subclass(torch.Tensor))
         order += indices
     if len(parts) == 1:
         return parts[0]
