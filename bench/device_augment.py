@@ -84,8 +84,10 @@ def main(argv: list[str]) -> int:
     decoder = DeviceDecoder(train, evaluate, decoder="nvjpeg")
     paths = sorted(str(p) for p in (args.jpegs / "train").rglob("*.JPEG"))[: args.batch]
     loaded = [load_for_device(p, decoder.cpu_decode) for p in paths]
-    images = [decoder._decode_batch([payload], device)[0] if payload.dim() == 1 else payload.to(device)
-              for payload, _ in loaded]
+    encoded = [payload for payload, _ in loaded if payload.dim() == 1]
+    decoded = iter(decoder._decode_batch(encoded, device)) if encoded else iter(())
+    # CHW in memory as nvJPEG writes it (the CPU decoders give HWC views, which would cost a copy each).
+    images = [(next(decoded) if payload.dim() == 1 else payload.to(device)).contiguous() for payload, _ in loaded]
     spec = TrainCrop.from_preset(train)
     torch.manual_seed(0)
     crops = [spec.draw(*size) for _, size in loaded]
