@@ -2,7 +2,7 @@
 
     python bench/gpu_table.py runs/gpu_all          # what gpu_all.sh runs last; also after a partial run
 
-Parts: meta.json (machine, versions), jpegs.json, throughput.json (gpu_bench.py), overhead.json (overhead.py),
+Parts: meta.json (machine, versions), jpegs.json, throughput.json and compile.json (gpu_bench.py), overhead.json,
 augment.json (device_augment.py), fits.tsv + fits/<name>/ (python -m project fit, perf/* read back by read_perf.py).
 A missing part becomes a row saying which log to read.
 """
@@ -20,7 +20,7 @@ from read_perf import summary  # noqa: E402
 COLUMNS = ["measurement", "setting", "img/s", "MFU", "peak mem (GiB)", "step (ms)", "data wait", "ratio", "goal"]
 SYNTHETIC_GOALS = {"bf16-mixed+cl": 3700, "bf16-mixed+cl+compile": 5000}
 SETTINGS = {"bf16-mixed+cl": "bf16-mixed + channels_last", "bf16-mixed+cl+compile": "bf16-mixed + channels_last + compile",
-            "16-mixed+cl": "16-mixed + channels_last"}
+            "16-mixed+cl": "16-mixed + channels_last"}  # also the order of the synthetic rows
 GPU_DECODERS = ("nvjpeg", "torchcodec-cuda")
 
 
@@ -39,11 +39,14 @@ def verdict(ok: bool, text: str, judged: bool) -> str:
     return f"{text}: {'met' if ok else 'NOT met'}" if judged else text
 
 
-def throughput_rows(part, judged: bool) -> list[list[str]]:
-    if part is None:
-        return [["throughput", "-", "not measured: see throughput.log", *[""] * 6]]
-    rows, synthetic = [], {r["variant"]: r.get("images_per_sec") for r in part["rows"] if r["data"] == "synthetic"}
-    for r in part["rows"]:
+def throughput_rows(parts: dict, judged: bool) -> list[list[str]]:
+    """Synthetic rows in SETTINGS' order, then the real ones; a part that is missing says which log to read."""
+    found = [r for part in parts.values() if part is not None for r in part["rows"]]
+    order = list(SETTINGS)
+    found.sort(key=lambda r: (r["data"] == "real", order.index(r["variant"]) if r["variant"] in order else len(order)))
+    rows = [["throughput", "-", f"not measured: see {name}.log", *[""] * 6] for name, part in parts.items() if part is None]
+    synthetic = {r["variant"]: r.get("images_per_sec") for r in found if r["data"] == "synthetic"}
+    for r in found:
         real = r["data"] == "real"
         what = f"real JPEGs, {'GPU' if r.get('decoder') in GPU_DECODERS else 'CPU'} decode" if real else "synthetic"
         setting = SETTINGS.get(r["variant"], r["variant"]) + (f", decoder={r['decoder']}, workers: {r['workers']}"
@@ -115,7 +118,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     meta, jpegs = load(args.out / "meta.json") or {}, load(args.out / "jpegs.json") or {}
     judged = not args.tiny
-    rows = [*throughput_rows(load(args.out / "throughput.json"), judged), overhead_row(load(args.out / "overhead.json"), judged),
+    parts = {name: load(args.out / f"{name}.json") for name in ("throughput", "compile")}
+    rows = [*throughput_rows(parts, judged), overhead_row(load(args.out / "overhead.json"), judged),
             *augment_rows(load(args.out / "augment.json")), *fit_rows(args.out)]
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     title = "CPU smoke run (--tiny: resnet18, 32 px, 32-true; the figures mean nothing)" if args.tiny else meta.get("gpu", "?")

@@ -62,9 +62,11 @@ def test_gpu_all_tiny_runs_every_stage_into_one_table(tmp_path):
     measured = [row for i, row in enumerate(cells) if i != 1]  # compile is left out on a CPU, and says so
     assert cells[1][2] == "not with --tiny: compiling takes minutes on a CPU"
     for row in measured[:-5]:
-        assert float(row[2].replace(",", "")) > 0, row  # img/s
-    assert all(row[-1] == "exit 0" for row in cells[-5:]), cells[-5:]
+        assert float(row[2].replace(",", "")) > 0, table  # img/s
+    assert all(row[-1] == "exit 0" for row in cells[-5:]), table
     assert [row[7].endswith("of synthetic") for row in cells[3:7]] == [True] * 4
     rows = json.loads((tmp_path / "throughput.json").read_text())["rows"]
     assert [r["gflop_per_image"] for r in rows if "gflop_per_image" in r] == pytest.approx([0.2173] * 6, rel=0.01)
-    check_overhead(json.loads((tmp_path / "overhead.json").read_text()))
+    overhead = json.loads((tmp_path / "overhead.json").read_text())
+    # The ratio's bound is test_overhead_quick_matches_the_plain_loop's; 4 turns on a loaded CPU only have to agree.
+    assert overhead["block"] == 2 and overhead["losses_agree"] and overhead["ratio"] > 0, overhead

@@ -146,8 +146,10 @@ class DeviceDecoder:
         main = torch.cuda.current_stream(device)
         if device not in self._side_streams:
             self._side_streams[device] = torch.cuda.Stream(device)
-        with torch.cuda.stream(self._side_streams[device]):
+        side = self._side_streams[device]
+        with torch.cuda.stream(side):
             images = torchcodec_decode_jpeg(payloads, mode="RGB", device=device)
+        main.wait_stream(side)  # on the device, not the host: kernels queued after its last sync (EXIF rotations)
         for image in images:
             image.record_stream(main)  # allocated on the side stream, used and freed on the training stream
         return images
