@@ -1,13 +1,15 @@
-"""GPU throughput table: ResNet-50 at 224 px over precisions, channels_last and compile, synthetic then real JPEGs.
+"""GPU throughput rows: ResNet-50 at 224 px over precisions, channels_last and compile, synthetic then real JPEGs.
 
-    bash bench/gpu.sh                 # the prepared run: generates the JPEGs, then this script (one GPU)
-    bash bench/gpu.sh --tiny          # the same code on CPU in seconds: resnet18, 32 px (tests/test_bench.py)
-    python bench/gpu_bench.py --jpegs /tmp/fake_imagenet --variants bf16-mixed+cl --steps 200
+    bash bench/gpu_all.sh             # the prepared run: generates the JPEGs, then this script and the rest (one GPU)
+    bash bench/gpu_all.sh --tiny      # the same code on CPU: resnet18, 32 px (tests/test_bench.py)
+    python bench/gpu_bench.py --jpegs /tmp/fake_imagenet --variants bf16-mixed+cl --decoders torchvision,nvjpeg
 
 Every row trains through ImageClassifier and the Trainer, exactly as `python -m project fit` does; speed comes
 from the ThroughputLogger (the perf/* keys), over the steps after the warm-up (which also holds torch.compile).
 "synthetic" replays random uint8 batches (no decoding or augmentation); "real" reads the JPEGs with
-ImageNetDataModule's training pipeline. real/synthetic is the share of the GPU's speed the input pipeline keeps.
+ImageNetDataModule's training pipeline, once per --decoders entry (CPU decoders in the workers, or a device decoder).
+real/synthetic is the share of the GPU's speed the input pipeline keeps. --tiny runs every row in 32-true on the CPU
+and leaves compile out (minutes there): it checks the code path, not the figures.
 """
 
 import argparse
@@ -42,22 +44,26 @@ VARIANTS = {
 TINY_VARIANTS, TINY_REAL = ["fp32", "fp32+cl"], ["fp32"]
 
 
-def run_variant(name: str, data_kind: str, args, workdir: Path) -> dict:
+def run_variant(name: str, data_kind: str, args, workdir: Path, decoder: str = "auto") -> dict:
     precision, channels_last, compile_ = VARIANTS[name]
+    if args.tiny and compile_:
+        return {"variant": name, "data": data_kind, "skipped": "not with --tiny: compiling takes minutes on a CPU"}
+    if args.tiny:
+        precision = "32-true"
     L.seed_everything(0, verbose=False)
     if data_kind == "synthetic":
         data = SyntheticDataModule(num_classes=args.num_classes, batch_size=args.batch_size, image_size=args.image_size,
                                    batches_per_epoch=args.warmup + args.steps)
     else:
         data = ImageNetDataModule(root=str(args.jpegs), batch_size=args.batch_size, num_workers=args.workers,
-                                  pin_memory=torch.cuda.is_available(), train_crop_size=args.image_size)
+                                  pin_memory=torch.cuda.is_available(), train_crop_size=args.image_size, decoder=decoder)
     model = ImageClassifier(num_classes=data.num_classes, arch=args.arch, channels_last=channels_last, compile=compile_,
                             batch_size=args.batch_size)
     throughput = ThroughputLogger()
     trainer = L.Trainer(
         accelerator=args.accelerator, devices=1, precision=precision,
         max_steps=args.warmup + args.steps, limit_val_batches=0, num_sanity_val_steps=0,
-        log_every_n_steps=args.window, default_root_dir=workdir / f"{name}-{data_kind}",
+        log_every_n_steps=args.window, default_root_dir=workdir / f"{name}-{data_kind}-{decoder}",
         callbacks=[throughput], enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )
     cuda = trainer.strategy.root_device.type == "cuda"
@@ -65,6 +71,8 @@ def run_variant(name: str, data_kind: str, args, workdir: Path) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     row = {"variant": name, "data": data_kind, "precision": precision, "batch": args.batch_size}
+    if data_kind == "real":
+        row.update(decoder=data.decoder, workers=args.workers)
     try:
         trainer.fit(model, datamodule=data)
     except torch.OutOfMemoryError:
@@ -98,8 +106,9 @@ def table(rows: list[dict]) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['variant']} | {r['data']} | {r['error']} | | | | | | |")
+        data = f"real ({r['decoder']}, {r['workers']} workers)" if "decoder" in r else r["data"]
+        if "error" in r or "skipped" in r:
+            lines.append(f"| {r['variant']} | {data} | {r.get('error') or r['skipped']} | | | | | | |")
             continue
         ratio = ""
         if r["data"] == "real" and synthetic.get(r["variant"]):
@@ -109,7 +118,7 @@ def table(rows: list[dict]) -> str:
         mem = f"{r['peak_mem_gib']:.1f}" if "peak_mem_gib" in r else "-"
         rate = f"{r['images_per_sec']:,.0f}" if r["images_per_sec"] >= 100 else f"{r['images_per_sec']:.3g}"
         lines.append(
-            f"| {r['variant']} | {r['data']} | {rate} | {mfu} | {tflops} | {mem} | "
+            f"| {r['variant']} | {data} | {rate} | {mfu} | {tflops} | {mem} | "
             f"{r['step_ms']:.1f} | {100 * r['data_wait']:.0f} % | {ratio} |"
         )
     return "\n".join(lines)
@@ -128,7 +137,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warmup", type=int, default=None, help="steps left out (default 30; 1 with --tiny)")
     parser.add_argument("--steps", type=int, default=None, help="measured steps (default 120; 2 with --tiny)")
     parser.add_argument("--window", type=int, default=None, help="steps per perf/* window (default 10; 1 with --tiny)")
-    parser.add_argument("--workers", type=int, default=None, help="DataLoader workers for the real rows")
+    parser.add_argument("--workers", type=int, default=None, help="DataLoader workers for the real rows (default: cpus)")
+    parser.add_argument("--decoders", default="auto", help="data.decoder of the real rows, comma-separated: one row "
+                        "each (auto, torchcodec, torchvision, pil, nvjpeg, torchcodec-cuda)")
     parser.add_argument("--num-classes", type=int, default=1000, help="without --jpegs; else the folders' count")
     parser.add_argument("--out", type=Path, default=None, help="write the table (.md) and the rows (.json) here")
     args = parser.parse_args(argv)
@@ -139,7 +150,7 @@ def main(argv: list[str]) -> int:
     args.warmup = args.warmup if args.warmup is not None else (1 if tiny else 30)
     args.steps = args.steps or (2 if tiny else 120)
     args.window = args.window or (1 if tiny else 10)
-    args.workers = args.workers if args.workers is not None else (1 if tiny else max(1, (os.cpu_count() or 2) - 2))
+    args.workers = args.workers if args.workers is not None else (1 if tiny else os.cpu_count() or 1)
     args.accelerator = "cpu" if tiny else "auto"
     if args.warmup % args.window or args.steps % args.window:
         parser.error(f"--warmup ({args.warmup}) and --steps ({args.steps}) must be multiples of --window ({args.window})")
@@ -161,17 +172,19 @@ def main(argv: list[str]) -> int:
           f"batch {args.batch_size}, {args.warmup} warm-up + {args.steps} measured steps, {args.workers} workers", flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for data_kind, selected in (("synthetic", names), ("real", [n for n in names if n in real])):
-            for name in selected:
-                rows.append(run_variant(name, data_kind, args, Path(tmp)))
-                print(json.dumps(rows[-1]), flush=True)
-                gc.collect()
+        runs = [(name, "synthetic", "auto") for name in names]
+        runs += [(name, "real", decoder) for name in names if name in real for decoder in args.decoders.split(",")]
+        for name, data_kind, decoder in runs:
+            rows.append(run_variant(name, data_kind, args, Path(tmp), decoder))
+            print(json.dumps(rows[-1]), flush=True)
+            if args.out:  # after every row: a run stopped by a time limit keeps what it measured
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.with_suffix(".json").write_text(json.dumps({"device": device, "rows": rows}, indent=1) + "\n")
+            gc.collect()
     text = table(rows)
     print(text)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".md").write_text(f"{device}; {' '.join(sys.argv)}\n\n{text}\n")
-        args.out.with_suffix(".json").write_text(json.dumps({"device": device, "rows": rows}, indent=1) + "\n")
     return 0 if all("error" not in r for r in rows) else 1
 
 

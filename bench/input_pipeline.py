@@ -1,15 +1,17 @@
-"""Input pipeline images/s per core: stock torchvision (PIL + transforms v1) against ours, train and eval, in one run.
+"""Input pipeline images/s per core: stock torchvision (PIL + transforms v1) against ours with each decoder, side by side.
 
-    python bench/input_pipeline.py              # 256 generated ImageNet-like JPEGs, 5 rounds, ~1 min on 2 cores
-    python bench/input_pipeline.py --quick      # 24 images, 2 rounds: the CI smoke run, ~5 s after imports
+    python bench/input_pipeline.py              # 256 generated ImageNet-like JPEGs, 5 rounds, ~2 min on 2 cores
+    python bench/input_pipeline.py --quick      # 24 images, 2 rounds: the CI smoke run, ~10 s after imports
 
 One process, one thread: images per CPU-second of the process, so other jobs on the machine slow the wall clock but
-barely the figures; pipelines alternate on the same files each round and the ratio is the median of the per-round ratios.
-"ours" is the data module's default: torchvision.io decode and v2 on uint8 tensors in the workers, collated; the GPU
-then normalizes the batch. "ours + batch normalize on the CPU" is the same where there is no GPU (a CPU-only run);
-"float per image" is data.normalize_on_device=false. Every row decodes, crops, flips (train) and collates batches of
-64 with default_collate into shared memory, as a DataLoader worker does (float tensors for the stock and float
-rows, uint8 for ours).
+barely the figures; pipelines alternate on the same files each round and the ratio is the median of the per-round ratios
+against the first row of its preset (stock PIL + v1; for "decode", PIL's decode alone).
+"decode" rows decode only, with each CPU decoder installed here (pil, torchvision, torchcodec). "ours, decoder=X" is
+the data module's path with that decoder: decode and v2 on uint8 in the workers, collated; the GPU then normalizes the
+batch. "ours + batch normalize on the CPU" is the same where there is no GPU (a CPU-only run), with data.decoder=auto's
+choice; "float per image" is data.normalize_on_device=false. Every train/eval row decodes, crops, flips (train) and
+collates batches of 64 with default_collate into shared memory, as a DataLoader worker does (float tensors for the
+stock and float rows, uint8 for ours).
 Results with the exact command: docs/benchmarks.md, "Input pipeline".
 """
 
@@ -34,7 +36,8 @@ from torchvision import transforms as v1
 from torchvision.datasets.folder import pil_loader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from project.data.decoders import decode_torchvision  # noqa: E402
+from project.data.decoders import DEVICE_DECODERS, LOADERS, unavailable  # noqa: E402
+from project.data.device_augment import TrainCrop  # noqa: E402
 from project.data.device_decode import DeviceDecoder, EncodedBatch, load_for_device  # noqa: E402
 from project.data.device_normalize import split_normalize  # noqa: E402
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_preset, train_preset  # noqa: E402
@@ -81,6 +84,11 @@ def collating_as_a_worker():
         dataloader_worker._worker_info = saved
 
 
+def decoders_here() -> list[str]:
+    """The CPU decoders this environment has, in data.decoder=auto's order (torchcodec is an optional extra)."""
+    return [name for name in LOADERS if unavailable(name) is None]
+
+
 def pipelines(crop: int, resize: int, device: str | None = None) -> dict[str, dict[str, callable]]:
     """{preset: {pipeline: function(list of paths) -> None}}, each doing all of its CPU work for those files."""
     normalize = v1.Normalize(IMAGENET_MEAN, IMAGENET_STD)
@@ -89,42 +97,58 @@ def pipelines(crop: int, resize: int, device: str | None = None) -> dict[str, di
         "eval": v1.Compose([v1.Resize(resize), v1.CenterCrop(crop), v1.ToTensor(), normalize]),
     }
     float_presets = {"train": train_preset(crop_size=crop), "eval": eval_preset(resize_size=resize, crop_size=crop)}
-    table = {}
+    uint8_presets = {name: split_normalize(preset)[0] for name, preset in float_presets.items()}
+    decoders = decoders_here()
+
+    def batches(paths, make):
+        for start in range(0, len(paths), BATCH):
+            default_collate([(make(str(p)), 0) for p in paths[start : start + BATCH]])
+
+    # Decoding alone: each decoder's image (PIL or uint8 tensor), nothing else.
+    table = {"decode": {f"decode: {name}": (lambda paths, d=LOADERS[name]: [d(str(p)) for p in paths])
+                        for name in sorted(decoders, key=lambda name: name != "pil")}}  # the stock loader first
     for preset in ("train", "eval"):
         uint8_preset, normalize_batch = split_normalize(float_presets[preset])
+        tv = LOADERS["torchvision"]
+        rows = {
+            "stock PIL + v1": lambda paths, t=stock[preset]: batches(paths, lambda p: t(pil_loader(p))),
+            "torchvision.io + v2, float per image":
+                lambda paths, t=float_presets[preset]: batches(paths, lambda p: t(tv(p))),
+        }
+        for name in decoders:  # the data module's path with each decoder: uint8 preset in the worker, collated
+            rows[f"ours, decoder={name}"] = lambda paths, t=uint8_preset, d=LOADERS[name]: batches(paths, lambda p: t(d(p)))
 
-        def run_stock(paths, t=stock[preset]):
+        def run_ours_cpu(paths, t=uint8_preset, norm=normalize_batch, d=LOADERS[decoders[0]]):
             for start in range(0, len(paths), BATCH):
-                default_collate([(t(pil_loader(str(p))), 0) for p in paths[start : start + BATCH]])
+                norm(default_collate([(t(d(str(p))), 0) for p in paths[start : start + BATCH]])[0])
 
-        def run_tv_float(paths, t=float_presets[preset]):
-            for start in range(0, len(paths), BATCH):
-                default_collate([(t(decode_torchvision(str(p))), 0) for p in paths[start : start + BATCH]])
-
-        def run_ours(paths, t=uint8_preset):
-            for start in range(0, len(paths), BATCH):
-                default_collate([(t(decode_torchvision(str(p))), 0) for p in paths[start : start + BATCH]])
-
-        def run_ours_cpu(paths, t=uint8_preset, norm=normalize_batch):
-            for start in range(0, len(paths), BATCH):
-                norm(default_collate([(t(decode_torchvision(str(p))), 0) for p in paths[start : start + BATCH]])[0])
-
-        table[preset] = {"stock PIL + v1": run_stock, "torchvision.io + v2, float per image": run_tv_float,
-                         "ours": run_ours, "ours + batch normalize on the CPU": run_ours_cpu}
+        rows[f"ours + batch normalize on the CPU, decoder={decoders[0]}"] = run_ours_cpu
         if device is not None:
-            decoder = DeviceDecoder(uint8_preset, uint8_preset)
-
-            def run_device(paths, decoder=decoder, norm=normalize_batch, training=preset == "train"):
-                for start in range(0, len(paths), BATCH):
-                    chunk = [str(p) for p in paths[start : start + BATCH]]
-                    batch = EncodedBatch([load_for_device(p) for p in chunk], torch.zeros(len(chunk), dtype=torch.long), chunk)
-                    images, _ = decoder(batch, torch.device(device), training=training)
-                    norm(images)
-                if device.startswith("cuda"):
-                    torch.cuda.synchronize()
-
-            table[preset][f"decode + augment on {device}"] = run_device
+            for name, cpu_name in DEVICE_DECODERS.items():
+                if cpu_name in decoders:
+                    rows[f"{name}: decode + augment on {device}"] = device_run(name, uint8_presets, preset, device)
+        table[preset] = rows
     return table
+
+
+def device_run(decoder: str, presets: dict, preset: str, device: str) -> callable:
+    """A device decoder's whole path: read the bytes and draw the crops (the worker's part), decode and augment."""
+    device_decoder = DeviceDecoder(presets["train"], presets["eval"], decoder=decoder)
+    crop = TrainCrop.from_preset(presets["train"]) if preset == "train" else None
+    normalize = split_normalize(train_preset())[1]
+
+    def run(paths):
+        for start in range(0, len(paths), BATCH):
+            chunk = [str(p) for p in paths[start : start + BATCH]]
+            loaded = [load_for_device(p, device_decoder.cpu_decode) for p in chunk]
+            crops = [crop.draw(*size) if crop else None for _, size in loaded]
+            batch = EncodedBatch([payload for payload, _ in loaded], torch.zeros(len(chunk), dtype=torch.long), chunk, crops)
+            images, _ = device_decoder(batch, torch.device(device), training=preset == "train")
+            normalize(images)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    return run
 
 
 def measure(paths: list[Path], rounds: int, crop: int, resize: int, device: str | None = None) -> dict:
@@ -142,7 +166,7 @@ def measure(paths: list[Path], rounds: int, crop: int, resize: int, device: str 
                     run(paths)
                 per_round[name].append(len(paths) / (time.process_time() - cpu0))
                 wall[name] += time.perf_counter() - wall0
-        stock = per_round[next(iter(runs))]
+        stock = per_round[next(iter(runs))]  # the first row: stock PIL + v1, or decode: torchcodec/torchvision
         results[preset] = {
             name: {
                 "img_per_cpu_s": round(statistics.median(rates), 1),
@@ -174,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--crop", type=int, default=224)
     parser.add_argument("--resize", type=int, default=256)
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--device-decode", metavar="DEVICE", help="add decoder=nvjpeg's path on DEVICE (cuda: nvJPEG); "
+    parser.add_argument("--device-decode", metavar="DEVICE", help="add the device decoders' path on DEVICE (cuda: nvJPEG); "
                         "its img/s per core counts the CPU work only, the wall figure includes the device's")
     args = parser.parse_args(argv)
     images, rounds = (24, 2) if args.quick else (args.images, args.rounds)

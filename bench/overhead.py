@@ -3,6 +3,8 @@
     python bench/overhead.py                # 1 CPU process: step-time ratio (ours / plain) and loss agreement
     python bench/overhead.py --ddp          # 2 gloo processes: plain DistributedDataParallel vs strategy="ddp"
     python bench/overhead.py --quick        # the CI smoke run (add --ddp for its 2-process variant)
+    python bench/overhead.py --accelerator gpu --precision bf16-mixed --channels-last --arch resnet50 \
+        --image-size 224 --batch-size 256 --block 10 --tolerance 0.05     # one GPU (bash bench/gpu_all.sh runs it)
 
 Both sides get the same network (built under the same seed), the same synthetic batches, SGD with the same
 LR schedule (project.optim), the same step count and the same threads. They run in one process, taking turns one
@@ -18,6 +20,9 @@ end-of-epoch checkpoint save).
 "Ours" is the Trainer as `python -m project` builds it: TensorBoard logger, checkpointing (last.ckpt's
 signal and time checks), the per-step model seeding,
 ThroughputLogger; no progress bar, no validation.
+On a GPU the sides alternate every --block steps, with the device synchronized only at the block boundaries, so
+within a block each side's host work overlaps its kernels as in a real run; mixed precision (the plain loop under
+torch.autocast) changes the numerics from run to run, hence a looser --tolerance there.
 Results and the commands behind them: docs/benchmarks.md.
 """
 
@@ -60,19 +65,31 @@ def clock() -> Clock:
     return time.perf_counter(), time.process_time()
 
 
+AUTOCAST = {"32-true": None, "bf16-mixed": torch.bfloat16}  # what the plain loop can mirror of Lightning's precision
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def eval_loss(network: torch.nn.Module, batch) -> float:
     """Loss on a fixed batch in eval mode: agrees only if weights and BatchNorm statistics agree."""
     network.eval()
+    device = next(network.parameters()).device
     with torch.no_grad():
-        return F.cross_entropy(network(NORMALIZE(batch[0])), batch[1]).item()
+        return F.cross_entropy(network(NORMALIZE(batch[0].to(device))), batch[1].to(device)).item()
 
 
 class PlainLoop:
     """The textbook loop, one step per call: fetch, forward, loss, zero_grad, backward, step, schedule."""
 
-    def __init__(self, args, batches, world: int):
+    def __init__(self, args, batches, world: int, device: torch.device):
         torch.manual_seed(args.seed)
-        self.network = build_resnet(args.arch, args.num_classes)
+        self.device, self.channels_last, self.autocast = device, args.channels_last, AUTOCAST[args.precision]
+        self.network = build_resnet(args.arch, args.num_classes).to(device)
+        if self.channels_last:
+            self.network.to(memory_format=torch.channels_last)
         self.model = DistributedDataParallel(self.network) if world > 1 else self.network
         lr = scaled_lr(RECIPE["lr_per_256"], args.batch_size * world)
         groups = parameter_groups(self.network, RECIPE["weight_decay"], decay_norm_and_bias=True)
@@ -81,12 +98,19 @@ class PlainLoop:
             self.optimizer, total_steps=args.steps, warmup_steps=round(RECIPE["warmup_epochs"] * args.steps),
             schedule="cosine",
         )
+        if device.type == "cuda":  # pinned, as SyntheticDataModule pins ours: both copies are asynchronous
+            batches = [(images.pin_memory(), targets.pin_memory()) for images, targets in batches]
         self.batches = iter(DataLoader(ReplayedBatches(batches, args.steps), batch_size=None))
         self.model.train()
 
     def step(self) -> None:
         images, targets = next(self.batches)
-        loss = F.cross_entropy(self.model(NORMALIZE(images)), targets)
+        images, targets = images.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+        images = NORMALIZE(images)
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            loss = F.cross_entropy(self.model(images), targets)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -94,20 +118,26 @@ class PlainLoop:
 
 
 class Interleave(L.Callback):
-    """Runs one plain step after each of our steps, so the two sides alternate step by step and any change in the
-    machine's speed hits both alike. Our step is the time from the end of one plain step to the start of the next:
-    one whole cycle of the Trainer (the rest of its hooks and logging, fetching, the step), nothing of the plain loop.
+    """Runs `block` plain steps after every `block` of our steps (1 on CPU), so the two sides alternate and any change
+    in the machine's speed hits both alike. Our time is from the end of one plain block to the start of the next:
+    whole cycles of the Trainer (the rest of its hooks and logging, fetching, the steps), nothing of the plain loop.
     """
 
-    def __init__(self, plain: PlainLoop):
+    def __init__(self, plain: PlainLoop, block: int = 1):
         self.plain = plain
+        self.block = block
         self.ours: list[Clock] = []
         self.plains: list[Clock] = []
         self._resumed: Clock | None = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if (batch_idx + 1) % self.block:
+            return
+        synchronize(self.plain.device)  # our block's kernels are done: the clock stops for us
         start = clock()
-        self.plain.step()
+        for _ in range(self.block):
+            self.plain.step()
+        synchronize(self.plain.device)
         end = clock()
         self.plains.append((end[0] - start[0], end[1] - start[1]))
         if self._resumed is not None:
@@ -117,20 +147,22 @@ class Interleave(L.Callback):
 
 def interleaved_run(args, batches, world: int, workdir: Path) -> tuple[Interleave, float, float]:
     """Our Trainer path (ImageClassifier, strategy="ddp" when world > 1) with the plain loop interleaved."""
-    plain = PlainLoop(args, batches, world)
+    device = torch.device("cuda", torch.cuda.current_device()) if args.accelerator == "gpu" else torch.device("cpu")
+    plain = PlainLoop(args, batches, world, device)
     L.seed_everything(args.seed, verbose=False)
     torch.manual_seed(args.seed)  # the same initial weights as the plain loop's
-    model = ImageClassifier(num_classes=args.num_classes, arch=args.arch, batch_size=args.batch_size, **RECIPE)
+    model = ImageClassifier(num_classes=args.num_classes, arch=args.arch, channels_last=args.channels_last,
+                            batch_size=args.batch_size, **RECIPE)
     data = SyntheticDataModule(
         num_classes=args.num_classes, batch_size=args.batch_size, image_size=args.image_size,
         batches_per_epoch=args.steps, distinct_batches=args.distinct, seed=args.seed,
     )
-    interleave = Interleave(plain)
+    interleave = Interleave(plain, args.block)
     trainer = L.Trainer(
-        accelerator="cpu",
+        accelerator=args.accelerator,
         devices=world,
         strategy="ddp" if world > 1 else "auto",
-        precision="32-true",
+        precision=args.precision,
         max_steps=args.steps,
         max_epochs=1,
         limit_val_batches=0,
@@ -161,7 +193,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=None, help="steps per round (default 40; 8 with --quick)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="fresh runs of both sides, one new Trainer each (default 4; 2 with --quick)")
-    parser.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the timings")
+    parser.add_argument("--skip", type=int, default=None, help="warm-up steps left out (default 2, or one --block)")
     parser.add_argument("--num-classes", type=int, default=10)
     parser.add_argument("--distinct", type=int, default=4, help="distinct synthetic batches cycled over")
     parser.add_argument("--seed", type=int, default=0)
@@ -170,13 +202,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-ratio", type=float, default=None, help="exit 1 if the ratio is above this")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="largest relative loss difference allowed")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
+    parser.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu", help="gpu: one CUDA device per process")
+    parser.add_argument("--precision", choices=list(AUTOCAST), default="32-true")
+    parser.add_argument("--channels-last", action="store_true", help="NHWC network and inputs on both sides")
+    parser.add_argument("--block", type=int, default=1, help="steps per turn of each side (GPU: 10 lets them overlap)")
     args = parser.parse_args(argv)
+    if args.accelerator == "gpu" and not torch.cuda.is_available():
+        parser.error("--accelerator gpu needs a CUDA device; none is visible here")
     args.batch_size = args.batch_size or (8 if args.quick else 32)
     args.steps = args.steps or (8 if args.quick else 40)
     args.threads = args.threads or (1 if args.quick else None)
     args.rounds = args.rounds or (2 if args.quick else 4)
-    if args.steps <= args.skip + 2:
-        parser.error(f"--steps must exceed --skip + 2 ({args.skip + 2}), got {args.steps}")
+    args.skip = args.skip if args.skip is not None else max(2, args.block)
+    if args.steps <= args.skip + 2 * args.block or args.steps % args.block or args.skip % args.block:
+        parser.error(f"--steps ({args.steps}) must exceed --skip + 2 x --block ({args.skip} + 2 x {args.block}), "
+                     "and both be multiples of --block")
 
     if args.ddp and "TORCHELASTIC_RUN_ID" not in os.environ:
         return relaunch_with_torchrun(argv)
@@ -206,9 +246,9 @@ def main(argv: list[str]) -> int:
             if world > 1:
                 dist.barrier()
             run, plain_loss, ours_loss = interleaved_run(args, batches, world, workdir)
-            pairs = list(zip(run.ours, run.plains[1:]))[args.skip :]
-            walls += [(o[0], p[0]) for o, p in pairs]
-            cpus += [(o[1], p[1]) for o, p in pairs]
+            pairs = list(zip(run.ours, run.plains[1:]))[args.skip // args.block :]  # per block, in seconds per step
+            walls += [(o[0] / args.block, p[0] / args.block) for o, p in pairs]
+            cpus += [(o[1] / args.block, p[1] / args.block) for o, p in pairs]
             losses.append((plain_loss, ours_loss))
             round_ratios.append(sum(o[0] for o, _ in pairs) / sum(p[0] for _, p in pairs))
 
@@ -218,6 +258,8 @@ def main(argv: list[str]) -> int:
     loss_diff = max(abs(o - p) / abs(p) for p, o in losses)
     result = {
         "variant": f"ddp x{world} (gloo)" if world > 1 else "single process",
+        "accelerator": args.accelerator, "precision": args.precision, "channels_last": args.channels_last,
+        "block": args.block, "ours_images_per_sec": args.batch_size * world * len(walls) / sum(o for o, _ in walls),
         "arch": args.arch, "image_size": args.image_size, "batch_size": args.batch_size, "steps": args.steps,
         "rounds": args.rounds, "paired_steps": len(walls), "threads": torch.get_num_threads(),
         "plain_step_s": plain_median, "ours_step_s": ours_median, "ratio": ratio,
@@ -229,7 +271,9 @@ def main(argv: list[str]) -> int:
     }
     if rank == 0:
         print(
-            f"{result['variant']}: {args.arch} {args.image_size}px batch {args.batch_size}, {args.rounds} rounds x "
+            f"{result['variant']} ({args.accelerator}, {args.precision}{', channels_last' if args.channels_last else ''}"
+            f"{f', turns of {args.block} steps' if args.block > 1 else ''}): "
+            f"{args.arch} {args.image_size}px batch {args.batch_size}, {args.rounds} rounds x "
             f"{args.steps} steps, {result['threads']} thread(s)/process\n"
             f"  ratio ours/plain, total time over {len(walls)} paired steps: {ratio:.4f} (CPU time: {cpu_ratio:.4f}); "
             f"per round: {', '.join(f'{r:.3f}' for r in round_ratios)}\n"

@@ -1,4 +1,4 @@
-"""The benchmarks run end to end on CPU: bench/overhead.py --quick (1 and 2 processes) and bench/gpu.sh --tiny.
+"""The benchmarks run end to end on CPU: bench/overhead.py --quick (1 and 2 processes) and bench/gpu_all.sh --tiny.
 
     python -m pytest tests/test_bench.py
 """
@@ -44,17 +44,29 @@ def test_overhead_quick_ddp_matches_plain_distributed_data_parallel(tmp_path):
     check_overhead(result)
 
 
-@pytest.mark.slow
-def test_gpu_sh_tiny_mode_prints_the_throughput_table(tmp_path):
-    result = run(["bash", "bench/gpu.sh", "--tiny"], tmp_path, BENCH_OUT=str(tmp_path))
-    rows = json.loads((tmp_path / "gpu_tiny.json").read_text())["rows"]
-    assert [(r["variant"], r["data"]) for r in rows] == [("fp32", "synthetic"), ("fp32+cl", "synthetic"), ("fp32", "real")]
-    for row in rows:
-        assert "error" not in row, row
-        assert row["images_per_sec"] > 0 and row["step_ms"] > 0 and 0 <= row["data_wait"] <= 1
-        assert row["gflop_per_image"] == pytest.approx(0.2173, rel=0.01)  # resnet18, 32 px, the 2 JPEG classes
-    table = (tmp_path / "gpu_tiny.md").read_text()
-    assert "| img/s | MFU |" in table and "real/synthetic" in table
-    real_rows = [line for line in table.splitlines() if "| real |" in line]
-    assert len(real_rows) == 1 and real_rows[0].rstrip(" |").split("|")[-1].strip()  # real/synthetic filled in
-    assert "| real |" in result.stdout
+@pytest.mark.slow  # ~100 s: every stage of the GPU run, on the CPU
+def test_gpu_all_tiny_runs_every_stage_into_one_table(tmp_path):
+    result = run(["bash", "bench/gpu_all.sh", "--tiny"], tmp_path, GPU_ALL_OUT=str(tmp_path))
+    table = (tmp_path / "table.md").read_text()
+    assert table in result.stdout  # printed and written
+    header, rule, *rows = [line for line in table.splitlines() if line.startswith("|")]
+    assert header == "| measurement | setting | img/s | MFU | peak mem (GiB) | step (ms) | data wait | ratio | goal |"
+    cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    assert all(len(row) == 9 for row in cells)
+    assert [row[0] for row in cells] == [
+        "synthetic", "synthetic", "synthetic", *["real JPEGs, CPU decode"] * 2, *["real JPEGs, GPU decode"] * 2,
+        "Trainer / plain loop", "device augmentation, train", "device augmentation, eval",
+        "fit: gpu", "fit: dp", "fit: ddp", "fit: fp16", "fit: bf16"]
+    decoders = [row[1].split("decoder=")[1].split(",")[0] for row in cells[3:7]]
+    assert decoders == ["torchvision", "torchcodec", "nvjpeg", "torchcodec-cuda"]
+    measured = [row for i, row in enumerate(cells) if i != 1]  # compile is left out on a CPU, and says so
+    assert cells[1][2] == "not with --tiny: compiling takes minutes on a CPU"
+    for row in measured[:-5]:
+        assert float(row[2].replace(",", "")) > 0, table  # img/s
+    assert all(row[-1] == "exit 0" for row in cells[-5:]), table
+    assert [row[7].endswith("of synthetic") for row in cells[3:7]] == [True] * 4
+    rows = json.loads((tmp_path / "throughput.json").read_text())["rows"]
+    assert [r["gflop_per_image"] for r in rows if "gflop_per_image" in r] == pytest.approx([0.2173] * 6, rel=0.01)
+    overhead = json.loads((tmp_path / "overhead.json").read_text())
+    # The ratio's bound is test_overhead_quick_matches_the_plain_loop's; 4 turns on a loaded CPU only have to agree.
+    assert overhead["block"] == 2 and overhead["losses_agree"] and overhead["ratio"] > 0, overhead

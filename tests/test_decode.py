@@ -1,11 +1,16 @@
-"""ImageNet's quirky files (PNG named .JPEG, CMYK, grayscale, formats torchvision.io lacks) decode to RGB; broken ones
-are named or skipped; the faster loader path gives the same batches as the stock one.
+"""Every CPU decoder (torchcodec, torchvision, pil) turns ImageNet's quirky files (PNG named .JPEG, CMYK, grayscale,
+16-bit, animated, formats the tensor decoders lack) into 3-channel uint8 RGB; broken ones are named or skipped; the
+decoder name is checked and "auto" falls back in a stated order, also when torchvision.io has no decoders left.
 
     python -m pytest tests/test_decode.py
 """
 
+import importlib.util
 import logging
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,9 +20,15 @@ from torch.utils.data import DataLoader
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from project.data.datamodule import ImageNetDataModule
-from project.data.decoders import (DecodedImageFolder, UnreadableImageError, collate_readable, decode_pil,
-                                 decode_torchvision, main)
-from project.data.device_decode import EncodedBatch, jpeg_frame, load_for_device
+from project.data.decoders import (DecodedImageFolder, UnreadableImageError, collate_readable, image_loader, main,
+                                   resolve_decoder)
+
+HAS_TORCHCODEC = importlib.util.find_spec("torchcodec") is not None
+NEEDS_TORCHCODEC = pytest.mark.skipif(not HAS_TORCHCODEC, reason='torchcodec is not installed: pip install -e ".[torchcodec]"')
+CPU_DECODERS = [pytest.param("torchcodec", marks=NEEDS_TORCHCODEC), "torchvision", "pil"]
+TENSOR_DECODERS = [pytest.param("torchcodec", marks=NEEDS_TORCHCODEC), "torchvision"]
+# How each decoder names itself in the reason of an unreadable file.
+LIBRARY = {"torchcodec": "torchcodec: ", "torchvision": "torchvision.io: ", "pil": ""}
 
 LEFT, RIGHT = (200, 30, 40), (20, 180, 220)  # flat halves: JPEG keeps flat colours within a few levels
 
@@ -29,8 +40,12 @@ def two_colour(height: int = 48, width: int = 64) -> np.ndarray:
 
 
 def as_rgb_array(image) -> np.ndarray:
-    """(H, W, 3) uint8 from either decoder's output (PIL image or CHW tensor)."""
+    """(H, W, 3) uint8 from any decoder's output (PIL image or CHW tensor)."""
     return np.array(image) if isinstance(image, Image.Image) else image.permute(1, 2, 0).numpy()
+
+
+def decode(decoder: str, path) -> np.ndarray:
+    return as_rgb_array(image_loader(decoder)(str(path)))
 
 
 @pytest.fixture(scope="module")
@@ -40,45 +55,67 @@ def quirky(tmp_path_factory):
     source.save(folder / "png_named.JPEG", format="PNG")  # as n02105855_2933.JPEG in ImageNet's train set
     source.convert("CMYK").save(folder / "cmyk.JPEG", quality=95)  # Adobe-marked, inverted: Photoshop's CMYK
     source.convert("L").save(folder / "gray.JPEG", quality=95)
-    source.save(folder / "bmp_named.JPEG", format="BMP")  # a format torchvision.io does not read: PIL fallback
+    source.save(folder / "bmp_named.JPEG", format="BMP")  # a format the tensor decoders do not read: PIL fallback
     source.save(folder / "plain.JPEG", quality=95)
+    source.save(folder / "progressive.JPEG", quality=95, progressive=True)
+    source.save(folder / "webp_named.JPEG", format="WEBP", lossless=True)
+    (source.convert("RGBA")).save(folder / "rgba.png")  # an alpha channel to drop
+    Image.fromarray(two_colour()[..., 0].astype(np.uint16) * 257).save(folder / "gray16.png")  # 16-bit gray
+    frames = [Image.fromarray(two_colour()), Image.fromarray(two_colour()[:, ::-1].copy())]
+    frames[0].save(folder / "animated.gif", save_all=True, append_images=frames[1:], duration=100, loop=0)
     whole = (folder / "plain.JPEG").read_bytes()
     (folder / "truncated.JPEG").write_bytes(whole[: len(whole) // 2])
     (folder / "not_an_image.JPEG").write_bytes(b"<html>403 Forbidden</html>")
     (folder / "empty.JPEG").write_bytes(b"")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees clockwise to display
+    source.save(folder / "exif_rotated.JPEG", quality=95, exif=exif)
     return folder
 
 
-@pytest.mark.parametrize("decode", [decode_torchvision, decode_pil], ids=["torchvision", "pil"])
-@pytest.mark.parametrize("name", ["png_named", "cmyk", "bmp_named", "plain"])
-def test_colour_files_decode_to_their_rgb_pixels(quirky, decode, name):
-    pixels = as_rgb_array(decode(str(quirky / f"{name}.JPEG")))
+@pytest.mark.parametrize("decoder", CPU_DECODERS)
+@pytest.mark.parametrize("name", ["png_named.JPEG", "cmyk.JPEG", "bmp_named.JPEG", "plain.JPEG", "progressive.JPEG",
+                                  "webp_named.JPEG", "rgba.png", "animated.gif"])
+def test_colour_files_decode_to_their_rgb_pixels(quirky, decoder, name):
+    pixels = decode(decoder, quirky / name)
     assert pixels.shape == (48, 64, 3) and pixels.dtype == np.uint8
-    # Away from the colour edge, where JPEG's blocks blur it.
+    # Away from the colour edge, where JPEG's blocks blur it (an animated file gives its first frame).
     assert np.abs(pixels[:, :24].astype(int) - LEFT).max() <= 4
     assert np.abs(pixels[:, 40:].astype(int) - RIGHT).max() <= 4
 
 
-@pytest.mark.parametrize("decode", [decode_torchvision, decode_pil], ids=["torchvision", "pil"])
-def test_grayscale_jpeg_becomes_three_equal_channels(quirky, decode):
-    pixels = as_rgb_array(decode(str(quirky / "gray.JPEG"))).astype(int)
+@pytest.mark.parametrize("decoder", CPU_DECODERS)
+@pytest.mark.parametrize("name", ["gray.JPEG", "gray16.png"])
+def test_grayscale_becomes_three_equal_uint8_channels(quirky, decoder, name):
+    pixels = decode(decoder, quirky / name).astype(int)
     luma = np.asarray(Image.fromarray(two_colour()).convert("L"), dtype=int)
     assert pixels.shape == (48, 64, 3)
     assert (pixels[..., 0] == pixels[..., 1]).all() and (pixels[..., 1] == pixels[..., 2]).all()
-    assert np.abs(pixels[:, :24, 0] - luma[:, :24]).max() <= 3
+    if name == "gray.JPEG":
+        assert np.abs(pixels[:, :24, 0] - luma[:, :24]).max() <= 3
+    else:  # 16 bit scaled to 8, whatever the decoder's rounding
+        assert np.abs(pixels[:, :24, 0] - LEFT[0]).max() <= 1 and np.abs(pixels[:, 40:, 0] - RIGHT[0]).max() <= 1
 
 
-def test_both_decoders_give_identical_pixels_for_jpegs(quirky):
-    for name in ("plain", "cmyk", "gray", "png_named"):
-        path = str(quirky / f"{name}.JPEG")
-        assert torch.equal(decode_torchvision(path), torch.from_numpy(as_rgb_array(decode_pil(path))).permute(2, 0, 1))
+@pytest.mark.parametrize("decoder", TENSOR_DECODERS)
+def test_tensor_decoders_give_the_pixels_pil_gives_for_jpegs(quirky, decoder):
+    for name in ("plain", "progressive", "cmyk", "gray", "png_named"):
+        path = quirky / f"{name}.JPEG"
+        assert np.array_equal(decode(decoder, path), decode("pil", path)), name
 
 
-@pytest.mark.parametrize("decode", [decode_torchvision, decode_pil], ids=["torchvision", "pil"])
+def test_only_torchcodec_applies_the_exif_orientation(quirky):
+    shapes = {decoder: decode(decoder, quirky / "exif_rotated.JPEG").shape for decoder in ("torchvision", "pil")}
+    assert shapes == {"torchvision": (48, 64, 3), "pil": (48, 64, 3)}
+    if HAS_TORCHCODEC:  # torchcodec 0.17 rotates by the EXIF tag, with no switch to turn it off
+        assert decode("torchcodec", quirky / "exif_rotated.JPEG").shape == (64, 48, 3)
+
+
+@pytest.mark.parametrize("decoder", CPU_DECODERS)
 @pytest.mark.parametrize("name", ["truncated", "not_an_image", "empty"])
-def test_broken_file_raises_an_error_naming_it_and_the_fix(quirky, decode, name):
+def test_broken_file_raises_an_error_naming_it_and_the_fix(quirky, decoder, name):
     with pytest.raises(UnreadableImageError) as caught:
-        decode(str(quirky / f"{name}.JPEG"))
+        image_loader(decoder)(str(quirky / f"{name}.JPEG"))
     assert str(quirky / f"{name}.JPEG") in str(caught.value)
     assert "data.on_corrupt=skip" in str(caught.value)
 
@@ -92,103 +129,90 @@ def folder_with_a_broken_file(tiny_root, tmp_path):
     return root, victim
 
 
-def test_skip_mode_leaves_the_file_out_and_counts_it(folder_with_a_broken_file, caplog):
+@pytest.mark.parametrize("decoder", CPU_DECODERS)
+def test_skip_mode_leaves_the_file_out_and_counts_it(folder_with_a_broken_file, caplog, decoder):
     root, victim = folder_with_a_broken_file
-    dataset = DecodedImageFolder(str(root / "train"), decoder="torchvision", on_corrupt="skip")
+    dataset = DecodedImageFolder(str(root / "train"), transform=pil_to_tensor if decoder == "pil" else None,
+                                 decoder=decoder, on_corrupt="skip")
     with caplog.at_level(logging.WARNING, logger="project.data.decoders"):
         batches = list(DataLoader(dataset, batch_size=8, collate_fn=collate_readable))
     assert sum(len(targets) for _images, targets in batches) == len(dataset) - 1
     [message] = [r.getMessage() for r in caplog.records if str(victim) in r.getMessage()]
-    assert message.startswith(f"skipped unreadable {victim} (torchvision.io: Image is incomplete or truncated; PIL: ")
+    reason = "Image is incomplete or truncated; PIL: " if decoder != "pil" else ""
+    assert message.startswith(f"skipped unreadable {victim} ({LIBRARY[decoder]}{reason}")
     assert message.endswith("[1 skipped so far by the main process]")
 
 
-def test_error_mode_stops_the_loader_with_the_file_name(folder_with_a_broken_file):
+@pytest.mark.parametrize("decoder", CPU_DECODERS)
+def test_error_mode_stops_the_loader_with_the_file_name(folder_with_a_broken_file, decoder):
     root, victim = folder_with_a_broken_file
-    dataset = DecodedImageFolder(str(root / "train"), transform=pil_to_tensor, decoder="pil")
+    dataset = DecodedImageFolder(str(root / "train"), transform=pil_to_tensor if decoder == "pil" else None,
+                                 decoder=decoder)
     with pytest.raises(UnreadableImageError, match=str(victim)):
         list(DataLoader(dataset, batch_size=8, num_workers=1))  # the worker's error reaches the main process
 
 
-def test_scan_lists_unreadable_files(folder_with_a_broken_file, capsys):
+@pytest.mark.parametrize("decoder", TENSOR_DECODERS)
+def test_scan_lists_unreadable_files(folder_with_a_broken_file, capsys, decoder):
     root, victim = folder_with_a_broken_file
-    assert main([str(root), "--workers", "2"]) == 1
+    assert main([str(root), "--workers", "2", "--decoder", decoder]) == 1
     out, err = capsys.readouterr()
     [line] = out.splitlines()
-    assert line.startswith(f"{victim}: torchvision.io: Image is incomplete or truncated; PIL: ")
-    assert "57 images checked" in err and "1 unreadable" in err
+    assert line.startswith(f"{victim}: {LIBRARY[decoder]}Image is incomplete or truncated; PIL: ")
+    assert f"57 images checked under {root} with {decoder}, 1 unreadable" in err
+
+
+def test_auto_takes_the_first_available_and_unknown_names_are_refused():
+    assert resolve_decoder("auto") == ("torchcodec" if HAS_TORCHCODEC else "torchvision")
+    assert resolve_decoder("nvjpeg") == "nvjpeg"
+    with pytest.raises(ValueError, match="data.decoder must be one of auto, torchcodec, torchvision, pil, nvjpeg, "
+                                         "torchcodec-cuda; got 'turbojpeg'"):
+        DecodedImageFolder(".", decoder="turbojpeg")
+
+
+REMOVED_TORCHVISION_IO = """
+import torchvision.io
+import torchvision.transforms.v2  # torchvision's own JPEG augmentation imports them: loaded before they go
+for name in ("decode_image", "decode_jpeg", "ImageReadMode"):
+    delattr(torchvision.io, name)  # what a torchvision without image decoders looks like to `from ... import`
+from project.data.decoders import image_loader, resolve_decoder
+print(resolve_decoder("auto"), tuple(image_loader("auto")(PATH).shape))
+for name in ("torchvision", "nvjpeg"):
+    try:
+        image_loader(name)
+    except RuntimeError as error:
+        print(error)
+"""
+
+
+def test_without_torchvision_io_decoders_auto_falls_back_and_torchvision_says_why(quirky):
+    script = f"PATH = {str(quirky / 'cmyk.JPEG')!r}\n" + REMOVED_TORCHVISION_IO
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert result.returncode == 0, result.stderr
+    chosen, torchvision_error, nvjpeg_error = result.stdout.splitlines()
+    assert chosen == ("torchcodec" if HAS_TORCHCODEC else "pil") + " (3, 48, 64)"
+    assert torchvision_error.startswith("data.decoder=torchvision needs torchvision.io.decode_image, which torchvision ")
+    assert torchvision_error.endswith('pip install -e ".[torchcodec]" and set data.decoder=torchcodec (or auto), or use pil')
+    assert nvjpeg_error.startswith("data.decoder=nvjpeg: data.decoder=torchvision needs torchvision.io.decode_image")
 
 
 def loader_batch(root, split: str, **options):
-    module = ImageNetDataModule(str(root), batch_size=64, num_workers=0, pin_memory=False, train_crop_size=24, eval_resize_size=28,
-                                eval_crop_size=24, **options)
+    module = ImageNetDataModule(str(root), batch_size=64, num_workers=0, pin_memory=False, train_crop_size=24,
+                                eval_resize_size=28, eval_crop_size=24, **options)
     module.setup("fit")
     torch.manual_seed(0)  # the same crops in both pipelines: ToDtype and Normalize draw no random numbers
     loader = module.train_dataloader() if split == "train" else module.val_dataloader()
     return module, next(iter(loader))
 
 
+@pytest.mark.parametrize("decoder", TENSOR_DECODERS)
 @pytest.mark.parametrize("split", ["train", "val"])
-def test_uint8_batches_normalized_on_device_equal_the_stock_float_path(tiny_root, split):
+def test_uint8_batches_normalized_on_device_equal_the_stock_float_path(tiny_root, split, decoder):
     _, (stock, stock_targets) = loader_batch(tiny_root, split, decoder="pil", normalize_on_device=False)
-    module, (fast, fast_targets) = loader_batch(tiny_root, split, decoder="torchvision", normalize_on_device=True)
+    module, (fast, fast_targets) = loader_batch(tiny_root, split, decoder=decoder, normalize_on_device=True)
     assert fast.dtype == torch.uint8 and stock.dtype == torch.float32
     images, targets = module.on_after_batch_transfer((fast, fast_targets), 0)
     assert torch.equal(targets, stock_targets)
     assert images.dtype == torch.float32 and images.shape == stock.shape
     torch.testing.assert_close(images, stock, atol=1e-5, rtol=0)
-
-
-# decoder="nvjpeg": the routing and the batched device decode run here on the CPU (decode_jpeg(device="cpu")); the
-# `gpu` test repeats the comparison with nvJPEG.
-def test_jpeg_frame_header_routes_files_nvjpeg_cannot_decode_to_the_workers(quirky, tmp_path):
-    Image.fromarray(two_colour()).save(tmp_path / "progressive.JPEG", quality=90, progressive=True)
-    frames = {name: jpeg_frame((quirky / f"{name}.JPEG").read_bytes()) for name in ("plain", "gray", "cmyk", "png_named")}
-    assert frames == {"plain": (0xC0, 3), "gray": (0xC0, 1), "cmyk": (0xC0, 4), "png_named": None}
-    assert jpeg_frame((tmp_path / "progressive.JPEG").read_bytes()) == (0xC2, 3)
-    shapes = {name: load_for_device(str(quirky / f"{name}.JPEG")).dim() for name in ("plain", "gray", "cmyk", "png_named")}
-    assert shapes == {"plain": 1, "gray": 1, "cmyk": 3, "png_named": 3}  # bytes for the device, pixels decoded here
-
-
-def device_decoded_val_batch(root, device: str):
-    options = dict(batch_size=64, num_workers=0, pin_memory=False, eval_resize_size=28, eval_crop_size=24)
-    reference = ImageNetDataModule(str(root), decoder="torchvision", **options)
-    reference.setup("validate")
-    images, targets = next(iter(reference.val_dataloader()))
-    module = ImageNetDataModule(str(root), decoder="nvjpeg", **options)
-    module.setup("validate")
-    encoded = next(iter(module.val_dataloader()))
-    assert isinstance(encoded, EncodedBatch) and all(p.dim() == 1 for p in encoded.payloads)
-    decoded, decoded_targets = module.device_decoder(encoded, torch.device(device), training=False)
-    return images, targets, decoded, decoded_targets
-
-
-def test_device_decode_gives_the_worker_path_batch(tiny_root):
-    images, targets, decoded, decoded_targets = device_decoded_val_batch(tiny_root, "cpu")
-    assert torch.equal(decoded, images) and torch.equal(decoded_targets, targets)
-
-
-@pytest.mark.gpu
-def test_nvjpeg_decode_matches_the_cpu_batch_within_idct_differences(tiny_root):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    images, targets, decoded, decoded_targets = device_decoded_val_batch(tiny_root, "cuda")
-    assert decoded.is_cuda and decoded.dtype == torch.uint8 and decoded.shape == images.shape
-    assert torch.equal(decoded_targets.cpu(), targets)
-    # nvJPEG's IDCT and the CUDA resize round differently from libjpeg-turbo and the CPU resize: small differences.
-    assert (decoded.cpu().float() - images.float()).abs().mean() < 2.0
-
-
-def test_fit_with_device_decode_skips_a_broken_jpeg(folder_with_a_broken_file, tmp_path, caplog):
-    from conftest import tiny_args
-
-    from project.cli import cli_main
-
-    root, victim = folder_with_a_broken_file
-    args = tiny_args(root, tmp_path / "run", "--data.decoder=nvjpeg", "--data.on_corrupt=skip",
-                     "--trainer.limit_val_batches=1", "--trainer.logger=false")
-    with caplog.at_level(logging.WARNING, logger="project.data.device_decode"):
-        cli = cli_main(["fit", *args])
-    assert cli.trainer.state.finished and cli.trainer.global_step == 5  # 40 images - 1 skipped, batches of 8
-    [message] = [r.getMessage() for r in caplog.records if str(victim) in r.getMessage()]
-    assert message.startswith(f"skipped unreadable {victim}") and message.endswith("[device decode]")

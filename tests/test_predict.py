@@ -14,7 +14,7 @@ import torch
 from conftest import run_project, tiny_args
 
 from project import ImageClassifier, cli_main
-from project.data.decoders import decode_torchvision
+from project.data.decoders import image_loader
 from project.data.predict import ImagePathDataset, list_images
 from project.data.transforms import eval_preset
 
@@ -90,7 +90,7 @@ def test_predict_csv_holds_each_images_top_classes_by_name_with_the_models_proba
     transform = eval_preset(resize_size=32, crop_size=32)
     names = ["cat", "dog", "fox"]
     with torch.no_grad():
-        batch = torch.stack([transform(decode_torchvision(row[0])) for row in rows])  # data.decoder's default
+        batch = torch.stack([transform(image_loader("auto")(row[0])) for row in rows])  # data.decoder's default
         expected = model(batch).softmax(dim=1).sort(dim=1, descending=True)
     for row, probs, classes in zip(rows, expected.values.tolist(), expected.indices.tolist()):
         assert row[1::2] == [names[c] for c in classes]

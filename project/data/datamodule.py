@@ -11,9 +11,10 @@ import lightning as L
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 
-from project.data.decoders import DecodedImageFolder, collate_readable
+from project.data.decoders import DEVICE_DECODERS, Decoder, DecodedImageFolder, collate_readable, resolve_decoder
 from project.data.embedded import resolve_root
 from project.data.layout import check_layout
+from project.data.device_augment import TrainCrop
 from project.data.device_decode import DeviceDecoder, EncodedBatch, EncodedImageFolder, collate_encoded
 from project.data.device_normalize import split_normalize
 from project.data.predict import ImagePathDataset
@@ -42,7 +43,7 @@ class ImageNetDataModule(L.LightningDataModule):
         eval_resize_size: int = 256,
         eval_crop_size: int = 224,
         predict_root: Optional[str] = None,
-        decoder: Literal["pil", "torchvision", "nvjpeg"] = "torchvision",
+        decoder: Decoder = "auto",
         normalize_on_device: bool = True,
         on_corrupt: Literal["error", "skip"] = "error",
         multiprocessing_context: Optional[Literal["fork", "forkserver", "spawn"]] = None,
@@ -63,10 +64,13 @@ class ImageNetDataModule(L.LightningDataModule):
             eval_resize_size: short side the evaluation images are resized to before the center crop.
             eval_crop_size: side of the evaluation center crop.
             predict_root: folder of images for `predict` (any depth, sorted order); None predicts ROOT/val.
-            decoder: "torchvision" (torchvision.io into uint8 tensors, PIL only for formats it does not read) or
-                "pil" (the stock torchvision loader). Both give 3-channel RGB for gray, CMYK and PNG-as-.JPEG files.
-                "nvjpeg": workers only read the bytes; JPEGs are decoded and augmented on the training device
-                (nvJPEG on a GPU), other files are decoded in the workers. Needs normalize_on_device.
+            decoder: where and with what images are decoded (project.data.decoders). In the workers: "torchcodec"
+                (TorchCodec, the optional extra), "torchvision" (torchvision.io, deprecated by torchvision 0.29) or
+                "pil" (the stock loader); all three give 3-channel uint8 RGB for gray, CMYK and PNG-as-.JPEG files.
+                "auto": the first of those three that is installed, logged. On the training device: "nvjpeg"
+                (torchvision.io) or "torchcodec-cuda" (TorchCodec): workers only read the bytes, JPEGs are decoded
+                and augmented batch-wise where the model runs, other files are decoded in the workers; predict
+                decodes with the CPU counterpart. Needs normalize_on_device.
             normalize_on_device: workers return uint8 images and the batch is converted to float and normalized on
                 the training device (4x smaller copies, cheaper workers); False normalizes in the workers.
             on_corrupt: an unreadable image stops with an error naming it ("error"), or is left out of its batch
@@ -98,11 +102,12 @@ class ImageNetDataModule(L.LightningDataModule):
             # The presets stop at uint8; on_after_batch_transfer finishes them on the device.
             self.train_transform, self.normalize_batch = split_normalize(self.train_transform)
             self.eval_transform, _ = split_normalize(self.eval_transform)
+        self.decoder = resolve_decoder(decoder)
         self.device_decoder = None
-        if decoder == "nvjpeg":
+        if self.decoder in DEVICE_DECODERS:
             if self.normalize_batch is None:
-                raise ValueError("data.decoder=nvjpeg augments uint8 images on the device: set data.normalize_on_device=true")
-            self.device_decoder = DeviceDecoder(self.train_transform, self.eval_transform, on_corrupt)
+                raise ValueError(f"data.decoder={decoder} augments uint8 images on the device: set data.normalize_on_device=true")
+            self.device_decoder = DeviceDecoder(self.train_transform, self.eval_transform, on_corrupt, decoder=self.decoder)
         # Folder names (wnids for ImageNet) stay the keys; labels are the human names prepare_imagenet wrote.
         self.class_labels: list[str] = read_class_labels(self.root, self.class_names)
         self.datasets: dict[str, Dataset] = {}
@@ -121,14 +126,15 @@ class ImageNetDataModule(L.LightningDataModule):
         if stage == "predict":
             folder = self.hparams.predict_root or self.root / "val"
             self.datasets["predict"] = ImagePathDataset(
-                folder, transform=self.eval_transform, decoder=self.hparams.decoder
+                folder, transform=self.eval_transform, decoder=self.decoder
             )
 
     def _image_folder(self, split: str, transform) -> ImageFolder:
         if self.device_decoder is not None:
-            dataset = EncodedImageFolder(str(self.root / split), on_corrupt=self.hparams.on_corrupt)
+            dataset = EncodedImageFolder(str(self.root / split), crop=TrainCrop.from_preset(transform),
+                                         decoder=self.decoder, on_corrupt=self.hparams.on_corrupt)
         else:
-            dataset = DecodedImageFolder(str(self.root / split), transform=transform, decoder=self.hparams.decoder,
+            dataset = DecodedImageFolder(str(self.root / split), transform=transform, decoder=self.decoder,
                                          on_corrupt=self.hparams.on_corrupt)
         if dataset.classes != self.class_names:
             raise ValueError(f"{self.root / split} classes differ from train/: {sorted(set(dataset.classes) ^ set(self.class_names))}")
@@ -200,7 +206,7 @@ class ImageNetDataModule(L.LightningDataModule):
         return self._eval_loader("predict")
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        if isinstance(batch, EncodedBatch):  # decoder="nvjpeg": decode and augment where the model runs
+        if isinstance(batch, EncodedBatch):  # a device decoder: decode and augment where the model runs
             trainer = self.trainer
             batch = self.device_decoder(batch, trainer.strategy.root_device, training=trainer.training)
         return batch

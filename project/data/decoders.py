@@ -1,36 +1,53 @@
-"""Image loading for the data module: torchvision.io decoding, PIL only where needed, always 3-channel RGB.
+"""Image loading for the data module: one CPU decoder per `data.decoder` name, always 3-channel uint8 RGB.
 
     python -m project.data.decoders /datasets/imagenet        # list the files training would fail on, before a long run
 
-ImageNet's train set holds a PNG saved as .JPEG, 22 CMYK JPEGs and grayscale JPEGs: decode_image reads the real format
-from the bytes (not the name) and converts CMYK (Adobe-inverted included) and gray to RGB; formats torchvision.io does
-not read (BMP, TIFF, ...) go to PIL. A truncated or corrupt file raises UnreadableImageError naming it, or, with
+Decoders: "torchcodec" (TorchCodec: libjpeg-turbo, libpng, libwebp; `pip install -e ".[torchcodec]"`), "torchvision"
+(torchvision.io, deprecated since torchvision 0.29 in favour of TorchCodec) and "pil" (the stock loader). "auto", the
+default, is the first of torchcodec, torchvision, pil that this environment has, logged once; any other name is an error.
+The three give the same pixels for JPEGs (all libjpeg-turbo), except that TorchCodec applies a file's EXIF orientation
+(0.17 has no switch) where torchvision.io and PIL, as used here, do not.
+ImageNet's train set holds a PNG saved as .JPEG, 22 CMYK JPEGs and grayscale JPEGs: the tensor decoders read the real
+format from the bytes (not the name) and convert CMYK (Adobe-inverted included) and gray to RGB; formats they do not
+read (BMP, TIFF, ...) go to PIL. A truncated or corrupt file raises UnreadableImageError naming it, or, with
 on_corrupt="skip", is left out of its batch and counted in a warning.
 """
 
 import argparse
+import functools
+import importlib.util
 import logging
 import os
+import re
 import sys
 from multiprocessing import Pool
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
 from torch.utils.data import default_collate, get_worker_info
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
-from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2.functional import pil_to_tensor, to_dtype
 
-Decoder = Literal["pil", "torchvision"]
+try:  # torchvision 0.29 deprecates its image decoders for TorchCodec's; a later release removes them
+    from torchvision.io import ImageReadMode, decode_image
+except ImportError:
+    ImageReadMode = decode_image = None
+
+Decoder = Literal["auto", "torchcodec", "torchvision", "pil", "nvjpeg", "torchcodec-cuda"]
 OnCorrupt = Literal["error", "skip"]
+CPU_DECODERS = ("torchcodec", "torchvision", "pil")  # the order "auto" tries them in
+# Device decoders (project.data.device_decode) and the CPU decoder that stands in for them in the workers (files the
+# device cannot decode), in predict, and in the scan.
+DEVICE_DECODERS = {"nvjpeg": "torchvision", "torchcodec-cuda": "torchcodec"}
 logger = logging.getLogger(__name__)
 
 
 class UnreadableImageError(OSError):
-    """A file that neither torchvision.io nor PIL can decode (truncated, corrupt, not an image)."""
+    """A file that neither the tensor decoder nor PIL can decode (truncated, corrupt, not an image)."""
 
 
 def _unreadable(path: str, reason: str) -> UnreadableImageError:
@@ -42,8 +59,16 @@ def _unreadable(path: str, reason: str) -> UnreadableImageError:
     return error
 
 
+def _reason(error: Exception) -> str:
+    # C++ errors start with "function, /path/file.cpp:123, "; keep the first sentence after it.
+    text = re.sub(r"^.*?\.(?:cpp|h|hpp):\d+, ", "", str(error).strip())
+    return text.split(". ")[0].rstrip(".")
+
+
 def _pil_rgb(path: str) -> Image.Image:
     with Image.open(path) as image:
+        if image.mode.startswith("I;16"):  # convert() clips 16-bit gray at 255 (all white): scale it to 8 bits
+            return image.convert("I").point(lambda value: value / 257).convert("RGB")
         return image.convert("RGB")  # convert() decodes the pixels, so truncation raises here and not later
 
 
@@ -55,38 +80,96 @@ def decode_pil(path: str) -> Image.Image:
         raise _unreadable(path, f"PIL: {error}") from error
 
 
-def decode_torchvision(path: str) -> torch.Tensor:
-    """uint8 RGB tensor (3, H, W): torchvision.io (libjpeg-turbo, libpng, libwebp), PIL for the other formats."""
+def _decode_tensor(path: str, library: str, decode: Callable[[bytes], torch.Tensor]) -> torch.Tensor:
+    """uint8 RGB (3, H, W) from `decode` (the file's bytes -> an image tensor), PIL for what it does not read."""
     with open(path, "rb") as file:
         data = file.read()
     if not data:
         raise _unreadable(path, "empty file")
     try:
-        image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
-    except RuntimeError as tv_error:
+        image = decode(data)
+    except (RuntimeError, ValueError) as library_error:
         try:
             return pil_to_tensor(_pil_rgb(path))
         except (OSError, ValueError, Image.DecompressionBombError) as pil_error:
-            # torchvision's message starts with the C++ source location; its last clause is the reason.
-            reason = str(tv_error).rsplit(", ", 1)[-1]
-            raise _unreadable(path, f"torchvision.io: {reason}; PIL: {pil_error}") from pil_error
+            raise _unreadable(path, f"{library}: {_reason(library_error)}; PIL: {pil_error}") from pil_error
+    if image.dim() == 4:  # an animated GIF/WebP: its first frame, as PIL gives
+        image = image[0]
     # 16-bit PNGs decode to uint16; the pipeline works on uint8 like every other image.
     return image if image.dtype == torch.uint8 else to_dtype(image, torch.uint8, scale=True)
 
 
-DECODERS: dict[str, Callable[[str], Any]] = {"pil": decode_pil, "torchvision": decode_torchvision}
+def _torchvision_io(data: bytes) -> torch.Tensor:
+    return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+
+
+def _torchcodec(data: bytes) -> torch.Tensor:
+    from torchcodec.decoders import decode_image as torchcodec_decode_image  # optional extra, checked in image_loader
+
+    return torchcodec_decode_image(data, mode="RGB")
+
+
+def decode_torchvision(path: str) -> torch.Tensor:
+    """uint8 RGB tensor (3, H, W): torchvision.io (libjpeg-turbo, libpng, libwebp), PIL for the other formats."""
+    return _decode_tensor(path, "torchvision.io", _torchvision_io)
+
+
+def decode_torchcodec(path: str) -> torch.Tensor:
+    """uint8 RGB tensor (3, H, W): TorchCodec (libjpeg-turbo, libpng, libwebp; no FFmpeg needed), PIL for the others."""
+    return _decode_tensor(path, "torchcodec", _torchcodec)
+
+
+LOADERS: dict[str, Callable[[str], Any]] = {"torchcodec": decode_torchcodec, "torchvision": decode_torchvision,
+                                            "pil": decode_pil}
+
+
+def unavailable(decoder: str) -> Optional[str]:
+    """Why a CPU decoder cannot run in this environment, with the fix; None when it can."""
+    if decoder == "torchcodec" and importlib.util.find_spec("torchcodec") is None:
+        return 'data.decoder=torchcodec needs TorchCodec: pip install -e ".[torchcodec]" (or choose pil/torchvision)'
+    if decoder == "torchvision" and decode_image is None:
+        import torchvision
+
+        return (f"data.decoder=torchvision needs torchvision.io.decode_image, which torchvision {torchvision.__version__} "
+                'no longer has: pip install -e ".[torchcodec]" and set data.decoder=torchcodec (or auto), or use pil')
+    return None
+
+
+@functools.cache
+def resolve_decoder(decoder: str) -> str:
+    """The decoder a `data.decoder` name stands for here: "auto" becomes the first available CPU decoder (logged)."""
+    if decoder == "auto":
+        chosen = next(name for name in CPU_DECODERS if unavailable(name) is None)  # PIL is always there
+        # Lightning's logger prints at INFO (ours would need logging configured): the choice shows in every run.
+        rank_zero_info(f"data.decoder=auto: decoding with {chosen} (the first installed of {', '.join(CPU_DECODERS)})")
+        return chosen
+    names = ("auto", *CPU_DECODERS, *DEVICE_DECODERS)
+    if decoder not in names:
+        raise ValueError(f"data.decoder must be one of {', '.join(names)}; got {decoder!r}")
+    problem = unavailable(DEVICE_DECODERS.get(decoder, decoder))
+    if problem is not None:
+        raise RuntimeError(problem if decoder in CPU_DECODERS else f"data.decoder={decoder}: {problem}")
+    return decoder
+
+
+def image_loader(decoder: str) -> Callable[[str], Any]:
+    """The CPU loader (path -> RGB image) for a `data.decoder` name: the one factory training, eval and predict use.
+
+    A device decoder ("nvjpeg", "torchcodec-cuda") gives its CPU counterpart (torchvision, torchcodec): the loader of
+    the files the device cannot decode, of `predict` (its images never reach the device undecoded) and of the scan.
+    """
+    decoder = resolve_decoder(decoder)
+    return LOADERS[DEVICE_DECODERS.get(decoder, decoder)]
 
 
 class DecodedImageFolder(ImageFolder):
     """ImageFolder with the decoder chosen by name; unreadable files stop with their path, or are skipped and counted."""
 
-    def __init__(self, root: str, transform: Optional[Callable] = None, *, decoder: Decoder = "torchvision",
+    def __init__(self, root: str, transform: Optional[Callable] = None, *, decoder: Decoder = "auto",
                  on_corrupt: OnCorrupt = "error"):
-        if decoder not in DECODERS:
-            raise ValueError(f"decoder must be one of {sorted(DECODERS)}, got {decoder!r}")
         if on_corrupt not in ("error", "skip"):
             raise ValueError(f"on_corrupt must be 'error' or 'skip', got {on_corrupt!r}")
-        super().__init__(root, transform=transform, loader=DECODERS[decoder])
+        super().__init__(root, transform=transform, loader=image_loader(decoder))
         self.on_corrupt = on_corrupt
         self.skipped = 0  # per process: each DataLoader worker counts its own
 
@@ -112,9 +195,10 @@ def collate_readable(batch: list):
     return default_collate(readable)
 
 
-def _check(path: str) -> Optional[str]:
+def _check(job: tuple[str, str]) -> Optional[str]:
+    path, decoder = job
     try:
-        decode_torchvision(path)
+        LOADERS[decoder](path)
     except UnreadableImageError as error:
         return f"{error.path}: {error.reason}"
     return None
@@ -124,13 +208,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m project.data.decoders", description=__doc__.split("\n")[0])
     parser.add_argument("root", type=Path, help="folder to check (all image files below it)")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="decoding processes")
+    parser.add_argument("--decoder", default="auto", help="as data.decoder (a device decoder checks with its CPU one)")
     args = parser.parse_args(argv)
+    decoder = resolve_decoder(args.decoder)
+    decoder = DEVICE_DECODERS.get(decoder, decoder)
     paths = sorted(str(Path(d) / f) for d, _, files in os.walk(args.root) for f in files if f.lower().endswith(IMG_EXTENSIONS))
     with Pool(args.workers) as pool:
-        failures = [reason for reason in pool.imap(_check, paths, chunksize=64) if reason is not None]
+        failures = [reason for reason in pool.imap(_check, [(p, decoder) for p in paths], chunksize=64) if reason]
     for reason in failures:
         print(reason)
-    print(f"{len(paths)} images checked under {args.root}, {len(failures)} unreadable", file=sys.stderr)
+    print(f"{len(paths)} images checked under {args.root} with {decoder}, {len(failures)} unreadable", file=sys.stderr)
     return 1 if failures else 0
 
 

@@ -1,26 +1,52 @@
-"""decoder="nvjpeg": the workers only read JPEG bytes; the batch is decoded and augmented on the training device.
+"""Device decoders: the workers only read JPEG bytes; the batch is decoded and augmented on the training device.
 
     python -m project fit --config configs/gpu.yaml --data.root /datasets/imagenet --data.decoder nvjpeg
+    python -m project fit --config configs/gpu.yaml --data.root /datasets/imagenet --data.decoder torchcodec-cuda
 
-nvJPEG decodes baseline and progressive JPEGs with 1 or 3 components. Everything else (CMYK, PNG named .JPEG,
-lossless or arithmetic JPEGs) is decoded on the CPU in the worker, so the device only ever sees what it handles.
+"nvjpeg" decodes with torchvision.io.decode_jpeg (nvJPEG), "torchcodec-cuda" with torchcodec.decoders.decode_jpeg
+(nvJPEG too; the optional extra), each a whole batch in one call. nvJPEG decodes baseline and progressive JPEGs with 1
+or 3 components. Everything else (CMYK, PNG named .JPEG, lossless or arithmetic JPEGs) is decoded on the CPU in the
+worker with the matching CPU decoder (torchvision, torchcodec), so the device only ever sees what it handles.
+Training crops are drawn per sample in the worker (seeded like the CPU path) and applied batch-wise on the device:
+project.data.device_augment.
+
+Overlap with the previous step: the decoder runs in on_before_batch_transfer, on the host thread that queues the
+training kernels, and reads nothing back from the device, so the host queues this batch's decode and augmentation
+while the GPU still runs the previous step's backward and optimizer kernels. torchvision's nvJPEG decode runs on its
+own CUDA stream and makes the training stream wait on an event; torchcodec 0.17 synchronizes the *current* stream
+before and after decoding (an nvJPEG hardware-engine workaround), so it is called on a side stream here, which holds
+no training work: the host waits for the decode alone, never for the previous step. Decoding batch k+1 during step
+k on a side stream would overlap more, but Lightning keeps its prefetched batch inside its private data fetcher.
 """
 
+import functools
 import logging
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import torch
-from torchvision.io import ImageReadMode, decode_jpeg
 
-from project.data.decoders import DecodedImageFolder, UnreadableImageError, decode_torchvision
+from project.data.decoders import DEVICE_DECODERS, DecodedImageFolder, UnreadableImageError, image_loader
+from project.data.device_augment import Crop, TrainCrop, eval_batch, resized_crops
+
+try:
+    from torchvision.io import ImageReadMode, decode_jpeg
+except ImportError:  # a torchvision without image decoders: decoder=nvjpeg says so (decoders.unavailable)
+    ImageReadMode = decode_jpeg = None
 
 logger = logging.getLogger(__name__)
 
 NVJPEG_FRAMES = (0xC0, 0xC1, 0xC2)  # SOF0 baseline, SOF1 extended, SOF2 progressive (all Huffman-coded)
 
 
-def jpeg_frame(data: bytes) -> tuple[int, int] | None:
-    """(SOF marker, colour components) from a JPEG's frame header; None when the bytes are not a JPEG."""
+class JpegFrame(NamedTuple):
+    marker: int
+    components: int
+    height: int
+    width: int
+
+
+def jpeg_frame(data: bytes) -> Optional[JpegFrame]:
+    """(SOF marker, colour components, height, width) from a JPEG's frame header; None when the bytes are not a JPEG."""
     if data[:2] != b"\xff\xd8":
         return None
     i = 2
@@ -33,7 +59,9 @@ def jpeg_frame(data: bytes) -> tuple[int, int] | None:
         elif marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length field
             i += 2
         elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame header, not DHT/JPG/DAC
-            return marker, data[i + 9]  # FF Cn, length (2), precision (1), height (2), width (2), components
+            # FF Cn, length (2), precision (1), height (2), width (2), components
+            return JpegFrame(marker, data[i + 9], int.from_bytes(data[i + 5 : i + 7], "big"),
+                             int.from_bytes(data[i + 7 : i + 9], "big"))
         elif marker == 0xDA:  # scan data before any frame header
             return None
         else:
@@ -41,54 +69,97 @@ def jpeg_frame(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def load_for_device(path: str) -> torch.Tensor:
-    """The file's bytes (1-D uint8) when nvJPEG can decode them, else the image decoded here (uint8, 3 x H x W)."""
+def load_for_device(path: str, decode: Callable[[str], torch.Tensor]) -> tuple[torch.Tensor, tuple[int, int]]:
+    """(the file's bytes, 1-D uint8, when nvJPEG can decode them, else the image `decode` made of it; its height, width)."""
     with open(path, "rb") as file:
         data = file.read()
     frame = jpeg_frame(data)
-    if frame is not None and frame[0] in NVJPEG_FRAMES and frame[1] in (1, 3):
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return decode_torchvision(path)
+    if frame is not None and frame.marker in NVJPEG_FRAMES and frame.components in (1, 3) and frame.height > 0:
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), (frame.height, frame.width)
+    image = decode(path).contiguous()  # CHW in memory (decoders return HWC views): no copy on the device later
+    return image, (image.shape[-2], image.shape[-1])
 
 
 class EncodedImageFolder(DecodedImageFolder):
-    """Samples are (JPEG bytes or an image the worker decoded, target, path): the input of DeviceDecoder."""
+    """Samples are (JPEG bytes or an image the worker decoded, target, path, Crop or None): DeviceDecoder's input.
 
-    def __init__(self, root: str, *, on_corrupt: str = "error"):
-        super().__init__(root, decoder="torchvision", on_corrupt=on_corrupt)
-        self.loader = load_for_device
+    With `crop` (the training set) each sample's box and flip are drawn here, in the worker, where SeededSamples has
+    seeded the generator from the sample's key (index, epoch, repeat): the key reaches the device as its draws.
+    """
+
+    def __init__(self, root: str, *, crop: Optional[TrainCrop] = None, decoder: str = "nvjpeg",
+                 on_corrupt: str = "error"):
+        if decoder not in DEVICE_DECODERS:
+            raise ValueError(f"EncodedImageFolder serves a device decoder ({', '.join(DEVICE_DECODERS)}), got {decoder!r}")
+        super().__init__(root, decoder=decoder, on_corrupt=on_corrupt)  # self.loader: the CPU stand-in
+        self.loader = functools.partial(load_for_device, decode=self.loader)
+        self.crop = crop
 
     def __getitem__(self, index: int):
         sample = super().__getitem__(index)
-        return None if sample is None else (*sample, self.samples[index][0])
+        if sample is None:
+            return None
+        (payload, (height, width)), target = sample
+        crop = self.crop.draw(height, width) if self.crop is not None else None
+        return payload, target, self.samples[index][0], crop
 
 
 class EncodedBatch(NamedTuple):
     payloads: list[torch.Tensor]  # 1-D JPEG bytes, or 3 x H x W images the workers decoded; sizes vary
     targets: torch.Tensor
     paths: list[str]
+    crops: list[Optional[Crop]]  # training: each image's box and flip; evaluation: None
 
 
 def collate_encoded(batch: list) -> EncodedBatch:
     """Samples of EncodedImageFolder as one EncodedBatch; samples a worker skipped (None) are left out."""
     readable = [sample for sample in batch if sample is not None]
-    payloads, targets, paths = zip(*readable) if readable else ((), (), ())
-    return EncodedBatch(list(payloads), torch.tensor(targets, dtype=torch.long), list(paths))
+    payloads, targets, paths, crops = zip(*readable) if readable else ((), (), (), ())
+    return EncodedBatch(list(payloads), torch.tensor(targets, dtype=torch.long), list(paths), list(crops))
 
 
 class DeviceDecoder:
-    """Decodes a batch's JPEG bytes on the training device in one batched call, then runs the uint8 preset there."""
+    """Decodes a batch's JPEG bytes on the training device in one batched call, then runs the presets batch-wise there.
 
-    def __init__(self, train_transform, eval_transform, on_corrupt: str = "error"):
-        self.transforms = {True: train_transform, False: eval_transform}
+    decoder: "nvjpeg" (torchvision.io) or "torchcodec-cuda" (TorchCodec). On a CPU device (tests, CPU runs) the same
+    calls decode with libjpeg-turbo.
+    """
+
+    def __init__(self, train_transform, eval_transform, on_corrupt: str = "error", decoder: str = "nvjpeg"):
+        if decoder not in DEVICE_DECODERS:
+            raise ValueError(f"DeviceDecoder decodes with one of {', '.join(DEVICE_DECODERS)}, got {decoder!r}")
+        self.cpu_decode = image_loader(decoder)  # also checks that the library is there
+        self.decoder = decoder
+        self.crop = TrainCrop.from_preset(train_transform)
+        self.eval_transform = eval_transform
         self.on_corrupt = on_corrupt
+        self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
-    def _decode_one(self, payload: torch.Tensor, path: str, device: torch.device) -> torch.Tensor | None:
+    def _decode_batch(self, payloads: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        if self.decoder == "nvjpeg":
+            return decode_jpeg(payloads, mode=ImageReadMode.RGB, device=device)
+        from torchcodec.decoders import decode_jpeg as torchcodec_decode_jpeg
+
+        if device.type != "cuda":
+            return torchcodec_decode_jpeg(payloads, mode="RGB", device=device)
+        # torchcodec synchronizes the current stream: a side stream, so it never waits for the training step.
+        main = torch.cuda.current_stream(device)
+        if device not in self._side_streams:
+            self._side_streams[device] = torch.cuda.Stream(device)
+        side = self._side_streams[device]
+        with torch.cuda.stream(side):
+            images = torchcodec_decode_jpeg(payloads, mode="RGB", device=device)
+        main.wait_stream(side)  # on the device, not the host: kernels queued after its last sync (EXIF rotations)
+        for image in images:
+            image.record_stream(main)  # allocated on the side stream, used and freed on the training stream
+        return images
+
+    def _decode_one(self, payload: torch.Tensor, path: str, device: torch.device) -> Optional[torch.Tensor]:
         try:
-            return decode_jpeg(payload, mode=ImageReadMode.RGB, device=device)
-        except RuntimeError:
+            return self._decode_batch([payload], device)[0]
+        except (RuntimeError, ValueError):
             try:  # the CPU decoders read more broken-but-usable files, and name the file when they cannot
-                return decode_torchvision(path).to(device)
+                return self.cpu_decode(path).to(device)
             except UnreadableImageError as error:
                 if self.on_corrupt == "error":
                     raise
@@ -96,19 +167,25 @@ class DeviceDecoder:
                 return None
 
     def __call__(self, batch: EncodedBatch, device: torch.device, training: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        payloads, targets, paths = batch
-        images: list[torch.Tensor | None] = [p.to(device, non_blocking=True) if p.dim() == 3 else None for p in payloads]
-        encoded = [i for i, p in enumerate(payloads) if p.dim() == 1]
+        images: list[Optional[torch.Tensor]] = [p.to(device, non_blocking=True) if p.dim() == 3 else None
+                                                for p in batch.payloads]
+        encoded = [i for i, p in enumerate(batch.payloads) if p.dim() == 1]
         if encoded:
             try:
-                decoded = decode_jpeg([payloads[i] for i in encoded], mode=ImageReadMode.RGB, device=device)
-            except RuntimeError:  # one bad file fails the whole batched call: find it
-                decoded = [self._decode_one(payloads[i], paths[i], device) for i in encoded]
+                decoded = self._decode_batch([batch.payloads[i] for i in encoded], device)
+            except (RuntimeError, ValueError):  # one bad file fails the whole batched call: find it
+                decoded = [self._decode_one(batch.payloads[i], batch.paths[i], device) for i in encoded]
             for i, image in zip(encoded, decoded):
                 images[i] = image
         keep = [i for i, image in enumerate(images) if image is not None]
         if not keep:
             raise RuntimeError(f"all {len(images)} images of a batch were unreadable (see the warnings naming them)")
-        transform = self.transforms[training]
-        batch_images = torch.stack([transform(images[i]) for i in keep])
-        return batch_images, targets[keep].to(device, non_blocking=True)
+        targets = batch.targets if len(keep) == len(images) else batch.targets[keep]
+        kept = [images[i] for i in keep]
+        if not training:
+            return eval_batch(kept, self.eval_transform), targets.to(device, non_blocking=True)
+        crops = [batch.crops[i] for i in keep]
+        if self.crop is None or None in crops:
+            raise ValueError("a training batch without crop boxes: build the training set as "
+                             "EncodedImageFolder(root, crop=TrainCrop.from_preset(train_transform))")
+        return resized_crops(kept, crops, self.crop.size), targets.to(device, non_blocking=True)

@@ -12,7 +12,7 @@ from typing import Any
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from project.data.decoders import DECODERS, decode_torchvision
+from project.data.decoders import Decoder, image_loader
 
 
 def list_images(root: str | os.PathLike) -> list[Path]:
@@ -39,15 +39,16 @@ def list_images(root: str | os.PathLike) -> list[Path]:
 class ImagePathDataset(Dataset):
     """Yields (image, index); `paths[index]` names the file, so predictions can be written back under its path.
 
-    decoder: as the data module's `data.decoder`; "nvjpeg" decodes with torchvision on the CPU here, since only the
-    training path carries encoded bytes to the device.
+    decoder: as the data module's `data.decoder`. A device decoder ("nvjpeg", "torchcodec-cuda") decodes with its CPU
+    counterpart here (torchvision, torchcodec: project.data.decoders.image_loader), on purpose: predict batches are
+    decoded and transformed in the workers, so the eval preset runs exactly as the CPU pipeline runs it.
     """
 
-    def __init__(self, root: str | os.PathLike, transform: Callable | None = None, *, decoder: str = "torchvision"):
+    def __init__(self, root: str | os.PathLike, transform: Callable | None = None, *, decoder: Decoder = "auto"):
         self.root = Path(root).expanduser()
         self.paths = list_images(self.root)
         self.transform = transform
-        self.loader: Callable[[str], Any] = DECODERS.get(decoder, decode_torchvision)
+        self.loader: Callable[[str], Any] = image_loader(decoder)
 
     def __len__(self) -> int:
         return len(self.paths)

@@ -1,0 +1,154 @@
+"""The uint8 presets batch-wise on the training device, for decoded images of different sizes (decoder=nvjpeg and
+decoder=torchcodec-cuda): a handful of kernel launches per batch where running the preset image by image costs ~10 per
+image plus transforms v2's Python overhead.
+
+Train (RandomResizedCrop + horizontal flip): the crop box and the flip of each image are drawn on the CPU, in the
+DataLoader worker, from the sample's seed (TrainCrop.draw inside SeededSamples), with torchvision's own parameter
+function: the same box and flip the CPU pipeline draws for that sample. On the device, all images are concatenated
+into one flat buffer; crops of similar size are gathered from it into one padded batch per bucket (edge pixels
+repeated, so the padding is never read), resized by one torchvision.ops.roi_align per bucket (bilinear; sampling
+ceil(crop/output) points per output pixel and averaging them, an area filter when shrinking) and flipped in one op.
+Launches per batch: ~5 + ~12 per bucket; a bucket holds up to BUCKET_PIXELS padded pixels (1-3 buckets for 256
+ImageNet-sized crops). Not bit-equal to the CPU path's antialiased resize (a different filter), same geometry.
+Eval (Resize + CenterCrop): images of equal size are stacked and go through the eval preset together, so the result
+is exactly the CPU path's, image for image; launches grow with the number of distinct sizes in the batch (never more
+than image by image: a size seen once costs what it did), not with the images.
+Nothing here reads a device tensor back to the host: sizes come from tensor shapes, boxes from the workers.
+"""
+
+from collections import defaultdict
+from typing import NamedTuple, Optional
+
+import torch
+from torchvision import transforms as v1
+from torchvision.ops import roi_align
+from torchvision.transforms import v2
+
+BUCKET_PIXELS = 1 << 24  # padded crop pixels per roi_align: ~0.65 GB of transient device memory (index, uint8, float)
+
+
+def _mode(interpolation) -> str:
+    return str(getattr(interpolation, "value", interpolation)).lower()  # an enum up to torchvision 0.28, then a str
+
+
+class Crop(NamedTuple):
+    """One image's RandomResizedCrop box and flip, and the image size they were drawn for (plain ints: no tensors)."""
+
+    top: int
+    left: int
+    height: int
+    width: int
+    flip: bool
+    image_height: int
+    image_width: int
+
+
+class TrainCrop(NamedTuple):
+    """The random part of the train preset (RandomResizedCrop, horizontal flip), drawn per image in the workers."""
+
+    size: tuple[int, int]
+    scale: tuple[float, float]
+    ratio: tuple[float, float]
+    hflip_prob: float
+
+    @classmethod
+    def from_preset(cls, preset: v2.Compose) -> Optional["TrainCrop"]:
+        """The crop of a uint8 train preset (ToImage, RandomResizedCrop, RandomHorizontalFlip); None for an eval one."""
+        steps = [t for t in preset.transforms if not isinstance(t, v2.ToImage)]
+        if not any(isinstance(t, v2.RandomResizedCrop) for t in steps):
+            return None
+        crop, *rest = steps
+        flip = rest[0] if rest and isinstance(rest[0], v2.RandomHorizontalFlip) else None
+        extra = rest[1:] if flip is not None else rest
+        if not isinstance(crop, v2.RandomResizedCrop) or extra or _mode(crop.interpolation) != "bilinear":
+            raise ValueError(
+                f"a device decoder (data.decoder=nvjpeg/torchcodec-cuda) runs RandomResizedCrop (bilinear) + "
+                f"RandomHorizontalFlip on the device, got the train preset {preset}: turn the other augmentations off "
+                "(data.auto_augment, data.random_erase_prob, ...) or decode in the workers (data.decoder=auto)"
+            )
+        return cls(tuple(crop.size), tuple(crop.scale), tuple(crop.ratio), flip.p if flip is not None else 0.0)
+
+    def draw(self, height: int, width: int) -> Crop:
+        """Box and flip from the CPU generator, in the order the v2 preset draws them (SeededSamples seeds it)."""
+        # get_params reads only the size of its image argument: a zero-stride view stands in for the pixels.
+        top, left, h, w = v1.RandomResizedCrop.get_params(torch.empty(1, 1, 1).expand(1, height, width),
+                                                          list(self.scale), list(self.ratio))
+        flip = self.hflip_prob > 0 and torch.rand(1).item() < self.hflip_prob
+        return Crop(top, left, h, w, flip, height, width)
+
+
+def _fit(crop: Crop, height: int, width: int) -> tuple[int, int, int, int]:
+    """The box for the decoded size; a decoder that applied an EXIF rotation swapped it (torchcodec does)."""
+    if (height, width) == (crop.image_height, crop.image_width):
+        return crop.top, crop.left, crop.height, crop.width
+    if (height, width) == (crop.image_width, crop.image_height):  # transposed: a box of the same distribution
+        return crop.left, crop.top, crop.width, crop.height
+    top, left = min(crop.top, height - 1), min(crop.left, width - 1)
+    return top, left, min(crop.height, height - top), min(crop.width, width - left)
+
+
+def _buckets(boxes: list[tuple[int, int, int, int]], budget: int) -> list[list[int]]:
+    """Indices grouped largest crop first, each group's padded size (count x max h x max w) within budget."""
+    groups: list[list[int]] = []
+    high = wide = 0
+    for i in sorted(range(len(boxes)), key=lambda i: boxes[i][2] * boxes[i][3], reverse=True):
+        h, w = boxes[i][2], boxes[i][3]
+        if groups and (len(groups[-1]) + 1) * max(high, h) * max(wide, w) <= budget:
+            groups[-1].append(i)
+            high, wide = max(high, h), max(wide, w)
+        else:
+            groups.append([i])
+            high, wide = h, w
+    return groups
+
+
+def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    host = torch.tensor(values, dtype=dtype)
+    # Pinned, so the copy is queued without waiting; pageable memory would also work but staged synchronously.
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+
+
+def resized_crops(images: list[torch.Tensor], crops: list[Crop], size: tuple[int, int],
+                  budget: int = BUCKET_PIXELS) -> torch.Tensor:
+    """(N, 3, *size) uint8: each image's crop box resized to `size`, flipped where drawn (images: 3 x H x W uint8)."""
+    device = images[0].device
+    boxes = [_fit(crop, *image.shape[-2:]) for crop, image in zip(crops, images)]
+    flat = torch.cat([image.reshape(-1) for image in images])
+    starts = [0, *(image.numel() for image in images)]
+    starts = [sum(starts[: i + 1]) for i in range(len(images))]  # where each image begins in `flat`
+    output = torch.empty((len(images), 3, *size), dtype=torch.float32, device=device)
+    channel = torch.arange(3, device=device)
+    for group in _buckets(boxes, budget):
+        high, wide = max(boxes[i][2] for i in group), max(boxes[i][3] for i in group)
+        rows = [[starts[i], images[i].shape[-2] * images[i].shape[-1], images[i].shape[-1], *boxes[i]] for i in group]
+        start, plane, stride, top, left, h, w = _to_device(rows, torch.int64, device).unbind(1)
+        # Row and column of every padded pixel in its image: past the crop's edge, the edge repeats.
+        y = top[:, None] + torch.minimum(torch.arange(high, device=device), (h - 1)[:, None])
+        x = left[:, None] + torch.minimum(torch.arange(wide, device=device), (w - 1)[:, None])
+        index = ((start[:, None] + channel * plane[:, None])[:, :, None] + (y * stride[:, None])[:, None, :])[..., None]
+        padded = torch.take(flat, index + x[:, None, None, :]).float()  # (group, 3, high, wide)
+        rois = _to_device([[j, 0, 0, boxes[i][3], boxes[i][2]] for j, i in enumerate(group)], torch.float32, device)
+        resized = roi_align(padded, rois, output_size=size, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+        output[_to_device(group, torch.int64, device)] = resized
+    batch = output.round_().to(torch.uint8)
+    flips = [crop.flip for crop in crops]
+    if any(flips):
+        batch = torch.where(_to_device(flips, torch.bool, device)[:, None, None, None], batch.flip(-1), batch)
+    return batch
+
+
+def eval_batch(images: list[torch.Tensor], transform: v2.Compose) -> torch.Tensor:
+    """The eval preset over a batch, one call per distinct image size: the CPU path's result, image for image."""
+    by_size: dict[tuple[int, ...], list[int]] = defaultdict(list)
+    for i, image in enumerate(images):
+        by_size[tuple(image.shape)].append(i)
+    parts, order = [], []
+    for indices in by_size.values():
+        group = images[indices[0]][None] if len(indices) == 1 else torch.stack([images[i] for i in indices])  # a view
+        parts.append(transform(group).as_subclass(torch.Tensor))
+        order += indices
+    if len(parts) == 1:
+        return parts[0]
+    inverse = sorted(range(len(order)), key=order.__getitem__)  # position in the concatenation of each image
+    return torch.cat(parts)[_to_device(inverse, torch.int64, images[0].device)]
+
