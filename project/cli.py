@@ -34,12 +34,14 @@ from project.compat.batch_limits import Trainer
 from project.compat.ckpt_hparams import explicit_values, keep_explicit_model_values
 from project.data import ImageNetDataModule
 from project.launchers import check_process_count, env_global_rank
+from project.backbones import torchvision_weights
 from project.model import ImageClassifier
 from project.resume import RunPlan, next_version, pin_logger_version, plan_run
 from project.run_lock import RunDirTaken, RunLock, claim
 from project.saved_config import KeepingSaveConfigCallback
 from project.slurm import cluster_environment, slurm_job_id, task_line
 from project.strategies.sync_batchnorm import SyncBatchNormAnyBackend
+from project.weights import eval_sizes
 
 
 def run_seed(seed_everything) -> int:
@@ -81,7 +83,7 @@ class ImageClassifierCLI(LightningCLI):
         if subcommand:
             config = self.config[subcommand]
             self.plan = plan_run(subcommand, config)
-            self._explicit = explicit_values(parser, args, self.config, subcommand) if self.plan.hparams else None
+            self._explicit = explicit_values(parser, args, self.config, subcommand)
             if subcommand == "fit" and self.plan.reason:
                 rank_zero_info(self.plan.reason)
             for path, why in self.plan.skipped:
@@ -95,6 +97,7 @@ class ImageClassifierCLI(LightningCLI):
             for line in keep_explicit_model_values(config, self._explicit, self.plan.hparams):
                 rank_zero_info(line)
         config.data.seed = config.model.seed = run_seed(config.seed_everything)  # after a random pick (true)
+        apply_weights_eval_sizes(config, self._explicit)
         job_id = slurm_job_id()
         if job_id is not None and self.plan is not None:
             print(task_line(job_id, self.plan.run_dir or config.trainer.default_root_dir), flush=True)
@@ -174,6 +177,19 @@ class ImageClassifierCLI(LightningCLI):
                                                       version=config.trainer.logger.init_args.version)]
 
 
+def apply_weights_eval_sizes(config: Namespace, explicit: Namespace) -> None:
+    """With torchvision weights, their evaluation resize/crop become data's defaults (an explicit value wins)."""
+    model, data = config.model, config.data
+    if not model.get("weights") or model.get("backbone") is not None or torchvision_weights(model.arch, model.weights) is None:
+        return
+    resize, crop = eval_sizes(model.arch, model.weights)
+    given = explicit.get("data") or Namespace()
+    for key, value in (("eval_resize_size", resize), ("eval_crop_size", crop)):
+        if given.get(key) is None and data[key] != value:
+            rank_zero_info(f"data.{key}: {value} (the evaluation transform of {model.arch} {model.weights})")
+            data[key] = value
+
+
 def cli_main(args: Optional[list[str]] = None, *, run: bool = True) -> ImageClassifierCLI:
     """Entry point of `python -m project`; tests call it in-process with a list of arguments."""
     return ImageClassifierCLI(
@@ -183,6 +199,7 @@ def cli_main(args: Optional[list[str]] = None, *, run: bool = True) -> ImageClas
         args=args,
         run=run,
         seed_everything_default=42,  # fixed, so a resumed or requeued job continues the same data order
+        auto_configure_optimizers=False,  # the model's configure_optimizers scales the LR: no --optimizer override
         save_config_callback=KeepingSaveConfigCallback,
         save_config_kwargs={"overwrite": True},  # a resumed run writes its config; the previous one is kept
         parser_kwargs={"prog": "python -m project"},

@@ -53,8 +53,13 @@ def test_no_warmup_starts_at_the_full_lr():
 
 def test_unknown_schedule_is_refused():
     optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
-    with pytest.raises(ValueError, match="schedule must be 'cosine' or 'step', got 'linear'"):
-        warmup_then_decay(optimizer, total_steps=3, warmup_steps=0, schedule="linear")
+    with pytest.raises(ValueError, match="schedule must be 'cosine', 'linear' or 'step', got 'exponential'"):
+        warmup_then_decay(optimizer, total_steps=3, warmup_steps=0, schedule="exponential")
+
+
+def test_linear_schedule_decays_to_zero_after_the_warmup():
+    factors = _factors(total_steps=6, warmup_steps=2, schedule="linear")
+    assert factors == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25])  # reaches 0 one step past the end
 
 
 def _is_norm_or_bias(network: nn.Module, name: str) -> bool:

@@ -21,8 +21,9 @@ CPU_DDP = ["--config", str(CONFIGS / "cpu_ddp.yaml")]
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
 
 
-def final_state(run_dir: Path) -> dict:
-    checkpoint = torch.load(run_dir / LAST, map_location="cpu", weights_only=True)
+def final_state(path: Path) -> dict:
+    """Step, epoch, network weights and momentum of a checkpoint file, or of <root>'s version_0/last.ckpt."""
+    checkpoint = torch.load(path if path.is_file() else path / LAST, map_location="cpu", weights_only=True)
     momentum = checkpoint["optimizer_states"][0]["state"]
     return {"step": checkpoint["global_step"], "epoch": checkpoint["epoch"],
             "weights": {k: v for k, v in checkpoint["state_dict"].items() if k.startswith("network.")},

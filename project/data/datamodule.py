@@ -4,6 +4,7 @@
     python -m project fit --config configs/ddp_8gpu.yaml --data.root /datasets/imagenet
 """
 
+import dataclasses
 import sys
 from typing import Any, Literal, Optional
 
@@ -23,7 +24,8 @@ from project.data.samplers import (ExactDistributedSampler, ResumableDataLoader,
                                    restore_loader_state)
 from project.data.training_samples import SeededSamples
 from project.stop_signals import ignore_stop_signals
-from project.data.transforms import eval_preset, train_preset
+from project.data.progressive_resizing import ProgressiveResizing, TrainPresetPerEpoch
+from project.data.transforms import AutoAugmentName, eval_preset, train_preset
 
 
 class ImageNetDataModule(L.LightningDataModule):
@@ -40,6 +42,11 @@ class ImageNetDataModule(L.LightningDataModule):
         train_crop_size: int = 224,
         train_crop_scale: tuple[float, float] = (0.08, 1.0),
         hflip_prob: float = 0.5,
+        auto_augment: Optional[AutoAugmentName] = None,
+        randaugment_num_ops: int = 2,
+        randaugment_magnitude: int = 9,
+        random_erase_prob: float = 0.0,
+        progressive_resizing: Optional[ProgressiveResizing] = None,
         eval_resize_size: int = 256,
         eval_crop_size: int = 224,
         predict_root: Optional[str] = None,
@@ -61,6 +68,15 @@ class ImageNetDataModule(L.LightningDataModule):
             train_crop_size: side of the RandomResizedCrop for training.
             train_crop_scale: area range of the RandomResizedCrop, as fractions of the image.
             hflip_prob: probability of a horizontal flip in training (0 disables it).
+            auto_augment: an auto-augment policy on the uint8 crop: "trivialaugment_wide", "randaugment"
+                (randaugment_num_ops, randaugment_magnitude) or "autoaugment" (the ImageNet policy); None: off.
+            randaugment_num_ops: RandAugment's number of ops per image.
+            randaugment_magnitude: RandAugment's magnitude (0-30).
+            random_erase_prob: probability of erasing a random rectangle of each training image (after
+                normalization: the mean colour; on uint8 with that colour when the device normalizes).
+            progressive_resizing: train crop size by epoch, e.g. {start_size: 160, end_size: 192, start_epoch: 65,
+                end_epoch: 76} (FFCV); it replaces train_crop_size and changes at epoch boundaries in every worker
+                and rank. None: train_crop_size throughout.
             eval_resize_size: short side the evaluation images are resized to before the center crop.
             eval_crop_size: side of the evaluation center crop.
             predict_root: folder of images for `predict` (any depth, sorted order); None predicts ROOT/val.
@@ -82,7 +98,9 @@ class ImageNetDataModule(L.LightningDataModule):
             seed: the run seed, linked from seed_everything: the training order and every augmentation derive from it.
         """
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["progressive_resizing"])
+        # Plain values in the checkpoint and in hparams.yaml (both are read back without trusting pickled classes).
+        self.hparams["progressive_resizing"] = dataclasses.asdict(progressive_resizing) if progressive_resizing else None
         if root is None:
             raise ValueError(
                 "data.root is not set: pass --data.root /path/to/imagenet (holding train/ and val/), "
@@ -95,7 +113,13 @@ class ImageNetDataModule(L.LightningDataModule):
         # Read here, not in setup(): the CLI links data.num_classes into the model right after instantiation.
         self.class_names: list[str] = check_layout(self.root)
         self.num_classes = len(self.class_names)
-        self.train_transform = train_preset(crop_size=train_crop_size, scale=tuple(train_crop_scale), hflip_prob=hflip_prob)
+        augment = dict(scale=tuple(train_crop_scale), hflip_prob=hflip_prob, auto_augment=auto_augment,
+                       randaugment_num_ops=randaugment_num_ops, randaugment_magnitude=randaugment_magnitude,
+                       random_erase_prob=random_erase_prob)
+        self.train_transform = train_preset(crop_size=train_crop_size, **augment)
+        # With progressive resizing the train preset depends on the epoch, which SeededSamples reads from each key.
+        self.train_transform_for_epoch = (TrainPresetPerEpoch(progressive_resizing, split=normalize_on_device, **augment)
+                                          if progressive_resizing is not None else None)
         self.eval_transform = eval_preset(resize_size=eval_resize_size, crop_size=eval_crop_size)
         self.normalize_batch = None
         if normalize_on_device:
@@ -107,6 +131,9 @@ class ImageNetDataModule(L.LightningDataModule):
         if self.decoder in DEVICE_DECODERS:
             if self.normalize_batch is None:
                 raise ValueError(f"data.decoder={decoder} augments uint8 images on the device: set data.normalize_on_device=true")
+            if progressive_resizing is not None:
+                raise ValueError(f"data.decoder={decoder} has one train crop size: drop data.progressive_resizing, or "
+                                 "decode in the workers (data.decoder=auto)")
             self.device_decoder = DeviceDecoder(self.train_transform, self.eval_transform, on_corrupt, decoder=self.decoder)
         # Folder names (wnids for ImageNet) stay the keys; labels are the human names prepare_imagenet wrote.
         self.class_labels: list[str] = read_class_labels(self.root, self.class_names)
@@ -116,7 +143,9 @@ class ImageNetDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
-            self.datasets["train"] = SeededSamples(self._image_folder("train", self.train_transform), self.hparams.seed)
+            per_epoch = self.train_transform_for_epoch
+            folder = self._image_folder("train", None if per_epoch else self.train_transform)
+            self.datasets["train"] = SeededSamples(folder, self.hparams.seed, transform_for_epoch=per_epoch)
         if stage in ("fit", "validate"):
             self.datasets["val"] = self._image_folder("val", self.eval_transform)
         if stage == "test":
@@ -185,7 +214,10 @@ class ImageNetDataModule(L.LightningDataModule):
         model reads trainer.estimated_stepping_batches (Lightning #20550, project.compat): this copy is restored
         before the train loader is built.
         """
-        return {"train_loader": loader_state(self.train_sampler, self.batch_size)} if self.train_sampler else {}
+        state: dict[str, Any] = {"class_names": self.class_names, "class_labels": self.class_labels}  # for export
+        if self.train_sampler is not None:
+            state["train_loader"] = loader_state(self.train_sampler, self.batch_size)
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume_state = state_dict.get("train_loader")
