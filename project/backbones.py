@@ -12,6 +12,8 @@ from torch import nn
 from torchvision import models
 from torchvision.models import WeightsEnum
 
+from project.errors import ConfigError
+
 # Every classification builder torchvision registers at the top level of torchvision.models: detection, segmentation,
 # video, optical flow and quantized builders live in submodules and are not listed. Each takes num_classes.
 ARCHS: tuple[str, ...] = tuple(models.list_models(module=models))
@@ -85,13 +87,13 @@ def build_network(
     None changes nothing.
     """
     if arch not in ARCHS:
-        raise ValueError(unknown_arch_message(arch))
+        raise ConfigError(unknown_arch_message(arch))
     if num_classes < 1:
-        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        raise ConfigError(f"num_classes must be >= 1, got {num_classes}")
     options = dict(_FIXED_OPTIONS.get(arch, {}))
     if zero_init_residual:
         if arch not in RESNET_ARCHS:
-            raise ValueError(
+            raise ConfigError(
                 f"zero_init_residual applies to the ResNet family ({', '.join(RESNET_ARCHS)}), not to arch {arch!r} "
                 f"({family_of(arch)}): drop --model.zero_init_residual"
             )
@@ -118,7 +120,7 @@ def classifier_head(network: nn.Module) -> tuple[str, nn.Module]:
         if isinstance(module, (nn.Linear, nn.Conv2d)):
             found = (name, module)
     if found is None:
-        raise ValueError(
+        raise ConfigError(
             f"{type(network).__name__} has no nn.Linear or nn.Conv2d layer: cannot find its classifier head "
             "(the last such layer registered in __init__)"
         )

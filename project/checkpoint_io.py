@@ -64,6 +64,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _disk_full(error: BaseException) -> bool:
+    """ENOSPC or EDQUOT, raised directly or behind torch's writer (a RuntimeError whose context is the OSError)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def save_atomically(checkpoint: dict[str, Any], path: Path) -> None:
     """torch.save into a temp file beside `path`, fsync, verify, rename over `path`, fsync the directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,7 +87,7 @@ def save_atomically(checkpoint: dict[str, Any], path: Path) -> None:
         os.replace(temp, path)
     except BaseException as error:
         temp.unlink(missing_ok=True)
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        if _disk_full(error):
             raise CheckpointError(
                 f"no space left on {path.parent} while saving {path.name}; the previous {path.name} (if any) is intact. "
                 "Free space or point --trainer.default_root_dir at a larger disk, then resume with --ckpt_path last"

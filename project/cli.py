@@ -33,6 +33,7 @@ from project.checkpoint_io import AtomicCheckpointIO
 from project.compat.batch_limits import Trainer
 from project.compat.ckpt_hparams import explicit_values, keep_explicit_model_values
 from project.data import ImageNetDataModule
+from project.errors import ConfigError, record_rank
 from project.launchers import check_process_count, env_global_rank
 from project.backbones import torchvision_weights
 from project.model import ImageClassifier
@@ -93,6 +94,9 @@ class ImageClassifierCLI(LightningCLI):
         if not self.subcommand:
             return
         config = self.config[self.subcommand]
+        if self.subcommand == "fit" and config.trainer.max_epochs == -1 and config.trainer.max_steps in (None, -1):
+            raise ConfigError("trainer.max_epochs=-1 and no trainer.max_steps: the run has no end, and the LR schedule "
+                              "needs one; set --trainer.max_epochs or --trainer.max_steps")
         if self.plan and self.plan.hparams:
             for line in keep_explicit_model_values(config, self._explicit, self.plan.hparams):
                 rank_zero_info(line)
@@ -127,6 +131,7 @@ class ImageClassifierCLI(LightningCLI):
         if trainer.loggers:  # LearningRateMonitor raises without a logger (Lightning #17159)
             trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))
         check_process_count(trainer.world_size, trainer.num_devices, trainer.num_nodes)
+        record_rank(trainer.global_rank, trainer.world_size)
         return trainer
 
     def _config_value(self, key: str, default):
@@ -202,15 +207,18 @@ def cli_main(args: Optional[list[str]] = None, *, run: bool = True) -> ImageClas
         auto_configure_optimizers=False,  # the model's configure_optimizers scales the LR: no --optimizer override
         save_config_callback=KeepingSaveConfigCallback,
         save_config_kwargs={"overwrite": True},  # a resumed run writes its config; the previous one is kept
-        parser_kwargs={"prog": "python -m project"},
+        # Parse errors raise (main() prints them as one line) instead of printing the whole usage and exiting.
+        parser_kwargs={"prog": "python -m project", "exit_on_error": False,
+                       **{sub: {"exit_on_error": False} for sub in ("fit", "validate", "test", "predict")}},
     )
 
 
 def main() -> None:
     """`python -m project`: user errors as one line and exit 2 (PROJECT_DEBUG=1 shows the traceback)."""
-    from project.errors import report_and_exit
+    from project.errors import check_config_files, report_and_exit
 
     try:
+        check_config_files(sys.argv[1:])
         cli_main()
     except SystemExit:
         raise

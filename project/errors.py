@@ -24,6 +24,18 @@ class UserError(Exception):
     """A mistake in the user's input; its message says what, where, and the fix."""
 
 
+class ConfigError(UserError, ValueError):
+    """A value in the config or on the command line that cannot work; a ValueError too, for Python callers."""
+
+
+class MissingInputError(UserError, FileNotFoundError):
+    """A file or folder the run needs does not exist."""
+
+
+class LauncherError(UserError, RuntimeError):
+    """The launcher (torchrun, srun) started the run in a way the Trainer cannot use."""
+
+
 class CheckpointError(UserError):
     """A checkpoint that does not exist, does not load, is not trusted, or does not fit the model or the data."""
 
@@ -34,7 +46,7 @@ class RunDirInUse(UserError):
 
 # Messages of torch.distributed when a *peer* died or stopped answering: this rank is a victim, not the culprit.
 _PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
-                 "has exited", "recvBytes", "Socket Timeout")
+                 "has exited", "recvBytes", "Socket Timeout", "Timed out waiting")
 
 
 def debugging() -> bool:
@@ -43,10 +55,15 @@ def debugging() -> bool:
 
 def user_message(error: BaseException) -> Optional[str]:
     """The one-line message for an error the user caused, or None for a bug (which keeps its traceback)."""
+    import argparse
+
     from project.data.decoders import UnreadableImageError  # here: errors.py must stay importable without torch
 
     if isinstance(error, (UserError, UnreadableImageError)):
         return str(error)
+    if isinstance(error, argparse.ArgumentError):  # jsonargparse: an unknown option, a value of the wrong type
+        text = " ".join(str(error).split())
+        return f"{text[:600]} (`python -m project <subcommand> --help` lists every option)"
     if isinstance(error, pickle.UnpicklingError) and "Weights only load failed" in str(error):
         return "refused to load an untrusted checkpoint (torch.load(weights_only=True) found pickled objects)"
     return None
@@ -58,11 +75,20 @@ def is_peer_failure(error: BaseException) -> bool:
     return "DistBackendError" in text or any(marker in text for marker in _PEER_FAILURE)
 
 
+_rank: Optional[tuple[int, int]] = None  # (global rank, world size) once the Trainer knows them
+
+
+def record_rank(global_rank: int, world_size: int) -> None:
+    global _rank
+    _rank = (global_rank, world_size)
+
+
 def rank_label() -> str:
     """' (rank N)' when this process is one of several ranks, else ''."""
     from project.launchers import env_global_rank, env_world_size
 
-    return f" (rank {env_global_rank()})" if env_world_size() > 1 else ""
+    rank, world = _rank if _rank is not None else (env_global_rank(), env_world_size())
+    return f" (rank {rank})" if world > 1 else ""
 
 
 def report_and_exit(error: BaseException) -> None:
@@ -77,8 +103,9 @@ def report_and_exit(error: BaseException) -> None:
         print(f"error{label}: {message}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USER_ERROR)
     if is_peer_failure(error):
-        print(f"stopped{rank_label()}: another rank failed or stopped answering; its message above says why "
-              f"({type(error).__name__})", file=sys.stderr, flush=True)
+        reason = " ".join(str(error).split("] ", 1)[-1].split())[:160]
+        print(f"stopped{rank_label()}: another rank failed or stopped answering ({type(error).__name__}: {reason}); "
+              "a failing rank prints its own error", file=sys.stderr, flush=True)
         sys.exit(1)
     raise error
 
@@ -94,3 +121,26 @@ def _let_the_other_ranks_stop_first(grace_s: float = 1.5) -> None:
         except Exception:  # noqa: BLE001  closing a broken group may fail too; the sleep still helps
             pass
         time.sleep(grace_s)
+
+
+def check_config_files(argv: list[str]) -> None:
+    """Every `--config FILE` exists and is valid YAML; else a ConfigError naming the file, line and column.
+
+    (jsonargparse reports a YAML syntax error as `in "<unicode string>", line 2`, without the file's name.)
+    """
+    import yaml
+
+    files = [arg.split("=", 1)[1] for arg in argv if arg.startswith(("--config=", "-c="))]
+    files += [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config", "-c")]
+    for name in files:
+        path = os.path.expanduser(name)
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file {name} does not exist (--config takes a YAML file, e.g. configs/quickstart.yaml)")
+        try:
+            with open(path) as file:
+                yaml.safe_load(file)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            raise ConfigError(f"config file {name}: YAML syntax error{where}: {problem}; fix the file") from None

@@ -52,6 +52,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from project.checkpoint_io import load_trusted_format
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 PREPROCESSING_KEYS = ("resize", "crop", "mean", "std")
@@ -205,7 +206,7 @@ def build_from_run(ckpt_path: Path, config: Path):
     settings["trainer"] = {**(settings.get("trainer") or {}), "accelerator": "cpu", "devices": 1, "logger": False}
     cli = cli_main(settings, run=False)
     # With EMA the checkpoint's state_dict holds the averaged weights: those are the ones exported.
-    state = torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"]
+    state = load_trusted_format(ckpt_path)["state_dict"]
     cli.model.load_state_dict(state)
     return cli.model, cli.datamodule
 

@@ -9,6 +9,8 @@ independent rank-0 jobs).
 import os
 from typing import Optional
 
+from project.errors import LauncherError
+
 
 def env_global_rank() -> int:
     """This process's global rank as the launcher set it (torchrun RANK, Slurm SLURM_PROCID, Lightning's children
@@ -60,7 +62,7 @@ def check_process_count(world_size: int, num_devices: int, num_nodes: int) -> No
         return
     count, launcher = launched
     if count != world_size:
-        raise RuntimeError(
+        raise LauncherError(
             f"{launcher} started {count} processes but the Trainer expects {world_size} "
             f"(trainer.devices={num_devices} x trainer.num_nodes={num_nodes}). Make them agree: e.g. "
             f"--trainer.devices={max(1, count // max(1, num_nodes))} --trainer.num_nodes={num_nodes} with a distributed "

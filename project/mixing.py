@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
 
+from project.errors import ConfigError
+
 
 class BatchMixer:
     """MixUp (mixup_alpha > 0) and/or CutMix (cutmix_alpha > 0), one of the two per batch when both are on.
@@ -27,7 +29,7 @@ class BatchMixer:
 
     def __init__(self, num_classes: int, mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0):
         if mixup_alpha < 0 or cutmix_alpha < 0:
-            raise ValueError(f"mixup_alpha and cutmix_alpha must be >= 0 (0 disables), got {mixup_alpha}, {cutmix_alpha}")
+            raise ConfigError(f"mixup_alpha and cutmix_alpha must be >= 0 (0 disables), got {mixup_alpha}, {cutmix_alpha}")
         choices = []
         if mixup_alpha > 0:
             choices.append(v2.MixUp(alpha=mixup_alpha, num_classes=num_classes))
@@ -68,7 +70,7 @@ def soft_target_loss(
     if loss == "cross_entropy":
         return F.cross_entropy(logits, targets, label_smoothing=label_smoothing)
     if loss != "bce":
-        raise ValueError(f"loss must be 'cross_entropy' or 'bce', got {loss!r}")
+        raise ConfigError(f"loss must be 'cross_entropy' or 'bce', got {loss!r}")
     num_classes = logits.shape[-1]
     # float32: BCE's targets are as small as s / C (1e-4 for ImageNet), which bf16 logits' dtype would round.
     if targets.ndim == 1:

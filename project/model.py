@@ -22,6 +22,7 @@ from project.mixing import BatchMixer, soft_target_loss
 from project.optim import build_optimizer, build_schedule, parameter_groups, scaled_lr
 from project.seeds import batch_seed, step_seed
 from project.weights import fetch_weights, load_pretrained
+from project.errors import ConfigError
 
 
 class ImageClassifier(L.LightningModule):
@@ -167,6 +168,27 @@ class ImageClassifier(L.LightningModule):
             return compiled(images)
         return self.network(images)
 
+    def on_train_start(self) -> None:
+        if self.trainer.ckpt_path is not None:
+            self._apply_configured_hyperparameters()
+
+    def _apply_configured_hyperparameters(self) -> None:
+        """After a resume: this run's optimizer settings (explicit flags, a new global batch) over the checkpoint's,
+        keeping its state (momentum, Adam moments) and the schedule's position. A no-op when nothing changed."""
+        optimizer = self.trainer.optimizers[0]
+        scheduler = self.trainer.lr_scheduler_configs[0].scheduler
+        changed = []
+        for index, (group, configured) in enumerate(zip(optimizer.param_groups, self._configured_groups)):
+            for key, value in configured.items():
+                if key != "lr" and group.get(key) != value:
+                    changed.append(f"{group.get('name', index)}.{key}: {group.get(key)} -> {value}")
+                    group[key] = value
+        scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+        for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * factor(scheduler.last_epoch)
+        if changed:
+            rank_zero_info("resumed with this run's optimizer settings: " + "; ".join(changed))
+
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         # The model's randomness (dropout, stochastic depth) at a step depends on (seed, step, rank) only, so a run
         # resumed at any batch draws what an uninterrupted one draws. Host-side only: no device sync.
@@ -220,7 +242,7 @@ class ImageClassifier(L.LightningModule):
         """Images per optimizer step over all processes: per-process batch x processes x accumulation."""
         per_process = self.hparams.batch_size
         if per_process is None:
-            raise ValueError("ImageClassifier(batch_size=...) is needed to scale the LR by the global batch: pass the "
+            raise ConfigError("ImageClassifier(batch_size=...) is needed to scale the LR by the global batch: pass the "
                              "data module's batch size (python -m project links it from data.batch_size)")
         # trainer.world_size counts processes: for dp (one process) the batch is already the global one.
         return per_process * self.trainer.world_size * self.trainer.accumulate_grad_batches
@@ -238,6 +260,9 @@ class ImageClassifier(L.LightningModule):
                                     betas=tuple(hp.adamw_betas), eps=hp.eps)
         scheduler = build_schedule(optimizer, self.trainer, warmup_epochs=hp.warmup_epochs, schedule=hp.schedule,
                                    milestones=hp.step_milestones, gamma=hp.step_gamma)
+        # What this run's settings make of each group (LR, weight decay, momentum, ...): a resume restores the
+        # checkpoint's optimizer, hyperparameters included, and on_train_start puts these back over them.
+        self._configured_groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         # Named for LearningRateMonitor: train/lr (train/lr/<group> when there are several groups).
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"}}
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from project.backbones import classifier_head
+from project.errors import ConfigError
 
 
 def scaled_lr(lr_per_256: float, global_batch_size: int) -> float:
@@ -23,7 +24,7 @@ def parameter_groups(network: nn.Module, weight_decay: float, *, decay_norm_and_
     too (they get no gradient, so no update): unfreezing later needs no new group. Named for LearningRateMonitor
     (train/lr/<name>) when there are several; one group is plain train/lr."""
     if backbone_lr_factor <= 0:
-        raise ValueError(f"model.backbone_lr_factor must be > 0, got {backbone_lr_factor}")
+        raise ConfigError(f"model.backbone_lr_factor must be > 0, got {backbone_lr_factor}")
     head_name = classifier_head(network)[0] + "." if backbone_lr_factor != 1.0 else None
     groups: dict[tuple[str, str], list[nn.Parameter]] = {}
     for name, p in network.named_parameters():
@@ -54,7 +55,7 @@ def build_optimizer(name: str, groups: list[dict], *, lr: float, momentum: float
     if name == "rmsprop":
         # torchvision's MobileNet/EfficientNet recipes: alpha 0.9 (eps 0.0316 in their configs)
         return torch.optim.RMSprop(groups, lr=lr, alpha=0.9, momentum=momentum, **extra)
-    raise ValueError(f"model.optimizer must be 'sgd', 'adamw' or 'rmsprop', got {name!r}")
+    raise ConfigError(f"model.optimizer must be 'sgd', 'adamw' or 'rmsprop', got {name!r}")
 
 
 def warmup_then_decay(
@@ -68,7 +69,7 @@ def warmup_then_decay(
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """LR factor per optimizer step: linear warmup from 1/warmup_steps to 1, then cosine or linear to 0, or steps."""
     if schedule not in ("cosine", "step", "linear"):
-        raise ValueError(f"schedule must be 'cosine', 'linear' or 'step', got {schedule!r}")
+        raise ConfigError(f"schedule must be 'cosine', 'linear' or 'step', got {schedule!r}")
     total_steps = max(1, total_steps)
     warmup_steps = min(max(0, warmup_steps), total_steps)
 
@@ -90,7 +91,7 @@ def build_schedule(optimizer: torch.optim.Optimizer, trainer: L.Trainer, *, warm
     """warmup_then_decay sized from the trainer: warmup and milestones in epochs, the run's length in steps."""
     total_steps = trainer.estimated_stepping_batches
     if math.isinf(total_steps):
-        raise ValueError(
+        raise ConfigError(
             "the LR schedule needs a known length, got trainer.max_epochs=-1 and trainer.max_steps=-1 (no end): "
             "set --trainer.max_epochs or --trainer.max_steps"
         )

@@ -18,6 +18,7 @@ from torch import nn
 from torchvision.models import WeightsEnum, get_model_weights
 
 from project.backbones import classifier_head, head_outputs, torchvision_weights
+from project.errors import ConfigError, MissingInputError
 
 CKPT_PREFIX = "network."  # ImageClassifier keeps its network in `self.network`
 # torchvision's DenseNet files predate a rename of 'norm.1' to 'norm1' (and relu, conv); its builder renames the keys
@@ -82,11 +83,11 @@ def _from_hub(arch: str, name: str, entry: WeightsEnum) -> dict[str, torch.Tenso
         state = entry.get_state_dict(progress=True, check_hash=True, weights_only=True, map_location="cpu")
     except Exception as error:
         if cached:
-            raise ValueError(
+            raise ConfigError(
                 f"could not read {path} ({type(error).__name__}: {error}): delete it and run again to download "
                 f"{arch} {name} afresh"
             ) from error
-        raise RuntimeError(
+        raise MissingInputError(
             f"could not download {arch} weights {name} from {entry.url} ({type(error).__name__}: {error}); "
             f"on a machine without network, download that URL elsewhere and put {path.name} into {path.parent} "
             "(the torch hub cache: $TORCH_HOME/hub/checkpoints, by default ~/.cache/torch/hub/checkpoints)"
@@ -100,27 +101,27 @@ def _from_file(path: Path) -> dict[str, torch.Tensor]:
     except pickle.UnpicklingError as error:
         refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
         if refused is None:
-            raise ValueError(f"{path} is not a torch checkpoint (torch.load cannot read it)") from None
-        raise ValueError(
+            raise ConfigError(f"{path} is not a torch checkpoint (torch.load cannot read it)") from None
+        raise ConfigError(
             f"{path} holds a pickled {refused.group(1)}, which torch.load(weights_only=True) refuses (it could run "
             "code): save the weights alone, torch.save(network.state_dict(), path)"
         ) from None
     except Exception as error:
-        raise ValueError(f"{path} is not a torch checkpoint ({type(error).__name__}: {error})") from None
+        raise ConfigError(f"{path} is not a torch checkpoint ({type(error).__name__}: {error})") from None
     if isinstance(content, Mapping) and isinstance(content.get("state_dict"), Mapping):
         # One of our Lightning checkpoints: the LightningModule's state (with EMA, the averaged weights) under
         # `state_dict`, the network's part prefixed `network.`.
         state = _copy_with_metadata(content["state_dict"], _strip_prefix)
         if not state:
             first = next(iter(content["state_dict"]), "<none>")
-            raise ValueError(
+            raise ConfigError(
                 f"{path} is a Lightning checkpoint without `{CKPT_PREFIX}` weights (first key {first!r}): "
                 "expected a checkpoint of this project's ImageClassifier, or a plain state_dict file"
             )
         return state
     if isinstance(content, Mapping) and content and all(isinstance(v, torch.Tensor) for v in content.values()):
         return content
-    raise ValueError(
+    raise ConfigError(
         f"{path} holds a {type(content).__name__}, not a state_dict (name -> tensor) nor a Lightning .ckpt: "
         "save one with torch.save(network.state_dict(), path)"
     )
@@ -147,11 +148,11 @@ def read_weights(weights: str, *, arch: Optional[str]) -> tuple[dict[str, torch.
     if path.is_file():
         return _from_file(path), str(path)
     if arch is None:
-        raise ValueError(
+        raise ConfigError(
             f"--model.weights {weights!r} is not a file: with --model.backbone it takes the path of a state_dict or "
             ".ckpt file (torchvision weights names need a torchvision --model.arch)"
         )
-    raise ValueError(
+    raise ConfigError(
         f"--model.weights {weights!r} is neither a file nor a torchvision weights name of {arch} "
         f"(one of: {_weight_names(arch)}): give one of those names, or the path of a state_dict or .ckpt file"
     )
@@ -177,7 +178,7 @@ def load_state(network: nn.Module, state: Mapping[str, torch.Tensor], *, source:
     """
     head_name, head = classifier_head(network)
     if head_outputs(head) != num_classes:
-        raise ValueError(
+        raise ConfigError(
             f"the last Linear/Conv2d of {type(network).__name__}, {head_name!r}, gives {head_outputs(head)} outputs, "
             f"not num_classes={num_classes}: a network must register its classifier head last"
         )
@@ -193,7 +194,7 @@ def load_state(network: nn.Module, state: Mapping[str, torch.Tensor], *, source:
             file_classes = tensor.shape[0]
     for key, tensor in state.items():  # checked here for one line naming the first; torch lists them all
         if key in own and tensor.shape != own[key].shape:
-            raise ValueError(
+            raise ConfigError(
                 f"{source}: {key!r} has shape {tuple(tensor.shape)} in the file but {tuple(own[key].shape)} in the "
                 "network: the file is for another architecture (check --model.arch)"
             )
@@ -202,18 +203,18 @@ def load_state(network: nn.Module, state: Mapping[str, torch.Tensor], *, source:
     except RuntimeError as error:  # a shape mismatch behind a key a version hook renamed
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         first = next((line for line in lines if "size mismatch" in line), lines[-1])
-        raise ValueError(f"{source}: {first}") from None
+        raise ConfigError(f"{source}: {first}") from None
     new = [key for key in result.missing_keys if key in head_keys]
     missing = [key for key in result.missing_keys if key not in head_keys]
     if missing:
-        raise ValueError(
+        raise ConfigError(
             f"{source} has no tensor {missing[0]!r} (shape {tuple(own[missing[0]].shape)} in the network; "
             f"{len(missing)} missing in all): the file is for another architecture, or its keys carry a prefix"
         )
     dropped = [key for key in result.unexpected_keys if _absent_part(network, key)]
     unexpected = [key for key in result.unexpected_keys if key not in dropped]
     if unexpected:
-        raise ValueError(
+        raise ConfigError(
             f"{source} has a tensor {unexpected[0]!r} (shape {tuple(state[unexpected[0]].shape)}) the network does "
             f"not have ({len(unexpected)} such in all): the file is for another architecture (check --model.arch)"
         )
@@ -235,6 +236,6 @@ def eval_sizes(arch: str, weights_name: str) -> tuple[int, int]:
     """(resize, crop) of the evaluation transform that goes with a torchvision weights entry."""
     entry = torchvision_weights(arch, weights_name)
     if entry is None:
-        raise ValueError(f"{arch} has no torchvision weights {weights_name!r}; expected one of: {_weight_names(arch)}")
+        raise ConfigError(f"{arch} has no torchvision weights {weights_name!r}; expected one of: {_weight_names(arch)}")
     preset = entry.transforms()
     return preset.resize_size[0], preset.crop_size[0]

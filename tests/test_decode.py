@@ -180,7 +180,7 @@ print(resolve_decoder("auto"), tuple(image_loader("auto")(PATH).shape))
 for name in ("torchvision", "nvjpeg"):
     try:
         image_loader(name)
-    except RuntimeError as error:
+    except ValueError as error:  # ConfigError: one line for the user
         print(error)
 """
 

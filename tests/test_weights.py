@@ -72,7 +72,7 @@ def test_a_failed_download_is_one_line_naming_the_url_file_and_folder(hub):
     for attempt in (lambda: load_pretrained(build_network("resnet18", 10), "IMAGENET1K_V1", arch="resnet18",
                                             num_classes=10),
                     lambda: fetch_weights("IMAGENET1K_V1", arch="resnet18")):
-        with pytest.raises(RuntimeError) as error:
+        with pytest.raises(FileNotFoundError) as error:
             attempt()
         message = str(error.value)
         assert "\n" not in message

@@ -36,6 +36,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
+from project.errors import ConfigError
+
 
 def torchvision_ema_decay(decay: float, images_per_update: int, epochs: float) -> float:
     """The per-update decay torchvision derives from --model-ema-decay (references/classification/train.py).
@@ -47,7 +49,7 @@ def torchvision_ema_decay(decay: float, images_per_update: int, epochs: float) -
     (~23 of 600 epochs); with batch 1024 and an update every 32 steps that is 0.998908 per update.
     """
     if not 0.0 <= decay <= 1.0 or images_per_update < 1 or epochs <= 0:
-        raise ValueError(f"expected 0 <= decay <= 1, images_per_update >= 1, epochs > 0; got {decay}, "
+        raise ConfigError(f"expected 0 <= decay <= 1, images_per_update >= 1, epochs > 0; got {decay}, "
                          f"{images_per_update}, {epochs}")
     return 1.0 - min(1.0, (1.0 - decay) * images_per_update / epochs)
 
@@ -101,7 +103,7 @@ class EMA(EMAWeightAveraging):
     def __init__(self, decay: float = 0.9999, every_n_steps: int = 1, warmup_epochs: float = 0.0,
                  adjust_decay: bool = False, device: Optional[str] = None):
         if not 0.0 <= decay <= 1.0 or every_n_steps < 1 or warmup_epochs < 0:
-            raise ValueError(f"EMA: expected 0 <= decay <= 1, every_n_steps >= 1, warmup_epochs >= 0; got decay={decay}, "
+            raise ConfigError(f"EMA: expected 0 <= decay <= 1, every_n_steps >= 1, warmup_epochs >= 0; got decay={decay}, "
                              f"every_n_steps={every_n_steps}, warmup_epochs={warmup_epochs}")
         super().__init__(device=device, use_buffers=True, decay=decay, update_every_n_steps=every_n_steps)
         self.decay = decay
@@ -143,7 +145,7 @@ class EMA(EMAWeightAveraging):
         if self.adjust_decay:
             batch_size = getattr(trainer.train_dataloader, "batch_size", None)
             if not batch_size:
-                raise ValueError("EMA adjust_decay needs the train DataLoader's batch_size (it has none): set "
+                raise ConfigError("EMA adjust_decay needs the train DataLoader's batch_size (it has none): set "
                                  "adjust_decay=false and pass the per-update decay (project.callbacks.ema.torchvision_ema_decay)")
             images_per_step = batch_size * trainer.world_size * trainer.accumulate_grad_batches
             epochs = trainer.estimated_stepping_batches / steps_per_epoch

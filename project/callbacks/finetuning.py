@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from project.backbones import classifier_head
+from project.errors import ConfigError
 
 
 class FreezeBackbone(BaseFinetuning):
@@ -30,7 +31,7 @@ class FreezeBackbone(BaseFinetuning):
         """
         super().__init__()
         if unfreeze_at_epoch < 0:
-            raise ValueError(f"unfreeze_at_epoch must be >= 0, got {unfreeze_at_epoch}")
+            raise ConfigError(f"unfreeze_at_epoch must be >= 0, got {unfreeze_at_epoch}")
         self.unfreeze_at_epoch = unfreeze_at_epoch
         self.train_bn = train_bn
         self._frozen: list[nn.Module] = []  # what this process froze, and so what it gives back
@@ -52,7 +53,7 @@ class FreezeBackbone(BaseFinetuning):
         ddp = trainer.strategy.model
         if isinstance(ddp, DistributedDataParallel) and not ddp.find_unused_parameters:
             # DDP waits for a gradient of every parameter it was built with; frozen ones never send one.
-            raise ValueError(
+            raise ConfigError(
                 "freezing the backbone under DDP needs unused-parameter detection: set "
                 "--trainer.strategy=ddp_find_unused_parameters_true (or DDPStrategy(find_unused_parameters=True))"
             )

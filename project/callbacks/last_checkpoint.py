@@ -30,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from project.slurm import requeue, slurm_job_id
 from project.stop_signals import StopRequests
 from project.training_steps import after_optimizer_step
+from project.errors import ConfigError
 
 LAST = "last.ckpt"
 _EXIT = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
@@ -65,7 +66,7 @@ class LastCheckpoint(Checkpoint):
                 the time; one tiny all-reduce each time. A single process checks every step, at no cost.
         """
         if check_every_n_steps < 1:
-            raise ValueError(f"last_checkpoint.check_every_n_steps must be >= 1, got {check_every_n_steps}")
+            raise ConfigError(f"last_checkpoint.check_every_n_steps must be >= 1, got {check_every_n_steps}")
         self.every_minutes = every_minutes
         self.every_n_steps = every_n_steps
         self.check_every_n_steps = check_every_n_steps

@@ -18,7 +18,7 @@ from project.data.layout import check_layout
 from project.data.device_augment import TrainCrop
 from project.data.device_decode import DeviceDecoder, EncodedBatch, EncodedImageFolder, collate_encoded
 from project.data.device_normalize import split_normalize
-from project.data.predict import ImagePathDataset
+from project.data.predict import ImagePathDataset, list_images
 from project.data.class_labels import read_class_labels
 from project.data.samplers import (ExactDistributedSampler, ResumableDataLoader, ResumableSampler, loader_state,
                                    restore_loader_state)
@@ -26,6 +26,7 @@ from project.data.training_samples import SeededSamples
 from project.stop_signals import ignore_stop_signals
 from project.data.progressive_resizing import ProgressiveResizing, TrainPresetPerEpoch
 from project.data.transforms import AutoAugmentName, eval_preset, train_preset
+from project.errors import ConfigError
 
 
 class ImageNetDataModule(L.LightningDataModule):
@@ -102,13 +103,15 @@ class ImageNetDataModule(L.LightningDataModule):
         # Plain values in the checkpoint and in hparams.yaml (both are read back without trusting pickled classes).
         self.hparams["progressive_resizing"] = dataclasses.asdict(progressive_resizing) if progressive_resizing else None
         if root is None:
-            raise ValueError(
+            raise ConfigError(
                 "data.root is not set: pass --data.root /path/to/imagenet (holding train/ and val/), "
                 "or --data.root embedded:digits for the built-in quickstart data"
             )
         if batch_size < 1:
-            raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
+            raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}")
         self.root = resolve_root(root)
+        if predict_root is not None:
+            list_images(predict_root)  # a missing or empty predict folder is reported now, before anything is written
         self.batch_size = batch_size
         # Read here, not in setup(): the CLI links data.num_classes into the model right after instantiation.
         self.class_names: list[str] = check_layout(self.root)
@@ -130,9 +133,9 @@ class ImageNetDataModule(L.LightningDataModule):
         self.device_decoder = None
         if self.decoder in DEVICE_DECODERS:
             if self.normalize_batch is None:
-                raise ValueError(f"data.decoder={decoder} augments uint8 images on the device: set data.normalize_on_device=true")
+                raise ConfigError(f"data.decoder={decoder} augments uint8 images on the device: set data.normalize_on_device=true")
             if progressive_resizing is not None:
-                raise ValueError(f"data.decoder={decoder} has one train crop size: drop data.progressive_resizing, or "
+                raise ConfigError(f"data.decoder={decoder} has one train crop size: drop data.progressive_resizing, or "
                                  "decode in the workers (data.decoder=auto)")
             self.device_decoder = DeviceDecoder(self.train_transform, self.eval_transform, on_corrupt, decoder=self.decoder)
         # Folder names (wnids for ImageNet) stay the keys; labels are the human names prepare_imagenet wrote.
@@ -166,7 +169,7 @@ class ImageNetDataModule(L.LightningDataModule):
             dataset = DecodedImageFolder(str(self.root / split), transform=transform, decoder=self.decoder,
                                          on_corrupt=self.hparams.on_corrupt)
         if dataset.classes != self.class_names:
-            raise ValueError(f"{self.root / split} classes differ from train/: {sorted(set(dataset.classes) ^ set(self.class_names))}")
+            raise ConfigError(f"{self.root / split} classes differ from train/: {sorted(set(dataset.classes) ^ set(self.class_names))}")
         return dataset
 
     def _world(self) -> tuple[int, int]:
@@ -206,6 +209,13 @@ class ImageNetDataModule(L.LightningDataModule):
             restore_loader_state(self.train_sampler, self.batch_size, self._resume_state)
             self._resume_state = None
         return self._loader(dataset, self.train_sampler, ResumableDataLoader)
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, weights_only: bool = True,
+                             **kwargs):
+        """Lightning's, but weights_only=True by default whatever torch's default is: checkpoints are untrusted."""
+        return super().load_from_checkpoint(checkpoint_path, map_location=map_location, hparams_file=hparams_file,
+                                            weights_only=weights_only, **kwargs)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the training order stands, saved in every checkpoint (LightningDataModule's own hook).

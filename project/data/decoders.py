@@ -32,6 +32,8 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms.v2.functional import pil_to_tensor, to_dtype
 
+from project.errors import ConfigError
+
 try:  # torchvision 0.29 deprecates its image decoders for TorchCodec's; a later release removes them
     from torchvision.io import ImageReadMode, decode_image
 except ImportError:
@@ -145,10 +147,10 @@ def resolve_decoder(decoder: str) -> str:
         return chosen
     names = ("auto", *CPU_DECODERS, *DEVICE_DECODERS)
     if decoder not in names:
-        raise ValueError(f"data.decoder must be one of {', '.join(names)}; got {decoder!r}")
+        raise ConfigError(f"data.decoder must be one of {', '.join(names)}; got {decoder!r}")
     problem = unavailable(DEVICE_DECODERS.get(decoder, decoder))
     if problem is not None:
-        raise RuntimeError(problem if decoder in CPU_DECODERS else f"data.decoder={decoder}: {problem}")
+        raise ConfigError(problem if decoder in CPU_DECODERS else f"data.decoder={decoder}: {problem}")
     return decoder
 
 
@@ -168,7 +170,7 @@ class DecodedImageFolder(ImageFolder):
     def __init__(self, root: str, transform: Optional[Callable] = None, *, decoder: Decoder = "auto",
                  on_corrupt: OnCorrupt = "error"):
         if on_corrupt not in ("error", "skip"):
-            raise ValueError(f"on_corrupt must be 'error' or 'skip', got {on_corrupt!r}")
+            raise ConfigError(f"on_corrupt must be 'error' or 'skip', got {on_corrupt!r}")
         super().__init__(root, transform=transform, loader=image_loader(decoder))
         self.on_corrupt = on_corrupt
         self.skipped = 0  # per process: each DataLoader worker counts its own

@@ -24,6 +24,8 @@ from torchvision import transforms as v1
 from torchvision.ops import roi_align
 from torchvision.transforms import v2
 
+from project.errors import ConfigError
+
 BUCKET_PIXELS = 1 << 24  # padded crop pixels per roi_align: ~0.65 GB of transient device memory (index, uint8, float)
 
 
@@ -61,7 +63,7 @@ class TrainCrop(NamedTuple):
         flip = rest[0] if rest and isinstance(rest[0], v2.RandomHorizontalFlip) else None
         extra = rest[1:] if flip is not None else rest
         if not isinstance(crop, v2.RandomResizedCrop) or extra or _mode(crop.interpolation) != "bilinear":
-            raise ValueError(
+            raise ConfigError(
                 f"a device decoder (data.decoder=nvjpeg/torchcodec-cuda) runs RandomResizedCrop (bilinear) + "
                 f"RandomHorizontalFlip on the device, got the train preset {preset}: turn the other augmentations off "
                 "(data.auto_augment, data.random_erase_prob, ...) or decode in the workers (data.decoder=auto)"

@@ -11,6 +11,8 @@ from typing import Any, Sequence
 import torch
 from torchvision.transforms import v2
 
+from project.errors import ConfigError
+
 
 class NormalizeBatch:
     """uint8 images (N, C, H, W) -> float32 (x / 255 - mean) / std, in one pass, on the device the batch is on."""
@@ -50,7 +52,7 @@ def split_normalize(preset: v2.Compose) -> tuple[v2.Compose, NormalizeBatch]:
     normalize = [i for i, t in enumerate(steps) if isinstance(t, v2.Normalize)]
     tail = steps[normalize[-1] + 1 :] if normalize else []
     if len(normalize) != 1 or not all(isinstance(t, v2.RandomErasing) for t in tail):
-        raise ValueError(f"expected a preset ending in one v2.Normalize (then only v2.RandomErasing), got {preset}")
+        raise ConfigError(f"expected a preset ending in one v2.Normalize (then only v2.RandomErasing), got {preset}")
     mean, std = steps[normalize[0]].mean, steps[normalize[0]].std
     head = [t for t in steps[: normalize[0]] if not isinstance(t, v2.ToDtype)]
     head += [uint8_erasing(erasing, mean, std) for erasing in tail]
@@ -60,7 +62,7 @@ def split_normalize(preset: v2.Compose) -> tuple[v2.Compose, NormalizeBatch]:
 def uint8_erasing(erasing: v2.RandomErasing, mean: Sequence[float], std: Sequence[float]) -> v2.RandomErasing:
     """The v2.RandomErasing that, run on uint8 before Normalize(mean, std), erases as `erasing` does after it."""
     if erasing.value is None:
-        raise ValueError(
+        raise ConfigError(
             "RandomErasing(value='random') draws float noise after normalization and cannot run on uint8 images: "
             "set data.normalize_on_device=false"
         )

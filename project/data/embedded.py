@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from project.errors import ConfigError
+
 EMBEDDED_PREFIX = "embedded:"
 EMBEDDED_SETS = ("digits",)
 DIGITS_SIZE = 32  # px; the 8x8 originals upscaled so a torchvision ResNet's 32x downsampling still fits
@@ -30,7 +32,7 @@ def resolve_root(root: str) -> Path:
         return Path(root).expanduser()
     name = root[len(EMBEDDED_PREFIX):]
     if name not in EMBEDDED_SETS:
-        raise ValueError(f"unknown embedded data set {root!r}; available: {', '.join(EMBEDDED_PREFIX + n for n in EMBEDDED_SETS)}")
+        raise ConfigError(f"unknown embedded data set {root!r}; available: {', '.join(EMBEDDED_PREFIX + n for n in EMBEDDED_SETS)}")
     return materialize_digits(cache_dir() / f"digits-{DIGITS_SIZE}px-{DIGITS_VERSION}")
 
 

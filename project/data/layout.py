@@ -5,10 +5,12 @@ from pathlib import Path
 
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from project.errors import ConfigError
+
 EXPECTED_LAYOUT = "expected layout: ROOT/train/<class>/<image>.JPEG and ROOT/val/<class>/<image>.JPEG"
 
 
-class DataLayoutError(ValueError):
+class DataLayoutError(ConfigError):
     """The data root does not have the train/<class>/ and val/<class>/ layout."""
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from project.errors import MissingInputError
 from project.data.decoders import Decoder, image_loader
 
 
@@ -19,7 +20,7 @@ def list_images(root: str | os.PathLike) -> list[Path]:
     """Image files under `root` (hidden folders skipped), sorted by their path relative to `root`: a stable order."""
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"predict root {root} is not a folder; pass --data.predict_root pointing to a folder of images "
             f"(any depth, extensions {', '.join(IMG_EXTENSIONS)})"
         )
@@ -28,7 +29,7 @@ def list_images(root: str | os.PathLike) -> list[Path]:
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         found += [Path(dirpath, name).relative_to(root) for name in filenames if name.lower().endswith(IMG_EXTENSIONS)]
     if not found:
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"predict root {root} holds no images; expected files with an extension in {IMG_EXTENSIONS} "
             "at any depth below it"
         )

@@ -17,6 +17,7 @@ import torch
 
 from project.data.device_normalize import split_normalize
 from project.data.transforms import train_preset
+from project.errors import ConfigError
 
 Transform = Callable[[Any], Any]
 
@@ -42,14 +43,14 @@ class ProgressiveResizing:
     def __post_init__(self) -> None:
         flag = "--data.progressive_resizing"
         if self.multiple < 1:
-            raise ValueError(f"{flag}: multiple must be >= 1, got {self.multiple}")
+            raise ConfigError(f"{flag}: multiple must be >= 1, got {self.multiple}")
         for name in ("start_size", "end_size"):
             size = getattr(self, name)
             if size < self.multiple or size % self.multiple:
-                raise ValueError(f"{flag}: {name}={size} is not a positive multiple of multiple={self.multiple}: "
+                raise ConfigError(f"{flag}: {name}={size} is not a positive multiple of multiple={self.multiple}: "
                                  f"round it, or set multiple to a divisor of both sizes")
         if not 0 <= self.start_epoch <= self.end_epoch:
-            raise ValueError(f"{flag}: expected 0 <= start_epoch <= end_epoch, got start_epoch={self.start_epoch}, "
+            raise ConfigError(f"{flag}: expected 0 <= start_epoch <= end_epoch, got start_epoch={self.start_epoch}, "
                              f"end_epoch={self.end_epoch}")
 
     def size_at(self, epoch: int) -> int:

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from project.seeds import order_seed
+from project.errors import ConfigError
 
 
 class ExactDistributedSampler(DistributedSampler):
@@ -48,7 +49,7 @@ class ResumableSampler(DistributedSampler):
 
     def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, seed: int, repeats: int = 1):
         if repeats < 1:
-            raise ValueError(f"data.ra_reps must be >= 1, got {repeats}")
+            raise ConfigError(f"data.ra_reps must be >= 1, got {repeats}")
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
         self.repeats = repeats
         self.num_samples = math.ceil(len(dataset) / num_replicas)  # per rank, whatever `repeats` is

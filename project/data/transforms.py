@@ -10,6 +10,8 @@ from typing import Literal, Optional
 import torch
 from torchvision.transforms import v2
 
+from project.errors import ConfigError
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -27,7 +29,7 @@ def auto_augment_transform(policy: str, *, num_ops: int = 2, magnitude: int = 9)
         return v2.RandAugment(num_ops=num_ops, magnitude=magnitude, interpolation=interpolation)
     if policy == "autoaugment":
         return v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET, interpolation=interpolation)
-    raise ValueError(f"unknown auto_augment policy {policy!r}: expected one of {', '.join(AUTO_AUGMENT_POLICIES)} or None")
+    raise ConfigError(f"unknown auto_augment policy {policy!r}: expected one of {', '.join(AUTO_AUGMENT_POLICIES)} or None")
 
 
 def train_preset(
@@ -47,7 +49,7 @@ def train_preset(
     Every random draw comes from torch's global CPU generator, which SeededSamples seeds per image.
     """
     if not 0.0 <= random_erase_prob <= 1.0:
-        raise ValueError(f"random_erase_prob must be in [0, 1], got {random_erase_prob}")
+        raise ConfigError(f"random_erase_prob must be in [0, 1], got {random_erase_prob}")
     steps = [v2.ToImage(), v2.RandomResizedCrop(crop_size, scale=scale, antialias=True)]
     if hflip_prob > 0:
         steps.append(v2.RandomHorizontalFlip(hflip_prob))

@@ -16,6 +16,8 @@ import torch
 from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
 from torch import nn
 
+from project.errors import ConfigError
+
 
 class _LightningForward(nn.Module):
     """The LightningModule's own forward as a module DataParallel can replicate (bypassing the patched one)."""
@@ -75,12 +77,12 @@ class DataParallelStrategy(ParallelStrategy):
 
     def setup_environment(self) -> None:
         if self._layer_sync is not None:
-            raise ValueError(
+            raise ConfigError(
                 "dp does not support sync_batchnorm: torch's SyncBatchNorm needs one process per GPU. "
                 "Use --trainer.strategy=ddp, or set --trainer.sync_batchnorm=false."
             )
         if self.num_nodes > 1:
-            raise ValueError("dp runs on one node: use --trainer.strategy=ddp for several nodes.")
+            raise ConfigError("dp runs on one node: use --trainer.strategy=ddp for several nodes.")
         super().setup_environment()
 
     def model_to_device(self) -> None:

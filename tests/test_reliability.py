@@ -1,0 +1,241 @@
+"""Nothing lost, nothing run that should not be: atomic checkpoints (kill -9, full disk), untrusted checkpoints
+refused on every load path, explicit flags kept over a checkpoint's, one writer per run dir, bounded hangs.
+
+    python -m pytest tests/test_reliability.py --durations=0
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from conftest import CONFIGS, REPO, callback, run_project, start_project, tiny_args
+from project import ImageClassifier, ImageNetDataModule
+from project.checkpoint_io import AtomicCheckpointIO
+from project.cli import cli_main
+from project.errors import CheckpointError
+
+LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
+
+
+def tree(root: Path) -> dict[str, int]:
+    """Every file under root with its mtime: what a failed command must leave untouched."""
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()} if root.exists() else {}
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_root, tmp_path_factory) -> Path:
+    """A finished 2-epoch run (in-process): its root holds version_0 with last.ckpt and the best checkpoint."""
+    root = tmp_path_factory.mktemp("trained")
+    cli_main(["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=2")])
+    return root
+
+
+# -- atomic saves --------------------------------------------------------------------------------------------------
+
+SAVE_LOOP = """
+import sys, torch
+from pathlib import Path
+from project.checkpoint_io import AtomicCheckpointIO
+io, path = AtomicCheckpointIO(), Path(sys.argv[1])
+for version in range(1000):
+    io.save_checkpoint({"version": version, "weights": torch.full((24_000_000,), float(version))}, path)  # ~96 MB
+    print(version, flush=True)
+"""
+
+
+def test_kill_9_during_a_checkpoint_rewrite_leaves_the_previous_file_whole(tmp_path, tmpfs):
+    # $TMPDIR on another filesystem than the run dir (the usual cluster layout) must not matter.
+    env = {**os.environ, "TMPDIR": str(tmpfs("300m")), "PYTHONPATH": str(REPO)}
+    run = tmp_path / "run"
+    run.mkdir()
+    path = run / "last.ckpt"
+    saver = subprocess.Popen([sys.executable, "-c", SAVE_LOOP, str(path)], env=env, stdout=subprocess.PIPE, text=True)
+    assert saver.stdout.readline().strip() == "0"  # one complete save
+    deadline = time.monotonic() + 60
+    while not [p for p in run.glob(".last.ckpt.*.partial") if p.stat().st_size > 10_000_000]:
+        assert time.monotonic() < deadline, "the second save never started writing"
+        time.sleep(0.001)
+    saver.kill()  # in the middle of rewriting last.ckpt
+    saver.wait()
+    saved = torch.load(path, weights_only=True)  # the previous checkpoint, whole
+    assert saved["version"] in (0, 1) and torch.equal(saved["weights"], torch.full((24_000_000,), float(saved["version"])))
+    assert sorted(p.name for p in run.glob("*.ckpt")) == ["last.ckpt"]  # nothing partial under a checkpoint name
+    AtomicCheckpointIO().save_checkpoint({"version": -1}, path)
+    assert sorted(p.name for p in run.iterdir()) == ["last.ckpt"]  # the dead writer's temp file is cleaned up
+
+
+def test_a_disk_that_fills_during_a_save_keeps_the_previous_checkpoint(tiny_root, tmp_path, tmpfs):
+    # resnet18's checkpoint is ~90 MB (weights + momentum): the first fits on 150 MB, a second beside it does not.
+    disk = tmpfs("150m")
+    args = tiny_args(tiny_root, disk, "--last_checkpoint.every_n_steps=1", "--trainer.max_epochs=1")
+    with pytest.raises(CheckpointError, match=rf"no space left on {disk}/lightning_logs/version_0/checkpoints while "
+                                              r"saving last.ckpt; the previous last.ckpt \(if any\) is intact"):
+        cli_main(["fit", *args])
+    last = disk / LAST
+    assert torch.load(last, weights_only=True)["global_step"] == 1
+    assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"]
+
+
+def test_last_skips_a_truncated_last_ckpt_and_resumes_from_the_good_one_beside_it(trained, tiny_root, tmp_path):
+    import shutil
+
+    root = tmp_path / "run"
+    shutil.copytree(trained, root)
+    checkpoints = root / "lightning_logs" / "version_0" / "checkpoints"
+    (best,) = [p for p in checkpoints.glob("epoch*.ckpt")]
+    (checkpoints / "last.ckpt").write_bytes((checkpoints / "last.ckpt").read_bytes()[:4096])
+    before = (root / "lightning_logs" / "version_0" / "config.yaml").read_text()
+    cli = cli_main(["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=3"), "--ckpt_path=last"])
+    assert cli.trainer.ckpt_path == str(best)
+    assert [path for path, _ in cli.plan.skipped] == [checkpoints / "last.ckpt"]
+    assert cli.trainer.global_step == 15
+    assert (root / "lightning_logs" / "version_0" / "config.1.yaml").read_text() == before  # kept, not overwritten
+
+
+# -- untrusted checkpoints -------------------------------------------------------------------------------------------
+
+class Payload:
+    """Unpickling it runs code (creates a file): what a crafted checkpoint does to torch.load(weights_only=False)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.fixture
+def crafted(trained, tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """A real checkpoint with a code-running object added; torch.load's default made weights_only=False (torch < 2.6)."""
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    marker = tmp_path / "pwned"
+    checkpoint = torch.load(trained / LAST, weights_only=True)
+    checkpoint["hyper_parameters"]["payload"] = Payload(marker)
+    path = tmp_path / "crafted.ckpt"
+    torch.save(checkpoint, path)
+    return path, marker
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "validate", "test", "predict"])
+def test_a_crafted_checkpoint_is_refused_by_every_cli_subcommand(crafted, tiny_root, tmp_path, subcommand):
+    path, marker = crafted
+    with pytest.raises(CheckpointError, match=rf"{path} is not a trusted checkpoint: it holds pickled objects"):
+        cli_main([subcommand, *tiny_args(tiny_root, tmp_path / "run"), f"--ckpt_path={path}"])
+    assert not marker.exists() and not (tmp_path / "run").exists()
+
+
+def test_a_crafted_checkpoint_is_refused_by_load_from_checkpoint_and_the_trainer(crafted, tiny_root, tmp_path):
+    path, marker = crafted
+    for load in (ImageClassifier.load_from_checkpoint, ImageNetDataModule.load_from_checkpoint):
+        with pytest.raises(Exception, match="Weights only load failed"):
+            load(path)
+    model = ImageClassifier(num_classes=3, arch="resnet18", batch_size=8)
+    data = ImageNetDataModule(root=str(tiny_root), batch_size=8, num_workers=0, train_crop_size=32, eval_resize_size=32,
+                              eval_crop_size=32)
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_progress_bar=False,
+                        plugins=[AtomicCheckpointIO()], default_root_dir=tmp_path)
+    with pytest.raises(CheckpointError, match="is not a trusted checkpoint"):
+        trainer.fit(model, data, ckpt_path=path)
+    assert not marker.exists()
+
+
+def test_export_refuses_a_crafted_checkpoint(crafted, trained):
+    path, marker = crafted
+    result = run_project(["export", f"--ckpt_path={path}", f"--config={trained / 'lightning_logs/version_0/config.yaml'}"],
+                         env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "not a trusted checkpoint" in result.stderr.strip().splitlines()[-1]
+    assert not marker.exists()
+
+
+# -- explicit values and mismatched checkpoints -----------------------------------------------------------------------
+
+def test_an_explicit_flag_wins_over_the_checkpoints_value_and_is_said(trained, tiny_root, tmp_path, caplog):
+    import shutil
+
+    root = tmp_path / "run"
+    shutil.copytree(trained, root)
+    cli = cli_main(["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=3", "--model.lr_per_256=0.8"),
+                    f"--ckpt_path={root / LAST}"])
+    assert cli.model.hparams.lr_per_256 == 0.8
+    assert cli.trainer.optimizers[0].param_groups[0]["initial_lr"] == pytest.approx(0.8 * 8 / 256)
+    assert "model.lr_per_256: 0.8 (given) instead of the checkpoint's 0.2" in caplog.text
+
+
+def test_validate_with_another_arch_than_the_checkpoint_stops_naming_both(trained, tiny_root, tmp_path):
+    with pytest.raises(CheckpointError, match=r"holds another network \(its model.arch is 'resnet18', this model's is "
+                                              r"'resnet50'\): network.conv1.weight|holds another network \(its model"):
+        cli_main(["validate", *tiny_args(tiny_root, tmp_path / "run"), "--model.arch=resnet50",
+                  f"--ckpt_path={trained / LAST}"])
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_checkpoint_of_other_data_names_both_class_counts(tiny_root, tmp_path):
+    ten = ImageClassifier(num_classes=10, arch="resnet18")
+    path = tmp_path / "digits.ckpt"
+    torch.save({"state_dict": ten.state_dict(), "epoch": 3, "global_step": 90,
+                "hyper_parameters": dict(ten.hparams)}, path)
+    with pytest.raises(CheckpointError, match=rf"checkpoint {path} has 10 classes, the data has 3 \({tiny_root}/train\)"):
+        cli_main(["validate", *tiny_args(tiny_root, tmp_path / "run"), f"--ckpt_path={path}"])
+
+
+# -- one writer per run dir -------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_second_fit_into_a_run_dir_in_use_stops_naming_the_first(trained, tiny_root, tmp_path):
+    import shutil
+
+    root = tmp_path / "run"
+    shutil.copytree(trained, root)
+    args = ["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=6"), "--ckpt_path=last"]
+    first = start_project(args)
+    lock = root / "lightning_logs" / "version_0" / ".lock"
+    deadline = time.monotonic() + 120
+    while not (lock.exists() and f"pid {first.pid} " in lock.read_text()):
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-3000:]
+        time.sleep(0.2)
+    second = run_project(args)
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-3000:]
+    assert second.returncode == 2 and "Traceback" not in second.stderr
+    assert f"run dir {root / 'lightning_logs' / 'version_0'} is in use by pid {first.pid} on" in second.stderr
+    version = root / "lightning_logs" / "version_0"
+    assert len(list(version.glob("events.out.tfevents.*"))) == 2  # the first fit's and the resumed one's, no third
+    assert sorted(p.name for p in version.glob("config*.yaml")) == ["config.1.yaml", "config.yaml"]
+
+
+# -- bounded hangs -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["stopped", "killed"])
+def test_a_rank_that_stops_answering_or_dies_ends_the_ddp_job_with_a_message(tiny_root, tmp_path, how):
+    signum = signal.SIGSTOP if how == "stopped" else signal.SIGKILL
+    args = ["fit", *tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=3"), "--config", str(CONFIGS / "cpu_ddp.yaml"),
+            "--ddp_timeout_minutes=0.25", callback("stop_callbacks.SignalAtStep", step=2, signum=int(signum), rank=1)]
+    job = start_project(args, new_session=True)
+    try:
+        started = time.monotonic()
+        job.wait(timeout=120)
+        ended_after = time.monotonic() - started
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)  # the stopped rank, still there
+    err = job.stderr.read()
+    assert job.returncode != 0
+    assert ended_after < 90, f"the job took {ended_after:.0f} s to end"
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("stopped (rank 0): another rank failed or stopped answering"), err[-3000:]
+
+
+def test_the_default_process_group_timeout_is_10_minutes_not_30(tiny_root, tmp_path):
+    from datetime import timedelta
+
+    cli = cli_main([*tiny_args(tiny_root, tmp_path), "--config", str(CONFIGS / "cpu_ddp.yaml")], run=False)
+    assert cli.trainer.strategy._timeout == timedelta(minutes=10)
