@@ -19,7 +19,7 @@ from typing import Optional
 
 from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 import project.strategies  # noqa: F401  registers strategy="dp" before any Trainer is built
 from project.callbacks.last_checkpoint import LastCheckpoint
 from project.callbacks.prediction_writer import PredictionCsvWriter
+from project.callbacks.progress_bar import StepProgressBar
 from project.callbacks.throughput import ThroughputLogger
 from project.checkpoint_fit import check_checkpoint_fits
 from project.checkpoint_io import AtomicCheckpointIO
@@ -125,7 +126,7 @@ class ImageClassifierCLI(LightningCLI):
         callbacks = list(trainer_config.get("callbacks") or [])
         if trainer_config.get("enable_progress_bar", True) is not False:
             # Each refresh reads the logged tensors on the host (a GPU sync): only on logging steps.
-            callbacks.append(TQDMProgressBar(refresh_rate=trainer_config.get("log_every_n_steps") or 50))
+            callbacks.append(StepProgressBar(refresh_rate=trainer_config.get("log_every_n_steps") or 50))
         trainer_config["callbacks"] = callbacks
         trainer = super().instantiate_trainer(**kwargs)
         if trainer.loggers:  # LearningRateMonitor raises without a logger (Lightning #17159)

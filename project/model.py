@@ -204,7 +204,8 @@ class ImageClassifier(L.LightningModule):
         images, targets = self.mixer(images, labels, batch_seed(hp.seed, self.current_epoch, batch_idx))
         loss = soft_target_loss(self(images), targets, loss=hp.loss, label_smoothing=hp.label_smoothing,
                                 bce_target_threshold=hp.bce_target_threshold)
-        self.log("train/loss", loss, prog_bar=True)
+        # Not prog_bar=True: Lightning would read it on the host every step (project.callbacks.progress_bar).
+        self.log("train/loss", loss)
         return loss
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
@@ -221,8 +222,8 @@ class ImageClassifier(L.LightningModule):
         acc1.update(logits, targets)
         acc5.update(logits, targets)
         # Metric objects sync their sums across ranks at epoch end: exact, unlike averaging per-rank means.
-        self.log(f"{stage}/loss", loss_metric, prog_bar=True)
-        self.log(f"{stage}/acc1", acc1, prog_bar=True)
+        self.log(f"{stage}/loss", loss_metric)
+        self.log(f"{stage}/acc1", acc1)
         self.log(f"{stage}/acc5", acc5)
 
     def validation_step(self, batch, batch_idx: int) -> None:

@@ -27,6 +27,7 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from project.compat.sigterm_broadcast import skip_lightning_sigterm_broadcast
 from project.slurm import requeue, slurm_job_id
 from project.stop_signals import StopRequests
 from project.training_steps import after_optimizer_step
@@ -85,6 +86,9 @@ class LastCheckpoint(Checkpoint):
         self._stops = StopRequests(signums)
         launcher = trainer.strategy.launcher
         self._stops.install(forward=getattr(launcher, "kill", None) if trainer.is_global_zero else None)
+        # Lightning's own SIGTERM flag is never set now (its handler is replaced): its per-step broadcast of it,
+        # a host sync on every DDP step, can go.
+        skip_lightning_sigterm_broadcast(trainer)
 
     def _restore_handlers(self) -> None:
         if self._stops is not None:

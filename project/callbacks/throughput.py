@@ -9,7 +9,7 @@ Keys, each the mean over the steps since the previous log line (`trainer.log_eve
     perf/data_wait               share of that time the training loop spent waiting for the next batch
     perf/device/tflops           model FLOP/s achieved per device (FLOPs counted once with torch.utils.flop_counter)
     perf/device/mfu              tflops / the device's dense peak (GPU table below, or `peak_flops`)
-The progress bar shows `img/s` and `wait`. Configure it as a group: `--throughput.peak_flops 4.0e14` (the dense peak
+The progress bar (project.callbacks.progress_bar) shows `img/s` and `wait` from the last window. Configure it as a group: `--throughput.peak_flops 4.0e14` (the dense peak
 of a GPU missing from PEAK_FLOPS), `--throughput.count_flops false`.
 """
 
@@ -189,9 +189,6 @@ class ThroughputLogger(L.Callback):
         step = logged_step(trainer)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
-        progress_bar = dict(prog_bar=True, logger=False, on_step=True, on_epoch=False)
-        pl_module.log("img/s", round(total), **progress_bar)
-        pl_module.log("wait", round(metrics["perf/data_wait"], 2), **progress_bar)
         self._reset_window()
         # The next window starts now: the steps after this one count from here (the sync above included).
         self._segment_start = self._last_end = time.perf_counter()
