@@ -1,0 +1,307 @@
+"""Canaries: the stock libraries still have the bugs project.compat works around (each xfail(strict=True)).
+
+    python -m pytest tests/test_compat.py -rxX
+
+Each canary runs the stock library on the case its workaround exists for and asserts the FIXED behaviour, so it
+fails today (xfail). When an upgrade fixes the bug the canary passes, strict xfail turns that into a failure, and the
+message says which workaround to delete (project/compat/__init__.py WORKAROUNDS, README "Workarounds").
+"""
+
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import BaseFinetuning, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from conftest import REPO
+from project.compat import WORKAROUNDS
+
+
+def canary(name: str):
+    """xfail(strict) with the workaround's own text as the reason."""
+    (entry,) = [w for w in WORKAROUNDS if w.canary == name]
+    return pytest.mark.xfail(strict=True, reason=f"{entry.upstream}; delete: {entry.where} when {entry.delete_when}")
+
+
+def test_every_workaround_has_its_canary_here():
+    defined = {name for name, _ in inspect.getmembers(sys.modules[__name__], inspect.isfunction)}
+    assert {w.canary for w in WORKAROUNDS} <= defined
+    assert len({w.canary for w in WORKAROUNDS}) == len(WORKAROUNDS)
+
+
+class Tiny(L.LightningModule):
+    """A linear model on random data: the smallest stock-Lightning case."""
+
+    def __init__(self, lr: float = 0.1, batches: int = 6):
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        loss = nn.functional.cross_entropy(self.layer(batch[0]), batch[1])
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("score", torch.tensor(0.5))  # never improves after the first epoch
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+    def _loader(self):
+        generator = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.randn(4 * self.hparams.batches, 4, generator=generator),
+                             torch.randint(0, 2, (4 * self.hparams.batches,), generator=generator))
+        return DataLoader(data, batch_size=4)
+
+    def train_dataloader(self):
+        return self._loader()
+
+    def val_dataloader(self):
+        return self._loader()
+
+
+def trainer(tmp_path, **kwargs) -> L.Trainer:
+    options = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                   default_root_dir=tmp_path, max_epochs=1)
+    return L.Trainer(**{**options, **kwargs})
+
+
+@canary("test_canary_stock_cli_parses_a_batch_limit_of_1_as_a_float")
+def test_canary_stock_cli_parses_a_batch_limit_of_1_as_a_float():
+    parser = LightningArgumentParser()
+    parser.add_lightning_class_args(L.Trainer, "trainer")
+    config = parser.parse_args(["--trainer.limit_val_batches=1"])
+    assert isinstance(config.trainer.limit_val_batches, int)
+
+
+@canary("test_canary_stock_cli_replaces_an_explicit_model_value_with_the_checkpoints")
+def test_canary_stock_cli_replaces_an_explicit_model_value_with_the_checkpoints(tmp_path):
+    run = trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    run.fit(Tiny(lr=0.2))
+    run.save_checkpoint(tmp_path / "lr0.2.ckpt")
+    cli = LightningCLI(Tiny, args=["validate", "--model.lr=0.8", f"--ckpt_path={tmp_path / 'lr0.2.ckpt'}",
+                                   "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+                                   f"--trainer.default_root_dir={tmp_path}"])
+    assert cli.model.hparams.lr == 0.8
+
+
+class StatefulLoader(DataLoader):
+    loaded: list = []
+
+    def state_dict(self):
+        return {"marker": 1}
+
+    def load_state_dict(self, state):
+        StatefulLoader.loaded.append(state)
+
+
+class ReadsStepsInConfigureOptimizers(Tiny):
+    def train_dataloader(self):
+        loader = self._loader()
+        return StatefulLoader(loader.dataset, batch_size=4)
+
+    def configure_optimizers(self):
+        self.trainer.estimated_stepping_batches  # what ImageClassifier does to size its LR schedule
+        return super().configure_optimizers()
+
+
+@canary("test_canary_stock_trainer_drops_the_loader_state_after_estimated_stepping_batches")
+def test_canary_stock_trainer_drops_the_loader_state_after_estimated_stepping_batches(tmp_path):
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    trainer(tmp_path, max_steps=2, limit_val_batches=0, callbacks=[checkpoint]).fit(ReadsStepsInConfigureOptimizers())
+    StatefulLoader.loaded.clear()
+    trainer(tmp_path, max_steps=4, limit_val_batches=0).fit(ReadsStepsInConfigureOptimizers(),
+                                                            ckpt_path=checkpoint.best_model_path or checkpoint.last_model_path
+                                                            or str(next(tmp_path.glob("*.ckpt"))))
+    assert StatefulLoader.loaded == [{"marker": 1}]
+
+
+@canary("test_canary_stock_save_last_goes_stale_after_an_epoch_that_does_not_improve")
+def test_canary_stock_save_last_goes_stale_after_an_epoch_that_does_not_improve(tmp_path):
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="score", mode="max", save_last=True)
+    trainer(tmp_path, max_epochs=3, callbacks=[checkpoint]).fit(Tiny())
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["epoch"] == 2  # last.ckpt says 0 today
+
+
+@canary("test_canary_stock_ckpt_path_last_starts_from_scratch")
+def test_canary_stock_ckpt_path_last_starts_from_scratch(tmp_path):
+    args = ["fit", "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0",
+            f"--trainer.default_root_dir={tmp_path}", "--trainer.callbacks+=ModelCheckpoint",
+            "--trainer.callbacks.save_last=true"]
+    LightningCLI(Tiny, args=args)
+    resumed = LightningCLI(Tiny, args=[*args[:1], "--trainer.max_epochs=2", *args[2:], "--ckpt_path=last"])
+    assert resumed.trainer.ckpt_path is not None  # today None: "there is no last checkpoint available"
+
+
+@canary("test_canary_stock_checkpoint_save_rewrites_the_file_in_place_across_filesystems")
+def test_canary_stock_checkpoint_save_rewrites_the_file_in_place_across_filesystems(tmp_path, monkeypatch):
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the tmp dir")
+    monkeypatch.setattr(tempfile, "tempdir", "/dev/shm")  # $TMPDIR on another filesystem than the run dir
+    io, path = TorchCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1}, path)
+    inode = path.stat().st_ino
+    io.save_checkpoint({"step": 2}, path)
+    assert path.stat().st_ino != inode  # a new file renamed into place; today the old one is overwritten in place
+
+
+SLURM_REQUEUE = """
+import os, signal, sys, lightning as L
+sys.path.insert(0, {tests!r})
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from test_compat import Tiny
+saved_in_handler = []
+class Recorder(L.Callback):
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        import traceback
+        saved_in_handler.append(any(f.name == "_slurm_sigusr_handler_fn" for f in traceback.extract_stack()))
+class SignalOnce(L.Callback):
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == 2:
+            os.kill(os.getpid(), signal.SIGUSR1)
+trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_progress_bar=False,
+                    enable_checkpointing=False, limit_val_batches=0, callbacks=[Recorder(), SignalOnce()],
+                    plugins=[SLURMEnvironment(auto_requeue=True)], default_root_dir={out!r})
+trainer.fit(Tiny())
+print("SAVED_IN_HANDLER", saved_in_handler)
+"""
+
+
+@canary("test_canary_stock_slurm_requeue_saves_inside_the_signal_handler")
+def test_canary_stock_slurm_requeue_saves_inside_the_signal_handler(tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "SLURM_JOB_ID": "1",
+           "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    script = SLURM_REQUEUE.format(tests=str(REPO / "tests"), out=str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert "SAVED_IN_HANDLER [" in result.stdout, result.stderr[-2000:]
+    assert "SAVED_IN_HANDLER [False]" in result.stdout  # saved at a batch end, not inside the handler
+
+
+SIGTERM_EXIT = """
+import os, signal, sys, lightning as L
+sys.path.insert(0, {tests!r})
+from test_compat import Tiny
+class Terminate(L.Callback):
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+L.Trainer(accelerator="cpu", devices=1, max_steps=20, logger=False, enable_progress_bar=False, limit_val_batches=0,
+          enable_checkpointing=False, callbacks=[Terminate()], default_root_dir={out!r}).fit(Tiny(batches=30))
+"""
+
+
+@canary("test_canary_stock_trainer_exits_0_on_sigterm")
+def test_canary_stock_trainer_exits_0_on_sigterm(tmp_path):
+    script = SIGTERM_EXIT.format(tests=str(REPO / "tests"), out=str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode != 0
+
+
+@canary("test_canary_stock_epoch_loop_broadcasts_sigterm_every_step")
+def test_canary_stock_epoch_loop_broadcasts_sigterm_every_step():
+    # Source, not a 2-process run: the broadcast sits unconditionally in advance(), which runs once per batch.
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    assert "_broadcast_sigterm_tensor()" not in inspect.getsource(_TrainingEpochLoop.advance)
+
+
+@canary("test_canary_stock_prog_bar_logging_reads_the_tensor_every_step")
+def test_canary_stock_prog_bar_logging_reads_the_tensor_every_step(tmp_path, monkeypatch):
+    class ProgBarLoss(Tiny):
+        def training_step(self, batch, batch_idx):
+            loss = nn.functional.cross_entropy(self.layer(batch[0]), batch[1])
+            self.log("loss", loss, prog_bar=True)
+            return loss
+
+    reads = []
+    item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: reads.append(1) or item(self))
+    trainer(tmp_path, max_steps=6, limit_val_batches=0, enable_progress_bar=True, log_every_n_steps=50,
+            callbacks=[L.pytorch.callbacks.TQDMProgressBar(refresh_rate=50)]).fit(ProgBarLoss())
+    assert len(reads) < 6  # once per step today, though neither the bar (refresh 50) nor the logger (50) shows it
+
+
+@canary("test_canary_stock_learning_rate_monitor_raises_without_a_logger")
+def test_canary_stock_learning_rate_monitor_raises_without_a_logger(tmp_path):
+    trainer(tmp_path, max_steps=1, limit_val_batches=0, callbacks=[LearningRateMonitor()]).fit(Tiny())
+
+
+@canary("test_canary_stock_lightning_has_no_dp_strategy")
+def test_canary_stock_lightning_has_no_dp_strategy():
+    import lightning.pytorch.strategies as strategies
+
+    assert hasattr(strategies, "DataParallelStrategy")
+
+
+@canary("test_canary_stock_sync_batchnorm_refuses_cpu_tensors")
+def test_canary_stock_sync_batchnorm_refuses_cpu_tensors(tmp_path):
+    import torch.distributed as dist
+
+    # The refusal comes with a process group (gloo, the CPU backend); one rank is enough to reach it.
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        nn.SyncBatchNorm(3).train()(torch.randn(4, 3, 2, 2))
+    finally:
+        dist.destroy_process_group()
+
+
+TWO_RANKS = """
+import sys, torch, lightning as L
+sys.path.insert(0, {tests!r})
+from lightning.pytorch.callbacks import BaseFinetuning
+from test_finetuning import SmallClassifier
+class StockFreeze(BaseFinetuning):
+    def freeze_before_training(self, pl_module):  # as BackboneFinetuning does: frozen in setup(), before DDP wraps
+        self.freeze(pl_module.network[:-1])
+    def finetune_function(self, pl_module, epoch, optimizer):
+        if epoch == 1:
+            self.make_trainable(pl_module.network[:-1])
+torch.manual_seed(0)
+model = SmallClassifier()
+trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_find_unused_parameters_true", max_epochs=2,
+                    logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                    callbacks=[StockFreeze()])
+trainer.fit(model)
+torch.save({{n: p.detach() for n, p in model.network.named_parameters()}}, {out!r} + f"/rank{{trainer.global_rank}}.pt")
+"""
+
+
+@pytest.mark.slow
+@canary("test_canary_stock_finetuning_freeze_lets_ddp_ranks_diverge")
+def test_canary_stock_finetuning_freeze_lets_ddp_ranks_diverge(tmp_path):
+    script = tmp_path / "two_ranks.py"
+    script.write_text(textwrap.dedent(TWO_RANKS.format(tests=str(REPO / "tests"), out=str(tmp_path))))
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert all(torch.equal(rank0[name], rank1[name]) for name in rank0)
+
+
+@canary("test_canary_stock_averaged_model_update_reads_the_counter_on_the_host")
+def test_canary_stock_averaged_model_update_reads_the_counter_on_the_host(monkeypatch):
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    network = nn.Linear(3, 2)
+    averaged = AveragedModel(network, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    reads = []
+    for name in ("__bool__", "item"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, _o=original: reads.append(1) or _o(self))
+    averaged.update_parameters(network)
+    averaged.update_parameters(network)
+    assert reads == []
