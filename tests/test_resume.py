@@ -1,5 +1,7 @@
 """Resume exact to the batch: a run killed (-9) or stopped (SIGTERM) mid-epoch and resumed with `--ckpt_path last`
-ends with the weights, optimizer state and step of an uninterrupted run, single process and ddp x2, with workers.
+ends with the weights, averaged (EMA) weights, optimizer state and step of an uninterrupted run, single process and
+ddp x2, with DataLoader workers and every recipe ingredient on: MixUp/CutMix draws, auto-augment and erasing per
+image, repeated augmentation, and a progressive-resizing ramp the kill lands in.
 
     python -m pytest tests/test_resume.py --durations=0
 """
@@ -14,7 +16,12 @@ from conftest import CONFIGS, callback, run_project, start_project, tiny_args
 from project.cli import cli_main
 
 # 40 images in batches of 8: 5 steps per epoch on one process, 3 per rank (20 images each) under ddp x2.
-EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3"]
+EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3",
+          # the recipe ingredients: all their random draws must come out the same after a resume
+          "--model.mixup_alpha=0.2", "--model.cutmix_alpha=1.0", "--model.ema_decay=0.9", "--model.ema_every_n_steps=2",
+          "--data.auto_augment=trivialaugment_wide", "--data.random_erase_prob=0.5", "--data.ra_reps=2",
+          # 24 px in epochs 0-1, 32 px in epoch 2: the kills below land in epoch 1
+          "--data.progressive_resizing={start_size: 24, end_size: 32, start_epoch: 1, end_epoch: 2, multiple: 8}"]
 WORKERS = ["--data.num_workers=2", "--data.persistent_workers=true"]
 EVERY_STEP = ["--last_checkpoint.every_n_steps=1"]
 CPU_DDP = ["--config", str(CONFIGS / "cpu_ddp.yaml")]
@@ -25,14 +32,16 @@ def final_state(path: Path) -> dict:
     """Step, epoch, network weights and momentum of a checkpoint file, or of <root>'s version_0/last.ckpt."""
     checkpoint = torch.load(path if path.is_file() else path / LAST, map_location="cpu", weights_only=True)
     momentum = checkpoint["optimizer_states"][0]["state"]
+    network = lambda state: {k: v for k, v in state.items() if k.startswith("network.")}  # noqa: E731
     return {"step": checkpoint["global_step"], "epoch": checkpoint["epoch"],
-            "weights": {k: v for k, v in checkpoint["state_dict"].items() if k.startswith("network.")},
+            "weights": network(checkpoint.get("current_model_state", checkpoint["state_dict"])),  # the trained ones
+            "averaged": network(checkpoint["state_dict"]),  # the EMA's, when the run keeps one
             "momentum": {k: v["momentum_buffer"] for k, v in momentum.items()}}
 
 
 def assert_same_training(resumed: dict, reference: dict, tolerance: float = 1e-6) -> None:
     assert resumed["step"] == reference["step"] and resumed["epoch"] == reference["epoch"]
-    for part in ("weights", "momentum"):
+    for part in ("weights", "averaged", "momentum"):
         a, b = resumed[part], reference[part]
         assert a.keys() == b.keys()
         floats = [k for k in b if b[k].is_floating_point()]

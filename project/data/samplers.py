@@ -23,6 +23,10 @@ class ExactDistributedSampler(DistributedSampler):
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+        if len(dataset) < num_replicas:
+            # A rank without a single image would have no batch: Lightning stops with an unclear error, or hangs.
+            raise ConfigError(f"{len(dataset)} images for {num_replicas} processes: rank {num_replicas - 1} would "
+                              "evaluate none; evaluate with fewer processes (--trainer.devices) or more images")
         self.num_samples = len(range(rank, len(dataset), num_replicas))
         self.total_size = len(dataset)
 
