@@ -82,19 +82,16 @@ class ImageClassifierCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
+        self._explicit = explicit_values(parser, args, self.config, subcommand)
         if subcommand:
-            config = self.config[subcommand]
-            self.plan = plan_run(subcommand, config)
-            self._explicit = explicit_values(parser, args, self.config, subcommand)
+            self.plan = plan_run(subcommand, self.config[subcommand])
             if subcommand == "fit" and self.plan.reason:
                 rank_zero_info(self.plan.reason)
             for path, why in self.plan.skipped:
                 rank_zero_warn(f"skipped checkpoint {path}: {why}")
 
     def before_instantiate_classes(self) -> None:
-        if not self.subcommand:
-            return
-        config = self.config[self.subcommand]
+        config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand == "fit" and config.trainer.max_epochs == -1 and config.trainer.max_steps in (None, -1):
             raise ConfigError("trainer.max_epochs=-1 and no trainer.max_steps: the run has no end, and the LR schedule "
                               "needs one; set --trainer.max_epochs or --trainer.max_steps")
@@ -104,7 +101,7 @@ class ImageClassifierCLI(LightningCLI):
         config.data.seed = config.model.seed = run_seed(config.seed_everything)  # after a random pick (true)
         apply_weights_eval_sizes(config, self._explicit)
         job_id = slurm_job_id()
-        if job_id is not None and self.plan is not None:
+        if job_id is not None and self.subcommand and self.plan is not None:
             print(task_line(job_id, self.plan.run_dir or config.trainer.default_root_dir), flush=True)
 
     def instantiate_trainer(self, **kwargs):

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from jsonargparse import ArgumentParser, Namespace
+from jsonargparse import ArgumentParser, Namespace, dict_to_namespace
 
 # Sources of the parse-time links (project.cli): a parse without defaults must still see them.
 LINK_SOURCES = ("seed_everything", "data.batch_size")
@@ -29,11 +29,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def explicit_values(parser: ArgumentParser, args: Optional[list[str]], config: Namespace, subcommand: str) -> Namespace:
-    """What the command line and its config files set, without the defaults (the subcommand's part)."""
+def explicit_values(parser: ArgumentParser, args: Any, config: Namespace, subcommand: Optional[str]) -> Namespace:
+    """What the command line and its config files set, without the defaults (the subcommand's part, if any)."""
+    if isinstance(args, (dict, Namespace)):  # cli_main(settings): everything given is explicit
+        given = dict_to_namespace(args) if isinstance(args, dict) else args
+        return given.get(subcommand, given) if subcommand else given
     argv = list(sys.argv[1:] if args is None else args)
-    sources = [f"--{key}={config[subcommand][key]}" for key in LINK_SOURCES if config[subcommand].get(key) is not None]
-    return parser.parse_args([*argv, *sources], defaults=False)[subcommand]
+    part = config[subcommand] if subcommand else config
+    sources = [f"--{key}={part[key]}" for key in LINK_SOURCES if part.get(key) is not None]
+    parsed = parser.parse_args([*argv, *sources], defaults=False)
+    return parsed[subcommand] if subcommand else parsed
 
 
 def keep_explicit_model_values(config: Namespace, explicit: Namespace, checkpoint_hparams: Mapping) -> list[str]:
