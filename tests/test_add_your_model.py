@@ -4,6 +4,7 @@
 """
 
 import math
+import sys
 
 import pytest
 import torch
@@ -63,3 +64,18 @@ def test_backbone_from_a_module_outside_the_project_trains_by_config_alone(tiny_
     assert len(scalars["train/loss"]) == 5  # 40 images / batch 8, logged every step
     assert all(math.isfinite(value) for _, value in scalars["train/loss"])
     assert 0.0 <= scalars["val/acc1"][-1][1] <= 1.0
+
+    # Export finds the run's config.yaml beside its checkpoints/ and rebuilds the user's network from it.
+    exported = run_project(["export", f"--ckpt_path={version / 'checkpoints' / 'last.ckpt'}"], env={"PYTHONPATH": str(code)})
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    program = torch.export.load(version / "export" / "model.pt2").module()
+    sys.path.insert(0, str(code))
+    try:
+        from my_models import TinyConvNet
+    finally:
+        sys.path.remove(str(code))
+    network = TinyConvNet(3, width=12).eval()
+    network.load_state_dict({k.removeprefix("network."): v for k, v in weights.items() if k.startswith("network.")})
+    images = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(program(images), network(images), rtol=0, atol=1e-5)

@@ -83,3 +83,24 @@ def test_inspect_run_plots_curves_and_reproduces_the_best_checkpoints_score(quic
     results = ast.literal_eval(lines[-1])
     # validate reads the run's own config.yaml (same val batches), so the best checkpoint scores what it saved.
     assert results["val/acc1"] == pytest.approx(best_score, abs=1e-4)
+
+
+def test_inspect_run_refuses_a_crafted_checkpoint_even_where_torch_would_load_it(quickstart, tmp_path):
+    import shutil
+
+    import torch
+    from nbclient.exceptions import CellExecutionError
+
+    from test_reliability import Payload
+
+    _, run_dir = quickstart
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    marker = tmp_path / "pwned"
+    checkpoint = torch.load(copy / "checkpoints" / "last.ckpt", weights_only=True)
+    checkpoint["hyper_parameters"]["payload"] = Payload(marker)
+    torch.save(checkpoint, copy / "checkpoints" / "last.ckpt")
+    # torch < 2.6 loads with weights_only=False by default; this forces that default on today's torch.
+    with pytest.raises(CellExecutionError, match="Weights only load failed"):
+        execute("02_inspect_run.ipynb", PROJECT_RUN_DIR=str(copy), TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
+    assert not marker.exists()
