@@ -147,6 +147,7 @@ class ImageClassifierCLI(LightningCLI):
         self.run_lock = self._claim_run_dir()
         try:
             self.trainer.fit(model, datamodule=datamodule, **kwargs)
+            rank_zero_info(where_the_run_went(self.trainer))
         except BaseException:
             if self.run_lock is not None and self.trainer.global_step == 0:
                 self.run_lock.remove_failed_start()  # a new run that failed before its first step leaves nothing
@@ -178,6 +179,24 @@ class ImageClassifierCLI(LightningCLI):
         if isinstance(logger, TensorBoardLogger):
             self.trainer.loggers = [TensorBoardLogger(save_dir=logger.save_dir, name=logger.name,
                                                       version=config.trainer.logger.init_args.version)]
+
+
+def where_the_run_went(trainer) -> str:
+    """The last line of a fit: the run dir, its checkpoints and the command to look at it."""
+    from project.callbacks.last_checkpoint import LastCheckpoint
+
+    last = next((c.path for c in trainer.callbacks if isinstance(c, LastCheckpoint) and c.path), None)
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
+    run_dir = Path(trainer.log_dir or trainer.default_root_dir)
+    parts = [f"run dir {run_dir}"]
+    if best:
+        parts.append(f"best checkpoint {best}" + (f" ({trainer.checkpoint_callback.monitor} {float(score):.4f})" if score is not None else ""))
+    if last:
+        parts.append(f"last {last}")
+    if trainer.loggers:
+        parts.append(f"look at it with: tensorboard --logdir {run_dir.parent}")
+    return "; ".join(parts)
 
 
 def apply_weights_eval_sizes(config: Namespace, explicit: Namespace) -> None:
