@@ -241,4 +241,15 @@ def main() -> None:
         raise
     except BaseException as error:  # noqa: BLE001  report_and_exit re-raises what is not the user's
         report_and_exit(error)
-    sys.exit(0)
+    close_process_group()
+
+
+def close_process_group() -> None:
+    """Destroy the process group a finished run leaves (torchrun, srun) before the interpreter exits: left to the
+    interpreter's teardown, gloo's threads aborted a rank now and then ("terminate called without an active
+    exception", exit -6)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # no rank tears down its sockets while another still talks to it
+        dist.destroy_process_group()

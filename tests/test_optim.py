@@ -131,6 +131,6 @@ def test_fit_excludes_norm_and_bias_from_weight_decay_when_asked(accumulated_run
 
 
 def test_a_run_without_end_is_refused_before_training(tiny_root, tmp_path):
-    with pytest.raises(ValueError, match="needs a known length.*set --trainer.max_epochs or --trainer.max_steps"):
+    with pytest.raises(ValueError, match="the run has no end.*set --trainer.max_epochs or --trainer.max_steps"):
         cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=-1")])
     assert not list(tmp_path.rglob("*.ckpt"))
