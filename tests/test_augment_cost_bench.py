@@ -3,6 +3,7 @@
     python -m pytest tests/test_augment_cost_bench.py
 """
 
+import pytest
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # another process
 def test_quick_benchmark_reports_each_ingredient_against_the_baseline(tmp_path):
     out = tmp_path / "bench.json"
     command = [sys.executable, "bench/augment_cost.py", "--quick", "--data", str(tmp_path / "jpegs"), "--json", str(out)]

@@ -27,6 +27,7 @@ def check_overhead(result: dict) -> None:
     assert 0 < result["ratio"] < 1.3, result
 
 
+@pytest.mark.slow  # another process
 def test_overhead_quick_matches_the_plain_loop(tmp_path):
     out = tmp_path / "overhead.json"
     run([sys.executable, "bench/overhead.py", "--quick", "--json", str(out)], tmp_path)

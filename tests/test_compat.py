@@ -180,6 +180,7 @@ print("SAVED_IN_HANDLER", saved_in_handler)
 """
 
 
+@pytest.mark.slow  # another process
 @canary("test_canary_stock_slurm_requeue_saves_inside_the_signal_handler")
 def test_canary_stock_slurm_requeue_saves_inside_the_signal_handler(tmp_path):
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "SLURM_JOB_ID": "1",
@@ -203,6 +204,7 @@ L.Trainer(accelerator="cpu", devices=1, max_steps=20, logger=False, enable_progr
 """
 
 
+@pytest.mark.slow  # another process
 @canary("test_canary_stock_trainer_exits_0_on_sigterm")
 def test_canary_stock_trainer_exits_0_on_sigterm(tmp_path):
     script = SIGTERM_EXIT.format(tests=str(REPO / "tests"), out=str(tmp_path))
@@ -263,7 +265,7 @@ TWO_RANKS = """
 import sys, torch, lightning as L
 sys.path.insert(0, {tests!r})
 from lightning.pytorch.callbacks import BaseFinetuning
-from test_finetuning import SmallClassifier
+from test_freeze_backbone import SmallClassifier
 class StockFreeze(BaseFinetuning):
     def freeze_before_training(self, pl_module):  # as BackboneFinetuning does: frozen in setup(), before DDP wraps
         self.freeze(pl_module.network[:-1])

@@ -126,6 +126,7 @@ def readme_snippet() -> str:
     return textwrap.dedent(docstring[start:docstring.index("# --- end ---")])
 
 
+@pytest.mark.slow  # another process
 def test_the_documented_snippet_runs_the_export_without_this_package(tmp_path):
     torch.manual_seed(0)
     network = trained_like(models.resnet18(num_classes=3)).eval()

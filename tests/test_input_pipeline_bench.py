@@ -3,6 +3,7 @@
     python -m pytest tests/test_input_pipeline_bench.py
 """
 
+import pytest
 import importlib.util
 import json
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # another process
 def test_quick_benchmark_reports_stock_and_ours_with_each_decoder_per_core(tmp_path):
     out = tmp_path / "bench.json"
     command = [sys.executable, "bench/input_pipeline.py", "--quick", "--data", str(tmp_path / "jpegs"), "--json", str(out),

@@ -86,6 +86,7 @@ def files_in(folder: Path) -> dict[str, int]:
     return {d.name: len(list(d.iterdir())) for d in sorted(folder.iterdir())}
 
 
+@pytest.mark.slow  # another process
 def test_cli_builds_the_layout_the_mapping_and_checks_counts(archives, tmp_path, capsys):
     root = tmp_path / "imagenet"
     command = [sys.executable, "-m", "project.data.prepare_imagenet", "--archives", str(archives), "--out", str(root)]

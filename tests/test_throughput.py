@@ -27,6 +27,7 @@ def event_dir(run_dir: Path) -> Path:
     return events.parent
 
 
+@pytest.mark.slow  # another process
 def test_quickstart_logs_perf_keys_that_agree_with_the_batches_trained(tiny_root, tmp_path):
     # The CLI's throughput group, given a peak so MFU appears on CPU.
     run = run_project(["fit", *tiny_args(tiny_root, tmp_path, "--throughput.peak_flops=1e12")])

@@ -1,6 +1,6 @@
 """FreezeBackbone trains only the classifier head until its epoch, then the whole network; resumes agree.
 
-    python -m pytest tests/test_finetuning.py
+    python -m pytest tests/test_freeze_backbone.py
 """
 
 import os
@@ -159,7 +159,7 @@ def test_freezing_under_ddp_without_unused_parameter_detection_names_the_strateg
 TWO_RANKS = """
 import sys, torch, lightning as L
 sys.path.insert(0, {tests!r})
-from test_finetuning import SmallClassifier
+from test_freeze_backbone import SmallClassifier
 from project.callbacks.finetuning import FreezeBackbone
 torch.manual_seed(0)
 model = SmallClassifier()
