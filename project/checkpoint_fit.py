@@ -15,9 +15,38 @@ from project.errors import CheckpointError
 from project.resume import describe_checkpoint
 
 
-def check_checkpoint_fits(path: Path, model: L.LightningModule, datamodule: L.LightningDataModule | None) -> None:
-    """CheckpointError naming what differs: the class count, the network (keys, shapes), or nothing (returns)."""
+def check_optimizer_fits(path: Path, checkpoint: dict, model: L.LightningModule) -> None:
+    """A resumed fit restores the optimizer's state: the same optimizer, with the same parameter groups."""
+    from project.optim import parameter_groups
+
+    states = checkpoint.get("optimizer_states") or []
+    hparams = checkpoint.get("hyper_parameters") or {}
+    if not states or not hasattr(model, "network"):
+        return
+    before, now = hparams.get("optimizer", "sgd"), model.hparams.get("optimizer", "sgd")
+    if before != now:
+        raise CheckpointError(f"checkpoint {path} was trained with model.optimizer={before}, this run asks for {now}: "
+                              f"its optimizer state cannot continue; resume with {before}, or start a new run from its "
+                              f"weights with --model.weights {path}")
+    hp = model.hparams
+    expected = [len(g["params"]) for g in parameter_groups(model.network, hp.weight_decay,
+                                                          decay_norm_and_bias=hp.decay_norm_and_bias, lr=1.0,
+                                                          backbone_lr_factor=hp.backbone_lr_factor)]
+    saved = [len(g["params"]) for g in states[0].get("param_groups", [])]
+    if saved != expected:
+        keys = [k for k in ("decay_norm_and_bias", "backbone_lr_factor") if k in hparams and hparams[k] != hp.get(k)]
+        what = ", ".join(f"model.{k} {hparams[k]} -> {hp.get(k)}" for k in keys) or "the parameter groups"
+        raise CheckpointError(f"checkpoint {path} has {len(saved)} parameter group(s) of {saved} parameters, this run "
+                              f"{len(expected)} of {expected} ({what}): resume with the checkpoint's settings, or start "
+                              f"a new run from its weights with --model.weights {path}")
+
+
+def check_checkpoint_fits(path: Path, model: L.LightningModule, datamodule: L.LightningDataModule | None,
+                          *, resuming: bool = False) -> None:
+    """CheckpointError naming what differs: the class count, the network (keys, shapes), the optimizer (resuming)."""
     checkpoint = describe_checkpoint(path)
+    if resuming:
+        check_optimizer_fits(path, checkpoint, model)
     saved = checkpoint["state_dict"]
     expected = model.state_dict()
     hparams = checkpoint.get("hyper_parameters") or {}

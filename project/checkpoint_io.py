@@ -15,6 +15,7 @@ import errno
 import os
 import pickle
 import re
+import socket
 import zipfile
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -25,7 +26,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from project.errors import CheckpointError
 
-PARTIAL_SUFFIX = ".partial"  # temp files are `.<name>.<pid>.partial`: never a name `--ckpt_path last` picks
+PARTIAL_SUFFIX = ".partial"  # temp files are `.<name>.<host>-<pid>.partial`: never a name `--ckpt_path last` picks
+HOST = socket.gethostname().replace(".", "_")
 
 
 def _is_local(path: Any) -> bool:
@@ -33,7 +35,7 @@ def _is_local(path: Any) -> bool:
 
 
 def partial_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}{PARTIAL_SUFFIX}")
+    return path.with_name(f".{path.name}.{HOST}-{os.getpid()}{PARTIAL_SUFFIX}")
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -47,9 +49,10 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def remove_stale_partials(directory: Path) -> None:
-    """Delete temp files that a killed save left behind (their writer is gone); a live writer's are kept."""
-    for leftover in directory.glob(f".*{PARTIAL_SUFFIX}"):
-        pid = leftover.name.rsplit(".", 2)[-2]
+    """Delete temp files that a killed save on this host left behind (their writer is gone); a live writer's, and
+    other hosts' (whose processes cannot be checked from here), are kept."""
+    for leftover in directory.glob(f".*.{HOST}-*{PARTIAL_SUFFIX}"):
+        pid = leftover.name.removesuffix(PARTIAL_SUFFIX).rsplit("-", 1)[-1]
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             leftover.unlink(missing_ok=True)
 
@@ -81,7 +84,11 @@ def save_atomically(checkpoint: dict[str, Any], path: Path) -> None:
         with open(temp, "wb") as file:
             torch.save(checkpoint, file)
             file.flush()
-            os.fsync(file.fileno())
+            try:
+                os.fsync(file.fileno())
+            except OSError as error:  # a filesystem without fsync (EINVAL): the rename below is still atomic
+                if error.errno not in (errno.EINVAL, errno.ENOTSUP):
+                    raise
         with zipfile.ZipFile(temp) as archive:  # reads the central directory, written last: the file is whole
             archive.namelist()
         os.replace(temp, path)

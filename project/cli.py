@@ -19,7 +19,7 @@ from typing import Optional
 
 from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -33,12 +33,13 @@ from project.checkpoint_fit import check_checkpoint_fits
 from project.checkpoint_io import AtomicCheckpointIO
 from project.compat.batch_limits import Trainer
 from project.compat.ckpt_hparams import explicit_values, keep_explicit_model_values
+from project.compat.spawn import trains_in_this_process
 from project.data import ImageNetDataModule
-from project.errors import ConfigError, record_rank
+from project.errors import ConfigError, is_peer_failure, record_rank, user_message
 from project.launchers import check_process_count, env_global_rank
 from project.backbones import torchvision_weights
 from project.model import ImageClassifier
-from project.resume import RunPlan, next_version, pin_logger_version, plan_run
+from project.resume import RunPlan, next_version, plan_run
 from project.run_lock import RunDirTaken, RunLock, claim
 from project.saved_config import KeepingSaveConfigCallback
 from project.slurm import cluster_environment, slurm_job_id, task_line
@@ -121,10 +122,17 @@ class ImageClassifierCLI(LightningCLI):
         if strategy in ("ddp", "ddp_spawn"):
             trainer_config["strategy"] = DDPStrategy(timeout=timeout, start_method="spawn" if strategy == "ddp_spawn" else "popen")
         callbacks = list(trainer_config.get("callbacks") or [])
-        if trainer_config.get("enable_progress_bar", True) is not False:
+        own_bar = any(isinstance(c, ProgressBar) for c in callbacks)
+        if trainer_config.get("enable_progress_bar", True) is not False and not own_bar:
             # Each refresh reads the logged tensors on the host (a GPU sync): only on logging steps.
             callbacks.append(StepProgressBar(refresh_rate=trainer_config.get("log_every_n_steps") or 50))
         trainer_config["callbacks"] = callbacks
+        if trainer_config.get("enable_checkpointing") is False:
+            # The checkpoint groups (best, last.ckpt) are callbacks too: without checkpointing, inert ones instead
+            # (the Trainer refuses checkpoint callbacks with enable_checkpointing=false).
+            config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+            for key in ("checkpoint", "last_checkpoint"):
+                config[key] = Callback()
         trainer = super().instantiate_trainer(**kwargs)
         if trainer.loggers:  # LearningRateMonitor raises without a logger (Lightning #17159)
             trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))
@@ -140,7 +148,7 @@ class ImageClassifierCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         super().after_instantiate_classes()
         if self.subcommand and self.plan and self.plan.ckpt_path is not None:
-            check_checkpoint_fits(self.plan.ckpt_path, self.model, self.datamodule)
+            check_checkpoint_fits(self.plan.ckpt_path, self.model, self.datamodule, resuming=self.subcommand == "fit")
 
     # -- fit: the run dir is claimed (created, locked) for the length of the run ---------------------------------
     def fit(self, model, datamodule=None, **kwargs) -> None:
@@ -148,9 +156,13 @@ class ImageClassifierCLI(LightningCLI):
         try:
             self.trainer.fit(model, datamodule=datamodule, **kwargs)
             rank_zero_info(where_the_run_went(self.trainer))
-        except BaseException:
-            if self.run_lock is not None and self.trainer.global_step == 0:
-                self.run_lock.remove_failed_start()  # a new run that failed before its first step leaves nothing
+        except BaseException as error:
+            # A new run stopped by bad input before its first step (here, or on another rank) leaves nothing behind.
+            # Only then: a crash or Ctrl+C keeps its logs; under ddp_spawn this process never trains (step 0).
+            bad_input = user_message(error) is not None or is_peer_failure(error)
+            if (self.run_lock is not None and self.trainer.global_step == 0 and bad_input
+                    and not isinstance(error, KeyboardInterrupt) and trains_in_this_process(self.trainer)):
+                self.run_lock.remove_failed_start()
             raise
         finally:
             if self.run_lock is not None:
@@ -164,21 +176,23 @@ class ImageClassifierCLI(LightningCLI):
             try:
                 return claim(plan.run_dir, fresh=plan.fresh)
             except RunDirTaken:  # a run started at the same moment took this version: take the next one
-                root = plan.run_dir.parent.parent
-                plan.run_dir = root / plan.run_dir.parent.name / f"version_{next_version(root)}"
+                plan.run_dir = plan.run_dir.parent / f"version_{next_version(plan.run_dir.parent)}"
                 self._repin(plan.run_dir)
         raise RuntimeError(f"could not create a new run dir under {plan.run_dir.parent}")
 
     def _repin(self, run_dir: Path) -> None:
-        config = self.config[self.subcommand]
-        root = run_dir.parent.parent
-        pin_logger_version(config.trainer, root, int(run_dir.name.removeprefix("version_")))
-        from lightning.pytorch.loggers import TensorBoardLogger
+        """Point the already built logger (or, for one we cannot pin, the checkpoints) at another version dir."""
+        from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
+        version = int(run_dir.name.removeprefix("version_"))
+        config = self.config[self.subcommand]
         logger = self.trainer.logger
-        if isinstance(logger, TensorBoardLogger):
-            self.trainer.loggers = [TensorBoardLogger(save_dir=logger.save_dir, name=logger.name,
-                                                      version=config.trainer.logger.init_args.version)]
+        if isinstance(logger, (TensorBoardLogger, CSVLogger)):
+            config.trainer.logger.init_args.version = version  # what config.yaml will say
+            self.trainer.loggers = [type(logger)(save_dir=logger.save_dir, name=logger.name, version=version)]
+        elif self.trainer.checkpoint_callback is not None:
+            self.trainer.checkpoint_callback.dirpath = str(run_dir / "checkpoints")
+            config.checkpoint.dirpath = str(run_dir / "checkpoints")
 
 
 def where_the_run_went(trainer) -> str:
@@ -214,6 +228,7 @@ def apply_weights_eval_sizes(config: Namespace, explicit: Namespace) -> None:
 
 def cli_main(args: Optional[list[str]] = None, *, run: bool = True) -> ImageClassifierCLI:
     """Entry point of `python -m project`; tests call it in-process with a list of arguments."""
+    record_rank(None)  # this run's Trainer records its own (a process may build several: notebooks, tests)
     return ImageClassifierCLI(
         ImageClassifier,
         ImageNetDataModule,

@@ -46,7 +46,8 @@ class RunDirInUse(UserError):
 
 # Messages of torch.distributed when a *peer* died or stopped answering: this rank is a victim, not the culprit.
 _PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
-                 "has exited", "recvBytes", "Socket Timeout", "Timed out waiting")
+                 "has exited", "recvBytes", "Socket Timeout", "Timed out waiting",
+                 "Application timeout caused pair closure")  # the last: gloo when the peer is stopped (SIGSTOP)
 
 
 def debugging() -> bool:
@@ -61,6 +62,10 @@ def user_message(error: BaseException) -> Optional[str]:
 
     if isinstance(error, (UserError, UnreadableImageError)):
         return str(error)
+    if type(error).__name__ == "MisconfigurationException":  # Lightning's word for a setting that cannot work
+        return " ".join(str(error).split())
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted (Ctrl+C) before training started; nothing was trained"
     if isinstance(error, argparse.ArgumentError):  # jsonargparse: an unknown option, a value of the wrong type
         text = " ".join(str(error).split())
         return f"{text[:600]} (`python -m project <subcommand> --help` lists every option)"
@@ -78,9 +83,10 @@ def is_peer_failure(error: BaseException) -> bool:
 _rank: Optional[tuple[int, int]] = None  # (global rank, world size) once the Trainer knows them
 
 
-def record_rank(global_rank: int, world_size: int) -> None:
+def record_rank(global_rank: Optional[int], world_size: int = 1) -> None:
+    """Remember this process's rank for the error line (None: forget, a new run starts)."""
     global _rank
-    _rank = (global_rank, world_size)
+    _rank = None if global_rank is None else (global_rank, world_size)
 
 
 def rank_label() -> str:
@@ -101,7 +107,7 @@ def report_and_exit(error: BaseException) -> None:
         if label:
             _let_the_other_ranks_stop_first()
         print(f"error{label}: {message}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USER_ERROR)
+        sys.exit(130 if isinstance(error, KeyboardInterrupt) else EXIT_USER_ERROR)
     if is_peer_failure(error):
         reason = " ".join(str(error).split("] ", 1)[-1].split())[:160]
         print(f"stopped{rank_label()}: another rank failed or stopped answering ({type(error).__name__}: {reason}); "

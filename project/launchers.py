@@ -15,10 +15,13 @@ from project.errors import LauncherError
 def env_global_rank() -> int:
     """This process's global rank as the launcher set it (torchrun RANK, Slurm SLURM_PROCID, Lightning's children
     NODE_RANK/LOCAL_RANK); 0 for a process started by hand, which is where Lightning's ddp launcher starts rank 0."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
     env = os.environ
     if "RANK" in env:
         return int(env["RANK"])
-    if "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:
+    # Inside `srun --pty bash` Lightning's own children inherit SLURM_PROCID=0: only a Slurm *training* step counts.
+    if "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env and SLURMEnvironment.detect():
         return int(env["SLURM_PROCID"])
     local, node = int(env.get("LOCAL_RANK", 0)), int(env.get("NODE_RANK", env.get("GROUP_RANK", 0)))
     return local if node == 0 else node * max(1, int(env.get("LOCAL_WORLD_SIZE", 1))) + local

@@ -190,9 +190,9 @@ class ImageClassifier(L.LightningModule):
             rank_zero_info("resumed with this run's optimizer settings: " + "; ".join(changed))
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        # The model's randomness (dropout, stochastic depth) at a step depends on (seed, step, rank) only, so a run
-        # resumed at any batch draws what an uninterrupted one draws. Host-side only: no device sync.
-        seed = step_seed(self.hparams.seed, self.trainer.global_step, self.trainer.global_rank)
+        # The model's randomness (dropout, stochastic depth) in a batch depends on (seed, epoch, batch, rank) only,
+        # so a run resumed at any batch draws what an uninterrupted one draws. Host-side only: no device sync.
+        seed = step_seed(self.hparams.seed, self.current_epoch, batch_idx, self.trainer.global_rank)
         torch.default_generator.manual_seed(seed)
         if self.device.type == "cuda":
             torch.cuda.manual_seed(seed)

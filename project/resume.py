@@ -28,7 +28,7 @@ from typing import Any, Optional
 from jsonargparse import Namespace
 
 from project.checkpoint_io import PARTIAL_SUFFIX, load_trusted_format
-from project.errors import CheckpointError
+from project.errors import CheckpointError, ConfigError
 from project.launchers import torchelastic_restart
 from project.slurm import slurm_job_id, slurm_restart_count
 
@@ -66,9 +66,9 @@ def checkpoint_files(directory: Path) -> list[Path]:
     return sorted(files, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
-def all_checkpoints(root: Path) -> list[Path]:
-    """Every run's checkpoints under <root> (and <root>/checkpoints of runs without a logger), newest first."""
-    directories = [*sorted((root / LOGS).glob(f"*/{CHECKPOINTS}")), root / CHECKPOINTS]
+def all_checkpoints(logs: Path, extra: tuple[Path, ...] = ()) -> list[Path]:
+    """Every run's checkpoints under the logs dir (and in `extra` folders), newest first."""
+    directories = [*sorted(logs.glob(f"*/{CHECKPOINTS}")), *extra]
     files = [p for d in directories for p in checkpoint_files(d)]
     return sorted(files, key=lambda p: p.stat().st_mtime, reverse=True)
 
@@ -83,10 +83,10 @@ def first_loadable(candidates: list[Path], plan: RunPlan) -> Optional[tuple[Path
     return None
 
 
-def run_dir_of(checkpoint: Path, root: Path) -> Optional[Path]:
-    """<root>/lightning_logs/<version> for a checkpoint in its checkpoints/ (or in the run dir itself), else None."""
+def run_dir_of(checkpoint: Path, logs: Path) -> Optional[Path]:
+    """<logs>/<version> for a checkpoint in its checkpoints/ (or in the run dir itself), else None."""
     path = checkpoint.resolve()
-    logs = (root / LOGS).resolve()
+    logs = logs.resolve()
     if path.parent.name == CHECKPOINTS and path.parent.parent.parent == logs:
         return path.parent.parent
     if path.parent.parent == logs:
@@ -100,10 +100,22 @@ def version_number(name: str) -> int | str:
     return int(name[len(prefix):]) if name.startswith(prefix) and name[len(prefix):].isdigit() else name
 
 
-def next_version(root: Path) -> int:
-    """As TensorBoardLogger counts: one past the highest version_N under <root>/lightning_logs."""
-    numbers = [int(p.name[8:]) for p in (root / LOGS).glob("version_*") if p.is_dir() and p.name[8:].isdigit()]
+def next_version(logs: Path) -> int:
+    """As TensorBoardLogger counts: one past the highest version_N in the logs dir."""
+    numbers = [int(p.name[8:]) for p in logs.glob("version_*") if p.is_dir() and p.name[8:].isdigit()]
     return max(numbers, default=-1) + 1
+
+
+def logs_dir(trainer: Namespace, root: Path) -> Path:
+    """Where the runs' version dirs live: the TensorBoard/CSV logger's save_dir/name (by default
+    <root>/lightning_logs); for any other logger, or none, <root>/lightning_logs, where our checkpoints then go."""
+    logger = trainer.logger
+    if isinstance(logger, Namespace) and pinnable(trainer):
+        args = logger.get("init_args") or Namespace()
+        save_dir = Path(args.get("save_dir") or root)
+        name = args.get("name", LOGS)
+        return save_dir / name if name else save_dir
+    return root / LOGS
 
 
 def pinnable(trainer: Namespace) -> bool:
@@ -115,10 +127,10 @@ def pinnable(trainer: Namespace) -> bool:
 
 
 def pin_logger_version(trainer: Namespace, save_dir: Path, version: int | str) -> None:
-    """Make the run log into <save_dir>/lightning_logs/<version> (edits the parsed trainer config in place).
+    """Make the run log into its version dir (edits the parsed trainer config in place).
 
-    The default logger becomes a TensorBoardLogger pinned to that version; a configured TensorBoard or CSV logger
-    gets the version (its save_dir and name kept); any other logger is left as configured.
+    The default logger becomes a TensorBoardLogger in <save_dir>/lightning_logs pinned to that version; a configured
+    TensorBoard or CSV logger gets the version (its save_dir and name kept); any other logger is left as configured.
     """
     logger = trainer.logger
     if logger in (None, True):
@@ -145,26 +157,40 @@ def plan_run(subcommand: str, config: Namespace) -> RunPlan:
     Reads files only; the run dir is created and locked later, by project.run_lock, when the run starts.
     """
     trainer = config.trainer
-    root = Path(trainer.default_root_dir or os.getcwd())
+    root_text = str(trainer.default_root_dir or os.getcwd())
+    if "://" in root_text and not root_text.startswith("file://"):
+        raise ConfigError(f"trainer.default_root_dir {root_text}: runs write to a local or mounted filesystem here "
+                          "(atomic checkpoints, the run lock, resume); point it at a mounted path")
+    root = Path(root_text.removeprefix("file://"))
+    logs = logs_dir(trainer, root)
+    checkpoint_group = config.get("checkpoint")
+    given_dir = Path(checkpoint_group.dirpath) if checkpoint_group is not None and checkpoint_group.get("dirpath") else None
+    extra = (root / CHECKPOINTS, *((given_dir,) if given_dir else ()))
     requested = config.get("ckpt_path")
     plan = RunPlan()
     chosen: Optional[tuple[Path, dict]] = None
 
     job_id = slurm_job_id() if subcommand == "fit" else None
-    job_dir = root / LOGS / f"slurm-{job_id}" if job_id else None
+    job_dir = logs / f"slurm-{job_id}" if job_id else None
+    restarted = subcommand == "fit" and (torchelastic_restart() or 0) > 0
     if job_dir is not None and slurm_restart_count() > 0:
-        chosen = first_loadable(checkpoint_files(job_dir / CHECKPOINTS), plan)
+        chosen = first_loadable(checkpoint_files(given_dir or job_dir / CHECKPOINTS), plan)
         if chosen:
             given = f" instead of --ckpt_path {requested}" if requested else ""
             plan.reason = f"Slurm job {job_id} (restart {slurm_restart_count()}): resuming from {chosen[0]}{given}"
-    restarted = subcommand == "fit" and (torchelastic_restart() or 0) > 0
+    elif restarted and requested not in (None, "last"):
+        # A restarted attempt has the first one's command line: its own newer checkpoints win over the given one.
+        own = run_dir_of(Path(requested).expanduser(), logs)
+        chosen = first_loadable(checkpoint_files(own / CHECKPOINTS), plan) if own is not None else None
+        if chosen:
+            plan.reason = f"torchrun restart {torchelastic_restart()}: resuming from {chosen[0]} (its run's newest)"
     if chosen is None and (requested == "last" or (restarted and requested is None)):
-        chosen = first_loadable(all_checkpoints(root), plan)
+        chosen = first_loadable(all_checkpoints(logs, extra), plan)
         why = f"torchrun restart {torchelastic_restart()}" if restarted and requested is None else "--ckpt_path last"
         if chosen:
             plan.reason = f"{why}: resuming from {chosen[0]}"
         else:
-            plan.reason = f"{why}: no loadable checkpoint under {root} yet; starting from scratch"
+            plan.reason = f"{why}: no loadable checkpoint under {logs} yet; starting from scratch"
     elif chosen is None and requested:
         chosen = _resolve_explicit(requested, plan)
         plan.reason = f"resuming from {chosen[0]}" if subcommand == "fit" else f"checkpoint {chosen[0]}"
@@ -177,20 +203,25 @@ def plan_run(subcommand: str, config: Namespace) -> RunPlan:
     elif requested == "last":
         config.ckpt_path = None
         if subcommand != "fit":
-            raise CheckpointError(f"--ckpt_path last: no loadable checkpoint under {root}{_skipped_note(plan)}; "
+            raise CheckpointError(f"--ckpt_path last: no loadable checkpoint under {logs}{_skipped_note(plan)}; "
                                   "pass the checkpoint's path instead")
     if subcommand != "fit":
         return plan
 
+    if given_dir is not None:  # the user chose where checkpoints go: that folder's parent is the run dir
+        plan.run_dir, plan.fresh = given_dir.parent, False
+        return plan
     if job_dir is not None:
         plan.run_dir = job_dir
         plan.fresh = not job_dir.exists()
-    elif plan.ckpt_path is not None and (existing := run_dir_of(plan.ckpt_path, root)) is not None:
+    elif plan.ckpt_path is not None and (existing := run_dir_of(plan.ckpt_path, logs)) is not None:
         plan.run_dir, plan.fresh = existing, False
-    elif pinnable(trainer):
-        plan.run_dir = root / LOGS / f"version_{next_version(root)}"
-    if plan.run_dir is not None and pinnable(trainer):
+    else:
+        plan.run_dir = logs / f"version_{next_version(logs)}"
+    if pinnable(trainer):
         pin_logger_version(trainer, root, version_number(plan.run_dir.name))
-    elif plan.run_dir is not None and trainer.logger is False and job_dir is not None:
-        trainer.default_root_dir = str(job_dir)  # checkpoints then go to the job's own <dir>/checkpoints
+    elif checkpoint_group is not None:
+        # A logger that writes elsewhere (W&B, MLflow, none): checkpoints still go to the run dir this plan locks
+        # and a resume searches.
+        checkpoint_group.dirpath = str(plan.run_dir / CHECKPOINTS)
     return plan

@@ -2,7 +2,7 @@
 
     sample_seed(seed, epoch, index, repeat)   one image's augmentation (crop, flip, auto-augment, erasing)
     batch_seed(seed, epoch, batch_index)      a batch's MixUp/CutMix draw, the same on every rank
-    step_seed(seed, step, rank)               the model's own randomness (dropout, stochastic depth) for one step
+    step_seed(seed, epoch, batch, rank)       the model's own randomness (dropout, stochastic depth) for one batch
 
 So a run resumed at any batch, or split over any number of processes or DataLoader workers, draws what an
 uninterrupted run draws. The run seed is `seed_everything` of the CLI (default 42), linked into the data module and
@@ -35,9 +35,10 @@ def batch_seed(run_seed: int, epoch: int, batch_index: int) -> int:
     return _mix(2, run_seed, epoch, batch_index)
 
 
-def step_seed(run_seed: int, step: int, rank: int) -> int:
-    """Seed of the model's random stream for one optimizer step on one rank."""
-    return _mix(3, run_seed, step, rank)
+def step_seed(run_seed: int, epoch: int, batch_index: int, rank: int) -> int:
+    """Seed of the model's random stream for one training batch on one rank (each micro-batch of a gradient
+    accumulation window its own)."""
+    return _mix(3, run_seed, epoch, batch_index, rank)
 
 
 def order_seed(run_seed: int, epoch: int) -> int:

@@ -4,9 +4,10 @@
 
 Anything more inside a signal handler can deadlock a distributed job: the handler interrupts the main thread wherever
 it is, possibly inside a collective (Lightning's handlers broadcast and save from there, Lightning #20825, #21406).
-Here the handler records the signal and passes it on to the ranks Lightning started itself (they may not have
+Here the handler records the signal and passes a SIGTERM on to the ranks Lightning started itself (they may not have
 received it: `docker stop` signals PID 1 only); project.callbacks.last_checkpoint then has all ranks agree on it at a
-batch end, save, and stop. A second Ctrl+C stops at once. DataLoader workers ignore these signals (their process
+batch end, save, and stop. A second Ctrl+C stops at once (SIGINT is not passed on: a terminal sends it to every
+process of the job already, and a passed-on copy would look like a second one). DataLoader workers ignore these signals (their process
 group may receive them too): the main process ends them when it stops.
 """
 
@@ -24,10 +25,13 @@ class StopRequests:
         self.received = 0
         self._previous: dict[int, Any] = {}
         self._forward: Optional[Forward] = None
+        self._forwarded: tuple[int, ...] = ()
 
-    def install(self, forward: Optional[Forward] = None) -> None:
-        """Replace the current handlers (Lightning's among them) until `restore`."""
+    def install(self, forward: Optional[Forward] = None, forwarded: tuple[int, ...] = ()) -> None:
+        """Replace the current handlers (Lightning's among them) until `restore`; the first of `forwarded` to
+        arrive is passed to `forward`."""
         self._forward = forward
+        self._forwarded = forwarded
         for signum in self.signums:
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._handle)
@@ -38,7 +42,7 @@ class StopRequests:
             raise KeyboardInterrupt  # the second Ctrl+C: stop now, without the checkpoint
         first = not self.received
         self.received = self.received or signum
-        if first and self._forward is not None:
+        if first and self._forward is not None and signum in self._forwarded:
             self._forward(signum)
 
     def restore(self) -> None:

@@ -23,3 +23,17 @@ def is_logging_step(trainer: L.Trainer, batch_idx: int) -> bool:
     if not after_optimizer_step(trainer, batch_idx):
         return False
     return trainer.global_step % trainer.log_every_n_steps == 0 or trainer.should_stop
+
+
+def validation_follows(trainer: L.Trainer, batch_idx: int) -> bool:
+    """True when Lightning runs a validation right after this batch end (the epoch's last batch, or every
+    val_check_batch batches), in an epoch that validates."""
+    if not trainer.enable_validation:
+        return False
+    every = trainer.check_val_every_n_epoch
+    if every is not None and (trainer.current_epoch + 1) % every != 0:
+        return False
+    if batch_idx + 1 == trainer.num_training_batches:
+        return True
+    interval = trainer.val_check_batch
+    return isinstance(interval, int) and interval > 0 and (batch_idx + 1) % interval == 0

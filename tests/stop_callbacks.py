@@ -35,3 +35,14 @@ class StopAfterEpoch(L.Callback):
     def on_train_epoch_end(self, trainer, pl_module):
         if trainer.current_epoch == self.epoch:
             trainer.should_stop = True
+
+
+class HeadAtStart(L.Callback):
+    """Keeps a copy of the classifier head's weight as training starts (after pretrained weights were loaded)."""
+
+    def __init__(self, attribute: str = "fc"):
+        self.attribute = attribute
+        self.weight = None
+
+    def on_train_start(self, trainer, pl_module):
+        self.weight = getattr(pl_module.network, self.attribute).weight.detach().clone()

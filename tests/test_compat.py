@@ -20,6 +20,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import BaseFinetuning, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -27,10 +28,11 @@ from conftest import REPO
 from project.compat import WORKAROUNDS
 
 
-def canary(name: str):
-    """xfail(strict) with the workaround's own text as the reason."""
+def canary(name: str, raises: type[BaseException] = AssertionError):
+    """xfail(strict) with the workaround's own text as the reason; only the bug's own failure counts as the bug."""
     (entry,) = [w for w in WORKAROUNDS if w.canary == name]
-    return pytest.mark.xfail(strict=True, reason=f"{entry.upstream}; delete: {entry.where} when {entry.delete_when}")
+    return pytest.mark.xfail(strict=True, raises=raises,
+                             reason=f"{entry.upstream}; delete: {entry.where} when {entry.delete_when}")
 
 
 def test_every_workaround_has_its_canary_here():
@@ -121,9 +123,8 @@ def test_canary_stock_trainer_drops_the_loader_state_after_estimated_stepping_ba
     checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
     trainer(tmp_path, max_steps=2, limit_val_batches=0, callbacks=[checkpoint]).fit(ReadsStepsInConfigureOptimizers())
     StatefulLoader.loaded.clear()
-    trainer(tmp_path, max_steps=4, limit_val_batches=0).fit(ReadsStepsInConfigureOptimizers(),
-                                                            ckpt_path=checkpoint.best_model_path or checkpoint.last_model_path
-                                                            or str(next(tmp_path.glob("*.ckpt"))))
+    (saved,) = tmp_path.glob("*step=2.ckpt")  # after step 2: the middle of the 6-batch epoch
+    trainer(tmp_path, max_steps=4, limit_val_batches=0).fit(ReadsStepsInConfigureOptimizers(), ckpt_path=saved)
     assert StatefulLoader.loaded == [{"marker": 1}]
 
 
@@ -237,7 +238,7 @@ def test_canary_stock_prog_bar_logging_reads_the_tensor_every_step(tmp_path, mon
     assert len(reads) < 6  # once per step today, though neither the bar (refresh 50) nor the logger (50) shows it
 
 
-@canary("test_canary_stock_learning_rate_monitor_raises_without_a_logger")
+@canary("test_canary_stock_learning_rate_monitor_raises_without_a_logger", raises=MisconfigurationException)
 def test_canary_stock_learning_rate_monitor_raises_without_a_logger(tmp_path):
     trainer(tmp_path, max_steps=1, limit_val_batches=0, callbacks=[LearningRateMonitor()]).fit(Tiny())
 
@@ -249,7 +250,7 @@ def test_canary_stock_lightning_has_no_dp_strategy():
     assert hasattr(strategies, "DataParallelStrategy")
 
 
-@canary("test_canary_stock_sync_batchnorm_refuses_cpu_tensors")
+@canary("test_canary_stock_sync_batchnorm_refuses_cpu_tensors", raises=ValueError)
 def test_canary_stock_sync_batchnorm_refuses_cpu_tensors(tmp_path):
     import torch.distributed as dist
 
@@ -307,3 +308,12 @@ def test_canary_stock_averaged_model_update_reads_the_counter_on_the_host(monkey
     averaged.update_parameters(network)
     averaged.update_parameters(network)
     assert reads == []
+
+
+
+def test_the_private_launcher_class_compat_spawn_names_still_tells_spawning_from_training(tmp_path):
+    from project.compat.spawn import trains_in_this_process
+
+    spawning = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False, default_root_dir=tmp_path)
+    training = L.Trainer(accelerator="cpu", devices=1, logger=False, default_root_dir=tmp_path)
+    assert not trains_in_this_process(spawning) and trains_in_this_process(training)

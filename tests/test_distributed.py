@@ -66,12 +66,14 @@ def test_validate_is_exact_with_1_2_and_3_processes_on_an_odd_val_set(ddp_run, t
     checkpoint = ddp_run / "lightning_logs/version_0/checkpoints/last.ckpt"
     # 17 val images in batches of 4: shards of 17, 9+8 and 6+6+5 images; padding would count some twice
     one, two, three = (validate_metrics(checkpoint, tiny_root, tmp_path / f"w{n}", n) for n in (1, 2, 3))
-    for key in ("val/acc1", "val/acc5"):
-        assert one[key] == two[key] == three[key], key
+    # Neither 0 nor 1: there, padding and means of per-rank means would give the same number (acc5 is 1: 3 classes).
+    assert 0 < one["val/acc1"] < 1
+    assert one["val/acc1"] == two["val/acc1"] == three["val/acc1"]
     assert two["val/loss"] == pytest.approx(one["val/loss"], rel=1e-6)
     assert three["val/loss"] == pytest.approx(one["val/loss"], rel=1e-6)
-    # and the reduced accuracy is a count over all 17 images, not a mean of per-rank means
-    assert round(one["val/acc1"] * 17, 4) == round(one["val/acc1"] * 17)
+    # and each reduced accuracy is a count over all 17 images, not a mean of per-rank means (9+8, 6+6+5 shards)
+    for metrics in (two, three):
+        assert metrics["val/acc1"] * 17 == pytest.approx(round(metrics["val/acc1"] * 17), abs=1e-4)
 
 
 def test_ddp_spawn_two_processes_train_one_run(tiny_root, tmp_path):
@@ -79,6 +81,8 @@ def test_ddp_spawn_two_processes_train_one_run(tiny_root, tmp_path):
     files = run_files(tmp_path)
     assert len(files["versions"]) == 1 and len(files["checkpoints"]) == 2 and len(files["configs"]) == 1
     assert len(read_scalars(files["versions"][0])["val/acc1"]) == 1
+    last = torch.load(files["checkpoints"][-1], map_location="cpu", weights_only=True)
+    assert last["global_step"] == 3  # 2 ranks x 3 steps of 8 images; one process would make 5
 
 
 def test_ddp_2x_batch_b_with_sync_batchnorm_equals_one_process_with_batch_2b(tiny_root, tmp_path):

@@ -156,10 +156,11 @@ def test_torchvision_decay_adjustment():
 
 
 def test_adjusted_decay_follows_the_global_batch_interval_and_run_length(tiny_root, tmp_path):
-    trainer, _ = fit(tiny_root, tmp_path, EMA(decay=0.999, every_n_steps=2, adjust_decay=True), max_epochs=2,
+    trainer, _ = fit(tiny_root, tmp_path, EMA(decay=0.999, every_n_steps=2, adjust_decay=True), max_epochs=3,
                      limit_val_batches=0)
-    # 8 images per step (one process), an update every 2 steps, 2 epochs
-    assert trainer.callbacks[0]._average_model.decay == pytest.approx(1 - 0.001 * 8 * 2 / 2)
+    # 8 images per step (one process), an update every 2 steps, 3 epochs (distinct numbers: none can stand in
+    # for another)
+    assert trainer.callbacks[0]._average_model.decay == pytest.approx(1 - 0.001 * 8 * 2 / 3)
 
 
 def test_under_bf16_true_the_average_stays_float32_and_validation_does_not_round_it(tiny_root, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchvision import models
 
-from conftest import CONFIGS, QUICKSTART, SHRINK, run_project, tiny_args
+from conftest import CONFIGS, QUICKSTART, SHRINK, callback, run_project, tiny_args
 from project.cli import cli_main, main
 from project.weights import hub_file
 from test_weights import hub, imagenet_resnet18  # noqa: F401  (the offline torch hub fixture)
@@ -27,7 +27,8 @@ def test_finetune_recipe_loads_the_backbone_keeps_it_frozen_for_epoch_0_and_trai
     torch.save(saved, path)
     # The digits (10 classes) at 32 px, one shrunk epoch: the epoch in which only the head trains.
     args = ["fit", "--config", str(QUICKSTART), "--config", str(FINETUNE), *SHRINK, "--model.weights=IMAGENET1K_V1",
-            "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=1", f"--trainer.default_root_dir={tmp_path}"]
+            "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=1", f"--trainer.default_root_dir={tmp_path}",
+            callback("stop_callbacks.HeadAtStart")]
     cli = cli_main(args)
     network = cli.model.network
     state = network.state_dict()
@@ -38,7 +39,8 @@ def test_finetune_recipe_loads_the_backbone_keeps_it_frozen_for_epoch_0_and_trai
     for key in frozen:
         assert torch.equal(state[key], saved[key]), f"{key} moved while the backbone was frozen"
     assert network.fc.weight.shape == (10, 512)
-    assert not torch.equal(network.fc.weight, torch.zeros_like(network.fc.weight))
+    (head,) = [c for c in cli.trainer.callbacks if type(c).__name__ == "HeadAtStart"]
+    assert not torch.equal(network.fc.weight, head.weight)  # the new head trained while the backbone waited
     assert f"loaded {len(saved) - 2} tensors from resnet18 IMAGENET1K_V1 ({path})" in caplog.text
     assert "newly initialised (1000 -> 10 classes): fc.weight, fc.bias" in caplog.text
     groups = {g["name"]: g["initial_lr"] for g in cli.trainer.optimizers[0].param_groups}

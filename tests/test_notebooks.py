@@ -68,6 +68,9 @@ def test_quickstart_trains_from_the_config_files_and_plots_predictions(quickstar
     assert [Path(row[0]).name for row in rows[1:]] == [path.name for path in val_images]
     accuracy = next(line for line in lines if line.startswith("top-1 accuracy"))
     assert f"on {len(val_images)} validation images" in accuracy
+    # the printed accuracy is the CSV's: its top-1 class against each image's folder
+    correct = sum(Path(row[0]).parent.name == row[1] for row in rows[1:]) / (len(rows) - 1)
+    assert float(accuracy.split()[2]) == pytest.approx(correct, abs=1e-3)
 
 
 def test_inspect_run_plots_curves_and_reproduces_the_best_checkpoints_score(quickstart):

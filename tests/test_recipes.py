@@ -8,9 +8,11 @@ import math
 
 import pytest
 import torch
+import yaml
 from torchvision import models
 
 from conftest import CONFIGS, QUICKSTART, SHRINK
+from project.callbacks.ema import EMA
 from project.cli import cli_main
 from project.weights import hub_file
 from test_weights import hub, imagenet_resnet18  # noqa: F401  (the offline torch hub fixture)
@@ -31,6 +33,15 @@ def test_recipe_composes_with_the_quickstart_and_trains_one_shrunk_epoch(recipe,
     args = ["fit", "--config", str(QUICKSTART), "--config", str(recipe), *SHRINK, f"--data.root={tiny_root}",
             f"--trainer.default_root_dir={tmp_path}", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
     cli = cli_main(args)
+    # Every ingredient the file names arrived (the shrink flags only set the batch size and the length).
+    settings = yaml.safe_load(recipe.read_text())
+    for key, value in settings.get("model", {}).items():
+        assert cli.model.hparams[key] == value, key
+    for key, value in settings.get("data", {}).items():
+        if key != "batch_size":
+            assert cli.datamodule.hparams[key] == value, key
+    if settings.get("model", {}).get("ema_decay"):
+        assert any(isinstance(c, EMA) for c in cli.trainer.callbacks)
     assert cli.trainer.global_step == 2
     assert math.isfinite(float(cli.trainer.callback_metrics["train/loss"]))
     assert 0.0 <= float(cli.trainer.callback_metrics["val/acc1"]) <= 1.0

@@ -92,11 +92,6 @@ def test_sigterm_to_the_process_group_saves_exits_143_and_resumes_as_the_uninter
     assert_same_training(final_state(tmp_path), reference)
 
 
-def test_a_finished_fit_leaves_the_signal_handlers_as_it_found_them(reference):
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # else Pool.terminate() of later code would hang
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-
-
 def test_sigint_saves_and_exits_130_in_process(tiny_root, tmp_path):
     args = tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=2",
                      callback("stop_callbacks.SignalAtStep", step=2, signum=int(signal.SIGINT)))
@@ -105,7 +100,8 @@ def test_sigint_saves_and_exits_130_in_process(tiny_root, tmp_path):
     assert stopped.value.code == 130
     saved = torch.load(tmp_path / LAST, map_location="cpu", weights_only=True)
     assert saved["global_step"] == 3  # the signal came before step 3; that step's end saved and stopped
-    # every handler is back as it was before fit (not Lightning's, not ours)
+    # every handler is back as it was before fit (not Lightning's, not ours): left behind, a SIGTERM handler
+    # would keep a later multiprocessing.Pool.terminate() waiting forever
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
@@ -127,3 +123,30 @@ def test_ddp_kill_9_mid_epoch_then_resume_ends_as_the_uninterrupted_run(tiny_roo
     ok(run_project(["fit", *args, "--ckpt_path=last"]))
     assert ddp_reference["step"] == 9
     assert_same_training(final_state(tmp_path), ddp_reference)
+
+
+def test_a_stop_signal_right_before_a_validation_waits_for_it_and_the_resumed_run_skips_nothing(tiny_root, tmp_path):
+    from conftest import read_scalars
+
+    # SIGTERM as the last batch of epoch 0 starts: the save waits until that epoch's validation has run.
+    args = tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=2")
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(["fit", *args, callback("stop_callbacks.SignalAtStep", step=4, signum=int(signal.SIGTERM))])
+    assert stopped.value.code == 143
+    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    assert len(list(checkpoints.glob("epoch000-*.ckpt"))) == 1  # epoch 0 was validated before the stop
+    cli_main(["fit", *args, "--ckpt_path=last"])
+    validated = [step for step, _ in read_scalars(tmp_path / "lightning_logs" / "version_0")["val/acc1"]]
+    assert validated == [4, 9]  # both epochs' validations, each once
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_a_ddp_job_saves_once_on_every_rank_and_exits_130(tiny_root, tmp_path):
+    # As a terminal does: SIGINT to the whole process group (both ranks, from rank 1's batch start at step 1).
+    args = ["fit", *tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=3", "--last_checkpoint.check_every_n_steps=1"),
+            *CPU_DDP, callback("stop_callbacks.SignalAtStep", step=1, signum=int(signal.SIGINT), rank=1, group=True)]
+    job = start_project(args, new_session=True)
+    out, err = job.communicate(timeout=300)
+    assert job.returncode == 130, err[-3000:]
+    assert "stopped by SIGINT at epoch 0, global step 2" in out + err and "Traceback" not in err
+    assert torch.load(tmp_path / LAST, map_location="cpu", weights_only=True)["global_step"] == 2

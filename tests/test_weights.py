@@ -61,11 +61,14 @@ def test_a_weights_name_loads_offline_from_the_hub_cache_with_a_new_head(hub):
 
 def test_default_names_the_entry_torchvision_marks_default(hub):
     path = hub_file(models.ResNet50_Weights.DEFAULT)
-    assert path.name == hub_file(models.ResNet50_Weights.IMAGENET1K_V2).name
+    assert path.name == "resnet50-11ad3fa6.pth"  # IMAGENET1K_V2's file, the 80.858 % weights
     path.parent.mkdir(parents=True)
-    torch.save(models.resnet50(num_classes=1000).state_dict(), path)
-    report = load_pretrained(build_network("resnet50", 3), "DEFAULT", arch="resnet50", num_classes=3)
-    assert report.new == ("fc.weight", "fc.bias")
+    saved = models.resnet50(num_classes=1000).state_dict()
+    torch.save(saved, path)
+    network = build_network("resnet50", 3)
+    report = load_pretrained(network, "DEFAULT", arch="resnet50", num_classes=3)
+    assert report.new == ("fc.weight", "fc.bias") and report.loaded == len(saved) - 2
+    assert torch.equal(network.conv1.weight, saved["conv1.weight"])
 
 
 def test_a_failed_download_is_one_line_naming_the_url_file_and_folder(hub):

@@ -26,7 +26,8 @@ def write_checkpoint(path: Path, step: int, *, epoch: int = 0, mtime: float | No
 
 
 def fit_config(root: Path, ckpt_path=None, logger=None) -> Namespace:
-    return Namespace(trainer=Namespace(default_root_dir=str(root), logger=logger), ckpt_path=ckpt_path)
+    return Namespace(trainer=Namespace(default_root_dir=str(root), logger=logger), ckpt_path=ckpt_path,
+                     checkpoint=Namespace(dirpath=None))
 
 
 @pytest.fixture(autouse=True)
@@ -114,8 +115,44 @@ def test_validate_with_last_and_no_checkpoint_is_an_error_not_random_weights(tmp
         plan_run("validate", fit_config(tmp_path, "last"))
 
 
-def test_a_configured_logger_that_cannot_be_pinned_is_left_alone(tmp_path):
-    logger = Namespace(class_path="lightning.pytorch.loggers.WandbLogger", init_args=Namespace(project="x"))
+@pytest.mark.parametrize("logger", [
+    Namespace(class_path="lightning.pytorch.loggers.WandbLogger", init_args=Namespace(project="x")), False])
+def test_with_a_logger_that_writes_elsewhere_or_none_the_checkpoints_still_go_to_the_planned_run_dir(tmp_path, logger):
     config = fit_config(tmp_path, logger=logger)
     plan = plan_run("fit", config)
-    assert plan.run_dir is None and config.trainer.logger is logger
+    assert config.trainer.logger is logger  # left as configured
+    assert plan.run_dir == tmp_path / "lightning_logs" / "version_0"
+    assert config.checkpoint.dirpath == str(plan.run_dir / "checkpoints")  # where `last` and the lock look
+    write_checkpoint(plan.run_dir / "checkpoints" / "last.ckpt", 5)
+    again = fit_config(tmp_path, "last", logger=logger)
+    assert plan_run("fit", again).ckpt_path == plan.run_dir / "checkpoints" / "last.ckpt"
+
+
+def test_a_tensorboard_logger_with_its_own_save_dir_and_name_is_where_runs_are_found(tmp_path):
+    def logger():
+        return Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger",
+                         init_args=Namespace(save_dir=str(tmp_path / "tb"), name="exp", version=None))
+
+    first = plan_run("fit", config := fit_config(tmp_path, logger=logger()))
+    assert first.run_dir == tmp_path / "tb" / "exp" / "version_0" and config.trainer.logger.init_args.version == 0
+    newest = write_checkpoint(first.run_dir / "checkpoints" / "last.ckpt", 3)
+    resumed = plan_run("fit", fit_config(tmp_path, "last", logger=logger()))
+    assert resumed.ckpt_path == newest and resumed.run_dir == first.run_dir
+
+
+def test_a_remote_root_is_refused_in_one_line(tmp_path):
+    from project.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="trainer.default_root_dir s3://bucket/runs: runs write to a local or mounted"):
+        plan_run("fit", fit_config("s3://bucket/runs"))
+
+
+def test_a_torchrun_restart_prefers_its_runs_newer_checkpoint_over_the_given_one(tmp_path, monkeypatch):
+    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    given = write_checkpoint(checkpoints / "epoch010-val_acc1=0.5000.ckpt", 10, mtime=time.time() - 100)
+    newer = write_checkpoint(checkpoints / "last.ckpt", 17)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert plan_run("fit", fit_config(tmp_path, str(given))).ckpt_path == given  # the first attempt: as given
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert plan_run("fit", fit_config(tmp_path, str(given))).ckpt_path == newer

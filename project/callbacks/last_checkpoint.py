@@ -8,7 +8,10 @@ What a stop costs with the defaults (every_minutes 10, check_every_n_steps 10):
     kill -9, node failure      the training since the last save: at most 10 minutes (plus the epoch's validation)
     SIGTERM, SIGINT (Ctrl+C)   nothing: saved within 10 steps (1 step on one process), exit 143 / 130
     SIGUSR1 in a Slurm job     nothing: saved the same way, then `scontrol requeue`, exit 0 (1 if the requeue failed)
-A signal that arrives during validation is acted on at the first agreed batch end after it.
+A signal that arrives during validation is acted on at the first agreed batch end after it, or at the epoch's end.
+No save (timed, every_n_steps or on a signal) happens at a batch end right before a validation: a run resumed from
+there would skip it (Lightning fast-forwards a validation that was due); such saves wait for the next batch end or
+the epoch's end, which always saves and agrees on signals.
 
 Under ddp the ranks agree on a stop (any rank signalled) and on the time (rank 0's clock) with one small all-reduce
 every `check_every_n_steps` optimizer steps, so all of them save at the same step and nothing synchronises the GPU
@@ -27,10 +30,11 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from project.compat.sigterm_broadcast import skip_lightning_sigterm_broadcast
+from project.compat.sigterm_broadcast import take_over_lightning_sigterm
+from project.errors import CheckpointError
 from project.slurm import requeue, slurm_job_id
 from project.stop_signals import StopRequests
-from project.training_steps import after_optimizer_step
+from project.training_steps import after_optimizer_step, validation_follows
 from project.errors import ConfigError
 
 LAST = "last.ckpt"
@@ -77,18 +81,41 @@ class LastCheckpoint(Checkpoint):
         self._last_save_time = 0.0
 
     # -- life cycle ----------------------------------------------------------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        # Every rank chose its checkpoint itself (project.resume); they must have chosen the same one, or their
+        # steps, and so their collectives, would disagree.
+        chosen = trainer.strategy.broadcast(str(trainer.ckpt_path))
+        if chosen != str(trainer.ckpt_path):
+            raise CheckpointError(f"rank {trainer.global_rank} chose checkpoint {trainer.ckpt_path} but rank 0 chose "
+                                  f"{chosen}: are the ranks seeing the same files (a shared filesystem's caching)?")
+
+    # Handlers are taken over as soon as Lightning has installed its own (in Trainer._run, after every setup hook):
+    # at the sanity check, or at train start when there is none.
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit":
+            self._take_over_signals(trainer)
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Here, not in setup: ModelCheckpoint resolves its folder in its own setup, and Lightning installs its
-        # signal handlers after every setup hook; ours replace them.
+        # ModelCheckpoint resolves its folder in its own setup: known here.
         self.path = Path(trainer.strategy.broadcast(str(checkpoint_dir(trainer) / LAST)))
         self._last_save_time = time.monotonic()
+        self._take_over_signals(trainer)
+
+    def _take_over_signals(self, trainer: L.Trainer) -> None:
+        if self._stops is not None:
+            return
         signums = (signal.SIGTERM, signal.SIGINT) + ((signal.SIGUSR1,) if slurm_job_id() is not None else ())
         self._stops = StopRequests(signums)
-        launcher = trainer.strategy.launcher
-        self._stops.install(forward=getattr(launcher, "kill", None) if trainer.is_global_zero else None)
-        # Lightning's own SIGTERM flag is never set now (its handler is replaced): its per-step broadcast of it,
-        # a host sync on every DDP step, can go.
-        skip_lightning_sigterm_broadcast(trainer)
+        # Ranks Lightning started itself may not get a SIGTERM sent to PID 1 (docker stop): rank 0 passes it on.
+        # Not SIGINT: a terminal sends it to every process already, and a second one means "stop now".
+        kill = getattr(trainer.strategy.launcher, "kill", None) if trainer.is_global_zero else None
+        self._stops.install(forward=kill, forwarded=(signal.SIGTERM,))
+        # Lightning's flag, set if a SIGTERM came before this: ours from now on. Its per-step broadcast of that
+        # flag, a host sync on every DDP step, can go.
+        if take_over_lightning_sigterm(trainer):
+            self._stops.received = self._stops.received or signal.SIGTERM
 
     def _restore_handlers(self) -> None:
         if self._stops is not None:
@@ -106,7 +133,9 @@ class LastCheckpoint(Checkpoint):
     # -- triggers ------------------------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if self._stops is None or not after_optimizer_step(trainer, batch_idx):
+        # Not right before a validation: a run resumed from a checkpoint saved there would skip that validation
+        # (Lightning fast-forwards it), so such saves and stops wait for the next batch or the epoch's end.
+        if self._stops is None or not after_optimizer_step(trainer, batch_idx) or validation_follows(trainer, batch_idx):
             return
         step = trainer.global_step
         distributed = trainer.world_size > 1
@@ -122,13 +151,14 @@ class LastCheckpoint(Checkpoint):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After the epoch's validation and ModelCheckpoint's save (Checkpoint callbacks run last, in list order).
-        if self._stops is not None:
-            self._save(trainer, "epoch end")
+        if self._stops is None:
+            return
+        self._save(trainer, "epoch end")
+        signum, _ = self._agree(trainer, trainer.world_size > 1)  # a signal that came during the last steps or validation
+        if signum:
+            self._stop(trainer, signum)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._stops is not None and self._stops.received:
-            rank_zero_info(f"{signal.Signals(self._stops.received).name} arrived as training ended; the run "
-                           f"completed and {self.path} holds its final state")
         self._restore_handlers()
 
     # -- actions -------------------------------------------------------------------------------------------------
@@ -144,7 +174,7 @@ class LastCheckpoint(Checkpoint):
         return int(signum), bool(due)
 
     def _save(self, trainer: L.Trainer, why: str) -> Path:
-        if self.saved_at_step == trainer.global_step and why != "epoch end":
+        if self.saved_at_step == trainer.global_step and why in ("every_minutes", "every_n_steps", "signal"):
             return self.path
         trainer.save_checkpoint(self.path, weights_only=False)
         self.saved_at_step = trainer.global_step

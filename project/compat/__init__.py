@@ -5,7 +5,9 @@
 Every entry has a canary in tests/test_compat.py that runs the stock library on the same case, marked
 xfail(strict=True): when an upgrade fixes the bug the canary passes, the suite turns red, and the entry (and the code
 it names) can be deleted. README "Workarounds" lists the same table. Code that exists for one of these lives in this
-package, or says so in its docstring and is listed here with its place.
+package, or says so in its docstring and is listed here with its place. The package also holds, behind one function
+each, the uses of Lightning's private API that have no public counterpart (spawn.py, and the flag taken over in
+sigterm_broadcast.py): an upgrade that moves them breaks there, in one place.
 """
 
 from dataclasses import dataclass
