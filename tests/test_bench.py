@@ -1,4 +1,5 @@
-"""The benchmarks run end to end on CPU: bench/overhead.py --quick (1 and 2 processes) and bench/gpu_all.sh --tiny.
+"""The benchmarks run end to end on CPU: bench/overhead.py --quick (1 and 2 processes), bench/gpu_all.sh --tiny and
+bench/soak.py --quick.
 
     python -m pytest tests/test_bench.py
 """
@@ -71,3 +72,14 @@ def test_gpu_all_tiny_runs_every_stage_into_one_table(tmp_path):
     overhead = json.loads((tmp_path / "overhead.json").read_text())
     # The ratio's bound is test_overhead_quick_matches_the_plain_loop's; 4 turns on a loaded CPU only have to agree.
     assert overhead["block"] == 2 and overhead["losses_agree"] and overhead["ratio"] > 0, overhead
+
+
+@pytest.mark.slow
+def test_soak_quick_samples_memory_files_and_workers_of_a_run_with_persistent_workers(tmp_path):
+    out = tmp_path / "soak.json"
+    run([sys.executable, "bench/soak.py", "--steps", "60", "--every", "10", "--quick", "--json", str(out)], tmp_path)
+    result = json.loads(out.read_text())
+    assert [s["step"] for s in result["samples"]] == [10, 20, 30, 40, 50, 60]
+    assert result["workers"] == [4], result  # 2 persistent workers for the train loader and 2 for the val loader
+    assert max(result["fds"]) - min(result["fds"]) <= 2, result  # a descriptor leaked per step would add 10 a sample
+    assert result["rss_mib_end"] > 0, result
