@@ -36,7 +36,8 @@ from project.compat.ckpt_hparams import explicit_values, keep_explicit_model_val
 from project.compat.spawn import trains_in_this_process
 from project.data import ImageNetDataModule
 from project.errors import ConfigError, is_peer_failure, record_rank, user_message
-from project.launchers import check_process_count, env_global_rank
+from project.launchers import check_process_count
+from project.ranks import env_global_rank
 from project.backbones import torchvision_weights
 from project.model import ImageClassifier
 from project.resume import RunPlan, next_version, plan_run

@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Optional
 
+from project.ranks import env_global_rank, env_world_size
+
 DEBUG_ENV = "PROJECT_DEBUG"
 EXIT_USER_ERROR = 2
 
@@ -44,6 +46,11 @@ class RunDirInUse(UserError):
     """Another live process writes into the run dir this one would write into."""
 
 
+class UnreadableImageError(OSError):
+    """A file that neither the tensor decoder nor PIL can decode (truncated, corrupt, not an image). An OSError, as
+    PIL's own decode errors are, so that code catching those (DataLoader workers, data.on_corrupt=skip) catches it."""
+
+
 # Messages of torch.distributed when a *peer* died or stopped answering: this rank is a victim, not the culprit.
 _PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
                  "has exited", "recvBytes", "Socket Timeout", "Timed out waiting",
@@ -57,8 +64,6 @@ def debugging() -> bool:
 def user_message(error: BaseException) -> Optional[str]:
     """The one-line message for an error the user caused, or None for a bug (which keeps its traceback)."""
     import argparse
-
-    from project.data.decoders import UnreadableImageError  # here: errors.py must stay importable without torch
 
     if isinstance(error, (UserError, UnreadableImageError)):
         return str(error)
@@ -91,8 +96,6 @@ def record_rank(global_rank: Optional[int], world_size: int = 1) -> None:
 
 def rank_label() -> str:
     """' (rank N)' when this process is one of several ranks, else ''."""
-    from project.launchers import env_global_rank, env_world_size
-
     rank, world = _rank if _rank is not None else (env_global_rank(), env_world_size())
     return f" (rank {rank})" if world > 1 else ""
 

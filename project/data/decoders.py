@@ -32,7 +32,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms.v2.functional import pil_to_tensor, to_dtype
 
-from project.errors import ConfigError
+from project.errors import ConfigError, UnreadableImageError
 
 try:  # torchvision 0.29 deprecates its image decoders for TorchCodec's; a later release removes them
     from torchvision.io import ImageReadMode, decode_image
@@ -46,10 +46,6 @@ CPU_DECODERS = ("torchcodec", "torchvision", "pil")  # the order "auto" tries th
 # device cannot decode), in predict, and in the scan.
 DEVICE_DECODERS = {"nvjpeg": "torchvision", "torchcodec-cuda": "torchcodec"}
 logger = logging.getLogger(__name__)
-
-
-class UnreadableImageError(OSError):
-    """A file that neither the tensor decoder nor PIL can decode (truncated, corrupt, not an image)."""
 
 
 def _unreadable(path: str, reason: str) -> UnreadableImageError:
