@@ -3,6 +3,8 @@
     python bench/overhead.py                # 1 CPU process: step-time ratio (ours / plain) and loss agreement
     python bench/overhead.py --ddp          # 2 gloo processes: plain DistributedDataParallel vs strategy="ddp"
     python bench/overhead.py --quick        # the CI smoke run (add --ddp for its 2-process variant)
+    python bench/overhead.py --ddp --check-every 1        # our stop-signal agreement on every step instead of every 10th
+    python bench/overhead.py --ddp --lightning-sigterm-broadcast    # with Lightning's per-step broadcast kept
     python bench/overhead.py --accelerator gpu --precision bf16-mixed --channels-last --arch resnet50 \
         --image-size 224 --batch-size 256 --block 10 --tolerance 0.05     # one GPU (bash bench/gpu_all.sh runs it)
 
@@ -48,6 +50,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from project.backbones import build_resnet  # noqa: E402
 from project.callbacks.last_checkpoint import LastCheckpoint  # noqa: E402
 from project.callbacks.throughput import ThroughputLogger  # noqa: E402
+from project.compat.sigterm_broadcast import restore_lightning_sigterm_broadcast  # noqa: E402
 from project.data.device_normalize import NormalizeBatch  # noqa: E402
 from synthetic import ReplayedBatches, SyntheticDataModule, synthetic_batches  # noqa: E402
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
@@ -145,6 +148,13 @@ class Interleave(L.Callback):
         self._resumed = clock()
 
 
+class StockSigtermBroadcast(L.Callback):
+    """After LastCheckpoint took it away in its on_train_start: Lightning's broadcast of a SIGTERM flag each step."""
+
+    def on_train_start(self, trainer, pl_module):
+        restore_lightning_sigterm_broadcast(trainer)
+
+
 def interleaved_run(args, batches, world: int, workdir: Path) -> tuple[Interleave, float, float]:
     """Our Trainer path (ImageClassifier, strategy="ddp" when world > 1) with the plain loop interleaved."""
     device = torch.device("cuda", torch.cuda.current_device()) if args.accelerator == "gpu" else torch.device("cpu")
@@ -169,7 +179,8 @@ def interleaved_run(args, batches, world: int, workdir: Path) -> tuple[Interleav
         num_sanity_val_steps=0,
         log_every_n_steps=10,
         default_root_dir=workdir,
-        callbacks=[LastCheckpoint(), ThroughputLogger(), interleave],
+        callbacks=[LastCheckpoint(**({} if args.check_every is None else {"check_every_n_steps": args.check_every})),
+                   ThroughputLogger(), interleave] + ([StockSigtermBroadcast()] if args.lightning_sigterm_broadcast else []),
         enable_progress_bar=False,
         enable_model_summary=False,
     )
@@ -206,6 +217,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--precision", choices=list(AUTOCAST), default="32-true")
     parser.add_argument("--channels-last", action="store_true", help="NHWC network and inputs on both sides")
     parser.add_argument("--block", type=int, default=1, help="steps per turn of each side (GPU: 10 lets them overlap)")
+    parser.add_argument("--check-every", type=int, default=None,
+                        help="LastCheckpoint(check_every_n_steps=...): how often ddp ranks agree on stop signals "
+                             "(default: the callback's, 10); 1 is one all-reduce per step, as Lightning's own check")
+    parser.add_argument("--lightning-sigterm-broadcast", action="store_true",
+                        help="keep Lightning's per-step SIGTERM broadcast, which the template skips (its cost)")
     args = parser.parse_args(argv)
     if args.accelerator == "gpu" and not torch.cuda.is_available():
         parser.error("--accelerator gpu needs a CUDA device; none is visible here")
@@ -257,7 +273,8 @@ def main(argv: list[str]) -> int:
     cpu_ratio = sum(o for o, _ in cpus) / sum(p for _, p in cpus)
     loss_diff = max(abs(o - p) / abs(p) for p, o in losses)
     result = {
-        "variant": f"ddp x{world} (gloo)" if world > 1 else "single process",
+        "variant": f"ddp x{world} (gloo)" if world > 1 else "single process", "check_every": args.check_every,
+        "lightning_sigterm_broadcast": args.lightning_sigterm_broadcast,
         "accelerator": args.accelerator, "precision": args.precision, "channels_last": args.channels_last,
         "block": args.block, "ours_images_per_sec": args.batch_size * world * len(walls) / sum(o for o, _ in walls),
         "arch": args.arch, "image_size": args.image_size, "batch_size": args.batch_size, "steps": args.steps,

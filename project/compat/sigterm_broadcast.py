@@ -23,6 +23,11 @@ def skip_lightning_sigterm_broadcast(trainer: L.Trainer) -> bool:
     return True
 
 
+def restore_lightning_sigterm_broadcast(trainer: L.Trainer) -> None:
+    """Undo skip_lightning_sigterm_broadcast (bench/overhead.py --lightning-sigterm-broadcast measures its cost)."""
+    vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)
+
+
 def take_over_lightning_sigterm(trainer: L.Trainer) -> bool:
     """Skip the per-step broadcast; clear Lightning's SIGTERM flag and say whether it was set."""
     skip_lightning_sigterm_broadcast(trainer)
