@@ -30,7 +30,7 @@ def step_will_be_logged(trainer: L.Trainer) -> bool:
     its logger connector decides it, with the step counted before it is taken). Each `self.log` costs ~0.5-1 ms of
     Lightning's bookkeeping on a CPU, whether or not the value is written: 1 % of a 70 ms step (docs/benchmarks.md)."""
     every = trainer.log_every_n_steps
-    return every > 0 and ((trainer.global_step + 1) % every == 0 or trainer.should_stop)
+    return bool(trainer.fast_dev_run) or (every > 0 and ((trainer.global_step + 1) % every == 0 or trainer.should_stop))
 
 
 def validation_follows(trainer: L.Trainer, batch_idx: int) -> bool:
