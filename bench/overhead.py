@@ -149,10 +149,12 @@ class Interleave(L.Callback):
 
 
 class StockSigtermBroadcast(L.Callback):
-    """After LastCheckpoint took it away in its on_train_start: Lightning's broadcast of a SIGTERM flag each step."""
+    """Lightning's broadcast of a SIGTERM flag each step, back after LastCheckpoint took it away in its on_train_start
+    (Lightning runs Checkpoint callbacks after all others, so this hook, at the epoch start, is the first that can)."""
 
-    def on_train_start(self, trainer, pl_module):
+    def on_train_epoch_start(self, trainer, pl_module):
         restore_lightning_sigterm_broadcast(trainer)
+        assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop), "the stock broadcast is still off"
 
 
 def interleaved_run(args, batches, world: int, workdir: Path) -> tuple[Interleave, float, float]:

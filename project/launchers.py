@@ -1,7 +1,7 @@
 """What started this process: torchrun, srun, Lightning's own ddp launcher, or a person; and whether the count fits.
 
-Read from the environment, before any process group exists (the run-dir lock and the resume plan need the rank at
-start-up). `check_process_count` refuses to run when an external launcher started a different number of processes
+Read from the environment, before any process group exists (this process's own rank: project.ranks).
+`check_process_count` refuses to run when an external launcher started a different number of processes
 than the Trainer expects (seen here: `torchrun --nproc_per_node=2` with devices left at auto on CPU ran two
 independent rank-0 jobs).
 """

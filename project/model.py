@@ -21,7 +21,6 @@ from project.callbacks.finetuning import FreezeBackbone
 from project.mixing import BatchMixer, soft_target_loss
 from project.optim import build_optimizer, build_schedule, parameter_groups, scaled_lr
 from project.seeds import batch_seed, step_seed
-from project.training_steps import step_will_be_logged
 from project.weights import fetch_weights, load_pretrained
 from project.errors import ConfigError
 
@@ -205,10 +204,10 @@ class ImageClassifier(L.LightningModule):
         images, targets = self.mixer(images, labels, batch_seed(hp.seed, self.current_epoch, batch_idx))
         loss = soft_target_loss(self(images), targets, loss=hp.loss, label_smoothing=hp.label_smoothing,
                                 bce_target_threshold=hp.bce_target_threshold)
-        # Only on the steps Lightning writes (the value of the others is never seen), and not prog_bar=True: Lightning
-        # would read it on the host every step (project.callbacks.progress_bar reads it when it refreshes).
-        if step_will_be_logged(self.trainer):
-            self.log("train/loss", loss)
+        # Every step, so a callback monitoring train/loss always sees the current value (logging it only on the
+        # steps Lightning writes would save ~0.7 ms per step on a CPU: docs/benchmarks.md, not worth that). Not
+        # prog_bar=True: Lightning would read it on the host every step (project.callbacks.progress_bar).
+        self.log("train/loss", loss)
         return loss
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:

@@ -22,15 +22,10 @@ def is_logging_step(trainer: L.Trainer, batch_idx: int) -> bool:
     """True on the batch ends where Lightning writes step metrics (every log_every_n_steps optimizer steps)."""
     if not after_optimizer_step(trainer, batch_idx):
         return False
-    return trainer.global_step % trainer.log_every_n_steps == 0 or trainer.should_stop
-
-
-def step_will_be_logged(trainer: L.Trainer) -> bool:
-    """From training_step: True when Lightning writes step metrics after the optimizer step this batch leads to (as
-    its logger connector decides it, with the step counted before it is taken). Each `self.log` costs ~0.5-1 ms of
-    Lightning's bookkeeping on a CPU, whether or not the value is written: 1 % of a 70 ms step (docs/benchmarks.md)."""
-    every = trainer.log_every_n_steps
-    return bool(trainer.fast_dev_run) or (every > 0 and ((trainer.global_step + 1) % every == 0 or trainer.should_stop))
+    if trainer.fast_dev_run:
+        return True
+    every = trainer.log_every_n_steps  # 0: Lightning writes no step metrics at all
+    return every > 0 and (trainer.global_step % every == 0 or trainer.should_stop)
 
 
 def validation_follows(trainer: L.Trainer, batch_idx: int) -> bool:

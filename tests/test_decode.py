@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from project.data.datamodule import ImageNetDataModule
-from project.data.decoders import (DecodedImageFolder, UnreadableImageError, collate_readable, image_loader, main,
-                                   resolve_decoder)
+from project.data.decoders import DecodedImageFolder, collate_readable, image_loader, main, resolve_decoder
+from project.errors import UnreadableImageError
 
 HAS_TORCHCODEC = importlib.util.find_spec("torchcodec") is not None
 NEEDS_TORCHCODEC = pytest.mark.skipif(not HAS_TORCHCODEC, reason='torchcodec is not installed: pip install -e ".[torchcodec]"')

@@ -80,7 +80,7 @@ def test_model_config_builds_and_takes_a_training_step(section: dict, tiny_root,
         before = {name: p.detach().clone() for name, p in model.named_parameters()}
         # Two steps: ViT zero-initialises its head, so in the first only the head gets a gradient.
         trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=2, limit_val_batches=0,
-                            log_every_n_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False)
         trainer.fit(model, datamodule=cli.datamodule)
 

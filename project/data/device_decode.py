@@ -25,8 +25,9 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from project.data.decoders import DEVICE_DECODERS, DecodedImageFolder, UnreadableImageError, image_loader
+from project.data.decoders import DEVICE_DECODERS, DecodedImageFolder, image_loader
 from project.data.device_augment import Crop, TrainCrop, eval_batch, resized_crops
+from project.errors import UnreadableImageError
 
 try:
     from torchvision.io import ImageReadMode, decode_jpeg
