@@ -9,14 +9,9 @@ from project.cli import main
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["export"]:
-        from project.errors import report_and_exit
+        from project.errors import exit_on_user_error
         from project.export import main as export_main
 
-        try:
-            export_main(sys.argv[2:])
-        except SystemExit:
-            raise
-        except BaseException as error:  # noqa: BLE001
-            report_and_exit(error)
+        exit_on_user_error(lambda: export_main(sys.argv[2:]))
     else:
         main()

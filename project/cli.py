@@ -248,15 +248,13 @@ def cli_main(args: Optional[list[str]] = None, *, run: bool = True) -> ImageClas
 
 def main() -> None:
     """`python -m project`: user errors as one line and exit 2 (PROJECT_DEBUG=1 shows the traceback)."""
-    from project.errors import check_config_files, report_and_exit
+    from project.errors import check_config_files, exit_on_user_error
 
-    try:
+    def run() -> None:
         check_config_files(sys.argv[1:])
         cli_main()
-    except SystemExit:
-        raise
-    except BaseException as error:  # noqa: BLE001  report_and_exit re-raises what is not the user's
-        report_and_exit(error)
+
+    exit_on_user_error(run)
     close_process_group()
 
 

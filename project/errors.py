@@ -14,7 +14,7 @@ import os
 import pickle
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from project.ranks import env_global_rank, env_world_size
 
@@ -98,6 +98,16 @@ def rank_label() -> str:
     """' (rank N)' when this process is one of several ranks, else ''."""
     rank, world = _rank if _rank is not None else (env_global_rank(), env_world_size())
     return f" (rank {rank})" if world > 1 else ""
+
+
+def exit_on_user_error(run: Callable[[], object]) -> None:
+    """Run a command's entry point; what goes wrong ends the process through report_and_exit."""
+    try:
+        run()
+    except SystemExit:
+        raise
+    except BaseException as error:  # noqa: BLE001  report_and_exit re-raises what is not the user's
+        report_and_exit(error)
 
 
 def report_and_exit(error: BaseException) -> None:

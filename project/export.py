@@ -230,4 +230,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Path]:
 
 
 if __name__ == "__main__":
-    main()
+    from project.errors import exit_on_user_error
+
+    exit_on_user_error(main)

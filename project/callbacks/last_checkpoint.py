@@ -31,11 +31,10 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from project.compat.sigterm_broadcast import take_over_lightning_sigterm
-from project.errors import CheckpointError
+from project.errors import CheckpointError, ConfigError
 from project.slurm import requeue, slurm_job_id
 from project.stop_signals import StopRequests
 from project.training_steps import after_optimizer_step, validation_follows
-from project.errors import ConfigError
 
 LAST = "last.ckpt"
 _EXIT = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
