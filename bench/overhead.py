@@ -48,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from project.backbones import build_resnet  # noqa: E402
-from project.callbacks.last_checkpoint import LastCheckpoint  # noqa: E402
+from project.run.last_checkpoint import LastCheckpoint  # noqa: E402
 from project.callbacks.throughput import ThroughputLogger  # noqa: E402
 from project.compat.sigterm_broadcast import restore_lightning_sigterm_broadcast  # noqa: E402
 from project.data.device_normalize import NormalizeBatch  # noqa: E402

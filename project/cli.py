@@ -5,11 +5,11 @@
     python -m project fit --print_config
 
 What it adds to LightningCLI, in the order a run meets it: links (the class count, the run seed and the batch size
-flow from the data and the seed into the model; --print_config shows them); the resume plan (project.resume: which
+flow from the data and the seed into the model; --print_config shows them); the resume plan (project.run.resume: which
 checkpoint, which run dir, verified before anything is built); explicit values kept over a checkpoint's
 hyperparameters (project.compat.ckpt_hparams); the Trainer's plugins (atomic checkpoint files, Slurm without
 Lightning's signal-handler requeue, sync BN on gloo) and default callbacks; a check that the checkpoint fits the model
-and the data; and for `fit`, the run dir's lock (project.run_lock) for the length of the run.
+and the data; and for `fit`, the run dir's lock (project.run.lock) for the length of the run.
 """
 
 import sys
@@ -25,25 +25,25 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 import project.strategies  # noqa: F401  registers strategy="dp" before any Trainer is built
-from project.callbacks.last_checkpoint import LastCheckpoint
+from project.run.last_checkpoint import LastCheckpoint
 from project.callbacks.prediction_writer import PredictionCsvWriter
 from project.callbacks.progress_bar import StepProgressBar
 from project.callbacks.throughput import ThroughputLogger
-from project.checkpoint_fit import check_checkpoint_fits
-from project.checkpoint_io import AtomicCheckpointIO
+from project.run.checkpoint_checks import check_checkpoint_fits
+from project.run.checkpoint_io import AtomicCheckpointIO
 from project.compat.batch_limits import Trainer
 from project.compat.ckpt_hparams import explicit_values, keep_explicit_model_values
 from project.compat.spawn import trains_in_this_process
 from project.data import ImageNetDataModule
 from project.errors import ConfigError, is_peer_failure, record_rank, user_message
-from project.launchers import check_process_count
-from project.ranks import env_global_rank
+from project.run.launchers import check_process_count
+from project.errors import env_global_rank
 from project.backbones import torchvision_weights
 from project.model import ImageClassifier
-from project.resume import RunPlan, next_version, plan_run
-from project.run_lock import RunDirTaken, RunLock, claim
-from project.saved_config import KeepingSaveConfigCallback
-from project.slurm import cluster_environment, slurm_job_id, task_line
+from project.run.resume import RunPlan, next_version, plan_run
+from project.run.lock import RunDirTaken, RunLock, claim
+from project.run.saved_config import KeepingSaveConfigCallback
+from project.run.slurm import cluster_environment, slurm_job_id, task_line
 from project.strategies.sync_batchnorm import SyncBatchNormAnyBackend
 from project.weights import eval_sizes
 
@@ -198,7 +198,7 @@ class ImageClassifierCLI(LightningCLI):
 
 def where_the_run_went(trainer) -> str:
     """The last line of a fit: the run dir, its checkpoints and the command to look at it."""
-    from project.callbacks.last_checkpoint import LastCheckpoint
+    from project.run.last_checkpoint import LastCheckpoint
 
     last = next((c.path for c in trainer.callbacks if isinstance(c, LastCheckpoint) and c.path), None)
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""

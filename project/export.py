@@ -52,7 +52,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from project.checkpoint_io import load_trusted_format
+from project.run.checkpoint_io import load_trusted_format
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 PREPROCESSING_KEYS = ("resize", "crop", "mean", "std")

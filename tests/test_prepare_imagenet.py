@@ -18,7 +18,7 @@ import pytest
 import scipy.io
 from PIL import Image
 
-from project.data.prepare_imagenet import main
+from tools.prepare_imagenet import main
 
 REPO = Path(__file__).resolve().parents[1]
 # Devkit ids deliberately not in wnid order: the class index must follow the sorted folders, not the devkit ids.
@@ -89,7 +89,7 @@ def files_in(folder: Path) -> dict[str, int]:
 @pytest.mark.slow  # another process
 def test_cli_builds_the_layout_the_mapping_and_checks_counts(archives, tmp_path, capsys):
     root = tmp_path / "imagenet"
-    command = [sys.executable, "-m", "project.data.prepare_imagenet", "--archives", str(archives), "--out", str(root)]
+    command = [sys.executable, "-m", "tools.prepare_imagenet", "--archives", str(archives), "--out", str(root)]
     # Real ImageNet counts by default: the miniature set must be reported as incomplete, saying what is missing.
     first = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert first.returncode == 1, first.stderr

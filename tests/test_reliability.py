@@ -18,7 +18,7 @@ import torch
 
 from conftest import CONFIGS, REPO, callback, run_project, start_project, tiny_args
 from project import ImageClassifier, ImageNetDataModule
-from project.checkpoint_io import AtomicCheckpointIO
+from project.run.checkpoint_io import AtomicCheckpointIO
 from project.cli import cli_main
 from project.errors import CheckpointError
 
@@ -43,7 +43,7 @@ def trained(tiny_root, tmp_path_factory) -> Path:
 SAVE_LOOP = """
 import sys, torch
 from pathlib import Path
-from project.checkpoint_io import AtomicCheckpointIO
+from project.run.checkpoint_io import AtomicCheckpointIO
 io, path = AtomicCheckpointIO(), Path(sys.argv[1])
 for version in range(1000):
     io.save_checkpoint({"version": version, "weights": torch.full((24_000_000,), float(version))}, path)  # ~96 MB

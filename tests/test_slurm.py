@@ -18,7 +18,7 @@ from jsonargparse import Namespace
 
 import slurm_cluster
 from conftest import REPO, read_scalars, tiny_args
-from project.resume import plan_run
+from project.run.resume import plan_run
 from test_resume import assert_same_training, final_state
 
 

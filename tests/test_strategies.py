@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from conftest import CONFIGS, callback, read_scalars, tiny_args
-from project.callbacks import LastCheckpoint
+from project.run.last_checkpoint import LastCheckpoint
 from project.cli import cli_main
 from project.strategies import DataParallelStrategy
 
@@ -67,7 +67,7 @@ def fit(tiny_root: Path, run_dir: Path, *extra: str):
 
 
 def last_checkpoint(cli) -> Path:
-    """The run's last.ckpt (project.callbacks.last_checkpoint)."""
+    """The run's last.ckpt (project.run.last_checkpoint)."""
     (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, LastCheckpoint)]
     return callback.path
 

@@ -1,4 +1,4 @@
-"""Which checkpoint wins, and which run dir a run writes into: each row of README "Resume" (project.resume), in-process.
+"""Which checkpoint wins, and which run dir a run writes into: each row of README "Resume" (project.run.resume), in-process.
 
     python -m pytest tests/test_which_checkpoint.py
 """
@@ -12,11 +12,11 @@ import torch
 from jsonargparse import Namespace
 
 from project.errors import CheckpointError
-from project.resume import plan_run
+from project.run.resume import plan_run
 
 
 def write_checkpoint(path: Path, step: int, *, epoch: int = 0, mtime: float | None = None) -> Path:
-    """A small but complete Lightning-format checkpoint (the keys project.resume checks, real tensors)."""
+    """A small but complete Lightning-format checkpoint (the keys project.run.resume checks, real tensors)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"state_dict": {"network.w": torch.full((2,), float(step))}, "epoch": epoch, "global_step": step,
                 "hyper_parameters": {"arch": "resnet18", "num_classes": 3}}, path)

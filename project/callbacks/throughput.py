@@ -23,7 +23,7 @@ from lightning.fabric.utilities.throughput import get_available_flops, measure_f
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
-from project.training_steps import is_logging_step, logged_step, after_optimizer_step
+from project.run.training_steps import is_logging_step, logged_step, after_optimizer_step
 
 # Dense (no sparsity) peak FLOP/s per GPU from NVIDIA's datasheets, by a substring of torch.cuda.get_device_name().
 # Lightning's own table lists the H200 with its sparse figures and does not match the name "NVIDIA H200".

@@ -54,7 +54,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="ModelCheckpoint(save_last=True) rewrites last.ckpt only when a top-k checkpoint was saved at the same "
              "step: after an epoch that does not improve, last.ckpt is stale",
-        where="project/callbacks/last_checkpoint.py writes last.ckpt itself (ModelCheckpoint keeps the best only)",
+        where="project/run/last_checkpoint.py writes last.ckpt itself (ModelCheckpoint keeps the best only)",
         upstream="introduced by Lightning PR #21244 (2.6.0); no upstream issue found (downstream: "
                  "openclimatefix/pvnet#542)",
         seen="lightning 2.6.0-2.6.6",
@@ -63,7 +63,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="`fit --ckpt_path last` looks only in the new run's empty version dir: it starts from scratch",
-        where="project/resume.py (the newest loadable checkpoint under the root; the run continues in its dir)",
+        where="project/run/resume.py (the newest loadable checkpoint under the root; the run continues in its dir)",
         upstream="Lightning #18524 (open), #2735",
         seen="lightning 2.0-2.6.6",
         delete_when="a stock LightningCLI `fit --ckpt_path last` resumes the previous run",
@@ -71,7 +71,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="checkpoint writes are not atomic across filesystems (temp file in $TMPDIR, then a copy in place)",
-        where="project/checkpoint_io.py AtomicCheckpointIO (temp file beside the target, fsync, rename)",
+        where="project/run/checkpoint_io.py AtomicCheckpointIO (temp file beside the target, fsync, rename)",
         upstream="Lightning #20270, #20780; fsspec #1972 (open: temp file in the target directory)",
         seen="lightning 2.6.6 with fsspec 2026.9.0",
         delete_when="a stock checkpoint save with $TMPDIR on another filesystem replaces the file (a new inode)",
@@ -79,8 +79,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="Lightning's SLURM auto-requeue saves the checkpoint inside the SIGUSR1 handler (can deadlock ddp)",
-        where="project/slurm.py (SLURMEnvironment(auto_requeue=False)); the requeue in "
-              "project/callbacks/last_checkpoint.py, at an agreed batch end",
+        where="project/run/slurm.py (SLURMEnvironment(auto_requeue=False)); the requeue in "
+              "project/run/last_checkpoint.py, at an agreed batch end",
         upstream="Lightning #21406 (open; fix PR #21407), #20347",
         seen="lightning 2.4-2.6.6",
         delete_when="stock auto-requeue saves outside the signal handler",
@@ -88,7 +88,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="SIGTERM ends fit with exit code 0 and no checkpoint",
-        where="project/callbacks/last_checkpoint.py + project/stop_signals.py (save, then exit 143)",
+        where="project/run/last_checkpoint.py + project/run/signals.py (save, then exit 143)",
         upstream="Lightning #19916 (fixed on master by PR #21623, not in 2.6.6)",
         seen="lightning 2.0-2.6.6",
         delete_when="a release with PR #21623: then keep the save, drop the exit-code part",

@@ -23,7 +23,7 @@ from project.data.class_labels import read_class_labels
 from project.data.samplers import (ExactDistributedSampler, ResumableDataLoader, ResumableSampler, loader_state,
                                    restore_loader_state)
 from project.data.training_samples import SeededSamples
-from project.stop_signals import ignore_stop_signals
+from project.run.signals import ignore_stop_signals
 from project.data.progressive_resizing import ProgressiveResizing, TrainPresetPerEpoch
 from project.data.transforms import AutoAugmentName, eval_preset, train_preset
 from project.errors import ConfigError

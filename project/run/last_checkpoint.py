@@ -32,9 +32,9 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from project.compat.sigterm_broadcast import take_over_lightning_sigterm
 from project.errors import CheckpointError, ConfigError
-from project.slurm import requeue, slurm_job_id
-from project.stop_signals import StopRequests
-from project.training_steps import after_optimizer_step, validation_follows
+from project.run.slurm import requeue, slurm_job_id
+from project.run.signals import StopRequests
+from project.run.training_steps import after_optimizer_step, validation_follows
 
 LAST = "last.ckpt"
 _EXIT = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
@@ -83,7 +83,7 @@ class LastCheckpoint(Checkpoint):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        # Every rank chose its checkpoint itself (project.resume); they must have chosen the same one, or their
+        # Every rank chose its checkpoint itself (project.run.resume); they must have chosen the same one, or their
         # steps, and so their collectives, would disagree.
         chosen = trainer.strategy.broadcast(str(trainer.ckpt_path))
         if chosen != str(trainer.ckpt_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 import lightning as L
 
 from project.errors import CheckpointError
-from project.resume import describe_checkpoint
+from project.run.resume import describe_checkpoint
 
 
 def check_optimizer_fits(path: Path, checkpoint: dict, model: L.LightningModule) -> None:

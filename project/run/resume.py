@@ -27,10 +27,10 @@ from typing import Any, Optional
 
 from jsonargparse import Namespace
 
-from project.checkpoint_io import PARTIAL_SUFFIX, load_trusted_format
+from project.run.checkpoint_io import PARTIAL_SUFFIX, load_trusted_format
 from project.errors import CheckpointError, ConfigError
-from project.launchers import torchelastic_restart
-from project.slurm import slurm_job_id, slurm_restart_count
+from project.run.launchers import torchelastic_restart
+from project.run.slurm import slurm_job_id, slurm_restart_count
 
 LOGS = "lightning_logs"
 CHECKPOINTS = "checkpoints"
@@ -154,7 +154,7 @@ def _skipped_note(plan: RunPlan) -> str:
 def plan_run(subcommand: str, config: Namespace) -> RunPlan:
     """Decide the checkpoint and run dir of `subcommand` and write them into the parsed `config` (in place).
 
-    Reads files only; the run dir is created and locked later, by project.run_lock, when the run starts.
+    Reads files only; the run dir is created and locked later, by project.run.lock, when the run starts.
     """
     trainer = config.trainer
     root_text = str(trainer.default_root_dir or os.getcwd())

@@ -5,7 +5,7 @@
 Anything more inside a signal handler can deadlock a distributed job: the handler interrupts the main thread wherever
 it is, possibly inside a collective (Lightning's handlers broadcast and save from there, Lightning #20825, #21406).
 Here the handler records the signal and passes a SIGTERM on to the ranks Lightning started itself (they may not have
-received it: `docker stop` signals PID 1 only); project.callbacks.last_checkpoint then has all ranks agree on it at a
+received it: `docker stop` signals PID 1 only); project.run.last_checkpoint then has all ranks agree on it at a
 batch end, save, and stop. A second Ctrl+C stops at once (SIGINT is not passed on: a terminal sends it to every
 process of the job already, and a passed-on copy would look like a second one). DataLoader workers ignore these signals (their process
 group may receive them too): the main process ends them when it stops.

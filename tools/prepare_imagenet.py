@@ -1,6 +1,6 @@
 """Turn the three official ILSVRC2012 archives into the train/<wnid>/ and val/<wnid>/ layout the data module reads.
 
-    python -m project.data.prepare_imagenet --archives ~/Downloads/ilsvrc2012 --out /datasets/imagenet
+    python -m tools.prepare_imagenet --archives ~/Downloads/ilsvrc2012 --out /datasets/imagenet
 
 Reads ILSVRC2012_img_train.tar (a tar of 1,000 per-class tars), ILSVRC2012_img_val.tar (50,000 flat files) and
 ILSVRC2012_devkit_t12.tar.gz (meta.mat + validation ground truth). Each class tar is streamed straight into its
@@ -278,7 +278,7 @@ def prepare(archives: Path, root: Path, *, expect_train: int = TRAIN_IMAGES, exp
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m project.data.prepare_imagenet", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.prepare_imagenet", description=__doc__.split("\n")[0])
     parser.add_argument("--archives", type=Path, required=True, help="folder holding the three ILSVRC2012 archives")
     parser.add_argument("--out", type=Path, required=True, help="data root to fill: ROOT/train/<wnid>/, ROOT/val/<wnid>/")
     parser.add_argument("--workers", type=int, default=4, help="classes extracted in parallel (I/O bound)")

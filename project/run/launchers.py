@@ -1,6 +1,6 @@
 """What started this process: torchrun, srun, Lightning's own ddp launcher, or a person; and whether the count fits.
 
-Read from the environment, before any process group exists (this process's own rank: project.ranks).
+Read from the environment, before any process group exists (this process's own rank: project.errors.env_global_rank).
 `check_process_count` refuses to run when an external launcher started a different number of processes
 than the Trainer expects (seen here: `torchrun --nproc_per_node=2` with devices left at auto on CPU ran two
 independent rank-0 jobs).
