@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from input_pipeline import BATCH, collating_as_a_worker, generate, machine  # noqa: E402
 from project.data.decoders import decode_torchvision  # noqa: E402
-from project.data.device_normalize import split_normalize  # noqa: E402
 from project.data.transforms import train_preset  # noqa: E402
 
 BASELINE = "baseline: crop + flip"
@@ -52,7 +51,7 @@ def variants(crop: int) -> dict[str, dict]:
 
 
 def runner(options: dict, crop: int):
-    preset, _ = split_normalize(train_preset(crop_size=crop, **options))
+    preset = train_preset(crop_size=crop, normalize=False, **options)
 
     def run(paths: list[Path]) -> None:
         for start in range(0, len(paths), BATCH):

@@ -24,7 +24,6 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from project.data.device_augment import TrainCrop, eval_batch, resized_crops  # noqa: E402
 from project.data.device_decode import DeviceDecoder, load_for_device  # noqa: E402
-from project.data.device_normalize import split_normalize  # noqa: E402
 from project.data.transforms import eval_preset, train_preset  # noqa: E402
 
 
@@ -79,16 +78,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    train, _ = split_normalize(train_preset(crop_size=args.crop))
-    evaluate, _ = split_normalize(eval_preset(resize_size=args.resize, crop_size=args.crop))
-    decoder = DeviceDecoder(train, evaluate, decoder="nvjpeg")
+    train = train_preset(crop_size=args.crop, normalize=False)
+    evaluate = eval_preset(resize_size=args.resize, crop_size=args.crop, normalize=False)
+    decoder = DeviceDecoder("nvjpeg")
     paths = sorted(str(p) for p in (args.jpegs / "train").rglob("*.JPEG"))[: args.batch]
     loaded = [load_for_device(p, decoder.cpu_decode) for p in paths]
     encoded = [payload for payload, _ in loaded if payload.dim() == 1]
-    decoded = iter(decoder._decode_batch(encoded, device)) if encoded else iter(())
+    decoded = iter(decoder.decode_jpegs(encoded, device)) if encoded else iter(())
     # CHW in memory as nvJPEG writes it (the CPU decoders give HWC views, which would cost a copy each).
     images = [(next(decoded) if payload.dim() == 1 else payload.to(device)).contiguous() for payload, _ in loaded]
-    spec = TrainCrop.from_preset(train)
+    spec = TrainCrop.for_options(crop_size=args.crop)
     torch.manual_seed(0)
     crops = [spec.draw(*size) for _, size in loaded]
     runs = {

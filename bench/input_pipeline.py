@@ -38,8 +38,10 @@ from torchvision.datasets.folder import pil_loader
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from project.data.decoders import DEVICE_DECODERS, LOADERS, unavailable  # noqa: E402
 from project.data.device_augment import TrainCrop  # noqa: E402
-from project.data.device_decode import DeviceDecoder, EncodedBatch, load_for_device  # noqa: E402
-from project.data.device_normalize import split_normalize  # noqa: E402
+from project.data.device_decode import load_for_device  # noqa: E402
+from project.data.device_normalize import NormalizeBatch  # noqa: E402
+from project.data.device_pipeline import DevicePipeline  # noqa: E402
+from project.data.image_folders import EncodedBatch  # noqa: E402
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_preset, train_preset  # noqa: E402
 
 # ImageNet's commonest shapes (landscape and portrait 4:3, 3:2), jittered: "around 500x375".
@@ -96,8 +98,10 @@ def pipelines(crop: int, resize: int, device: str | None = None) -> dict[str, di
         "train": v1.Compose([v1.RandomResizedCrop(crop), v1.RandomHorizontalFlip(), v1.ToTensor(), normalize]),
         "eval": v1.Compose([v1.Resize(resize), v1.CenterCrop(crop), v1.ToTensor(), normalize]),
     }
-    float_presets = {"train": train_preset(crop_size=crop), "eval": eval_preset(resize_size=resize, crop_size=crop)}
-    uint8_presets = {name: split_normalize(preset)[0] for name, preset in float_presets.items()}
+    presets = {"train": lambda normalize: train_preset(crop_size=crop, normalize=normalize),
+               "eval": lambda normalize: eval_preset(resize_size=resize, crop_size=crop, normalize=normalize)}
+    float_presets = {name: build(True) for name, build in presets.items()}
+    uint8_presets = {name: build(False) for name, build in presets.items()}
     decoders = decoders_here()
 
     def batches(paths, make):
@@ -108,7 +112,7 @@ def pipelines(crop: int, resize: int, device: str | None = None) -> dict[str, di
     table = {"decode": {f"decode: {name}": (lambda paths, d=LOADERS[name]: [d(str(p)) for p in paths])
                         for name in sorted(decoders, key=lambda name: name != "pil")}}  # the stock loader first
     for preset in ("train", "eval"):
-        uint8_preset, normalize_batch = split_normalize(float_presets[preset])
+        uint8_preset, normalize_batch = uint8_presets[preset], NormalizeBatch(IMAGENET_MEAN, IMAGENET_STD)
         tv = LOADERS["torchvision"]
         rows = {
             "stock PIL + v1": lambda paths, t=stock[preset]: batches(paths, lambda p: t(pil_loader(p))),
@@ -126,24 +130,25 @@ def pipelines(crop: int, resize: int, device: str | None = None) -> dict[str, di
         if device is not None:
             for name, cpu_name in DEVICE_DECODERS.items():
                 if cpu_name in decoders:
-                    rows[f"{name}: decode + augment on {device}"] = device_run(name, uint8_presets, preset, device)
+                    rows[f"{name}: decode + augment on {device}"] = device_run(name, crop, uint8_presets, preset, device)
         table[preset] = rows
     return table
 
 
-def device_run(decoder: str, presets: dict, preset: str, device: str) -> callable:
+def device_run(decoder: str, crop_size: int, presets: dict, preset: str, device: str) -> callable:
     """A device decoder's whole path: read the bytes and draw the crops (the worker's part), decode and augment."""
-    device_decoder = DeviceDecoder(presets["train"], presets["eval"], decoder=decoder)
-    crop = TrainCrop.from_preset(presets["train"]) if preset == "train" else None
-    normalize = split_normalize(train_preset())[1]
+    train_crop = TrainCrop.for_options(crop_size=crop_size)
+    device_pipeline = DevicePipeline(train_crop, presets["eval"], decoder=decoder)
+    crop = train_crop if preset == "train" else None
+    normalize = NormalizeBatch(IMAGENET_MEAN, IMAGENET_STD)
 
     def run(paths):
         for start in range(0, len(paths), BATCH):
             chunk = [str(p) for p in paths[start : start + BATCH]]
-            loaded = [load_for_device(p, device_decoder.cpu_decode) for p in chunk]
+            loaded = [load_for_device(p, device_pipeline.decoder.cpu_decode) for p in chunk]
             crops = [crop.draw(*size) if crop else None for _, size in loaded]
             batch = EncodedBatch([payload for payload, _ in loaded], torch.zeros(len(chunk), dtype=torch.long), chunk, crops)
-            images, _ = device_decoder(batch, torch.device(device), training=preset == "train")
+            images, _ = device_pipeline(batch, torch.device(device), training=preset == "train")
             normalize(images)
         if device.startswith("cuda"):
             torch.cuda.synchronize()

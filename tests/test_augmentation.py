@@ -1,4 +1,5 @@
-"""Auto-augment policies and random erasing in the train preset, in both pipelines (uint8 workers or float workers).
+"""Auto-augment policies and random erasing in the train preset, built for both pipelines (uint8 workers normalized
+on the device, or float workers): the same draws, the same images after normalization.
 
     python -m pytest tests/test_augmentation.py -q
 """
@@ -7,9 +8,9 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from project.data.device_normalize import split_normalize
+from project.data.device_normalize import NormalizeBatch
 from project.data.training_samples import SeededSamples
-from project.data.transforms import AUTO_AUGMENT_POLICIES, train_preset
+from project.data.transforms import AUTO_AUGMENT_POLICIES, eval_preset, train_preset
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 
@@ -31,8 +32,8 @@ def seeded(transform, image: torch.Tensor, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("policy", AUTO_AUGMENT_POLICIES)
 def test_each_auto_augment_policy_changes_uint8_images_and_keeps_shape_and_dtype(policy):
-    plain, _ = split_normalize(train_preset(crop_size=32, scale=(0.5, 1.0)))
-    augmented, _ = split_normalize(train_preset(crop_size=32, scale=(0.5, 1.0), auto_augment=policy))
+    plain = train_preset(crop_size=32, scale=(0.5, 1.0), normalize=False)
+    augmented = train_preset(crop_size=32, scale=(0.5, 1.0), auto_augment=policy, normalize=False)
     image = photo()
     changed = 0
     for seed in range(12):
@@ -54,10 +55,9 @@ def test_unknown_auto_augment_policy_names_the_valid_ones():
         train_preset(auto_augment="augmix")
 
 
-@pytest.mark.parametrize("split", [True, False], ids=["uint8 workers", "float workers"])
-def test_same_sample_key_gives_the_same_augmentation(split):
-    preset = train_preset(crop_size=32, auto_augment="trivialaugment_wide", random_erase_prob=0.5)
-    transform = split_normalize(preset)[0] if split else preset
+@pytest.mark.parametrize("normalize", [False, True], ids=["uint8 workers", "float workers"])
+def test_same_sample_key_gives_the_same_augmentation(normalize):
+    transform = train_preset(crop_size=32, auto_augment="trivialaugment_wide", random_erase_prob=0.5, normalize=normalize)
     samples = SeededSamples([(photo(i), i) for i in range(2)], run_seed=7, transform_for_epoch=lambda epoch: transform)
     first, again = samples[(1, 3, 0)][0], samples[(1, 3, 0)][0]
     assert torch.equal(first, again)
@@ -77,7 +77,7 @@ def erased_box(image: torch.Tensor) -> tuple[int, int, int, int]:
 
 def test_random_erasing_fills_a_rectangle_that_normalizes_to_zero_in_both_pipelines():
     preset = train_preset(crop_size=32, random_erase_prob=1.0)
-    uint8_preset, normalize = split_normalize(preset)
+    uint8_preset, normalize = train_preset(crop_size=32, random_erase_prob=1.0, normalize=False), NormalizeBatch()
     for seed in range(5):
         float_out = seeded(preset, photo(seed), seed)  # torchvision's order: erase with 0 after Normalize
         uint8_out = seeded(uint8_preset, photo(seed), seed)  # erase with the mean colour, normalized on the device
@@ -94,24 +94,39 @@ def test_random_erasing_fills_a_rectangle_that_normalizes_to_zero_in_both_pipeli
         torch.testing.assert_close(device_out[outside], float_out[outside], atol=1e-5, rtol=0)
 
 
-def test_a_preset_with_every_ingredient_still_splits_before_its_float_conversion():
-    preset = train_preset(crop_size=32, auto_augment="autoaugment", random_erase_prob=0.25)
-    head, _ = split_normalize(preset)
-    kinds = [type(t) for t in head.transforms]
+def test_the_uint8_preset_with_every_ingredient_is_the_float_one_without_its_float_conversion():
+    uint8 = train_preset(crop_size=32, auto_augment="autoaugment", random_erase_prob=0.25, normalize=False)
+    kinds = [type(t) for t in uint8.transforms]
     assert kinds == [v2.ToImage, v2.RandomResizedCrop, v2.RandomHorizontalFlip, v2.AutoAugment, v2.RandomErasing]
-    assert head.transforms[-1].p == 0.25
-    assert seeded(head, photo(), 0).dtype == torch.uint8
+    assert uint8.transforms[-1].p == 0.25
+    assert seeded(uint8, photo(), 0).dtype == torch.uint8
+    full = train_preset(crop_size=32, auto_augment="autoaugment", random_erase_prob=0.25)
+    assert [type(t) for t in full.transforms] == [*kinds[:-1], v2.ToDtype, v2.Normalize, v2.RandomErasing]
 
 
 def test_the_defaults_add_no_ingredient():
     kinds = [type(t) for t in train_preset().transforms]
     assert kinds == [v2.ToImage, v2.RandomResizedCrop, v2.RandomHorizontalFlip, v2.ToDtype, v2.Normalize]
+    assert [type(t) for t in train_preset(normalize=False).transforms] == kinds[:3]
 
 
-def test_split_refuses_what_cannot_run_on_uint8():
-    noise = v2.Compose([*train_preset().transforms, v2.RandomErasing(value="random")])
-    with pytest.raises(ValueError, match="normalize_on_device=false"):
-        split_normalize(noise)
-    after_normalize = v2.Compose([*train_preset().transforms, v2.RandomHorizontalFlip()])
-    with pytest.raises(ValueError, match="expected a preset ending in one v2.Normalize"):
-        split_normalize(after_normalize)
+@pytest.mark.parametrize("options", [dict(), dict(auto_augment="trivialaugment_wide"), dict(auto_augment="randaugment"),
+                                     dict(auto_augment="autoaugment", random_erase_prob=0.5)],
+                         ids=["crop+flip", "trivialaugment_wide", "randaugment", "autoaugment+erasing"])
+def test_uint8_preset_normalized_on_the_device_equals_the_float_preset(options):
+    # What normalize_on_device switches: the same draws, the same images, to within the uint8 erasing colour.
+    float_preset = train_preset(crop_size=32, scale=(0.5, 1.0), **options)
+    uint8_preset = train_preset(crop_size=32, scale=(0.5, 1.0), normalize=False, **options)
+    for seed in range(6):
+        expected = seeded(float_preset, photo(seed), seed)
+        on_device = NormalizeBatch()(seeded(uint8_preset, photo(seed), seed)[None])[0]
+        torch.testing.assert_close(on_device, expected, atol=0.009, rtol=0)  # erased: half a grey level off 0
+        erased = (expected == 0).all(dim=0)
+        torch.testing.assert_close(on_device[:, ~erased], expected[:, ~erased], atol=1e-5, rtol=0)
+
+
+def test_eval_preset_in_uint8_normalized_on_the_device_equals_the_float_one():
+    uint8 = eval_preset(resize_size=36, crop_size=32, normalize=False)
+    assert [type(t) for t in uint8.transforms] == [v2.ToImage, v2.Resize, v2.CenterCrop]
+    expected = eval_preset(resize_size=36, crop_size=32)(photo())
+    torch.testing.assert_close(NormalizeBatch()(uint8(photo())[None])[0], expected, atol=1e-5, rtol=0)

@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from project.data.datamodule import ImageNetDataModule
-from project.data.decoders import DecodedImageFolder, collate_readable, image_loader, main, resolve_decoder
+from project.data.decoders import image_loader, main, resolve_decoder
+from project.data.image_folders import DecodedImageFolder, collate_readable
 from project.errors import UnreadableImageError
 
 HAS_TORCHCODEC = importlib.util.find_spec("torchcodec") is not None
@@ -134,7 +135,7 @@ def test_skip_mode_leaves_the_file_out_and_counts_it(folder_with_a_broken_file, 
     root, victim = folder_with_a_broken_file
     dataset = DecodedImageFolder(str(root / "train"), transform=pil_to_tensor if decoder == "pil" else None,
                                  decoder=decoder, on_corrupt="skip")
-    with caplog.at_level(logging.WARNING, logger="project.data.decoders"):
+    with caplog.at_level(logging.WARNING, logger="project.data.image_folders"):
         batches = list(DataLoader(dataset, batch_size=8, collate_fn=collate_readable))
     assert sum(len(targets) for _images, targets in batches) == len(dataset) - 1
     [message] = [r.getMessage() for r in caplog.records if str(victim) in r.getMessage()]

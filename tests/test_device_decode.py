@@ -15,17 +15,17 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision import tv_tensors
-from torchvision.transforms import v2
 
 from project.data.datamodule import ImageNetDataModule
 from project.data.decoders import DEVICE_DECODERS as DEVICE_DECODER_NAMES
-from project.data.decoders import DecodedImageFolder, decode_torchvision
+from project.data.decoders import decode_torchvision
 from project.data.device_augment import Crop, TrainCrop, eval_batch, resized_crops
-from project.data.device_decode import (DeviceDecoder, EncodedBatch, EncodedImageFolder, collate_encoded, jpeg_frame,
-                                        load_for_device)
-from project.data.device_normalize import split_normalize
+from project.data.device_decode import jpeg_frame, load_for_device
+from project.data.device_pipeline import DevicePipeline
+from project.data.image_folders import DecodedImageFolder, EncodedBatch, EncodedImageFolder, collate_encoded
 from project.data.training_samples import SeededSamples
 from project.data.transforms import eval_preset, train_preset
+from project.errors import ConfigError
 from test_decode import two_colour
 
 NEEDS_TORCHCODEC = pytest.mark.skipif(importlib.util.find_spec("torchcodec") is None,
@@ -55,20 +55,24 @@ def mixed_root(tmp_path_factory):
     return root
 
 
+EVAL_PRESET = eval_preset(resize_size=28, crop_size=24, normalize=False)
+
+
 def train_set(root, decoder: str, run_seed: int = 7):
-    """The training set as the data module builds it, keyed by (index, epoch, repeat), and its uint8 preset."""
-    transform, _ = split_normalize(train_preset(crop_size=24))
+    """The training set as the data module builds it, keyed by (index, epoch, repeat), and its device crop (or None)."""
     if decoder in DEVICE_DECODER_NAMES:
-        folder = EncodedImageFolder(str(root / "train"), crop=TrainCrop.from_preset(transform), decoder=decoder)
+        crop = TrainCrop.for_options(crop_size=24)
+        folder = EncodedImageFolder(str(root / "train"), crop=crop, decoder=decoder)
     else:
+        crop, transform = None, train_preset(crop_size=24, normalize=False)
         folder = DecodedImageFolder(str(root / "train"), transform=transform, decoder=decoder)
-    return SeededSamples(folder, run_seed), transform
+    return SeededSamples(folder, run_seed), crop
 
 
 def device_train_batch(root, decoder: str, keys) -> torch.Tensor:
-    dataset, transform = train_set(root, decoder)
+    dataset, crop = train_set(root, decoder)
     batch = collate_encoded([dataset[key] for key in keys])
-    images, _ = DeviceDecoder(transform, transform, decoder=decoder)(batch, torch.device("cpu"), training=True)
+    images, _ = DevicePipeline(crop, EVAL_PRESET, decoder=decoder)(batch, torch.device("cpu"), training=True)
     return images
 
 
@@ -100,14 +104,19 @@ def test_device_decode_gives_the_worker_path_eval_batch_exactly(request, root_na
     module.setup("validate")
     encoded = next(iter(module.val_dataloader()))
     assert isinstance(encoded, EncodedBatch) and all(p.dim() == 1 for p in encoded.payloads)
-    decoded, decoded_targets = module.device_decoder(encoded, torch.device("cpu"), training=False)
+    decoded, decoded_targets = module.device_pipeline(encoded, torch.device("cpu"), training=False)
     assert torch.equal(decoded, images) and torch.equal(decoded_targets, targets)
 
 
 def test_worker_draws_the_box_and_flip_the_cpu_preset_draws():
-    preset, _ = split_normalize(train_preset(crop_size=24))
+    # Both built from the same data options, never one read out of the other.
+    options = dict(crop_size=24, scale=(0.25, 0.9), hflip_prob=0.3)
+    preset = train_preset(**options, normalize=False)
     crop_step, flip_step = preset.transforms[1], preset.transforms[2]
-    spec = TrainCrop.from_preset(preset)
+    spec = TrainCrop.for_options(**options)
+    assert (spec.size, spec.scale, spec.ratio, spec.hflip_prob) == (
+        tuple(crop_step.size), tuple(crop_step.scale), tuple(crop_step.ratio), flip_step.p)
+    assert str(getattr(crop_step.interpolation, "value", crop_step.interpolation)).lower() == "bilinear"  # as roi_align
     image = tv_tensors.Image(torch.zeros(3, 75, 100, dtype=torch.uint8))
     make_params = getattr(crop_step, "make_params", None) or crop_step._get_params  # renamed in torchvision 0.21
     for seed in range(20):
@@ -190,7 +199,7 @@ def test_batch_wise_augmentation_does_not_launch_more_ops_for_more_images(split)
         crops = [Crop(i % 5, i % 7, 40, 44, i % 2 == 0, *SIZES[i % 2]) for i in range(n)]
         return images, crops
 
-    transform, _ = split_normalize(eval_preset(resize_size=28, crop_size=24))
+    transform = EVAL_PRESET
     small, large = batch(8), batch(64)
     if split == "train":
         ops = [count_ops(resized_crops, images, crops, (24, 24)) for images, crops in (small, large)]
@@ -202,25 +211,25 @@ def test_batch_wise_augmentation_does_not_launch_more_ops_for_more_images(split)
 @pytest.mark.parametrize("decoder", DEVICE_DECODERS)
 @pytest.mark.parametrize("training", [True, False])
 def test_device_decoder_reads_no_tensor_back_to_the_host(mixed_root, monkeypatch, decoder, training):
-    dataset, transform = train_set(mixed_root, decoder)
-    eval_transform, _ = split_normalize(eval_preset(resize_size=28, crop_size=24))
+    dataset, crop = train_set(mixed_root, decoder)
     samples = [dataset[(i, 0, 0)] for i in range(12)] if training else [
         EncodedImageFolder(str(mixed_root / "val"), decoder=decoder)[i] for i in range(8)]
     batch = collate_encoded(samples)
-    device_decoder = DeviceDecoder(transform, eval_transform, decoder=decoder)
+    pipeline = DevicePipeline(crop, EVAL_PRESET, decoder=decoder)
     reads = []
     for name in ("item", "tolist", "__bool__", "__int__", "__float__", "cpu", "numpy"):
         original = getattr(torch.Tensor, name)
         monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name, **k: reads.append(_n) or _o(self, *a, **k))
-    images, _ = device_decoder(batch, torch.device("cpu"), training=training)
+    images, _ = pipeline(batch, torch.device("cpu"), training=training)
     monkeypatch.undo()
     assert reads == [] and images.shape[1:] == (3, 24, 24)
 
 
-def test_a_train_preset_with_other_augmentations_is_refused_with_the_fix():
-    preset = v2.Compose([v2.ToImage(), v2.RandomResizedCrop(24), v2.TrivialAugmentWide()])
-    with pytest.raises(ValueError, match=r"turn the other augmentations off .* or decode in the workers"):
-        DeviceDecoder(preset, preset)
+@pytest.mark.parametrize("option", [dict(auto_augment="trivialaugment_wide"), dict(random_erase_prob=0.1)])
+def test_a_device_decoder_with_other_augmentations_is_refused_with_the_fix(tiny_root, option):
+    with pytest.raises(ConfigError, match=r"turn the other augmentations off .* or decode in the workers") as error:
+        ImageNetDataModule(str(tiny_root), decoder="nvjpeg", **option)
+    assert "\n" not in str(error.value) and f"data.{next(iter(option))}={next(iter(option.values()))}" in str(error.value)
 
 
 @pytest.mark.parametrize("decoder", DEVICE_DECODERS)
@@ -249,17 +258,15 @@ def test_fit_with_device_decode_skips_a_broken_jpeg(tiny_root, tmp_path, caplog,
 def test_gpu_decode_matches_the_cpu_batches_within_idct_differences(mixed_root, decoder):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    dataset, transform = train_set(mixed_root, decoder)
+    dataset, crop = train_set(mixed_root, decoder)
     batch = collate_encoded([dataset[(i, 0, 0)] for i in range(12)])
-    device_decoder = DeviceDecoder(transform, transform, decoder=decoder)
-    on_gpu, targets = device_decoder(batch, torch.device("cuda"), training=True)
-    on_cpu, _ = device_decoder(batch, torch.device("cpu"), training=True)
+    pipeline = DevicePipeline(crop, EVAL_PRESET, decoder=decoder)
+    on_gpu, targets = pipeline(batch, torch.device("cuda"), training=True)
+    on_cpu, _ = pipeline(batch, torch.device("cpu"), training=True)
     assert on_gpu.is_cuda and on_gpu.dtype == torch.uint8 and on_gpu.shape == on_cpu.shape and targets.is_cuda
     # nvJPEG's IDCT and the CUDA kernels round differently from libjpeg-turbo and the CPU ones: small differences.
     assert (on_gpu.cpu().float() - on_cpu.float()).abs().mean() < 2.0
     val = collate_encoded([EncodedImageFolder(str(mixed_root / "val"), decoder=decoder)[i] for i in range(8)])
-    eval_transform, _ = split_normalize(eval_preset(resize_size=28, crop_size=24))
-    device_decoder = DeviceDecoder(transform, eval_transform, decoder=decoder)
-    gpu_eval, _ = device_decoder(val, torch.device("cuda"), training=False)
-    cpu_eval, _ = device_decoder(val, torch.device("cpu"), training=False)
+    gpu_eval, _ = pipeline(val, torch.device("cuda"), training=False)
+    cpu_eval, _ = pipeline(val, torch.device("cpu"), training=False)
     assert (gpu_eval.cpu().float() - cpu_eval.float()).abs().mean() < 2.0

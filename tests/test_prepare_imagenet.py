@@ -220,3 +220,19 @@ def test_output_disk_too_small_is_reported_before_writing_images(tmp_path, small
     err = capsys.readouterr().err
     assert f"{small_disk / 'imagenet'} has 0.00 GB free" in err and "rerun" in err
     assert not any((small_disk / "imagenet" / "train").iterdir())
+
+
+def test_a_val_file_cut_short_by_a_killed_run_is_never_counted_and_a_rerun_completes_it(archives, tmp_path):
+    from project.run.checkpoint_io import partial_path
+
+    root = tmp_path / "imagenet"
+    assert main(["--archives", str(archives), "--out", str(root), *COUNTS]) == 0
+    dest = next((root / "val").rglob("ILSVRC2012_val_00000001.JPEG"))
+    # What kill -9 during its copy leaves: no file under the real name, half of it under the writer's temp name.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    temp = partial_path(dest).with_name(partial_path(dest).name.replace(f"-{os.getpid()}.", f"-{dead.stdout.strip()}."))
+    temp.write_bytes(dest.read_bytes()[:100])
+    dest.unlink()
+    assert main(["--archives", str(archives), "--out", str(root), *COUNTS]) == 0
+    assert dest.read_bytes() == jpeg_bytes(1) and not temp.exists()
+    assert sum(files_in(root / "val").values()) == len(VAL_IDS)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from project.data.decoders import DecodedImageFolder
+from project.data.image_folders import DecodedImageFolder
 from project.data.progressive_resizing import ProgressiveResizing, TrainPresetPerEpoch
 from project.data.training_samples import SeededSamples
 
@@ -31,7 +31,7 @@ def test_size_is_a_pure_function_of_the_epoch_so_a_resume_in_the_ramp_continues_
     # A resumed run rebuilds the schedule from its config and asks only for the epochs it still trains.
     resumed = ProgressiveResizing(**{f: getattr(FFCV_88, f) for f in FFCV_88.__dataclass_fields__})
     assert [resumed.size_at(e) for e in range(70, 88)] == uninterrupted[70:]
-    per_epoch = TrainPresetPerEpoch(resumed, split=True, scale=(0.5, 1.0))
+    per_epoch = TrainPresetPerEpoch(resumed, normalize=False, scale=(0.5, 1.0))
     image = torch.randint(0, 256, (3, 300, 260), dtype=torch.uint8)
     assert [per_epoch(e)(image).shape[-1] for e in (70, 71, 80)] == [uninterrupted[e] for e in (70, 71, 80)]
 
@@ -88,7 +88,7 @@ class EpochKeys:
 def test_dataloader_batches_take_the_size_of_the_epoch_in_their_keys(tiny_root, workers):
     schedule = ProgressiveResizing(start_size=16, end_size=32, start_epoch=1, end_epoch=3, multiple=8)
     folder = DecodedImageFolder(str(tiny_root / "train"))  # no transform of its own: uint8 images of 32 px
-    samples = SeededSamples(folder, run_seed=0, transform_for_epoch=TrainPresetPerEpoch(schedule, split=True))
+    samples = SeededSamples(folder, run_seed=0, transform_for_epoch=TrainPresetPerEpoch(schedule, normalize=False))
     keys = EpochKeys(len(samples))
     loader = DataLoader(samples, batch_size=8, sampler=keys, num_workers=workers, persistent_workers=workers > 0,
                         multiprocessing_context="fork" if workers else None)
@@ -97,7 +97,8 @@ def test_dataloader_batches_take_the_size_of_the_epoch_in_their_keys(tiny_root, 
         keys.epoch = epoch
         iterator = iter(loader)
         iterators.append(iterator)
-        shapes = {tuple(images.shape[1:]) for images, _ in iterator}
-        assert shapes == {(3, size, size)}, f"epoch {epoch}"
+        batches = [images for images, _ in iterator]
+        assert {tuple(images.shape[1:]) for images in batches} == {(3, size, size)}, f"epoch {epoch}"
+        assert {images.dtype for images in batches} == {torch.uint8}  # built uint8: the device normalizes
     if workers:  # the same worker processes served every epoch: nothing but the keys told them the epoch
         assert iterators[0] is iterators[1] is iterators[2]

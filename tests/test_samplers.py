@@ -92,3 +92,32 @@ def test_exact_evaluation_shards_count_every_image_once_and_an_empty_shard_is_re
     assert sorted(i for shard in shards for i in shard) == list(range(5))
     with pytest.raises(ConfigError, match="2 images for 3 processes: rank 2 would evaluate none"):
         ExactDistributedSampler(Indices(2), num_replicas=3, rank=2)
+
+
+@pytest.mark.parametrize("size", [5, 7, 10, 17])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_exact_shards_are_lightnings_unpadded_predict_shards_in_every_epoch(size, world_size):
+    from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+
+    for rank in range(world_size):
+        ours = ExactDistributedSampler(Indices(size), num_replicas=world_size, rank=rank)
+        lightnings = UnrepeatedDistributedSampler(Indices(size), num_replicas=world_size, rank=rank, shuffle=False)
+        for epoch in (0, 3):  # set_epoch changes nothing: evaluation is never shuffled
+            ours.set_epoch(epoch)
+            lightnings.set_epoch(epoch)
+            assert list(ours) == list(lightnings) == list(range(rank, size, world_size))
+            assert len(ours) == len(lightnings) and ours.total_size == lightnings.total_size == size
+    # Shuffled (never for evaluation), Lightning's permutation follows the epoch alone: the seed changes nothing.
+    one, other = (UnrepeatedDistributedSampler(Indices(10), num_replicas=2, rank=0, shuffle=True, seed=s) for s in (1, 2))
+    assert list(one) == list(other)
+
+
+def test_lightnings_unpadded_sampler_fails_only_on_the_empty_rank_with_a_bare_assertion():
+    from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+
+    assert list(UnrepeatedDistributedSampler(Indices(2), num_replicas=3, rank=0)) == [0]  # rank 0 would go on
+    with pytest.raises(AssertionError):
+        UnrepeatedDistributedSampler(Indices(2), num_replicas=3, rank=2)
+    for rank in range(3):  # ours refuses on every rank, with the fix
+        with pytest.raises(ConfigError, match="evaluate with fewer processes"):
+            ExactDistributedSampler(Indices(2), num_replicas=3, rank=rank)

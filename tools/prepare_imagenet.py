@@ -27,15 +27,18 @@ import torch
 from torchvision.datasets.imagenet import ARCHIVE_META, META_FILE
 from torchvision.datasets.utils import check_integrity
 
-from project.data.class_labels import CLASS_INDEX_FILE
+from project.data.layout import CLASS_INDEX_FILE
+from project.errors import DiskFullError
+from project.run.checkpoint_io import atomic_write, remove_stale_partials
 
 TRAIN_IMAGES, VAL_IMAGES, NUM_CLASSES = 1_281_167, 50_000, 1_000
 DEVKIT_DATA = "ILSVRC2012_devkit_t12/data"
 VAL_NAME = re.compile(r"ILSVRC2012_val_(\d{8})\.JPEG")
 DOWNLOAD = "https://image-net.org/challenges/LSVRC/2012/2012-downloads.php (free account needed)"
-# Staging lives inside ROOT (same filesystem: the final rename is atomic) but outside train/ and val/, whose
-# sub-folders ImageFolder would take for classes.
+# Class folders are staged inside ROOT (same filesystem: the final rename is atomic) but outside train/, whose
+# sub-folders ImageFolder would take for classes. Files (val images, the index) are written by atomic_write.
 PARTIAL = ".prepare_partial"
+DISK_FULL_FIX = "Free space or pass another --out, then rerun: finished classes are kept"
 
 
 class PrepareError(RuntimeError):
@@ -96,20 +99,14 @@ def read_devkit(path: Path) -> Devkit:
     return Devkit(sorted(words), words, val_wnids)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def write_class_index(root: Path, devkit: Devkit) -> None:
     entries = [{"index": i, "wnid": w, "name": devkit.words[w].split(", ")[0], "words": devkit.words[w]}
                for i, w in enumerate(devkit.wnids)]
-    write_atomic(root / CLASS_INDEX_FILE, json.dumps(entries, indent=1).encode())
+    atomic_write(root / CLASS_INDEX_FILE, lambda file: file.write(json.dumps(entries, indent=1)), mode="w",
+                 fix=DISK_FULL_FIX)
     # torchvision's meta file format, so torchvision.datasets.ImageNet(root) reads this folder without its archives.
-    buffer = io.BytesIO()
-    torch.save(({w: tuple(devkit.words[w].split(", ")) for w in devkit.wnids}, devkit.val_wnids), buffer)
-    write_atomic(root / META_FILE, buffer.getvalue())
+    meta = ({w: tuple(devkit.words[w].split(", ")) for w in devkit.wnids}, devkit.val_wnids)
+    atomic_write(root / META_FILE, lambda file: torch.save(meta, file), fix=DISK_FULL_FIX)
 
 
 def check_space(root: Path, needed: int) -> None:
@@ -190,10 +187,9 @@ def prepare_train(train_tar: Path, root: Path, devkit: Devkit, workers: int) -> 
 
 
 def prepare_val(val_tar: Path, root: Path, devkit: Devkit) -> None:
-    staging = root / PARTIAL / "val"
-    staging.mkdir(parents=True, exist_ok=True)
     for wnid in set(devkit.val_wnids):
         (root / "val" / wnid).mkdir(parents=True, exist_ok=True)
+        remove_stale_partials(root / "val" / wnid)  # temp files of writes a killed run on this host left
     written = kept = 0
     current = val_tar.name
     try:
@@ -215,9 +211,10 @@ def prepare_val(val_tar: Path, root: Path, devkit: Devkit) -> None:
                     kept += 1
                     continue
                 check_space(root, member.size)
-                tmp = staging / match.group(0)
-                copy_member(tar.extractfile(member), tmp)
-                os.replace(tmp, dest)
+                source = tar.extractfile(member)
+                # No fsync: 50,000 small files, and a rerun rewrites any that a crash cut short.
+                atomic_write(dest, lambda out: shutil.copyfileobj(source, out, length=1 << 20), fsync=False,
+                             fix=DISK_FULL_FIX)
                 written += 1
     except (tarfile.TarError, EOFError) as error:
         raise PrepareError(f"{val_tar} is truncated or corrupt at {current} ({error}); download it again from {DOWNLOAD} "
@@ -229,7 +226,8 @@ def count_report(root: Path, devkit: Devkit, expect_train: int, expect_val: int,
     """What is missing against the expected counts; empty when everything is there."""
     def count(split: str, wnid: str) -> int:
         folder = root / split / wnid
-        return sum(1 for e in os.scandir(folder) if e.is_file()) if folder.is_dir() else 0
+        # A hidden name is an unfinished write's temp file (atomic_write's), never an image.
+        return sum(1 for e in os.scandir(folder) if e.is_file() and not e.name.startswith(".")) if folder.is_dir() else 0
 
     train = {w: count("train", w) for w in devkit.wnids}
     val = {w: count("val", w) for w in devkit.wnids}
@@ -264,10 +262,12 @@ def prepare(archives: Path, root: Path, *, expect_train: int = TRAIN_IMAGES, exp
     shutil.rmtree(root / PARTIAL, ignore_errors=True)  # leftovers of an interrupted run; never finished data
     devkit = read_devkit(paths["devkit"])
     log(f"devkit: {len(devkit.wnids)} classes, {len(devkit.val_wnids):,} val labels")
-    write_class_index(root, devkit)
     try:
+        write_class_index(root, devkit)
         prepare_train(paths["train"], root, devkit, workers)
         prepare_val(paths["val"], root, devkit)
+    except DiskFullError as full:  # atomic_write's: the file it names is as it was
+        raise PrepareError(str(full)) from full
     except OSError as error:
         if error.errno == errno.ENOSPC:
             raise PrepareError(f"the disk of {root} is full ({error}); free space or pass another --out, then rerun: "

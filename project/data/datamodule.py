@@ -6,27 +6,28 @@
 
 import dataclasses
 import sys
-from typing import Any, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 
-from project.data.decoders import DEVICE_DECODERS, Decoder, DecodedImageFolder, collate_readable, resolve_decoder
-from project.data.embedded import resolve_root
-from project.data.layout import check_layout
+from project.data.decoders import DEVICE_DECODERS, Decoder, resolve_decoder
 from project.data.device_augment import TrainCrop
-from project.data.device_decode import DeviceDecoder, EncodedBatch, EncodedImageFolder, collate_encoded
-from project.data.device_normalize import split_normalize
+from project.data.device_normalize import NormalizeBatch
+from project.data.device_pipeline import DevicePipeline
+from project.data.embedded import resolve_root
+from project.data.image_folders import (DecodedImageFolder, EncodedBatch, EncodedImageFolder, collate_encoded,
+                                        collate_readable)
+from project.data.layout import check_layout, read_class_labels
 from project.data.predict import ImagePathDataset, list_images
-from project.data.class_labels import read_class_labels
+from project.data.progressive_resizing import ProgressiveResizing, TrainPresetPerEpoch
 from project.data.samplers import (ExactDistributedSampler, ResumableDataLoader, ResumableSampler, loader_state,
                                    restore_loader_state)
 from project.data.training_samples import SeededSamples
-from project.run.signals import ignore_stop_signals
-from project.data.progressive_resizing import ProgressiveResizing, TrainPresetPerEpoch
-from project.data.transforms import AutoAugmentName, eval_preset, train_preset
+from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, AutoAugmentName, eval_preset, train_preset
 from project.errors import ConfigError
+from project.run.signals import ignore_stop_signals
 
 
 class ImageNetDataModule(L.LightningDataModule):
@@ -119,25 +120,28 @@ class ImageNetDataModule(L.LightningDataModule):
         augment = dict(scale=tuple(train_crop_scale), hflip_prob=hflip_prob, auto_augment=auto_augment,
                        randaugment_num_ops=randaugment_num_ops, randaugment_magnitude=randaugment_magnitude,
                        random_erase_prob=random_erase_prob)
-        self.train_transform = train_preset(crop_size=train_crop_size, **augment)
+        # The presets are built as they run: uint8 out when the device normalizes the batch, float when the workers do.
+        presets = dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, normalize=not normalize_on_device)
+        self.normalize_batch = NormalizeBatch(IMAGENET_MEAN, IMAGENET_STD) if normalize_on_device else None
+        self.train_transform = train_preset(crop_size=train_crop_size, **augment, **presets)
         # With progressive resizing the train preset depends on the epoch, which SeededSamples reads from each key.
-        self.train_transform_for_epoch = (TrainPresetPerEpoch(progressive_resizing, split=normalize_on_device, **augment)
+        self.train_transform_for_epoch = (TrainPresetPerEpoch(progressive_resizing, **augment, **presets)
                                           if progressive_resizing is not None else None)
-        self.eval_transform = eval_preset(resize_size=eval_resize_size, crop_size=eval_crop_size)
-        self.normalize_batch = None
-        if normalize_on_device:
-            # The presets stop at uint8; on_after_batch_transfer finishes them on the device.
-            self.train_transform, self.normalize_batch = split_normalize(self.train_transform)
-            self.eval_transform, _ = split_normalize(self.eval_transform)
+        self.eval_transform = eval_preset(resize_size=eval_resize_size, crop_size=eval_crop_size, **presets)
         self.decoder = resolve_decoder(decoder)
-        self.device_decoder = None
+        self.train_crop: Optional[TrainCrop] = None  # device decoders: the crop the workers draw, applied on the device
+        self.device_pipeline: Optional[DevicePipeline] = None
         if self.decoder in DEVICE_DECODERS:
-            if self.normalize_batch is None:
+            if not normalize_on_device:
                 raise ConfigError(f"data.decoder={decoder} augments uint8 images on the device: set data.normalize_on_device=true")
             if progressive_resizing is not None:
                 raise ConfigError(f"data.decoder={decoder} has one train crop size: drop data.progressive_resizing, or "
                                  "decode in the workers (data.decoder=auto)")
-            self.device_decoder = DeviceDecoder(self.train_transform, self.eval_transform, on_corrupt, decoder=self.decoder)
+            self.train_crop = TrainCrop.for_options(crop_size=train_crop_size, scale=tuple(train_crop_scale),
+                                                    hflip_prob=hflip_prob, auto_augment=auto_augment,
+                                                    random_erase_prob=random_erase_prob)
+            self.device_pipeline = DevicePipeline(self.train_crop, self.eval_transform, decoder=self.decoder,
+                                                  on_corrupt=on_corrupt)
         # Folder names (wnids for ImageNet) stay the keys; labels are the human names prepare_imagenet wrote.
         self.class_labels: list[str] = read_class_labels(self.root, self.class_names)
         self.datasets: dict[str, Dataset] = {}
@@ -147,7 +151,7 @@ class ImageNetDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         if stage == "fit":
             per_epoch = self.train_transform_for_epoch
-            folder = self._image_folder("train", None if per_epoch else self.train_transform)
+            folder = self._image_folder("train", None if per_epoch else self.train_transform, crop=self.train_crop)
             self.datasets["train"] = SeededSamples(folder, self.hparams.seed, transform_for_epoch=per_epoch)
         if stage in ("fit", "validate"):
             self.datasets["val"] = self._image_folder("val", self.eval_transform)
@@ -157,14 +161,13 @@ class ImageNetDataModule(L.LightningDataModule):
             self.datasets["test"] = self._image_folder(split, self.eval_transform)
         if stage == "predict":
             folder = self.hparams.predict_root or self.root / "val"
-            self.datasets["predict"] = ImagePathDataset(
-                folder, transform=self.eval_transform, decoder=self.decoder
-            )
+            self.datasets["predict"] = ImagePathDataset(folder, transform=self.eval_transform, decoder=self.decoder,
+                                                        on_corrupt=self.hparams.on_corrupt)
 
-    def _image_folder(self, split: str, transform) -> ImageFolder:
-        if self.device_decoder is not None:
-            dataset = EncodedImageFolder(str(self.root / split), crop=TrainCrop.from_preset(transform),
-                                         decoder=self.decoder, on_corrupt=self.hparams.on_corrupt)
+    def _image_folder(self, split: str, transform, crop: Optional[TrainCrop] = None) -> ImageFolder:
+        if self.device_pipeline is not None:  # the workers read bytes (and draw the train crops); the device does the rest
+            dataset = EncodedImageFolder(str(self.root / split), crop=crop, decoder=self.decoder,
+                                         on_corrupt=self.hparams.on_corrupt)
         else:
             dataset = DecodedImageFolder(str(self.root / split), transform=transform, decoder=self.decoder,
                                          on_corrupt=self.hparams.on_corrupt)
@@ -176,8 +179,14 @@ class ImageNetDataModule(L.LightningDataModule):
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    def _loader(self, dataset: Dataset, sampler, loader_class: type[DataLoader] = DataLoader) -> DataLoader:
+    def _collate(self, split: str) -> Optional[Callable[[list], Any]]:
+        if self.device_pipeline is not None and split != "predict":  # predict decodes in the workers, as the CPU path
+            return collate_encoded
+        return collate_readable if self.hparams.on_corrupt == "skip" else None
+
+    def _loader(self, split: str, sampler, loader_class: type[DataLoader] = DataLoader) -> DataLoader:
         workers = self.hparams.num_workers
+        dataset = self.datasets[split]
         return loader_class(
             dataset,
             batch_size=self.batch_size,
@@ -186,9 +195,7 @@ class ImageNetDataModule(L.LightningDataModule):
             pin_memory=self.hparams.pin_memory,
             persistent_workers=self.hparams.persistent_workers and workers > 0,
             prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
-            # getattr: the train set arrives wrapped (SeededSamples); look at the folder inside.
-            collate_fn=(collate_encoded if isinstance(getattr(dataset, "dataset", dataset), EncodedImageFolder)
-                        else collate_readable if self.hparams.on_corrupt == "skip" else None),
+            collate_fn=self._collate(split),
             multiprocessing_context=self._start_method() if workers > 0 else None,
             # A stop signal sent to the whole process group must not kill the workers before the checkpoint is saved.
             worker_init_fn=ignore_stop_signals if workers > 0 else None,
@@ -208,7 +215,7 @@ class ImageNetDataModule(L.LightningDataModule):
         if self._resume_state is not None:
             restore_loader_state(self.train_sampler, self.batch_size, self._resume_state)
             self._resume_state = None
-        return self._loader(dataset, self.train_sampler, ResumableDataLoader)
+        return self._loader("train", self.train_sampler, ResumableDataLoader)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, weights_only: bool = True,
@@ -235,7 +242,7 @@ class ImageNetDataModule(L.LightningDataModule):
     def _eval_loader(self, split: str) -> DataLoader:
         world_size, rank = self._world()
         dataset = self.datasets[split]
-        return self._loader(dataset, ExactDistributedSampler(dataset, num_replicas=world_size, rank=rank))
+        return self._loader(split, ExactDistributedSampler(dataset, num_replicas=world_size, rank=rank))
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("val")
@@ -248,9 +255,9 @@ class ImageNetDataModule(L.LightningDataModule):
         return self._eval_loader("predict")
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        if isinstance(batch, EncodedBatch):  # a device decoder: decode and augment where the model runs
+        if isinstance(batch, EncodedBatch):  # a device decoder's: decode and augment where the model runs
             trainer = self.trainer
-            batch = self.device_decoder(batch, trainer.strategy.root_device, training=trainer.training)
+            batch = self.device_pipeline(batch, trainer.strategy.root_device, training=trainer.training)
         return batch
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):

@@ -9,14 +9,13 @@ The three give the same pixels for JPEGs (all libjpeg-turbo), except that TorchC
 (0.17 has no switch) where torchvision.io and PIL, as used here, do not.
 ImageNet's train set holds a PNG saved as .JPEG, 22 CMYK JPEGs and grayscale JPEGs: the tensor decoders read the real
 format from the bytes (not the name) and convert CMYK (Adobe-inverted included) and gray to RGB; formats they do not
-read (BMP, TIFF, ...) go to PIL. A truncated or corrupt file raises UnreadableImageError naming it, or, with
-on_corrupt="skip", is left out of its batch and counted in a warning.
+read (BMP, TIFF, ...) go to PIL. A truncated or corrupt file raises UnreadableImageError naming it (the data sets in
+image_folders.py stop on it or, with on_corrupt="skip", leave it out of its batch and count it in a warning).
 """
 
 import argparse
 import functools
 import importlib.util
-import logging
 import os
 import re
 import sys
@@ -27,8 +26,6 @@ from typing import Any, Callable, Literal, Optional
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
-from torch.utils.data import default_collate, get_worker_info
-from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms.v2.functional import pil_to_tensor, to_dtype
 
@@ -45,7 +42,6 @@ CPU_DECODERS = ("torchcodec", "torchvision", "pil")  # the order "auto" tries th
 # Device decoders (project.data.device_decode) and the CPU decoder that stands in for them in the workers (files the
 # device cannot decode), in predict, and in the scan.
 DEVICE_DECODERS = {"nvjpeg": "torchvision", "torchcodec-cuda": "torchcodec"}
-logger = logging.getLogger(__name__)
 
 
 def _unreadable(path: str, reason: str) -> UnreadableImageError:
@@ -158,39 +154,6 @@ def image_loader(decoder: str) -> Callable[[str], Any]:
     """
     decoder = resolve_decoder(decoder)
     return LOADERS[DEVICE_DECODERS.get(decoder, decoder)]
-
-
-class DecodedImageFolder(ImageFolder):
-    """ImageFolder with the decoder chosen by name; unreadable files stop with their path, or are skipped and counted."""
-
-    def __init__(self, root: str, transform: Optional[Callable] = None, *, decoder: Decoder = "auto",
-                 on_corrupt: OnCorrupt = "error"):
-        if on_corrupt not in ("error", "skip"):
-            raise ConfigError(f"on_corrupt must be 'error' or 'skip', got {on_corrupt!r}")
-        super().__init__(root, transform=transform, loader=image_loader(decoder))
-        self.on_corrupt = on_corrupt
-        self.skipped = 0  # per process: each DataLoader worker counts its own
-
-    def __getitem__(self, index: int):
-        try:
-            return super().__getitem__(index)
-        except UnreadableImageError as error:
-            if self.on_corrupt == "error":
-                raise
-            self.skipped += 1
-            worker = get_worker_info()
-            where = f"DataLoader worker {worker.id}" if worker is not None else "the main process"
-            logger.warning("skipped unreadable %s (%s) [%d skipped so far by %s]", error.path, error.reason, self.skipped, where)
-            return None
-
-
-def collate_readable(batch: list):
-    """default_collate over the samples that decoded (DecodedImageFolder returns None for skipped ones)."""
-    readable = [sample for sample in batch if sample is not None]
-    if not readable:
-        raise UnreadableImageError(f"all {len(batch)} images of a batch were unreadable (see the warnings naming them): "
-                                   "the data set is damaged; check it with python -m project.data.decoders ROOT")
-    return default_collate(readable)
 
 
 def _check(job: tuple[str, str]) -> Optional[str]:

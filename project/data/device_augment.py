@@ -24,13 +24,10 @@ from torchvision import transforms as v1
 from torchvision.ops import roi_align
 from torchvision.transforms import v2
 
+from project.data.transforms import CROP_RATIO
 from project.errors import ConfigError
 
 BUCKET_PIXELS = 1 << 24  # padded crop pixels per roi_align: ~0.65 GB of transient device memory (index, uint8, float)
-
-
-def _mode(interpolation) -> str:
-    return str(getattr(interpolation, "value", interpolation)).lower()  # an enum up to torchvision 0.28, then a str
 
 
 class Crop(NamedTuple):
@@ -46,7 +43,10 @@ class Crop(NamedTuple):
 
 
 class TrainCrop(NamedTuple):
-    """The random part of the train preset (RandomResizedCrop, horizontal flip), drawn per image in the workers."""
+    """The random part of the train preset (RandomResizedCrop, horizontal flip), drawn per image in the workers.
+
+    Built from the data options that build train_preset (for_options), never read back out of a preset.
+    """
 
     size: tuple[int, int]
     scale: tuple[float, float]
@@ -54,21 +54,17 @@ class TrainCrop(NamedTuple):
     hflip_prob: float
 
     @classmethod
-    def from_preset(cls, preset: v2.Compose) -> Optional["TrainCrop"]:
-        """The crop of a uint8 train preset (ToImage, RandomResizedCrop, RandomHorizontalFlip); None for an eval one."""
-        steps = [t for t in preset.transforms if not isinstance(t, v2.ToImage)]
-        if not any(isinstance(t, v2.RandomResizedCrop) for t in steps):
-            return None
-        crop, *rest = steps
-        flip = rest[0] if rest and isinstance(rest[0], v2.RandomHorizontalFlip) else None
-        extra = rest[1:] if flip is not None else rest
-        if not isinstance(crop, v2.RandomResizedCrop) or extra or _mode(crop.interpolation) != "bilinear":
+    def for_options(cls, *, crop_size: int, scale: tuple[float, float] = (0.08, 1.0), hflip_prob: float = 0.5,
+                    auto_augment: Optional[str] = None, random_erase_prob: float = 0.0) -> "TrainCrop":
+        """The crop train_preset draws with these data options; the ones the device does not run are refused."""
+        if auto_augment is not None or random_erase_prob > 0:
             raise ConfigError(
-                f"a device decoder (data.decoder=nvjpeg/torchcodec-cuda) runs RandomResizedCrop (bilinear) + "
-                f"RandomHorizontalFlip on the device, got the train preset {preset}: turn the other augmentations off "
-                "(data.auto_augment, data.random_erase_prob, ...) or decode in the workers (data.decoder=auto)"
+                "a device decoder (data.decoder=nvjpeg/torchcodec-cuda) runs RandomResizedCrop (bilinear) + "
+                f"RandomHorizontalFlip on the device, got data.auto_augment={auto_augment}, data.random_erase_prob="
+                f"{random_erase_prob}: turn the other augmentations off (data.auto_augment=null, data.random_erase_prob=0) "
+                "or decode in the workers (data.decoder=auto)"
             )
-        return cls(tuple(crop.size), tuple(crop.scale), tuple(crop.ratio), flip.p if flip is not None else 0.0)
+        return cls((crop_size, crop_size), tuple(scale), CROP_RATIO, hflip_prob)
 
     def draw(self, height: int, width: int) -> Crop:
         """Box and flip from the CPU generator, in the order the v2 preset draws them (SeededSamples seeds it)."""

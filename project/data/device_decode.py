@@ -1,4 +1,4 @@
-"""Device decoders: the workers only read JPEG bytes; the batch is decoded and augmented on the training device.
+"""Device decoders: the workers only read JPEG bytes (load_for_device); the batch is decoded on the training device.
 
     python -m project fit --config configs/gpu.yaml --data.root /datasets/imagenet --data.decoder nvjpeg
     python -m project fit --config configs/gpu.yaml --data.root /datasets/imagenet --data.decoder torchcodec-cuda
@@ -7,10 +7,10 @@
 (nvJPEG too; the optional extra), each a whole batch in one call. nvJPEG decodes baseline and progressive JPEGs with 1
 or 3 components. Everything else (CMYK, PNG named .JPEG, lossless or arithmetic JPEGs) is decoded on the CPU in the
 worker with the matching CPU decoder (torchvision, torchcodec), so the device only ever sees what it handles.
-Training crops are drawn per sample in the worker (seeded like the CPU path) and applied batch-wise on the device:
-project.data.device_augment.
+The data set that reads the bytes is image_folders.EncodedImageFolder; device_pipeline.DevicePipeline decodes its
+batches with DeviceDecoder, then runs the presets on them batch-wise (device_augment.py).
 
-Overlap with the previous step: the decoder runs in on_before_batch_transfer, on the host thread that queues the
+Overlap with the previous step: the decode runs in on_before_batch_transfer, on the host thread that queues the
 training kernels, and reads nothing back from the device, so the host queues this batch's decode and augmentation
 while the GPU still runs the previous step's backward and optimizer kernels. torchvision's nvJPEG decode runs on its
 own CUDA stream and makes the training stream wait on an event; torchcodec 0.17 synchronizes the *current* stream
@@ -19,14 +19,12 @@ no training work: the host waits for the decode alone, never for the previous st
 k on a side stream would overlap more, but Lightning keeps its prefetched batch inside its private data fetcher.
 """
 
-import functools
 import logging
 from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from project.data.decoders import DEVICE_DECODERS, DecodedImageFolder, image_loader
-from project.data.device_augment import Crop, TrainCrop, eval_batch, resized_crops
+from project.data.decoders import DEVICE_DECODERS, image_loader
 from project.errors import UnreadableImageError
 
 try:
@@ -81,62 +79,24 @@ def load_for_device(path: str, decode: Callable[[str], torch.Tensor]) -> tuple[t
     return image, (image.shape[-2], image.shape[-1])
 
 
-class EncodedImageFolder(DecodedImageFolder):
-    """Samples are (JPEG bytes or an image the worker decoded, target, path, Crop or None): DeviceDecoder's input.
-
-    With `crop` (the training set) each sample's box and flip are drawn here, in the worker, where SeededSamples has
-    seeded the generator from the sample's key (index, epoch, repeat): the key reaches the device as its draws.
-    """
-
-    def __init__(self, root: str, *, crop: Optional[TrainCrop] = None, decoder: str = "nvjpeg",
-                 on_corrupt: str = "error"):
-        if decoder not in DEVICE_DECODERS:
-            raise ValueError(f"EncodedImageFolder serves a device decoder ({', '.join(DEVICE_DECODERS)}), got {decoder!r}")
-        super().__init__(root, decoder=decoder, on_corrupt=on_corrupt)  # self.loader: the CPU stand-in
-        self.loader = functools.partial(load_for_device, decode=self.loader)
-        self.crop = crop
-
-    def __getitem__(self, index: int):
-        sample = super().__getitem__(index)
-        if sample is None:
-            return None
-        (payload, (height, width)), target = sample
-        crop = self.crop.draw(height, width) if self.crop is not None else None
-        return payload, target, self.samples[index][0], crop
-
-
-class EncodedBatch(NamedTuple):
-    payloads: list[torch.Tensor]  # 1-D JPEG bytes, or 3 x H x W images the workers decoded; sizes vary
-    targets: torch.Tensor
-    paths: list[str]
-    crops: list[Optional[Crop]]  # training: each image's box and flip; evaluation: None
-
-
-def collate_encoded(batch: list) -> EncodedBatch:
-    """Samples of EncodedImageFolder as one EncodedBatch; samples a worker skipped (None) are left out."""
-    readable = [sample for sample in batch if sample is not None]
-    payloads, targets, paths, crops = zip(*readable) if readable else ((), (), (), ())
-    return EncodedBatch(list(payloads), torch.tensor(targets, dtype=torch.long), list(paths), list(crops))
-
-
 class DeviceDecoder:
-    """Decodes a batch's JPEG bytes on the training device in one batched call, then runs the presets batch-wise there.
+    """Decodes a batch's JPEG bytes on the training device in one batched call; the images the workers decoded are
+    moved there as they are. A file the device cannot decode goes to the CPU decoder, which names it when it cannot.
 
     decoder: "nvjpeg" (torchvision.io) or "torchcodec-cuda" (TorchCodec). On a CPU device (tests, CPU runs) the same
     calls decode with libjpeg-turbo.
     """
 
-    def __init__(self, train_transform, eval_transform, on_corrupt: str = "error", decoder: str = "nvjpeg"):
+    def __init__(self, decoder: str = "nvjpeg", on_corrupt: str = "error"):
         if decoder not in DEVICE_DECODERS:
             raise ValueError(f"DeviceDecoder decodes with one of {', '.join(DEVICE_DECODERS)}, got {decoder!r}")
         self.cpu_decode = image_loader(decoder)  # also checks that the library is there
         self.decoder = decoder
-        self.crop = TrainCrop.from_preset(train_transform)
-        self.eval_transform = eval_transform
         self.on_corrupt = on_corrupt
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
-    def _decode_batch(self, payloads: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    def decode_jpegs(self, payloads: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        """JPEG bytes (1-D uint8 each) -> uint8 RGB images (3 x H x W) on `device`, one batched call."""
         if self.decoder == "nvjpeg":
             return decode_jpeg(payloads, mode=ImageReadMode.RGB, device=device)
         from torchcodec.decoders import decode_jpeg as torchcodec_decode_jpeg
@@ -157,7 +117,7 @@ class DeviceDecoder:
 
     def _decode_one(self, payload: torch.Tensor, path: str, device: torch.device) -> Optional[torch.Tensor]:
         try:
-            return self._decode_batch([payload], device)[0]
+            return self.decode_jpegs([payload], device)[0]
         except (RuntimeError, ValueError):
             try:  # the CPU decoders read more broken-but-usable files, and name the file when they cannot
                 return self.cpu_decode(path).to(device)
@@ -167,26 +127,15 @@ class DeviceDecoder:
                 logger.warning("skipped unreadable %s (%s) [device decode]", error.path, error.reason)
                 return None
 
-    def __call__(self, batch: EncodedBatch, device: torch.device, training: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        images: list[Optional[torch.Tensor]] = [p.to(device, non_blocking=True) if p.dim() == 3 else None
-                                                for p in batch.payloads]
-        encoded = [i for i, p in enumerate(batch.payloads) if p.dim() == 1]
+    def __call__(self, payloads: list[torch.Tensor], paths: list[str], device: torch.device) -> list[Optional[torch.Tensor]]:
+        """load_for_device's payloads (bytes or decoded images) as images on `device`; None for a file skipped."""
+        images: list[Optional[torch.Tensor]] = [p.to(device, non_blocking=True) if p.dim() == 3 else None for p in payloads]
+        encoded = [i for i, p in enumerate(payloads) if p.dim() == 1]
         if encoded:
             try:
-                decoded = self._decode_batch([batch.payloads[i] for i in encoded], device)
+                decoded = self.decode_jpegs([payloads[i] for i in encoded], device)
             except (RuntimeError, ValueError):  # one bad file fails the whole batched call: find it
-                decoded = [self._decode_one(batch.payloads[i], batch.paths[i], device) for i in encoded]
+                decoded = [self._decode_one(payloads[i], paths[i], device) for i in encoded]
             for i, image in zip(encoded, decoded):
                 images[i] = image
-        keep = [i for i, image in enumerate(images) if image is not None]
-        if not keep:
-            raise RuntimeError(f"all {len(images)} images of a batch were unreadable (see the warnings naming them)")
-        targets = batch.targets if len(keep) == len(images) else batch.targets[keep]
-        kept = [images[i] for i in keep]
-        if not training:
-            return eval_batch(kept, self.eval_transform), targets.to(device, non_blocking=True)
-        crops = [batch.crops[i] for i in keep]
-        if self.crop is None or None in crops:
-            raise ValueError("a training batch without crop boxes: build the training set as "
-                             "EncodedImageFolder(root, crop=TrainCrop.from_preset(train_transform))")
-        return resized_crops(kept, crops, self.crop.size), targets.to(device, non_blocking=True)
+        return images

@@ -1,5 +1,8 @@
-"""Check an ImageFolder-layout root (train/<class>/, val/<class>/) and fail with an error that names the fix."""
+"""The classes of an ImageFolder-layout root (train/<class>/, val/<class>/): the folders, checked (an error that names
+the fix), and their human-readable names from ROOT/class_index.json (written by tools/prepare_imagenet.py).
+"""
 
+import json
 import os
 from pathlib import Path
 
@@ -7,6 +10,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from project.errors import ConfigError
 
+CLASS_INDEX_FILE = "class_index.json"
 EXPECTED_LAYOUT = "expected layout: ROOT/train/<class>/<image>.JPEG and ROOT/val/<class>/<image>.JPEG"
 
 
@@ -65,3 +69,12 @@ def check_layout(root: str | os.PathLike) -> list[str]:
             "Both splits must hold the same class folders (the class index is the folder's sorted position)."
         )
     return train_classes
+
+
+def read_class_labels(root: Path, class_names: list[str]) -> list[str]:
+    """Human-readable names for the class folders, from ROOT/class_index.json; the folder name where it has none."""
+    index_file = Path(root) / CLASS_INDEX_FILE
+    if not index_file.is_file():
+        return list(class_names)
+    names = {entry["wnid"]: entry["name"] for entry in json.loads(index_file.read_text())}
+    return [names.get(folder, folder) for folder in class_names]

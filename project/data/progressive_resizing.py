@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from project.data.device_normalize import split_normalize
 from project.data.transforms import train_preset
 from project.errors import ConfigError
 
@@ -71,25 +70,20 @@ torch.serialization.add_safe_globals([ProgressiveResizing])
 class TrainPresetPerEpoch:
     """transform_for_epoch of SeededSamples: the train preset at each epoch's scheduled size, built once per size.
 
-    `preset_kwargs` are train_preset's (crop_size excluded); `split` cuts each preset for normalize_on_device.
+    `preset_kwargs` are train_preset's (crop_size excluded; normalize=False for uint8 presets, normalized on the device).
     Plain data, so it pickles into spawned DataLoader workers; each worker builds its own presets.
     """
 
-    def __init__(self, schedule: ProgressiveResizing, *, split: bool, **preset_kwargs: Any):
+    def __init__(self, schedule: ProgressiveResizing, **preset_kwargs: Any):
         if "crop_size" in preset_kwargs:
             raise TypeError("the crop size comes from the schedule: drop crop_size")
         train_preset(crop_size=schedule.start_size, **preset_kwargs)  # bad options fail here, not in a worker
         self.schedule = schedule
-        self.split = split
         self.preset_kwargs = preset_kwargs
         self._presets: dict[int, Transform] = {}
 
     def __call__(self, epoch: int) -> Transform:
         size = self.schedule.size_at(epoch)
-        preset = self._presets.get(size)
-        if preset is None:
-            preset = train_preset(crop_size=size, **self.preset_kwargs)
-            if self.split:
-                preset, _ = split_normalize(preset)
-            self._presets[size] = preset
-        return preset
+        if size not in self._presets:
+            self._presets[size] = train_preset(crop_size=size, **self.preset_kwargs)
+        return self._presets[size]

@@ -7,6 +7,7 @@ import math
 from typing import Any, Iterator, Optional
 
 import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
@@ -14,27 +15,21 @@ from project.seeds import order_seed
 from project.errors import ConfigError
 
 
-class ExactDistributedSampler(DistributedSampler):
+class ExactDistributedSampler(UnrepeatedDistributedSampler):
     """Shard rank::world_size without padding: every sample is seen exactly once over all ranks.
 
     Lightning's default sampler pads the last shard with duplicates so ranks get equal batch counts, which makes
-    validation accuracy depend on the world size. A subclass of DistributedSampler, so Lightning keeps it as is.
+    validation accuracy depend on the world size. This is Lightning's own unpadded sampler (its predict sampler, the
+    same shards: tests/test_samplers.py), with shuffle off and an empty shard refused on every rank with one line,
+    where Lightning's raises a bare AssertionError on the empty rank only. A DistributedSampler, so Lightning keeps it.
     """
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int):
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
         if len(dataset) < num_replicas:
             # A rank without a single image would have no batch: Lightning stops with an unclear error, or hangs.
             raise ConfigError(f"{len(dataset)} images for {num_replicas} processes: rank {num_replicas - 1} would "
                               "evaluate none; evaluate with fewer processes (--trainer.devices) or more images")
-        self.num_samples = len(range(rank, len(dataset), num_replicas))
-        self.total_size = len(dataset)
-
-    def __iter__(self):
-        return iter(range(self.rank, len(self.dataset), self.num_replicas))
-
-    def __len__(self) -> int:
-        return self.num_samples
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
 
 
 Key = tuple[int, int, int]  # (index, epoch, repeat): what a training sample's augmentation is seeded from

@@ -1,0 +1,47 @@
+"""The device decoders' half of the input pipeline: an EncodedBatch becomes (uint8 images, targets) on the device.
+
+    python -m project fit --config configs/gpu.yaml --data.root /datasets/imagenet --data.decoder nvjpeg
+
+The workers (image_folders.EncodedImageFolder) read the bytes and draw each training crop; here the batch is decoded
+in one call (device_decode.py) and the presets run batch-wise (device_augment.py): the training crops and flips the
+workers drew, or the uint8 eval preset. ImageNetDataModule.on_before_batch_transfer calls it; NormalizeBatch then
+normalizes the result as it does the workers' uint8 batches.
+"""
+
+from typing import Optional
+
+import torch
+from torchvision.transforms import v2
+
+from project.data.device_augment import TrainCrop, eval_batch, resized_crops
+from project.data.device_decode import DeviceDecoder
+from project.data.image_folders import EncodedBatch
+
+
+class DevicePipeline:
+    """Decodes an EncodedBatch on the training device, then crops and flips it (training) or runs `eval_transform`.
+
+    train_crop: the crop the training set's workers draw (TrainCrop.for_options); eval_transform: the uint8 eval
+    preset (eval_preset(normalize=False)). decoder: "nvjpeg" or "torchcodec-cuda".
+    """
+
+    def __init__(self, train_crop: Optional[TrainCrop], eval_transform: v2.Compose, *, decoder: str = "nvjpeg",
+                 on_corrupt: str = "error"):
+        self.decoder = DeviceDecoder(decoder, on_corrupt)
+        self.train_crop = train_crop
+        self.eval_transform = eval_transform
+
+    def __call__(self, batch: EncodedBatch, device: torch.device, training: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        images = self.decoder(batch.payloads, batch.paths, device)
+        keep = [i for i, image in enumerate(images) if image is not None]
+        if not keep:
+            raise RuntimeError(f"all {len(images)} images of a batch were unreadable (see the warnings naming them)")
+        targets = batch.targets if len(keep) == len(images) else batch.targets[keep]
+        kept = [images[i] for i in keep]
+        if not training:
+            return eval_batch(kept, self.eval_transform), targets.to(device, non_blocking=True)
+        crops = [batch.crops[i] for i in keep]
+        if self.train_crop is None or None in crops:
+            raise ValueError("a training batch without crop boxes: build the training set as "
+                             "EncodedImageFolder(root, crop=TrainCrop.for_options(...))")
+        return resized_crops(kept, crops, self.train_crop.size), targets.to(device, non_blocking=True)
