@@ -1,39 +1,18 @@
 """Export a trained network for inference without this package: model.pt2 (torch.export), model.onnx, model.json.
 
     python -m project.export --ckpt_path RUN/checkpoints/best.ckpt [--config RUN/config.yaml] [--out_dir DIR]
+    python tools/preprocess.py RUN/export cat.jpg        # run it: torch, torchvision and Pillow only
 
-Running the export needs torch only (plus Pillow to read an image here); neither this package nor Lightning:
+tools/preprocess.py is standalone (copy it next to the export): it preprocesses images exactly as the evaluation
+transform of training does and prints their top classes. Any batch size works (the batch dimension is dynamic).
+model.onnx takes the same input ("images", float32 NCHW) in onnxruntime:
+`onnxruntime.InferenceSession("model.onnx").run(None, {"images": x.numpy()})[0]`; its weights are in
+model.onnx.data, which must stay beside it.
 
-    # --- run model.pt2 ---
-    import json, sys
-    import torch
-    import torch.nn.functional as F
-    from PIL import Image
-
-    folder, image_path = sys.argv[1], sys.argv[2]
-    meta = json.load(open(f"{folder}/model.json"))
-    model = torch.export.load(f"{folder}/model.pt2").module()
-    pre = meta["preprocessing"]
-
-    image = Image.open(image_path).convert("RGB")
-    pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8).view(image.height, image.width, 3)
-    x = pixels.permute(2, 0, 1).unsqueeze(0)  # 1 x 3 x H x W uint8, RGB
-    # As torchvision's Resize(int) + CenterCrop on uint8 (the evaluation transform of training): short side to
-    # pre["resize"], then the central pre["crop"] square, then [0, 1] floats normalised by mean and std.
-    (h, w), side = x.shape[-2:], pre["resize"]
-    size = [side, int(side * w / h)] if h <= w else [int(side * h / w), side]
-    x = F.interpolate(x, size=size, mode=pre["interpolation"], antialias=True, align_corners=False)
-    top, left = round((x.shape[-2] - pre["crop"]) / 2), round((x.shape[-1] - pre["crop"]) / 2)
-    x = x[..., top:top + pre["crop"], left:left + pre["crop"]].float() / 255
-    x = (x - torch.tensor(pre["mean"]).view(1, 3, 1, 1)) / torch.tensor(pre["std"]).view(1, 3, 1, 1)
-    with torch.no_grad():
-        probs = model(x).softmax(dim=1)[0]
-    for p, i in zip(*probs.topk(min(5, len(probs)))):
-        print(f"{meta['class_names'][i]}: {p:.3f}")
-    # --- end ---
-
-Any batch size works (the batch dimension is dynamic). model.onnx takes the same input ("images", float32 NCHW) in
-onnxruntime: `onnxruntime.InferenceSession("model.onnx").run(None, {"images": x.numpy()})[0]`.
+Each file's logits are checked against the eager network's on an example batch, relative to the logits' scale (a
+diverged network's logits reach 1e7, where float32 rounding alone moves them by ~1). The files are written into a
+temporary folder inside the output folder and renamed into place only once every check passed, model.json last: a
+failed export leaves the output folder as it was, and a folder with model.json holds one complete export.
 """
 
 import argparse
@@ -42,6 +21,9 @@ import importlib
 import inspect
 import json
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -52,10 +34,17 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from project.run.checkpoint_io import load_trusted_format
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from project.errors import UserError
+from project.run.checkpoint_io import load_trusted_format
 
 PREPROCESSING_KEYS = ("resize", "crop", "mean", "std")
+# What an export writes besides model.json, by kind (model.onnx keeps its weights in model.onnx.data, beside it).
+EXPORT_FILES = {"pt2": "model.pt2", "onnx": "model.onnx", "onnx_data": "model.onnx.data"}
+
+
+class ExportCheckError(UserError, RuntimeError):
+    """An exported file does not give the network's logits back; nothing was written."""
 
 
 def _importable(*names: str) -> bool:
@@ -72,30 +61,53 @@ def onnx_available() -> bool:
     return _importable("onnx", "onnxscript")
 
 
-def _check_close(name: str, got: torch.Tensor, expected: torch.Tensor, atol: float) -> None:
-    difference = (got.float() - expected.float()).abs().max().item()
-    if got.shape != expected.shape or not math.isfinite(difference) or difference > atol:
-        raise RuntimeError(
-            f"the exported {name} does not reproduce the network: logits differ by up to {difference:.3g} "
-            f"(shape {tuple(got.shape)} vs {tuple(expected.shape)}, allowed {atol:g}); the network may branch on "
-            "its input or on global state, which export fixes at trace time"
+def _check_close(file: str, got: torch.Tensor, expected: torch.Tensor, rtol: float, out_dir: Path) -> dict[str, float]:
+    """Compare the logits relative to their scale: max |got - expected| <= rtol * max(1, max |expected|)."""
+    scale = max(1.0, expected.abs().max().item())
+    difference = (got.float() - expected.float()).abs().max().item() if got.shape == expected.shape else math.inf
+    if not math.isfinite(difference) or difference > rtol * scale:
+        shapes = "" if got.shape == expected.shape else f", shape {tuple(got.shape)} for {tuple(expected.shape)}"
+        raise ExportCheckError(
+            f"the exported {file} does not reproduce the network: logits differ by up to {difference:.3g}, "
+            f"{difference / scale:.2g} of the largest logit {scale:.3g} (allowed {rtol:g}{shapes}); nothing was "
+            f"written to {out_dir}. The network may branch on its input or on global state, which export fixes at "
+            "trace time"
         )
+    return {"max_difference": difference, "max_abs_logit": scale, "rtol": rtol}
 
 
-def _export_onnx(program: torch.export.ExportedProgram, example: torch.Tensor, path: Path, eager: nn.Module) -> bool:
-    """Write model.onnx from the exported program; check it with onnxruntime when installed (True if checked)."""
+def _worst(checks: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The check with the largest difference relative to its logits' scale (the one model.json records)."""
+    return max(checks, key=lambda check: check["max_difference"] / check["max_abs_logit"])
+
+
+def _export_onnx(program: torch.export.ExportedProgram, example: torch.Tensor, path: Path, eager: nn.Module,
+                 rtol: float, out_dir: Path) -> Optional[dict[str, float]]:
+    """Write model.onnx (and its model.onnx.data) from the exported program; check it with onnxruntime when installed."""
     torch.onnx.export(program, (example,), str(path), dynamo=True, input_names=["images"], output_names=["logits"],
                       verbose=False)
     if not _importable("onnxruntime"):
-        return False
+        return None
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    checks = []
     for batch in (example, example[:1]):
         logits = torch.from_numpy(session.run(None, {"images": batch.numpy()})[0])
         with torch.no_grad():
-            _check_close("ONNX model", logits, eager(batch), atol=1e-4)
-    return True
+            checks.append(_check_close(path.name, logits, eager(batch), rtol, out_dir))
+    return _worst(checks)
+
+
+def _publish(staging: Path, out_dir: Path) -> None:
+    """Move the checked files into out_dir, model.json last; files of an earlier export that this one lacks go."""
+    previous = out_dir / "model.json"
+    previous.unlink(missing_ok=True)  # from here until the new one lands, out_dir holds no claim of a complete export
+    for stale in EXPORT_FILES.values():
+        if not (staging / stale).exists():
+            (out_dir / stale).unlink(missing_ok=True)
+    for file in sorted(staging.iterdir(), key=lambda f: f.name == "model.json"):
+        os.replace(file, out_dir / file.name)
 
 
 def export_network(
@@ -107,13 +119,16 @@ def export_network(
     preprocessing: dict[str, Any],
     onnx: bool = True,
     arch: Optional[str] = None,
-    atol: float = 1e-5,
+    rtol: float = 1e-5,
+    onnx_rtol: float = 1e-4,
 ) -> dict[str, Path]:
     """Write model.pt2 (batch dimension dynamic), model.onnx (if `onnx` and the onnx packages are installed) and
-    model.json into out_dir, after checking the saved program's logits against the eager network's on `example`.
+    model.json into out_dir, once the saved files' logits match the eager network's on `example`.
 
     example: a float32 NCHW batch, preprocessed as the network expects (its values matter only for the check).
     preprocessing: resize, crop, mean, std (and optionally interpolation) of the evaluation transform.
+    rtol, onnx_rtol: the largest difference allowed between the program's (ONNX's) logits and the eager ones, as a
+        fraction of the largest eager logit (of 1 when all are smaller).
     """
     missing = [key for key in PREPROCESSING_KEYS if key not in preprocessing]
     if missing:
@@ -121,7 +136,6 @@ def export_network(
     if example.ndim != 4 or example.shape[1] != 3:
         raise ValueError(f"example must be an N x 3 x H x W batch, got shape {tuple(example.shape)}")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     # A CPU float32 copy in eval mode: the caller's network keeps its device and mode, the program runs anywhere.
     eager = copy.deepcopy(network).cpu().float().eval()
     example = example.detach().cpu().float()
@@ -133,34 +147,51 @@ def export_network(
         raise ValueError(
             f"the network gives logits of shape {tuple(expected.shape)} for {len(class_names)} class names"
         )
+    if not torch.isfinite(expected).all():
+        raise ExportCheckError("the network's logits are not finite (inf or nan) on an ordinary input: its weights "
+                               "diverged; export a checkpoint from before the loss did (RUN/checkpoints/)")
 
-    program = torch.export.export(eager, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
-    files = {"pt2": out_dir / "model.pt2"}
-    torch.export.save(program, files["pt2"])
-    reloaded = torch.export.load(files["pt2"]).module()
-    with torch.no_grad():
-        _check_close("program (model.pt2)", reloaded(example), expected, atol)
-        _check_close("program (model.pt2) at batch 1", reloaded(example[:1]), eager(example[:1]), atol)
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".export-", suffix=".partial", dir=out_dir))
+    try:
+        program = torch.export.export(eager, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+        torch.export.save(program, staging / "model.pt2")
+        reloaded = torch.export.load(staging / "model.pt2").module()
+        with torch.no_grad():
+            checked = {"pt2": _worst([
+                _check_close("model.pt2", reloaded(example), expected, rtol, out_dir),
+                _check_close("model.pt2 (at batch 1)", reloaded(example[:1]), eager(example[:1]), rtol, out_dir),
+            ])}
 
-    onnx_checked = None
-    if onnx and onnx_available():
-        files["onnx"] = out_dir / "model.onnx"
-        onnx_checked = _export_onnx(program, example, files["onnx"], eager)
-    elif onnx:
-        rank_zero_info("model.onnx skipped: `pip install onnx onnxscript` (and onnxruntime to check it) to write it")
+        checked["onnx"] = None
+        if onnx and onnx_available():
+            checked["onnx"] = _export_onnx(program, example, staging / "model.onnx", eager, onnx_rtol, out_dir)
+        elif onnx:
+            rank_zero_info("model.onnx skipped: `pip install onnx onnxscript` (and onnxruntime to check it) to write it")
 
+        written = {kind: name for kind, name in EXPORT_FILES.items() if (staging / name).exists()}
+        (staging / "model.json").write_text(json.dumps({
+            "arch": arch or f"{type(network).__module__}.{type(network).__qualname__}",
+            "num_classes": len(class_names),
+            "class_names": list(class_names),
+            "input": {"name": "images", "layout": "NCHW", "dtype": "float32", "channels": "RGB",
+                      "values": "pixel / 255, then (x - mean) / std per channel"},
+            "preprocessing": {"interpolation": "bilinear", **preprocessing},
+            "files": written,
+            # Each file's largest logit difference from the eager network, and the rule it passed.
+            "checked": {**checked, "rule": "max |exported - eager| <= rtol * max(1, max |eager|)"},
+            "torch_version": torch.__version__,
+        }, indent=2) + "\n")
+        _publish(staging, out_dir)
+    except BaseException:
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    files = {kind: out_dir / name for kind, name in written.items()}
     files["json"] = out_dir / "model.json"
-    files["json"].write_text(json.dumps({
-        "arch": arch or f"{type(network).__module__}.{type(network).__qualname__}",
-        "num_classes": len(class_names),
-        "class_names": list(class_names),
-        "input": {"name": "images", "layout": "NCHW", "dtype": "float32", "channels": "RGB",
-                  "values": "pixel / 255, then (x - mean) / std per channel"},
-        "preprocessing": {"interpolation": "bilinear", **preprocessing},
-        "files": {kind: path.name for kind, path in files.items() if kind != "json"},
-        "checked": {"pt2_atol": atol, "onnx_atol": 1e-4 if onnx_checked else None},
-        "torch_version": torch.__version__,
-    }, indent=2) + "\n")
     rank_zero_info(f"exported {', '.join(p.name for p in files.values())} to {out_dir}")
     return files
 

@@ -4,10 +4,17 @@
         --data.predict_root path/to/images [--predictions.output predictions.csv]
 
 Under ddp each rank predicts its shard; the rows are gathered and global rank 0 alone writes the file.
+The output is checked to be writable before the first image is predicted, and the file is written all or nothing
+(atomic_write); should that write still fail (a full disk), the rows go to $TMPDIR and the error line says where:
+predictions are never lost once computed. Paths are the files' exact names: a name that is not UTF-8 (legal on Linux)
+is written as its raw bytes, so read the CSV with errors="surrogateescape" (pandas: encoding_errors=) and every
+path opens as it is; UTF-8 names, nearly all, read as plain text anywhere.
 """
 
 import csv
+import io
 import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -17,7 +24,16 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from project.data.predict import shown
+from project.errors import ConfigError, DiskFullError, UserError
+from project.run.checkpoint_io import atomic_write
+
 DEFAULT_NAME = "predictions.csv"
+MAX_NAMED = 5  # unpredicted images named in the warning
+
+
+class PredictionsNotWrittenError(UserError):
+    """The predictions CSV could not be written where asked; the message says where the rows went instead."""
 
 
 def class_names_of(datamodule: Any, num_classes: Optional[int]) -> list[str]:
@@ -61,12 +77,19 @@ class PredictionCsvWriter(BasePredictionWriter):
         self.output = output
         self.written: Optional[Path] = None
         self._dataset: Any = None
+        self._output: Optional[Path] = None
         self._reset()
 
     def _reset(self) -> None:
         self._indices: list[torch.Tensor] = []
         self._probs: list[torch.Tensor] = []
         self._classes: list[torch.Tensor] = []
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # log_dir is agreed on by a collective call, so every rank computes it, not only rank 0.
+        self._output = Path(self.output) if self.output else Path(trainer.log_dir or trainer.default_root_dir) / DEFAULT_NAME
+        if trainer.is_global_zero:
+            _check_writable(self._output)  # before any image is predicted, not after all of them
 
     def on_predict_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()
@@ -98,8 +121,7 @@ class PredictionCsvWriter(BasePredictionWriter):
         classes = torch.cat(self._classes) if self._classes else torch.empty(0, k, dtype=torch.long)
         world = trainer.world_size
         indices, probs, classes = (gather_rows(pl_module, t, world) for t in (indices, probs, classes))
-        # log_dir is agreed on by a collective call, so every rank computes it, not only rank 0.
-        output = Path(self.output) if self.output else Path(trainer.log_dir or trainer.default_root_dir) / DEFAULT_NAME
+        output = self._output
         self._reset()
         if not trainer.is_global_zero:
             return
@@ -110,10 +132,14 @@ class PredictionCsvWriter(BasePredictionWriter):
         keep[1:] = indices[1:] != indices[:-1]
         indices, probs, classes = indices[keep], probs[keep], classes[keep]
         if len(indices) != len(dataset.paths):
-            rank_zero_warn(f"predicted {len(indices)} of {len(dataset.paths)} images (limit_predict_batches?)")
-        self._write_csv(output, [dataset.paths[i] for i in indices.tolist()], probs, classes, names)
-        self.written = output
-        rank_zero_info(f"predictions for {len(indices)} images written to {output}")
+            missing = sorted(set(range(len(dataset.paths))) - set(indices.tolist()))
+            named = ", ".join(shown(dataset.paths[i]) for i in missing[:MAX_NAMED])
+            more = f" and {len(missing) - MAX_NAMED} more" if len(missing) > MAX_NAMED else ""
+            rank_zero_warn(f"predicted {len(indices)} of {len(dataset.paths)} images; not in the CSV: {named}{more} "
+                           "(unreadable with data.on_corrupt=skip, or cut by limit_predict_batches)")
+        content = csv_bytes([dataset.paths[i] for i in indices.tolist()], probs, classes, names)
+        self.written = _write_or_rescue(output, content, len(indices))
+        rank_zero_info(f"predictions for {len(indices)} images written to {shown(output)}")
 
     @staticmethod
     def _dataset_with_paths(trainer: L.Trainer) -> Any:
@@ -129,18 +155,47 @@ class PredictionCsvWriter(BasePredictionWriter):
             return None
         return dataset
 
-    @staticmethod
-    def _write_csv(output: Path, paths: list, probs: torch.Tensor, classes: torch.Tensor, names: list[str]) -> None:
-        k = probs.shape[1]
+
+def _check_writable(output: Path) -> None:
+    """Create a file beside `output` and remove it: a bad --predictions.output fails now, in one line."""
+    try:
+        if output.is_dir():
+            raise IsADirectoryError(21, "a folder is there")
         output.parent.mkdir(parents=True, exist_ok=True)
-        partial = output.with_name(f".{output.name}.partial")
-        with open(partial, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["path", *(f"{col}_{rank}" for rank in range(1, k + 1) for col in ("class", "prob"))])
-            top_class = int(classes.max()) if classes.numel() else -1
-            label = [*names, *map(str, range(len(names), top_class + 1))]  # indices for unnamed classes
-            for path, row_probs, row_classes in zip(paths, probs.tolist(), classes.tolist()):
-                cells = [item for c, p in zip(row_classes, row_probs) for item in (label[c], f"{p:.6f}")]
-                writer.writerow([str(path), *cells])
-        # Renamed into place: a reader never sees a half-written file.
-        os.replace(partial, output)
+        with tempfile.NamedTemporaryFile(dir=output.parent, prefix=f".{output.name}.", suffix=".probe"):
+            pass
+    except OSError as error:
+        raise ConfigError(f"cannot write the predictions to {shown(output)} ({error.strerror or error}): pass "
+                          "--predictions.output FILE.csv in a folder you can write to") from error
+
+
+def csv_bytes(paths: list, probs: torch.Tensor, classes: torch.Tensor, names: list[str]) -> bytes:
+    """The CSV: header, then one row per path; each path cell holds the name's exact bytes (os.fsencode)."""
+    k = probs.shape[1]
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(["path", *(f"{col}_{rank}" for rank in range(1, k + 1) for col in ("class", "prob"))])
+    top_class = int(classes.max()) if classes.numel() else -1
+    label = [*names, *map(str, range(len(names), top_class + 1))]  # indices for unnamed classes
+    for path, row_probs, row_classes in zip(paths, probs.tolist(), classes.tolist()):
+        cells = [item for c, p in zip(row_classes, row_probs) for item in (label[c], f"{p:.6f}")]
+        # surrogateescape both ways: a byte that is not UTF-8 becomes a lone surrogate here and that byte again below.
+        writer.writerow([os.fsencode(path).decode("utf-8", "surrogateescape"), *cells])
+    return text.getvalue().encode("utf-8", "surrogateescape")
+
+
+def _write_or_rescue(output: Path, content: bytes, rows: int) -> Path:
+    """atomic_write `output`; if that fails, write the rows into $TMPDIR and raise an error line that says where."""
+    try:
+        return atomic_write(output, lambda file: file.write(content))
+    except (OSError, DiskFullError) as error:
+        reason = "no space left on the device" if isinstance(error, DiskFullError) else error.strerror or str(error)
+        rescue = Path(tempfile.gettempdir()) / f"{output.stem}.{os.getpid()}{output.suffix}"
+        try:
+            atomic_write(rescue, lambda file: file.write(content))
+        except (OSError, DiskFullError):
+            raise error from None
+        raise PredictionsNotWrittenError(
+            f"could not write {shown(output)} ({reason}); the predictions for {rows} images were written to "
+            f"{shown(rescue)} instead: move that file where you want it (or fix the cause and predict again)"
+        ) from error
