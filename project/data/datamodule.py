@@ -20,6 +20,8 @@ from project.data.embedded import resolve_root
 from project.data.image_folders import (DecodedImageFolder, EncodedBatch, EncodedImageFolder, collate_encoded,
                                         collate_readable)
 from project.data.layout import check_layout, read_class_labels
+from project.data.options import (AreaFraction, NonNegativeInt, PositiveInt, Probability, RandAugmentMagnitude,
+                                  check_combinations, check_option_values)
 from project.data.predict import ImagePathDataset, list_images
 from project.data.progressive_resizing import ProgressiveResizing, TrainPresetPerEpoch
 from project.data.samplers import (ExactDistributedSampler, ResumableDataLoader, ResumableSampler, loader_state,
@@ -36,27 +38,27 @@ class ImageNetDataModule(L.LightningDataModule):
     def __init__(
         self,
         root: Optional[str] = None,
-        batch_size: int = 256,
-        num_workers: int = 8,
+        batch_size: PositiveInt = 256,
+        num_workers: NonNegativeInt = 8,
         pin_memory: bool = True,
         persistent_workers: bool = True,
-        prefetch_factor: Optional[int] = None,
-        train_crop_size: int = 224,
-        train_crop_scale: tuple[float, float] = (0.08, 1.0),
-        hflip_prob: float = 0.5,
+        prefetch_factor: Optional[PositiveInt] = None,
+        train_crop_size: PositiveInt = 224,
+        train_crop_scale: tuple[AreaFraction, AreaFraction] = (0.08, 1.0),
+        hflip_prob: Probability = 0.5,
         auto_augment: Optional[AutoAugmentName] = None,
-        randaugment_num_ops: int = 2,
-        randaugment_magnitude: int = 9,
-        random_erase_prob: float = 0.0,
+        randaugment_num_ops: NonNegativeInt = 2,
+        randaugment_magnitude: RandAugmentMagnitude = 9,
+        random_erase_prob: Probability = 0.0,
         progressive_resizing: Optional[ProgressiveResizing] = None,
-        eval_resize_size: int = 256,
-        eval_crop_size: int = 224,
+        eval_resize_size: PositiveInt = 256,
+        eval_crop_size: PositiveInt = 224,
         predict_root: Optional[str] = None,
         decoder: Decoder = "auto",
         normalize_on_device: bool = True,
         on_corrupt: Literal["error", "skip"] = "error",
         multiprocessing_context: Optional[Literal["fork", "forkserver", "spawn"]] = None,
-        ra_reps: int = 1,
+        ra_reps: PositiveInt = 1,
         seed: int = 0,
     ):
         """
@@ -66,9 +68,9 @@ class ImageNetDataModule(L.LightningDataModule):
             num_workers: DataLoader worker processes per training process.
             pin_memory: page-locked host batches for faster, asynchronous copies to the GPU.
             persistent_workers: keep workers alive between epochs (no re-import, no re-fork each epoch).
-            prefetch_factor: batches each worker loads ahead (DataLoader's default when None).
+            prefetch_factor: batches each worker loads ahead (DataLoader's default when None; needs num_workers >= 1).
             train_crop_size: side of the RandomResizedCrop for training.
-            train_crop_scale: area range of the RandomResizedCrop, as fractions of the image.
+            train_crop_scale: area range [min, max] of the RandomResizedCrop, as fractions (0, 1] of the image.
             hflip_prob: probability of a horizontal flip in training (0 disables it).
             auto_augment: an auto-augment policy on the uint8 crop: "trivialaugment_wide", "randaugment"
                 (randaugment_num_ops, randaugment_magnitude) or "autoaugment" (the ImageNet policy); None: off.
@@ -80,7 +82,8 @@ class ImageNetDataModule(L.LightningDataModule):
                 end_epoch: 76} (FFCV); it replaces train_crop_size and changes at epoch boundaries in every worker
                 and rank. None: train_crop_size throughout.
             eval_resize_size: short side the evaluation images are resized to before the center crop.
-            eval_crop_size: side of the evaluation center crop.
+            eval_crop_size: side of the evaluation center crop (larger than eval_resize_size: zero-padded, as
+                torchvision's CenterCrop pads).
             predict_root: folder of images for `predict` (any depth, sorted order); None predicts ROOT/val.
             decoder: where and with what images are decoded (project.data.decoders). In the workers: "torchcodec"
                 (TorchCodec, the optional extra), "torchvision" (torchvision.io, deprecated by torchvision 0.29) or
@@ -93,13 +96,19 @@ class ImageNetDataModule(L.LightningDataModule):
                 the training device (4x smaller copies, cheaper workers); False normalizes in the workers.
             on_corrupt: an unreadable image stops with an error naming it ("error"), or is left out of its batch
                 and counted in a warning ("skip").
-            multiprocessing_context: start method of the DataLoader workers. None: "fork" on Linux, also inside
-                ddp_spawn's processes, where Python's default is "spawn" and every worker would re-import torch.
+            multiprocessing_context: start method of the DataLoader workers (needs num_workers >= 1). None: "fork" on
+                Linux, also inside ddp_spawn's processes, where Python's default is "spawn" and every worker would
+                re-import torch.
             ra_reps: repeated augmentation: each drawn image appears this many times per epoch, on different ranks,
                 each copy augmented differently (torchvision's RASampler, DeiT); the epoch keeps the data set's length.
             seed: the run seed, linked from seed_everything: the training order and every augmentation derive from it.
         """
         super().__init__()
+        # The CLI parsed and checked these already; a Python caller's values are checked here, before anything is
+        # read or written (the embedded data set's cache included).
+        values = check_option_values(ImageNetDataModule.__init__, locals())
+        check_combinations(**{k: values[k] for k in ("train_crop_scale", "num_workers", "prefetch_factor",
+                                                    "multiprocessing_context")})
         self.save_hyperparameters(ignore=["progressive_resizing"])
         # Plain values in the checkpoint and in hparams.yaml (both are read back without trusting pickled classes).
         self.hparams["progressive_resizing"] = dataclasses.asdict(progressive_resizing) if progressive_resizing else None
@@ -108,8 +117,6 @@ class ImageNetDataModule(L.LightningDataModule):
                 "data.root is not set: pass --data.root /path/to/imagenet (holding train/ and val/), "
                 "or --data.root embedded:digits for the built-in quickstart data"
             )
-        if batch_size < 1:
-            raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}")
         self.root = resolve_root(root)
         if predict_root is not None:
             list_images(predict_root)  # a missing or empty predict folder is reported now, before anything is written
