@@ -1,18 +1,40 @@
 """Networks as plain nn.Modules, built by torchvision from a name; the training logic lives in model.py.
 
     python -c "from project.backbones import ARCHS; print(ARCHS)"
+
+Also the contract between a LightningModule and the code around it (HasNetwork: EMA, backbone freezing, pretrained
+weights, export and the checkpoint checks find the network as `pl_module.network`), and how the model runs it
+(NetworkRunner: channels_last input, a torch.compile'd graph).
 """
 
 import difflib
 import re
 from collections import defaultdict
-from typing import Optional
+from typing import Optional, Protocol, runtime_checkable
 
+import torch
 from torch import nn
 from torchvision import models
 from torchvision.models import WeightsEnum
 
 from project.errors import ConfigError
+
+NETWORK = "network"  # the attribute of HasNetwork; its tensors are `network.*` in a checkpoint's state_dict
+
+
+@runtime_checkable
+class HasNetwork(Protocol):
+    """A LightningModule whose whole network is one plain nn.Module in `self.network` (ImageClassifier is one).
+
+    The network is what is averaged (project.callbacks.ema), frozen but for its head (project.callbacks.finetuning),
+    loaded from pretrained weights and read from checkpoints (`network.` keys, project.weights), exported
+    (project.export) and grouped for the optimizer (project.optim): plain torch, no Lightning, no metrics. Its
+    classifier head is the last nn.Linear or nn.Conv2d it registers (classifier_head). A module of your own works
+    with all of them by holding its network there; `isinstance(module, HasNetwork)` tells whether it does.
+    """
+
+    network: nn.Module
+
 
 # Every classification builder torchvision registers at the top level of torchvision.models: detection, segmentation,
 # video, optical flow and quantized builders live in submodules and are not listed. Each takes num_classes.
@@ -130,3 +152,32 @@ def classifier_head(network: nn.Module) -> tuple[str, nn.Module]:
 def head_outputs(head: nn.Module) -> int:
     """How many logits the head produces."""
     return head.out_features if isinstance(head, nn.Linear) else head.out_channels
+
+
+class NetworkRunner:
+    """Runs a network as configured: NHWC input (channels_last) and a torch.compile'd graph (compile).
+
+    Not an nn.Module, so the compiled wrapper never enters the module tree: state_dict keys stay free of
+    `_orig_mod.`, and a checkpoint of a compiled run loads into a plain one. DataParallel's replicas share this object
+    (it sits in the module's __dict__) but hold copies of the network: only the network it compiled runs compiled.
+    """
+
+    def __init__(self, *, channels_last: bool = False, compile: bool = False) -> None:
+        self.channels_last = channels_last
+        self.compile = compile
+        self.compiled: Optional[nn.Module] = None
+        self._compiled_from: Optional[nn.Module] = None
+
+    def configure(self, network: nn.Module) -> None:
+        """The network's memory format, and the compiled graph once (LightningModule.configure_model calls it)."""
+        if self.channels_last:
+            network.to(memory_format=torch.channels_last)
+        if self.compile and self._compiled_from is not network:
+            self.compiled, self._compiled_from = torch.compile(network), network
+
+    def __call__(self, network: nn.Module, images: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        if self.compiled is not None and network is self._compiled_from:
+            return self.compiled(images)
+        return network(images)

@@ -1,9 +1,12 @@
 """MixUp/CutMix on the training batch (torchvision transforms v2), seeded per batch, and the loss on soft targets.
 
-The model calls them in training_step, on the device, on the normalized batch:
+    python -m project fit --config configs/quickstart.yaml --model.loss.mixup_alpha=0.2 --model.loss.label_smoothing=0.1
+
+`Loss` is the `model.loss` group of the config. The model calls them in training_step, on the device, on the
+normalized batch:
 
     images, targets = self.mixer(images, targets, batch_seed(run_seed, epoch, batch_idx))
-    loss = soft_target_loss(self(images), targets, loss="cross_entropy", label_smoothing=0.1)
+    loss = self.loss(self(images), targets)    # Loss: soft_target_loss with the configured options
 
 Each batch's draws (MixUp's lambda, CutMix's lambda and box, which of the two) come from torch's CPU generator seeded
 with batch_seed, so a resumed run draws what an uninterrupted one draws, and every rank draws the same lambda and box
@@ -11,6 +14,7 @@ at the same batch index. Images are paired with their neighbour in the batch (v2
 own batch, as in torchvision's reference, where the mixing runs in each process's collate function.
 """
 
+from dataclasses import dataclass
 from typing import Literal, Optional
 
 import torch
@@ -81,3 +85,29 @@ def soft_target_loss(
     if bce_target_threshold is not None:
         targets = (targets > bce_target_threshold).float()
     return F.binary_cross_entropy_with_logits(logits.float(), targets)
+
+
+@dataclass(frozen=True)
+class Loss:
+    """The training loss and the mixing of its targets: `model.loss`.
+
+    Args:
+        name: "cross_entropy", or "bce" (binary cross-entropy per class, the "ResNet strikes back" recipe).
+        label_smoothing: label smoothing of the training loss (combined with MixUp/CutMix targets).
+        bce_target_threshold: with name "bce", binarize the (mixed, smoothed) targets above this (RSB A1: 0.2).
+        mixup_alpha: MixUp's Beta(alpha, alpha) on the training batch (0 disables).
+        cutmix_alpha: CutMix's alpha (0 disables); with both on, one of the two per batch.
+    """
+
+    name: Literal["cross_entropy", "bce"] = "cross_entropy"
+    label_smoothing: float = 0.0
+    bce_target_threshold: Optional[float] = None
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+
+    def mixer(self, num_classes: int) -> BatchMixer:
+        return BatchMixer(num_classes, self.mixup_alpha, self.cutmix_alpha)
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return soft_target_loss(logits, targets, loss=self.name, label_smoothing=self.label_smoothing,
+                                bce_target_threshold=self.bce_target_threshold)

@@ -1,15 +1,58 @@
-"""The optimisation recipe: parameter groups, LR scaled by the global batch, the optimizer, warmup then decay."""
+"""The optimisation recipe: parameter groups, LR scaled by the global batch, the optimizer, warmup then decay.
+
+    python -m project fit --config configs/quickstart.yaml --model.optim.optimizer=adamw --model.optim.lr_per_256=1e-3
+
+`Optimization` is the `model.optim` group of the config; `build_optimization` turns it into what
+configure_optimizers returns. For a resume: `check_optimizer_state_fits` refuses a checkpoint whose optimizer state
+cannot continue, and the `ResumedOptimizerSettings` callback puts this run's settings over the restored ones.
+"""
 
 import math
 from collections.abc import Sequence
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Literal, Optional
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from project.backbones import classifier_head
-from project.errors import ConfigError
+from project.errors import CheckpointError, ConfigError
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """The optimizer and its LR schedule: `model.optim` (the ImageNet recipe: SGD, warmup + cosine, LR per 256).
+
+    Args:
+        optimizer: "sgd" (momentum, nesterov), "adamw" (adamw_betas, eps) or "rmsprop" (momentum, eps; alpha 0.9).
+        lr_per_256: learning rate per 256 images; the real LR is scaled by the global batch at setup.
+        momentum: SGD/RMSprop momentum.
+        nesterov: use Nesterov momentum (SGD).
+        adamw_betas: AdamW's betas.
+        eps: AdamW/RMSprop epsilon (None: torch's default).
+        weight_decay: weight decay (decoupled for AdamW).
+        decay_norm_and_bias: apply weight decay to norm weights and biases too (False excludes them).
+        schedule: after the warmup, "cosine" decay to 0, "linear" decay to 0 (FFCV), or "step" decay by
+            `step_gamma` at `step_milestones` (epochs).
+        warmup_epochs: linear warmup length in epochs (fractions allowed), stepped per optimizer step.
+        step_milestones: epochs at which the "step" schedule multiplies the LR by `step_gamma`.
+        step_gamma: the "step" schedule's factor.
+    """
+
+    optimizer: Literal["sgd", "adamw", "rmsprop"] = "sgd"
+    lr_per_256: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = False
+    adamw_betas: tuple[float, float] = (0.9, 0.999)
+    eps: Optional[float] = None
+    weight_decay: float = 1e-4
+    decay_norm_and_bias: bool = True
+    schedule: Literal["cosine", "step", "linear"] = "cosine"
+    warmup_epochs: float = 5.0
+    step_milestones: list[int] = field(default_factory=lambda: [30, 60, 80])
+    step_gamma: float = 0.1
 
 
 def scaled_lr(lr_per_256: float, global_batch_size: int) -> float:
@@ -24,7 +67,7 @@ def parameter_groups(network: nn.Module, weight_decay: float, *, decay_norm_and_
     too (they get no gradient, so no update): unfreezing later needs no new group. Named for LearningRateMonitor
     (train/lr/<name>) when there are several; one group is plain train/lr."""
     if backbone_lr_factor <= 0:
-        raise ConfigError(f"model.backbone_lr_factor must be > 0, got {backbone_lr_factor}")
+        raise ConfigError(f"model.finetune.backbone_lr_factor must be > 0, got {backbone_lr_factor}")
     head_name = classifier_head(network)[0] + "." if backbone_lr_factor != 1.0 else None
     groups: dict[tuple[str, str], list[nn.Parameter]] = {}
     for name, p in network.named_parameters():
@@ -55,7 +98,7 @@ def build_optimizer(name: str, groups: list[dict], *, lr: float, momentum: float
     if name == "rmsprop":
         # torchvision's MobileNet/EfficientNet recipes: alpha 0.9 (eps 0.0316 in their configs)
         return torch.optim.RMSprop(groups, lr=lr, alpha=0.9, momentum=momentum, **extra)
-    raise ConfigError(f"model.optimizer must be 'sgd', 'adamw' or 'rmsprop', got {name!r}")
+    raise ConfigError(f"model.optim.optimizer must be 'sgd', 'adamw' or 'rmsprop', got {name!r}")
 
 
 def warmup_then_decay(
@@ -69,7 +112,7 @@ def warmup_then_decay(
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """LR factor per optimizer step: linear warmup from 1/warmup_steps to 1, then cosine or linear to 0, or steps."""
     if schedule not in ("cosine", "step", "linear"):
-        raise ConfigError(f"schedule must be 'cosine', 'linear' or 'step', got {schedule!r}")
+        raise ConfigError(f"schedule must be 'cosine', 'linear' or 'step', got {schedule!r} (model.optim.schedule)")
     total_steps = max(1, total_steps)
     warmup_steps = min(max(0, warmup_steps), total_steps)
 
@@ -108,3 +151,79 @@ def build_schedule(optimizer: torch.optim.Optimizer, trainer: L.Trainer, *, warm
         milestones=[m * steps_per_epoch for m in milestones],
         gamma=gamma,
     )
+
+
+def build_optimization(optim: Optimization, network: nn.Module, trainer: L.Trainer, *, lr: float,
+                       backbone_lr_factor: float = 1.0) -> dict:
+    """configure_optimizers' answer: the optimizer over the parameter groups at `lr`, its schedule stepped per step."""
+    groups = parameter_groups(network, optim.weight_decay, decay_norm_and_bias=optim.decay_norm_and_bias, lr=lr,
+                              backbone_lr_factor=backbone_lr_factor)
+    optimizer = build_optimizer(optim.optimizer, groups, lr=lr, momentum=optim.momentum, nesterov=optim.nesterov,
+                                betas=tuple(optim.adamw_betas), eps=optim.eps)
+    scheduler = build_schedule(optimizer, trainer, warmup_epochs=optim.warmup_epochs, schedule=optim.schedule,
+                               milestones=optim.step_milestones, gamma=optim.step_gamma)
+    # Named for LearningRateMonitor: train/lr (train/lr/<group> when there are several groups).
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"}}
+
+
+def check_optimizer_state_fits(path, checkpoint: dict, network: nn.Module, optim: Optimization,
+                               backbone_lr_factor: float) -> None:
+    """A resumed fit restores the optimizer's state: the same optimizer, with the same parameter groups; else one line."""
+    states = checkpoint.get("optimizer_states") or []
+    if not states:
+        return
+    hparams = checkpoint.get("hyper_parameters") or {}
+    before_optim, before_finetune = hparams.get("optim") or {}, hparams.get("finetune") or {}
+    before = before_optim.get("optimizer", "sgd")
+    if before != optim.optimizer:
+        raise CheckpointError(f"checkpoint {path} was trained with model.optim.optimizer={before}, this run asks for "
+                              f"{optim.optimizer}: its optimizer state cannot continue; resume with {before}, or start a "
+                              f"new run from its weights with --model.finetune.weights {path}")
+    expected = [len(g["params"]) for g in parameter_groups(network, optim.weight_decay, lr=1.0,
+                                                          decay_norm_and_bias=optim.decay_norm_and_bias,
+                                                          backbone_lr_factor=backbone_lr_factor)]
+    saved = [len(g["params"]) for g in states[0].get("param_groups", [])]
+    if saved != expected:
+        now = {"optim.decay_norm_and_bias": optim.decay_norm_and_bias, "finetune.backbone_lr_factor": backbone_lr_factor}
+        then = {"optim.decay_norm_and_bias": before_optim.get("decay_norm_and_bias"),
+                "finetune.backbone_lr_factor": before_finetune.get("backbone_lr_factor")}
+        what = ", ".join(f"model.{k} {then[k]} -> {now[k]}" for k in now if then[k] is not None and then[k] != now[k])
+        raise CheckpointError(f"checkpoint {path} has {len(saved)} parameter group(s) of {saved} parameters, this run "
+                              f"{len(expected)} of {expected} ({what or 'the parameter groups'}): resume with the "
+                              f"checkpoint's settings, or start a new run from its weights with "
+                              f"--model.finetune.weights {path}")
+
+
+class ResumedOptimizerSettings(L.Callback):
+    """After a resume: this run's optimizer settings (explicit flags, a new global batch) over the checkpoint's,
+    keeping its state (momentum, Adam moments) and the schedule's position. A no-op when nothing changed.
+
+    Lightning restores the checkpoint's optimizer, hyperparameters included, between on_fit_start (the optimizer as
+    this run built it) and on_train_start (as restored): what this run configured is read at the first, put back at
+    the second. ImageClassifier returns it from configure_callbacks.
+    """
+
+    def __init__(self) -> None:
+        self._configured: list[dict] = []
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._configured = [{k: v for k, v in group.items() if k != "params"}
+                            for group in trainer.optimizers[0].param_groups] if trainer.ckpt_path else []
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._configured:
+            return
+        optimizer = trainer.optimizers[0]
+        scheduler = trainer.lr_scheduler_configs[0].scheduler
+        changed = []
+        for index, (group, configured) in enumerate(zip(optimizer.param_groups, self._configured)):
+            for key, value in configured.items():
+                if key != "lr" and group.get(key) != value:
+                    changed.append(f"{group.get('name', index)}.{key}: {group.get(key)} -> {value}")
+                    group[key] = value
+        scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+        for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * factor(scheduler.last_epoch)
+        if changed:
+            rank_zero_info("resumed with this run's optimizer settings: " + "; ".join(changed))
+        self._configured = []

@@ -6,8 +6,11 @@
 
 So a run resumed at any batch, or split over any number of processes or DataLoader workers, draws what an
 uninterrupted run draws. The run seed is `seed_everything` of the CLI (default 42), linked into the data module and
-the model (`--seed_everything` sets it).
+the model (`--seed_everything` sets it). The StepSeed callback (ImageClassifier adds it) applies step_seed.
 """
+
+import lightning as L
+import torch
 
 _MASK = (1 << 64) - 1
 
@@ -44,3 +47,17 @@ def step_seed(run_seed: int, epoch: int, batch_index: int, rank: int) -> int:
 def order_seed(run_seed: int, epoch: int) -> int:
     """Seed of one epoch's training order (the shuffle shared by all ranks)."""
     return _mix(4, run_seed, epoch)
+
+
+class StepSeed(L.Callback):
+    """Seeds torch's CPU (and CUDA) generator at every training batch start with step_seed(seed, epoch, batch, rank):
+    the model's randomness in a batch then depends on where it is, not on how far the process got. Host-side only."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        seed = step_seed(self.seed, trainer.current_epoch, batch_idx, trainer.global_rank)
+        torch.default_generator.manual_seed(seed)
+        if pl_module.device.type == "cuda":
+            torch.cuda.manual_seed(seed)

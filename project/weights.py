@@ -1,6 +1,6 @@
 """Start a network from pretrained weights: a torchvision weights name, a state_dict file or one of our .ckpt files.
 
-    python -m project fit --config configs/quickstart.yaml --model.arch=resnet18 --model.weights=IMAGENET1K_V1
+    python -m project fit --config configs/quickstart.yaml --model.arch=resnet18 --model.finetune.weights=IMAGENET1K_V1
 """
 
 import os
@@ -17,10 +17,10 @@ import torch
 from torch import nn
 from torchvision.models import WeightsEnum, get_model_weights
 
-from project.backbones import classifier_head, head_outputs, torchvision_weights
+from project.backbones import NETWORK, classifier_head, head_outputs, torchvision_weights
 from project.errors import ConfigError, MissingInputError
 
-CKPT_PREFIX = "network."  # ImageClassifier keeps its network in `self.network`
+CKPT_PREFIX = NETWORK + "."  # the network of a HasNetwork module (ImageClassifier), in its checkpoints
 # torchvision's DenseNet files predate a rename of 'norm.1' to 'norm1' (and relu, conv); its builder renames the keys
 # before loading, so the same files need the same here.
 _OLD_DENSENET_KEY = re.compile(r"^(.*denselayer\d+\.(?:norm|relu|conv))\.([12]\.[a-z_]+)$")
@@ -149,11 +149,11 @@ def read_weights(weights: str, *, arch: Optional[str]) -> tuple[dict[str, torch.
         return _from_file(path), str(path)
     if arch is None:
         raise ConfigError(
-            f"--model.weights {weights!r} is not a file: with --model.backbone it takes the path of a state_dict or "
+            f"--model.finetune.weights {weights!r} is not a file: with --model.backbone it takes the path of a state_dict or "
             ".ckpt file (torchvision weights names need a torchvision --model.arch)"
         )
     raise ConfigError(
-        f"--model.weights {weights!r} is neither a file nor a torchvision weights name of {arch} "
+        f"--model.finetune.weights {weights!r} is neither a file nor a torchvision weights name of {arch} "
         f"(one of: {_weight_names(arch)}): give one of those names, or the path of a state_dict or .ckpt file"
     )
 

@@ -98,7 +98,7 @@ def test_validation_and_the_best_checkpoint_use_the_averaged_weights(tiny_root, 
     assert validate(tiny_root, averaged) == pytest.approx(best.best_model_score.item(), rel=1e-6)
     assert validate(tiny_root, raw) != pytest.approx(best.best_model_score.item(), rel=1e-3)
     # The averaged copy follows the network's memory format, set in configure_model after the callback's setup.
-    averaged_conv = trainer.callbacks[0]._average_model.module[0].weight
+    averaged_conv = trainer.callbacks[0].average[0].weight
     assert averaged_conv.is_contiguous(memory_format=torch.channels_last)
 
 
@@ -160,7 +160,7 @@ def test_adjusted_decay_follows_the_global_batch_interval_and_run_length(tiny_ro
                      limit_val_batches=0)
     # 8 images per step (one process), an update every 2 steps, 3 epochs (distinct numbers: none can stand in
     # for another)
-    assert trainer.callbacks[0]._average_model.decay == pytest.approx(1 - 0.001 * 8 * 2 / 3)
+    assert trainer.callbacks[0].update_decay == pytest.approx(1 - 0.001 * 8 * 2 / 3)
 
 
 def test_under_bf16_true_the_average_stays_float32_and_validation_does_not_round_it(tiny_root, tmp_path):

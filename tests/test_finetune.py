@@ -26,7 +26,7 @@ def test_finetune_recipe_loads_the_backbone_keeps_it_frozen_for_epoch_0_and_trai
     path.parent.mkdir(parents=True)
     torch.save(saved, path)
     # The digits (10 classes) at 32 px, one shrunk epoch: the epoch in which only the head trains.
-    args = ["fit", "--config", str(QUICKSTART), "--config", str(FINETUNE), *SHRINK, "--model.weights=IMAGENET1K_V1",
+    args = ["fit", "--config", str(QUICKSTART), "--config", str(FINETUNE), *SHRINK, "--model.finetune.weights=IMAGENET1K_V1",
             "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=1", f"--trainer.default_root_dir={tmp_path}",
             callback("stop_callbacks.HeadAtStart")]
     cli = cli_main(args)
@@ -49,7 +49,7 @@ def test_finetune_recipe_loads_the_backbone_keeps_it_frozen_for_epoch_0_and_trai
 
 def test_torchvision_weights_set_the_eval_sizes_unless_the_config_sets_them(tiny_root, tmp_path):
     base = [f"--data.root={tiny_root}", f"--trainer.default_root_dir={tmp_path}", "--trainer.accelerator=cpu",
-            "--model.arch=resnet50", "--model.weights=IMAGENET1K_V2"]
+            "--model.arch=resnet50", "--model.finetune.weights=IMAGENET1K_V2"]
     cli = cli_main(base, run=False)  # building does not read the weights: they are loaded when fit sets up
     assert (cli.datamodule.hparams.eval_resize_size, cli.datamodule.hparams.eval_crop_size) == (232, 224)
     cli = cli_main([*base, "--data.eval_resize_size=256"], run=False)
@@ -61,7 +61,7 @@ def test_a_weights_file_of_another_architecture_is_one_line_naming_the_key_and_b
     other = tmp_path / "wide.pth"
     torch.save(models.wide_resnet50_2(num_classes=3).state_dict(), other)
     monkeypatch.setattr(sys, "argv", ["python -m project", "fit", *tiny_args(tiny_root, tmp_path / "run"),
-                                      "--model.arch=resnet50", f"--model.weights={other}"])
+                                      "--model.arch=resnet50", f"--model.finetune.weights={other}"])
     with pytest.raises(SystemExit) as exited:
         main()
     last = capsys.readouterr().err.strip().splitlines()[-1]

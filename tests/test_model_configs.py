@@ -67,10 +67,9 @@ def test_model_config_builds_and_takes_a_training_step(section: dict, tiny_root,
             f"--trainer.default_root_dir={tmp_path}", f"--data.train_crop_size={size}",
             f"--data.eval_resize_size={size}", f"--data.eval_crop_size={size}",
             "--model.compile=false",  # torch.compile takes minutes on CPU; the network is the same without it
-            "--model.warmup_epochs=0",  # a recipe's long warmup would make two steps' updates vanish in rounding
-            "--model.weights=null",  # pretrained files are tested in test_finetune.py, offline
-            "--model.ema_decay=null",  # with EMA the module ends with the averaged weights, one update behind
-            "--model.freeze_backbone_epochs=0"]  # a frozen backbone does not move, by design (test_finetune.py)
+            "--model.optim.warmup_epochs=0",  # a recipe's long warmup would make two steps' updates vanish in rounding
+            "--model.finetune.weights=null",  # pretrained files are tested in test_finetune.py, offline
+            "--model.finetune.freeze_backbone_epochs=0"]  # a frozen backbone does not move, by design (test_finetune.py)
     with mock.patch.dict(os.environ):  # the CLI seeds and sets PL_GLOBAL_SEED: keep it out of later tests
         cli = cli_main(args, run=False)
         model = cli.model
@@ -94,3 +93,30 @@ def test_model_config_builds_and_takes_a_training_step(section: dict, tiny_root,
         assert model.eval()(torch.zeros(2, 3, size, size)).shape == (2, 3)  # num_classes linked from the 3-class data
     changed = [name for name, p in model.named_parameters() if not torch.equal(p.detach(), before[name])]
     assert len(changed) == len(before), f"parameters not updated by the step: {sorted(set(before) - set(changed))[:5]}"
+
+
+@pytest.mark.parametrize("given, expected", [
+    (["--model.lr_per_256=0.2"], "error: model.lr_per_256: moved to model.optim.lr_per_256; update the config"),
+    ("model:\n  ema_decay: 0.999\n", "error: model.ema_decay: the EMA is a callback now: "
+                                      "--trainer.callbacks+=project.callbacks.ema.EMA --trainer.callbacks.decay="),
+    ("model:\n  loss: bce\n", "error: model.loss: moved to model.loss.name"),
+    (["--model.grad_clip_norm=1.0"], "error: model.grad_clip_norm: removed: use --trainer.gradient_clip_val"),
+], ids=["flag", "config-ema", "config-loss", "grad-clip"])
+def test_a_key_of_the_flat_model_is_one_line_naming_its_new_place(given, expected, tiny_root, tmp_path, monkeypatch,
+                                                                   capsys):
+    import sys
+
+    from project.cli import main
+
+    if isinstance(given, str):
+        old = tmp_path / "old.yaml"
+        old.write_text(given)
+        given = ["--config", str(old)]
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr(sys, "argv", ["python -m project", "fit", "--config", str(QUICKSTART), *SHRINK,
+                                      f"--data.root={tiny_root}", f"--trainer.default_root_dir={run_dir}", *given])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and err[-1].startswith(expected), err[-1]
+    assert "Traceback" not in "\n".join(err) and not run_dir.exists()

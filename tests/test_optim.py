@@ -97,9 +97,9 @@ def accumulated_run(tiny_root, tmp_path_factory):
     """
     cli = cli_main(["fit", *tiny_args(
         tiny_root, tmp_path_factory.mktemp("accumulated"), "--trainer.max_epochs=-1", "--trainer.max_steps=6",
-        "--trainer.accumulate_grad_batches=2", "--model.lr_per_256=0.256", "--model.warmup_epochs=0.67",
-        "--model.schedule=step", "--model.step_milestones=[1]", "--model.step_gamma=0.1",
-        "--model.decay_norm_and_bias=false", "--model.weight_decay=5e-5",
+        "--trainer.accumulate_grad_batches=2", "--model.optim.lr_per_256=0.256", "--model.optim.warmup_epochs=0.67",
+        "--model.optim.schedule=step", "--model.optim.step_milestones=[1]", "--model.optim.step_gamma=0.1",
+        "--model.optim.decay_norm_and_bias=false", "--model.optim.weight_decay=5e-5",
     )])
     return cli, read_scalars(Path(cli.trainer.log_dir))
 
@@ -134,3 +134,68 @@ def test_a_run_without_end_is_refused_before_training(tiny_root, tmp_path):
     with pytest.raises(ValueError, match="the run has no end.*set --trainer.max_epochs or --trainer.max_steps"):
         cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=-1")])
     assert not list(tmp_path.rglob("*.ckpt"))
+
+
+# -- resuming: the optimizer state must fit, and this run's settings go over the checkpoint's ------------------------
+
+def _fit_tiny(tiny_root, run_dir, *, ckpt_path=None, logger=False, **model_options):
+    """One optimizer step of a resnet18 on tiny_root with a plain Trainer (no CLI), saved to run_dir/step.ckpt."""
+    import lightning as L
+
+    from project import ImageClassifier, ImageNetDataModule
+
+    model = ImageClassifier(num_classes=3, arch="resnet18", batch_size=8, **model_options)
+    data = ImageNetDataModule(root=str(tiny_root), batch_size=8, num_workers=0, pin_memory=False, train_crop_size=32,
+                              eval_resize_size=32, eval_crop_size=32)
+    trainer = L.Trainer(accelerator="cpu", max_steps=1 if ckpt_path is None else 2, limit_val_batches=0,
+                        logger=logger, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=run_dir)
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    trainer.save_checkpoint(run_dir / "step.ckpt")
+    return trainer
+
+
+def test_a_resume_with_another_optimizer_stops_before_anything_is_logged(tiny_root, tmp_path):
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from project.errors import CheckpointError
+    from project.optim import Optimization
+
+    _fit_tiny(tiny_root, tmp_path / "first")
+    path = tmp_path / "first" / "step.ckpt"
+    logger = TensorBoardLogger(tmp_path / "logs")
+    with pytest.raises(CheckpointError, match=rf"checkpoint {path} was trained with model.optim.optimizer=sgd, this run "
+                                              rf"asks for adamw: its optimizer state cannot continue; resume with sgd, "
+                                              rf"or start a new run from its weights with --model.finetune.weights {path}"):
+        _fit_tiny(tiny_root, tmp_path / "second", ckpt_path=path, logger=logger, optim=Optimization(optimizer="adamw"))
+    # Lightning opens the logger (an empty event file) before it restores a checkpoint; nothing was logged into it.
+    assert not list((tmp_path / "logs").rglob("hparams.yaml"))
+    assert read_scalars(tmp_path / "logs" / "lightning_logs" / "version_0") == {}
+
+
+def test_a_resume_with_other_parameter_groups_names_the_setting_that_changed(tiny_root, tmp_path):
+    from project.errors import CheckpointError
+
+    _fit_tiny(tiny_root, tmp_path / "first")
+    path = tmp_path / "first" / "step.ckpt"
+    # A dict of the group's fields works as the dataclass does (that is what a checkpoint's hparams hold).
+    with pytest.raises(CheckpointError, match=r"has 1 parameter group\(s\) of \[62\] parameters, this run 2 of "
+                                              r"\[21, 41\] \(model.optim.decay_norm_and_bias True -> False\)"):
+        _fit_tiny(tiny_root, tmp_path / "second", ckpt_path=path, optim={"decay_norm_and_bias": False})
+    with pytest.raises(CheckpointError, match=r"\(model.finetune.backbone_lr_factor 1.0 -> 0.5\): resume with the "
+                                              r"checkpoint's settings"):
+        _fit_tiny(tiny_root, tmp_path / "third", ckpt_path=path, finetune={"backbone_lr_factor": 0.5})
+
+
+def test_a_resume_runs_with_this_runs_optimizer_settings_and_says_which(tiny_root, tmp_path, caplog):
+    from project.optim import Optimization
+
+    _fit_tiny(tiny_root, tmp_path / "first", optim=Optimization(weight_decay=1e-4, momentum=0.9))
+    resumed = _fit_tiny(tiny_root, tmp_path / "second", ckpt_path=tmp_path / "first" / "step.ckpt",
+                        optim=Optimization(weight_decay=5e-4, momentum=0.8, lr_per_256=0.4))
+    assert resumed.global_step == 2
+    (group,) = resumed.optimizers[0].param_groups
+    assert (group["weight_decay"], group["momentum"]) == (5e-4, 0.8)
+    assert group["initial_lr"] == pytest.approx(0.4 * 8 / 256)
+    (line,) = [r.getMessage() for r in caplog.records if "resumed with this run's optimizer settings" in r.getMessage()]
+    assert "0.weight_decay: 0.0001 -> 0.0005" in line and "0.momentum: 0.9 -> 0.8" in line

@@ -12,7 +12,6 @@ import yaml
 from torchvision import models
 
 from conftest import CONFIGS, QUICKSTART, SHRINK
-from project.callbacks.ema import EMA
 from project.cli import cli_main
 from project.weights import hub_file
 from test_weights import hub, imagenet_resnet18  # noqa: F401  (the offline torch hub fixture)
@@ -36,12 +35,17 @@ def test_recipe_composes_with_the_quickstart_and_trains_one_shrunk_epoch(recipe,
     # Every ingredient the file names arrived (the shrink flags only set the batch size and the length).
     settings = yaml.safe_load(recipe.read_text())
     for key, value in settings.get("model", {}).items():
-        assert cli.model.hparams[key] == value, key
+        if isinstance(value, dict):  # a group (optim, loss, finetune): each field the file sets
+            for field, field_value in value.items():
+                assert cli.model.hparams[key][field] == field_value, f"{key}.{field}"
+        else:
+            assert cli.model.hparams[key] == value, key
     for key, value in settings.get("data", {}).items():
         if key != "batch_size":
             assert cli.datamodule.hparams[key] == value, key
-    if settings.get("model", {}).get("ema_decay"):
-        assert any(isinstance(c, EMA) for c in cli.trainer.callbacks)
+    for wanted in settings.get("trainer", {}).get("callbacks", []):  # the EMA, with the file's settings
+        (found,) = [c for c in cli.trainer.callbacks if f"{type(c).__module__}.{type(c).__name__}" == wanted["class_path"]]
+        assert all(getattr(found, name) == value for name, value in wanted.get("init_args", {}).items()), wanted
     assert cli.trainer.global_step == 2
     assert math.isfinite(float(cli.trainer.callback_metrics["train/loss"]))
     assert 0.0 <= float(cli.trainer.callback_metrics["val/acc1"]) <= 1.0

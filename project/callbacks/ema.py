@@ -1,4 +1,4 @@
-"""EMA of the network's weights (torchvision's recipe) on top of Lightning's own EMAWeightAveraging.
+"""EMA of the network's weights (torchvision's recipe): a callback that owns the averaged copy and its counter.
 
     python -m project fit ... --trainer.callbacks+=project.callbacks.ema.EMA --trainer.callbacks.decay=0.99998 \
         --trainer.callbacks.every_n_steps=32 --trainer.callbacks.warmup_epochs=5 --trainer.callbacks.adjust_decay=true
@@ -7,7 +7,7 @@ Validation during fit runs on the averaged weights (swapped in for the validatio
 averaged weights in the module, so test/predict after fit use them too.
 
 Which weights a checkpoint holds (every checkpoint written while this callback trains, `last.ckpt` and the best one
-included), as Lightning's WeightAveraging writes them:
+included), in the layout of Lightning's WeightAveraging:
     checkpoint["state_dict"]           the AVERAGED weights: what validation measured, so the best checkpoint's score
                                        is theirs; `validate/test/predict --ckpt_path` and load_from_checkpoint use them.
     checkpoint["current_model_state"]  the raw (trained) weights, same keys.
@@ -17,25 +17,27 @@ set by hand: `ckpt = torch.load(path, weights_only=True)`, then `model.load_stat
 `model.load_state_dict(ckpt["current_model_state"])` (raw). A resume *without* the callback starts from the averaged
 weights.
 
-What it changes from EMAWeightAveraging: it averages `pl_module.network` (the plain nn.Module; the whole module when
-there is none), so it never calls configure_model (torch.compile, channels_last) or copies torchmetrics objects;
-its update reads nothing back from the GPU (AveragedModel.update_parameters tests its device-side counter on the host:
-two syncs per update); the decay can be torchvision's, adjusted for the interval and the run's length; and during
-the LR warmup the EMA is a copy of the weights, as torchvision resets it then.
+Why not Lightning's EMAWeightAveraging: it averages the whole LightningModule after calling configure_model
+(torch.compile, channels_last, torchmetrics objects copied), and torch's AveragedModel.update_parameters reads its
+device-side counter on the host (two syncs per update). This one averages `pl_module.network` (HasNetwork; the whole
+module when there is none), updates with one foreach lerp per device and dtype reading nothing back, can derive the
+decay as torchvision does (interval, global batch, run length), and during the LR warmup is a copy of the weights, as
+torchvision resets it then.
 """
 
+import copy
 import math
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import EMAWeightAveraging
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.optim.swa_utils import get_ema_multi_avg_fn
 
+from project.backbones import NETWORK, HasNetwork
 from project.errors import ConfigError
 
 
@@ -59,21 +61,103 @@ def _tensors(module: nn.Module) -> Iterator[torch.Tensor]:
     yield from module.buffers()
 
 
-class _EMAModel(AveragedModel):
-    """AveragedModel whose update never reads a device tensor on the host (the counter stays a device buffer)."""
+def _averaged_root(pl_module: L.LightningModule) -> tuple[nn.Module, str]:
+    """What is averaged, and its state_dict prefix in the module's: the network, or the whole module without one."""
+    return (pl_module.network, NETWORK + ".") if isinstance(pl_module, HasNetwork) else (pl_module, "")
 
-    def __init__(self, model: nn.Module, device: Optional[Union[torch.device, int]], decay: float):
-        super().__init__(model, device=device, use_buffers=True)
-        self.set_decay(decay)
 
-    def set_decay(self, decay: float) -> None:
+class EMA(L.Callback):
+    """Exponential moving average of the network's parameters and buffers (BatchNorm statistics), torchvision-style.
+
+    Args:
+        decay: per-update decay; with adjust_decay, torchvision's --model-ema-decay (0.99998 for ResNet-50 V2).
+        every_n_steps: update every n optimizer steps (torchvision: 32).
+        warmup_epochs: for this many epochs (rounded to optimizer steps as the LR warmup is: give
+            model.optim.warmup_epochs) the EMA is a copy of the weights, and its first update after them copies too.
+        adjust_decay: derive the per-update decay as torchvision does (torchvision_ema_decay), from the global batch
+            (train loader batch x world size x accumulation), every_n_steps and the run's epochs.
+        device: where the averaged copy lives (default: the model's device; "cpu" saves GPU memory but copies
+            the weights to the host at each update).
+
+    During fit `average` is the averaged copy of the network, `n_averaged` its update count (a tensor on its device)
+    and `update_decay` the per-update decay in use.
+    """
+
+    def __init__(self, decay: float = 0.9999, every_n_steps: int = 1, warmup_epochs: float = 0.0,
+                 adjust_decay: bool = False, device: Optional[str] = None):
+        if not 0.0 <= decay <= 1.0 or every_n_steps < 1 or warmup_epochs < 0:
+            raise ConfigError(f"EMA: expected 0 <= decay <= 1, every_n_steps >= 1, warmup_epochs >= 0; got decay={decay}, "
+                             f"every_n_steps={every_n_steps}, warmup_epochs={warmup_epochs}")
         self.decay = decay
+        self.every_n_steps = every_n_steps
+        self.warmup_epochs = warmup_epochs
+        self.adjust_decay = adjust_decay
+        self.device = torch.device(device) if device is not None else None
+        self.average: Optional[nn.Module] = None
+        self.n_averaged: Optional[torch.Tensor] = None
+        self.update_decay = decay
         self._lerp = get_ema_multi_avg_fn(decay)  # torch's foreach lerp: one kernel per device and dtype
+        self._latest_update_step = 0  # the global step of the last update: checkpointed (state_dict)
+        self._warmup_steps = 0
+        self._prefix = ""
+        self._holds_average = False  # the module holds the averaged weights (and `average` the raw ones)
+        self._stash: list[Optional[torch.Tensor]] = []  # while it does: the averages the module's dtype rounded
+        self._swapped_for_validation = False
+
+    # -- the averaged copy: made at setup (a checkpoint restores into it), laid out like the network at fit start ---
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        root, self._prefix = _averaged_root(pl_module)
+        self.average = copy.deepcopy(root).requires_grad_(False)
+        if self.device is not None:
+            self.average.to(self.device)
+        self.n_averaged = torch.zeros((), dtype=torch.long, device=self.device)
+        self._holds_average = self._swapped_for_validation = False
+        self._stash = []
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # configure_model (channels_last), the precision plugin (64-true, bf16-true) and the strategy ran after setup:
+        # give each copy the raw tensor's layout and device, and a dtype at least as precise as both (an EMA kept in
+        # bf16 would drop increments below bf16's resolution). Values (restored from a checkpoint) are kept.
+        for averaged, current in zip(_tensors(self.average), _tensors(_averaged_root(pl_module)[0]), strict=True):
+            device = averaged.device if self.device is not None else current.device
+            dtype = torch.promote_types(averaged.dtype, current.dtype)
+            if averaged.stride() != current.stride() or averaged.device != device or averaged.dtype != dtype:
+                averaged.data = torch.empty_like(current, device=device, dtype=dtype).copy_(averaged.data)
+        self.n_averaged = self.n_averaged.to(self.device or pl_module.device)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        steps_per_epoch = max(1, math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches))
+        self._warmup_steps = round(self.warmup_epochs * steps_per_epoch)  # as project.optim rounds the LR warmup
+        decay = self.decay
+        if self.adjust_decay:
+            batch_size = getattr(trainer.train_dataloader, "batch_size", None)
+            if not batch_size:
+                raise ConfigError("EMA adjust_decay needs the train DataLoader's batch_size (it has none): set "
+                                 "adjust_decay=false and pass the per-update decay (project.callbacks.ema.torchvision_ema_decay)")
+            images_per_step = batch_size * trainer.world_size * trainer.accumulate_grad_batches
+            epochs = trainer.estimated_stepping_batches / steps_per_epoch
+            decay = torchvision_ema_decay(self.decay, images_per_step * self.every_n_steps, epochs)
+        self.update_decay, self._lerp = decay, get_ema_multi_avg_fn(decay)
+        rank_zero_info(f"EMA: decay {decay:.6g} per update, every {self.every_n_steps} steps, a copy of the "
+                       f"weights for the first {self._warmup_steps} steps")
+
+    # -- updates -------------------------------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step_idx = trainer.global_step - 1  # zero-based index of the optimizer step just taken
+        # global_step grows only on optimizer steps: with gradient accumulation most batch ends have none.
+        if trainer.global_step > self._latest_update_step and step_idx % self.every_n_steps == 0:
+            # A pure function of the step, so a resumed run copies where an uninterrupted one does: during the
+            # warmup, and at the first update after it (torchvision resets n_averaged, so that update copies).
+            self._update(_averaged_root(pl_module)[0], copy=step_idx - self.every_n_steps < self._warmup_steps)
+            self._latest_update_step = trainer.global_step
 
     @torch.no_grad()
-    def update_from(self, model: nn.Module, *, copy: bool) -> None:
+    def _update(self, network: nn.Module, *, copy: bool) -> None:
         groups: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
-        for averaged, current in zip(_tensors(self.module), _tensors(model), strict=True):
+        for averaged, current in zip(_tensors(self.average), _tensors(network), strict=True):
             current = current.detach().to(averaged.device, averaged.dtype)
             if copy or not averaged.is_floating_point():  # integer buffers (num_batches_tracked) follow the model
                 averaged.copy_(current)
@@ -83,114 +167,30 @@ class _EMAModel(AveragedModel):
                 current_group.append(current)
         for averaged_group, current_group in groups.values():
             self._lerp(averaged_group, current_group, None)
-        self.n_averaged += 1
+        self.n_averaged += 1  # on the device: no host read
 
-
-class EMA(EMAWeightAveraging):
-    """Exponential moving average of the network's parameters and buffers (BatchNorm statistics), torchvision-style.
-
-    Args:
-        decay: per-update decay; with adjust_decay, torchvision's --model-ema-decay (0.99998 for ResNet-50 V2).
-        every_n_steps: update every n optimizer steps (torchvision: 32).
-        warmup_epochs: during the model's LR warmup (same length, same rounding to steps) the EMA is a copy of the
-            weights, and its first update after the warmup copies too.
-        adjust_decay: derive the per-update decay as torchvision does (torchvision_ema_decay), from the global batch
-            (train loader batch x world size x accumulation), every_n_steps and the run's epochs.
-        device: where the averaged copy lives (default: the model's device; "cpu" saves GPU memory but copies
-            the weights to the host at each update).
-    """
-
-    def __init__(self, decay: float = 0.9999, every_n_steps: int = 1, warmup_epochs: float = 0.0,
-                 adjust_decay: bool = False, device: Optional[str] = None):
-        if not 0.0 <= decay <= 1.0 or every_n_steps < 1 or warmup_epochs < 0:
-            raise ConfigError(f"EMA: expected 0 <= decay <= 1, every_n_steps >= 1, warmup_epochs >= 0; got decay={decay}, "
-                             f"every_n_steps={every_n_steps}, warmup_epochs={warmup_epochs}")
-        super().__init__(device=device, use_buffers=True, decay=decay, update_every_n_steps=every_n_steps)
-        self.decay = decay
-        self.warmup_epochs = warmup_epochs
-        self.adjust_decay = adjust_decay
-        self._warmup_steps = 0
-        self._prefix = ""
-        self._holds_average = False  # the module holds the averaged weights (and the averaged model the raw ones)
-        self._stash: list[Optional[torch.Tensor]] = []  # while it does: the averages the module's dtype rounded
-        self._swapped_for_validation = False
-
-    @staticmethod
-    def _averaged_root(pl_module: L.LightningModule) -> tuple[nn.Module, str]:
-        network = getattr(pl_module, "network", None)
-        return (network, "network.") if isinstance(network, nn.Module) else (pl_module, "")
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        root, self._prefix = self._averaged_root(pl_module)
-        self._average_model = _EMAModel(root, self._device or pl_module.device, self.decay)
-        self._holds_average = self._swapped_for_validation = False
-        self._stash = []
-
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # configure_model (channels_last), the precision plugin (64-true, bf16-true) and the strategy ran after setup:
-        # give each copy the raw tensor's layout and device, and a dtype at least as precise as both (an EMA kept in
-        # bf16 would drop increments below bf16's resolution). Values (maybe restored from a checkpoint) are kept.
-        for averaged, current in zip(_tensors(self._average_model.module), _tensors(self._root(pl_module)), strict=True):
-            device = averaged.device if self._device is not None else current.device
-            dtype = torch.promote_types(averaged.dtype, current.dtype)
-            if averaged.stride() != current.stride() or averaged.device != device or averaged.dtype != dtype:
-                averaged.data = torch.empty_like(current, device=device, dtype=dtype).copy_(averaged.data)
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        steps_per_epoch = max(1, math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches))
-        self._warmup_steps = round(self.warmup_epochs * steps_per_epoch)  # as the model rounds its LR warmup
-        decay = self.decay
-        if self.adjust_decay:
-            batch_size = getattr(trainer.train_dataloader, "batch_size", None)
-            if not batch_size:
-                raise ConfigError("EMA adjust_decay needs the train DataLoader's batch_size (it has none): set "
-                                 "adjust_decay=false and pass the per-update decay (project.callbacks.ema.torchvision_ema_decay)")
-            images_per_step = batch_size * trainer.world_size * trainer.accumulate_grad_batches
-            epochs = trainer.estimated_stepping_batches / steps_per_epoch
-            decay = torchvision_ema_decay(self.decay, images_per_step * self.update_every_n_steps, epochs)
-        self._average_model.set_decay(decay)
-        rank_zero_info(f"EMA: decay {decay:.6g} per update, every {self.update_every_n_steps} steps, a copy of the "
-                       f"weights for the first {self._warmup_steps} steps")
-
-    def _root(self, pl_module: L.LightningModule) -> nn.Module:
-        return self._averaged_root(pl_module)[0]
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        step_idx = trainer.global_step - 1  # zero-based index of the optimizer step just taken, as the parent's
-        if trainer.global_step > self._latest_update_step and self.should_update(step_idx=step_idx):
-            # A pure function of the step, so a resumed run copies where an uninterrupted one does: during the
-            # warmup, and at the first update after it (torchvision resets n_averaged, so that update copies).
-            copy = step_idx - self.update_every_n_steps < self._warmup_steps
-            self._average_model.update_from(self._root(pl_module), copy=copy)
-            self._latest_update_step = trainer.global_step
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        pass  # updates are per step only (the parent's per-epoch update needs update_starting_at_epoch)
-
+    # -- which weights the module holds ----------------------------------------------------------------------------
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._average_model is not None and not self._holds_average:
-            self._swap_models(pl_module)
+        if self.average is not None and not self._holds_average:
+            self._swap(pl_module)
             self._swapped_for_validation = True
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._swapped_for_validation:
-            self._swap_models(pl_module)
+            self._swap(pl_module)
             self._swapped_for_validation = False
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # A swap, not the parent's copy: a checkpoint written after training (ModelCheckpoint's final last.ckpt,
+        # A swap, not a copy: a checkpoint written after training (ModelCheckpoint's final last.ckpt,
         # trainer.save_checkpoint) still holds the raw weights as current_model_state.
-        if self._average_model is not None and not self._holds_average:
-            self._swap_models(pl_module)
+        if self.average is not None and not self._holds_average:
+            self._swap(pl_module)
 
-    def _swap_models(self, pl_module: L.LightningModule) -> None:
+    def _swap(self, pl_module: L.LightningModule) -> None:
         restoring = self._holds_average
         stash = []
         for index, (averaged, current) in enumerate(
-                zip(_tensors(self._average_model.module), _tensors(self._root(pl_module)), strict=True)):
+                zip(_tensors(self.average), _tensors(_averaged_root(pl_module)[0]), strict=True)):
             held = averaged.data.clone()
             # Swapping back, an average more precise than the module (bf16-true) returns from the stash, unrounded.
             kept = self._stash[index] if restoring else None
@@ -200,14 +200,21 @@ class EMA(EMAWeightAveraging):
         self._stash = [] if restoring else stash
         self._holds_average = not restoring
 
+    # -- checkpoints -------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"latest_update_step": self._latest_update_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._latest_update_step = state_dict["latest_update_step"]
+
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        if self._average_model is None:
-            return super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if self.average is None:
+            return  # outside fit: the module's own weights (after a fit with this callback, the averaged ones)
         module_state = checkpoint["state_dict"]
-        held = {self._prefix + name: value for name, value in self._average_model.module.state_dict().items()}
+        held = {self._prefix + name: value for name, value in self.average.state_dict().items()}
         # Keys outside the network (if any) are not averaged: both sets carry the module's own.
         if self._holds_average:  # after training: the module holds the average (rounded to its dtype: the stash has it whole)
-            root = self._root(pl_module)
+            root = _averaged_root(pl_module)[0]
             names = [self._prefix + n for n, _ in (*root.named_parameters(), *root.named_buffers())]
             whole = {name: value for name, value in zip(names, self._stash) if value is not None and name in module_state}
             averaged, raw = {**module_state, **whole}, {**module_state, **held}
@@ -215,19 +222,18 @@ class EMA(EMAWeightAveraging):
             averaged, raw = {**module_state, **held}, module_state
         checkpoint["state_dict"] = averaged
         checkpoint["current_model_state"] = raw
-        checkpoint["averaging_state"] = {"n_averaged": self._average_model.n_averaged}
+        checkpoint["averaging_state"] = {"n_averaged": self.n_averaged}
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        if self._average_model is None:
-            return super().on_load_checkpoint(trainer, pl_module, checkpoint)
+        if self.average is None:
+            return  # validate/test/predict: the checkpoint's state_dict already is the averaged weights
         prefix = self._prefix
         averaged = {name[len(prefix):]: value for name, value in checkpoint["state_dict"].items() if name.startswith(prefix)}
+        self.average.load_state_dict(averaged)
         if "current_model_state" in checkpoint and "averaging_state" in checkpoint:
-            self._average_model.module.load_state_dict(averaged)
-            self._average_model.n_averaged.copy_(checkpoint["averaging_state"]["n_averaged"])
+            self.n_averaged.copy_(checkpoint["averaging_state"]["n_averaged"])
             # Lightning loaded state_dict (the averaged weights) into the module: put the raw ones back.
             pl_module.load_state_dict(checkpoint["current_model_state"])
         else:
             rank_zero_warn("EMA: the checkpoint holds no averaged weights (it was written without EMA): the average "
                            "starts from its weights")
-            self._average_model.module.load_state_dict(averaged)

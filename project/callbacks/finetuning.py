@@ -1,7 +1,11 @@
-"""Train only the classifier head for the first epochs of a fine-tuning run, then the whole network.
+"""Fine-tuning: the `model.finetune` options, and training only the classifier head for the first epochs.
 
-    python -m project fit --config configs/quickstart.yaml --model.weights=DEFAULT --model.freeze_backbone_epochs=2
+    python -m project fit --config configs/quickstart.yaml --model.finetune.weights=DEFAULT \
+        --model.finetune.freeze_backbone_epochs=2 --model.finetune.backbone_lr_factor=0.1
 """
+
+from dataclasses import dataclass
+from typing import Optional
 
 import lightning as L
 from lightning.pytorch.callbacks import BaseFinetuning
@@ -9,17 +13,36 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from project.backbones import classifier_head
+from project.backbones import HasNetwork, classifier_head
 from project.errors import ConfigError
 
 
-class FreezeBackbone(BaseFinetuning):
-    """Freeze all of `pl_module.network` but its classifier head until epoch `unfreeze_at_epoch`.
+@dataclass(frozen=True)
+class FineTuning:
+    """Starting from pretrained weights: `model.finetune`.
+
+    Args:
+        weights: start from these weights: a torchvision weights name of `arch` (IMAGENET1K_V1, IMAGENET1K_V2,
+            DEFAULT), or the path of a state_dict or of one of our .ckpt files. A head for another class count
+            is replaced (and said so); any other mismatch stops with the first differing key. Not applied when
+            resuming (--ckpt_path): the checkpoint holds the weights then.
+        freeze_backbone_epochs: train only the classifier head for this many epochs, then everything (FreezeBackbone).
+        backbone_lr_factor: LR multiplier of everything but the classifier head (e.g. 0.1 when fine-tuning).
+    """
+
+    weights: Optional[str] = None
+    freeze_backbone_epochs: int = 0
+    backbone_lr_factor: float = 1.0
+
+
+class FreezeBackbone(L.Callback):
+    """Freeze all of `pl_module.network` (HasNetwork) but its classifier head until epoch `unfreeze_at_epoch`.
 
     Unlike Lightning's BackboneFinetuning this adds no parameter group: the optimizer holds every parameter from the
     start and a frozen one simply gets no gradient, which SGD and AdamW skip (no update, no weight decay, no momentum).
     So the LR schedule drives every group and the optimizer state resumes as saved. Freezing happens at train start,
-    after the optimizer and DDP wrapper exist, so both know every parameter (see on_train_start for DDP).
+    after the optimizer and DDP wrapper exist, so both know every parameter (BaseFinetuning freezes in setup, before
+    them: Lightning#20340); its static helpers do the freezing.
     """
 
     def __init__(self, unfreeze_at_epoch: int, train_bn: bool = True) -> None:
@@ -29,27 +52,20 @@ class FreezeBackbone(BaseFinetuning):
             train_bn: keep training the BatchNorm layers of the frozen part (their affine weights and running
                 statistics), Lightning's default; False freezes them too and stops their running-statistics updates.
         """
-        super().__init__()
         if unfreeze_at_epoch < 0:
             raise ConfigError(f"unfreeze_at_epoch must be >= 0, got {unfreeze_at_epoch}")
         self.unfreeze_at_epoch = unfreeze_at_epoch
         self.train_bn = train_bn
         self._frozen: list[nn.Module] = []  # what this process froze, and so what it gives back
 
-    def freeze_before_training(self, pl_module: L.LightningModule) -> None:
-        # BaseFinetuning calls this in setup(), before configure_optimizers and the DDP wrapper: parameters frozen
-        # there would be left out of an optimizer built from requires_grad ones, and out of DDP's gradient sync for
-        # good (Lightning#20340). Freezing waits for on_train_start.
-        pass
-
-    def finetune_function(self, pl_module: L.LightningModule, epoch: int, optimizer) -> None:
-        pass  # not called: on_train_epoch_start below replaces BaseFinetuning's, which records param groups
-
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Called on every start, also when resuming in the middle of an epoch, where on_train_epoch_start is not:
         # the state follows from the restored epoch alone, so a resumed run is frozen exactly when the first was.
         if trainer.current_epoch >= self.unfreeze_at_epoch:
             return  # a fresh network trains whole already
+        if not isinstance(pl_module, HasNetwork):
+            raise ConfigError(f"FreezeBackbone needs the network in `{type(pl_module).__name__}.network` "
+                              "(project.backbones.HasNetwork)")
         ddp = trainer.strategy.model
         if isinstance(ddp, DistributedDataParallel) and not ddp.find_unused_parameters:
             # DDP waits for a gradient of every parameter it was built with; frozen ones never send one.
@@ -57,16 +73,17 @@ class FreezeBackbone(BaseFinetuning):
                 "freezing the backbone under DDP needs unused-parameter detection: set "
                 "--trainer.strategy=ddp_find_unused_parameters_true (or DDPStrategy(find_unused_parameters=True))"
             )
-        head_name, head = classifier_head(pl_module.network)
+        network = pl_module.network
+        head_name, head = classifier_head(network)
         head_parts = set(head.modules())
         # Only modules that train now: a part the network keeps frozen by design stays frozen after the unfreeze.
         self._frozen = [
-            module for module in self.flatten_modules(pl_module.network)
+            module for module in BaseFinetuning.flatten_modules(network)
             if module not in head_parts and any(p.requires_grad for p in module.parameters(recurse=False))
         ]
-        self.freeze(self._frozen, train_bn=self.train_bn)
-        trainable = sum(p.numel() for p in pl_module.network.parameters() if p.requires_grad)
-        total = sum(p.numel() for p in pl_module.network.parameters())
+        BaseFinetuning.freeze(self._frozen, train_bn=self.train_bn)
+        trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in network.parameters())
         rank_zero_info(
             f"backbone frozen until epoch {self.unfreeze_at_epoch}: training {head_name}"
             f"{' and the BatchNorm layers' if self.train_bn else ''} ({trainable:,} of {total:,} parameters)"
@@ -74,10 +91,7 @@ class FreezeBackbone(BaseFinetuning):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._frozen and trainer.current_epoch >= self.unfreeze_at_epoch:
-            self._unfreeze()
-
-    def _unfreeze(self) -> None:
-        # make_trainable also turns the running statistics of BatchNorm layers frozen with train_bn=False back on.
-        self.make_trainable(self._frozen)
-        self._frozen = []
-        rank_zero_info(f"backbone unfrozen at epoch {self.unfreeze_at_epoch}: training the whole network")
+            # make_trainable also turns the running statistics of BatchNorm layers frozen with train_bn=False back on.
+            BaseFinetuning.make_trainable(self._frozen)
+            self._frozen = []
+            rank_zero_info(f"backbone unfrozen at epoch {self.unfreeze_at_epoch}: training the whole network")

@@ -1,7 +1,7 @@
 """With `--ckpt_path`, values the user gave explicitly win over the checkpoint's hyperparameters, and each is shown.
 
 LightningCLI (since Lightning 2.5.5, PR #21116) re-parses the checkpoint's hyperparameters over the parsed config, so
-`--model.lr_per_256=0.8` with a checkpoint trained at 0.2 silently ran at 0.2, and `validate --model.arch resnet50`
+`--model.optim.lr_per_256=0.8` with a checkpoint trained at 0.2 silently ran at 0.2, and `validate --model.arch resnet50`
 evaluated the checkpoint's resnet18 (fix proposed upstream in PR #21455, open). Here the values given on the command
 line or in a config file are put back afterwards, with one line per difference; values the user did not give still
 come from the checkpoint (so `validate --ckpt_path X` alone rebuilds X's model). Delete when a stock LightningCLI
@@ -41,15 +41,29 @@ def explicit_values(parser: ArgumentParser, args: Any, config: Namespace, subcom
     return parsed[subcommand] if subcommand else parsed
 
 
+def _lookup(hparams: Mapping, dotted: str) -> tuple[bool, Any]:
+    """(found, value) of `optim.lr_per_256` in nested hparams ({"optim": {"lr_per_256": ...}})."""
+    value: Any = hparams
+    for part in dotted.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
 def keep_explicit_model_values(config: Namespace, explicit: Namespace, checkpoint_hparams: Mapping) -> list[str]:
-    """Put the user's explicit `model.*` values back into `config` where the checkpoint's differ; one line each."""
+    """Put the user's explicit `model.*` values back into `config` where the checkpoint's differ; one line each.
+
+    Keys are leaves, groups included (`model.optim.lr_per_256`): giving one field of a group keeps the checkpoint's
+    other fields."""
     given = explicit.get("model")
     if not isinstance(given, Namespace):
         return []
     lines = []
-    for key, value in given.as_dict().items():
-        if key not in checkpoint_hparams or _plain(checkpoint_hparams[key]) == _plain(value):
+    for key, value in given.items():
+        found, saved = _lookup(checkpoint_hparams, key)
+        if not found or _plain(saved) == _plain(value):
             continue
-        config.model[key] = given[key]
-        lines.append(f"model.{key}: {_plain(value)!r} (given) instead of the checkpoint's {_plain(checkpoint_hparams[key])!r}")
+        config.model[key] = value
+        lines.append(f"model.{key}: {_plain(value)!r} (given) instead of the checkpoint's {_plain(saved)!r}")
     return lines
