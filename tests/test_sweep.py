@@ -1,0 +1,227 @@
+"""Sweeps (project/run/sweep.py): workers share one Optuna study through its journal, each trial an ordinary fit in
+its own run dir whose value is the best val/acc1 its TensorBoard events hold; pruned trials stop at the pruning
+validation (under ddp too); a worker killed with -9 leaves its trial to the next worker, which resumes its
+last.ckpt; bad input is one line before any trial. Real `python -m project sweep` processes on
+configs/sweep/quickstart.yaml (3 tiny epochs a trial).
+
+    python -m pytest tests/test_sweep.py -m "not slow"      # the bad inputs, in-process
+    python -m pytest tests/test_sweep.py --durations=0
+"""
+
+import csv
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+
+from conftest import CONFIGS, read_scalars, run_project, start_project
+from project.errors import exit_on_user_error
+from project.cli import cli_main
+from project.run.sweep import main as sweep_main
+
+SWEEP = CONFIGS / "sweep" / "quickstart.yaml"
+FAST_HEARTBEAT = ["--sweep.heartbeat_interval=1", "--sweep.grace_period=4"]
+NEVER_GOOD_ENOUGH = "--sweep.pruner={class_path: optuna.pruners.ThresholdPruner, init_args: {lower: 1.1}}"
+
+
+def sweep_args(root: Path, *extra: str) -> list[str]:
+    return ["sweep", "--config", str(SWEEP), f"--trainer.default_root_dir={root}", *extra]
+
+
+def load_study(root: Path, storage=None) -> optuna.Study:
+    """The study in its default storage (the journal in the study dir), or in `storage` (an RDB URL)."""
+    if storage is None:
+        journal = optuna.storages.journal.JournalFileBackend(str(root / "sweeps" / "quickstart" / "journal.log"))
+        storage = optuna.storages.JournalStorage(journal)
+    return optuna.load_study(study_name="quickstart", storage=storage)
+
+
+def csv_rows(root: Path) -> dict[int, dict]:
+    with open(root / "sweeps" / "quickstart" / "trials.csv") as file:
+        return {int(row["number"]): row for row in csv.DictReader(file)}
+
+
+def logged_acc1(run_dir: Path) -> list[tuple[int, float]]:
+    """val/acc1 as the trial's TensorBoard events hold it: (step, value) per validation, across every start."""
+    return read_scalars(run_dir)["val/acc1"]
+
+
+def ok(result) -> None:
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+
+def assert_value_is_the_logs_best(trial, row: dict) -> list[tuple[int, float]]:
+    logged = logged_acc1(Path(trial.user_attrs["run_dir"]))
+    steps = [step for step, _ in logged]
+    assert len(steps) == len(set(steps)), f"trial {trial.number}: a validation logged twice (run twice?): {logged}"
+    best = max(value for _, value in logged)
+    assert float(row["value"]) == best
+    if trial.state == optuna.trial.TrialState.COMPLETE:
+        assert trial.value == best
+    return logged
+
+
+@pytest.mark.slow
+def test_two_workers_share_a_study_of_4_trials_none_run_twice_values_are_the_logs_best(tmp_path, capsys):
+    args = sweep_args(tmp_path, "--sweep.n_trials=4")
+    workers = [start_project(args) for _ in range(2)]
+    outputs = [worker.communicate(timeout=1800) for worker in workers]
+    for worker, (out, err) in zip(workers, outputs):
+        assert worker.returncode == 0, f"{out[-2000:]}\n{err[-3000:]}"
+
+    study = load_study(tmp_path)
+    trials = study.trials
+    assert sorted(t.state.name for t in trials if t.state.name != "PRUNED") == ["COMPLETE"] * (4 - sum(
+        t.state.name == "PRUNED" for t in trials)), [t.state.name for t in trials]
+    assert len(trials) == 4
+    started = [[int(n) for n in re.findall(r"^sweep: trial (\d+) \(", out, re.M)] for out, _ in outputs]
+    assert all(started), f"a worker ran no trial: {started}"
+    assert sorted(started[0] + started[1]) == [0, 1, 2, 3]  # each trial started once, by one of the workers
+    assert len({t.user_attrs["run_dir"] for t in trials}) == 4
+
+    rows = csv_rows(tmp_path)
+    for trial in trials:
+        assert_value_is_the_logs_best(trial, rows[trial.number])
+        assert rows[trial.number]["state"] == trial.state.name
+        assert Path(rows[trial.number]["run_dir"], "config.yaml").is_file()
+    assert list((tmp_path / "sweeps" / "quickstart").glob("*.png"))
+
+    best = max((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    best_line = f"best trial {best.number}: val/acc1 {best.value:.4f} with "
+    for out, _ in outputs:  # a worker stops once the study has its 4 trials: both print the final summary
+        assert out.strip().splitlines()[-1].startswith(best_line), out[-1500:]
+    assert f"checkpoint {best.user_attrs['checkpoint']}" in outputs[0][0].strip().splitlines()[-1]
+    assert Path(best.user_attrs["checkpoint"]).is_file()
+
+    capsys.readouterr()
+    sweep_main([*args[1:], "--summary"], cli_main)  # on demand, in-process: the same summary
+    assert capsys.readouterr().out.strip().splitlines()[-1] == outputs[0][0].strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_a_trial_the_pruner_prunes_stops_at_that_validation_and_is_pruned(tmp_path):
+    database = f"sqlite:///{tmp_path / 'studies.db'}"  # an RDB storage this time, instead of the default journal
+    result = run_project(sweep_args(tmp_path, "--sweep.n_trials=1", NEVER_GOOD_ENOUGH, f"--sweep.storage={database}"))
+    ok(result)
+    assert not (tmp_path / "sweeps" / "quickstart" / "journal.log").exists()
+    trial = load_study(tmp_path, database).trials[0]
+    assert trial.state == optuna.trial.TrialState.PRUNED
+    logged = assert_value_is_the_logs_best(trial, csv_rows(tmp_path)[0])
+    assert len(logged) == 1  # 3 epochs configured: stopped after the first validation
+    assert result.stdout.strip().splitlines()[-1] == "sweep quickstart: no complete trial yet"
+
+
+@pytest.mark.slow
+def test_under_ddp_rank_zero_reports_and_every_rank_stops_at_the_pruned_validation(tmp_path):
+    # A rank that did not stop would wait in the next epoch's first collective until the ddp timeout.
+    result = run_project(sweep_args(tmp_path, "--sweep.n_trials=1", NEVER_GOOD_ENOUGH, "--config",
+                                    str(CONFIGS / "cpu_ddp.yaml"), "--ddp_timeout_minutes=2"), timeout=900)
+    ok(result)
+    trial = load_study(tmp_path).trials[0]
+    assert trial.state == optuna.trial.TrialState.PRUNED
+    assert len(assert_value_is_the_logs_best(trial, csv_rows(tmp_path)[0])) == 1
+    log = (Path(trial.user_attrs["run_dir"]) / "fit.log").read_text()
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in log
+    assert log.count("pruned at step 0") == 1  # reported and decided once, by rank zero
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_preempted_or_killed_workers_leave_their_trial_to_the_next_worker_which_resumes_its_last_ckpt(tmp_path):
+    args = sweep_args(tmp_path, "--sweep.n_trials=1", "--trainer.limit_train_batches=6", *FAST_HEARTBEAT)
+    run_dir = tmp_path / "sweeps" / "quickstart" / "trial_0"
+    last, log = run_dir / "checkpoints" / "last.ckpt", run_dir / "fit.log"
+
+    # A preempted worker (SIGTERM) passes it to its fit, which saves and stops; the trial is handed back at once.
+    first = start_project(args)
+    wait_for(lambda: last.is_file() or first.poll() is not None, 900, "the first epoch's last.ckpt")
+    first.send_signal(signal.SIGTERM)
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 143, f"{out[-2000:]}\n{err[-3000:]}"
+    assert [t.state.name for t in load_study(tmp_path).trials] == ["FAIL", "WAITING"]
+
+    # The next worker continues it; killed with -9 once epoch 1 has ended, mid-trial. Its fit gets SIGTERM from the
+    # kernel as its parent dies: it saves last.ckpt at the next batch and stops.
+    second = start_project(args)
+    wait_for(lambda: global_step(last) >= 12 or second.poll() is not None, 900, "epoch 1's end (step 12)")
+    os.kill(second.pid, signal.SIGKILL)
+    second.wait()
+    wait_for(lambda: log.read_text().count("stopped by SIGTERM") == 2, 300, "the orphaned fit to save and stop")
+
+    # A third worker finds the trial without a heartbeat, retries it, and finishes it.
+    third = run_project(args, timeout=900)
+    ok(third)
+    assert "sweep: trial 1 has had no heartbeat" in third.stdout
+    trials = load_study(tmp_path).trials
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL", "COMPLETE"]
+    finished = trials[2]
+    assert finished.system_attrs["retry_history"] == [0, 1] and Path(finished.user_attrs["run_dir"]) == run_dir
+    assert finished.params == trials[0].params
+    assert log.read_text().count(f"--ckpt_path last: resuming from {last}") == 2
+    # Each start continued where the one before stopped: no training step logged twice, 3 validations in all.
+    steps = [step for step, _ in read_scalars(run_dir)["train/loss"]]
+    assert len(steps) == len(set(steps)) and max(steps) >= 17, steps
+    assert len(assert_value_is_the_logs_best(finished, csv_rows(tmp_path)[2])) == 3
+    assert third.stdout.strip().splitlines()[-1].startswith("best trial 2: val/acc1 ")
+
+
+def global_step(checkpoint: Path) -> int:
+    if not checkpoint.is_file():
+        return -1
+    return torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["global_step"]
+
+
+BAD = {
+    # name: (extra arguments, expected text of the one line)
+    "unknown option in the space": (["--sweep.space.model.optim.lr_per_25={low: 0.1, high: 1.0}"],
+                                    "sweep.space.model.optim.lr_per_25 is not a fit option (did you mean "
+                                    "model.optim.lr_per_256?)"),
+    "empty range": (["--sweep.space.model.optim.lr_per_256={low: 0.1, high: 0.1}"], "empty range [0.1, 0.1]"),
+    "inverted range": (["--sweep.space.model.optim.lr_per_256={low: 1.0, high: 0.1}"],
+                       "inverted range, low 1.0 > high 0.1"),
+    "empty choices": (["--sweep.space.data.auto_augment={choices: []}"], "0 choice(s) is an empty search"),
+    "a choice the fit refuses": (["--sweep.space.data.auto_augment={choices: [null, trivialaugment_wid]}"],
+                                 "sweep.space.data.auto_augment: the fit does not accept 'trivialaugment_wid'"),
+    "metric never logged": (["--sweep.metric=val/acc2"], "sweep.metric 'val/acc2' is never logged"),
+    "storage that cannot be opened": (["--sweep.storage=sqlite:////nonexistent/dir/sweep.db"],
+                                      "sweep.storage sqlite:////nonexistent/dir/sweep.db cannot be opened"),
+    "journal in a missing folder": (["--sweep.storage=/nonexistent/dir/journal.log"],
+                                    "its folder /nonexistent/dir does not exist"),
+    "unknown fit option": (["--model.optim.lrr=0.1"], "fit options of the sweep: unrecognized arguments"),
+    "unknown sweep setting": (["--sweep.trials=4"], "sweep.trials is not a sweep setting"),
+    "sampler that does not exist": (["--sweep.sampler=TPESampla"], "sweep.sampler: cannot build optuna.samplers.TPESampla"),
+    "summary of a study not started": (["--summary"], "no study 'quickstart' yet"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_sweep_input_is_one_line_exit_2_before_anything_is_written(case, tmp_path, capsys):
+    extra, expected = BAD[case]
+    root = tmp_path / "runs"
+    with pytest.raises(SystemExit) as exit:
+        exit_on_user_error(lambda: sweep_main(["--config", str(SWEEP), f"--trainer.default_root_dir={root}", *extra], cli_main))
+    assert exit.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
+    assert not root.exists()
+
+
+@pytest.mark.slow
+def test_bad_sweep_input_in_a_real_process_is_one_line_on_stderr(tmp_path):
+    result = run_project(sweep_args(tmp_path / "runs", "--sweep.metric=val/acc2"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: sweep.metric 'val/acc2' is never logged: a trial's fit logs val/loss, val/acc1, val/acc5 at each "
+        "validation"]
+    assert not (tmp_path / "runs").exists()
