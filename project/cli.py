@@ -5,11 +5,12 @@
     python -m project fit --print_config
 
 What it adds to LightningCLI, in the order a run meets it: links (the class count, the run seed and the batch size
-flow from the data and the seed into the model; --print_config shows them); the resume plan (project.run.resume: which
-checkpoint, which run dir, verified before anything is built); explicit values kept over a checkpoint's
-hyperparameters (project.compat.ckpt_hparams); the Trainer's plugins (atomic checkpoint files, Slurm without
-Lightning's signal-handler requeue, sync BN on gloo) and default callbacks; a check that the checkpoint fits the model
-and the data; and for `fit`, the run dir's lock (project.run.lock) for the length of the run.
+flow from the data and the seed into the model; --print_config shows them); the run plan (project.run.start_run:
+which checkpoint, loaded once and handed along, and for `fit` the run dir, created and locked for the length of the
+run before anything is built); explicit values kept over a checkpoint's hyperparameters (project.compat.ckpt_hparams);
+the Trainer's plugins (atomic checkpoint files, Slurm without Lightning's signal-handler requeue, sync BN on gloo) and
+default callbacks; a check that the checkpoint fits the model and the data. A start that fails before training
+removes the run dir it created.
 """
 
 import sys
@@ -20,30 +21,32 @@ from typing import Optional
 from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 import project.strategies  # noqa: F401  registers strategy="dp" before any Trainer is built
-from project.run.last_checkpoint import LastCheckpoint
+from project.backbones import torchvision_weights
 from project.callbacks.prediction_writer import PredictionCsvWriter
 from project.callbacks.progress_bar import StepProgressBar
 from project.callbacks.throughput import ThroughputLogger
-from project.run.checkpoint_checks import check_checkpoint_fits
-from project.run.checkpoint_io import AtomicCheckpointIO
 from project.compat.batch_limits import Trainer
 from project.compat.ckpt_hparams import explicit_values, keep_explicit_model_values
+from project.compat.moved_options import explain_moved_options
+from project.compat.ckpt_read_once import CheckpointReadOnceCLI
+from project.compat.elastic_store import init_attempt_process_group
 from project.compat.spawn import trains_in_this_process
 from project.data import ImageNetDataModule
 from project.errors import ConfigError, is_peer_failure, record_rank, user_message
-from project.run.launchers import check_process_count
-from project.errors import env_global_rank
-from project.backbones import torchvision_weights
 from project.model import ImageClassifier
-from project.run.resume import RunPlan, next_version, plan_run
-from project.run.lock import RunDirTaken, RunLock, claim
+from project.run import RunPlan, start_run
+from project.run.checkpoint_checks import check_checkpoint_fits
+from project.run.checkpoint_io import AtomicCheckpointIO
+from project.run.last_checkpoint import LastCheckpoint
+from project.run.launchers import check_process_count
 from project.run.saved_config import KeepingSaveConfigCallback
 from project.run.slurm import cluster_environment, slurm_job_id, task_line
+from project.run.trackers import how_to_look
 from project.strategies.sync_batchnorm import SyncBatchNormAnyBackend
 from project.weights import eval_sizes
 
@@ -53,11 +56,35 @@ def run_seed(seed_everything) -> int:
     return seed_everything if isinstance(seed_everything, int) and not isinstance(seed_everything, bool) else 0
 
 
-class ImageClassifierCLI(LightningCLI):
+class ImageClassifierCLI(CheckpointReadOnceCLI):
     """Defined in the package (not __main__) so ddp_spawn can pickle it."""
 
     plan: Optional[RunPlan] = None
-    run_lock: Optional[RunLock] = None
+    _checkpoint_io: Optional[AtomicCheckpointIO] = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        # LightningCLI runs the whole command in __init__: the run dir claimed while parsing is released (or, after
+        # a failed start, removed) here.
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException as error:
+            if self.plan is not None and self._failed_before_training(error):
+                self.plan.remove_failed_start()
+            raise
+        finally:
+            if self.plan is not None:
+                self.plan.release()
+
+    def _failed_before_training(self, error: BaseException) -> bool:
+        """True when the start left nothing worth keeping: it stopped before the Trainer existed, or it was stopped
+        by bad input (here, or on another rank) before its first step. A crash or Ctrl+C mid-run keeps its logs;
+        under ddp_spawn this process never trains (step 0)."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return True
+        bad_input = user_message(error) is not None or is_peer_failure(error)
+        return (trainer.global_step == 0 and bad_input and not isinstance(error, KeyboardInterrupt)
+                and trains_in_this_process(trainer))
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
@@ -80,17 +107,22 @@ class ImageClassifierCLI(LightningCLI):
             "checkpoint.auto_insert_metric_name": False,
         })
 
-    # -- after parsing: the resume plan, before Lightning reads the checkpoint's hyperparameters ------------------
+    # -- after parsing: the run plan (the one read of the checkpoint), before its hyperparameters are parsed ------
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         self._explicit = explicit_values(parser, args, self.config, subcommand)
         if subcommand:
-            self.plan = plan_run(subcommand, self.config[subcommand])
+            self.plan = start_run(subcommand, self.config[subcommand])
+            self.save_config_kwargs = {**self.save_config_kwargs, "run_dir": self.plan.run_dir}
             if subcommand == "fit" and self.plan.reason:
                 rank_zero_info(self.plan.reason)
             for path, why in self.plan.skipped:
                 rank_zero_warn(f"skipped checkpoint {path}: {why}")
+
+    def loaded_checkpoint(self) -> Optional[dict]:
+        """For the checkpoint's hyperparameters (project.compat.ckpt_read_once): the plan's load, not a new one."""
+        return self.plan.checkpoint if self.plan is not None else None
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -111,7 +143,8 @@ class ImageClassifierCLI(LightningCLI):
         plugins = trainer_config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
-            plugins.append(AtomicCheckpointIO())
+            self._checkpoint_io = AtomicCheckpointIO()
+            plugins.append(self._checkpoint_io)
         if (environment := cluster_environment()) is not None:
             plugins.append(environment)
         if trainer_config.get("sync_batchnorm"):
@@ -139,6 +172,7 @@ class ImageClassifierCLI(LightningCLI):
             trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))
         check_process_count(trainer.world_size, trainer.num_devices, trainer.num_nodes)
         record_rank(trainer.global_rank, trainer.world_size)
+        init_attempt_process_group(trainer.strategy, timeout)  # a torchrun restart must not meet the last attempt's keys
         return trainer
 
     def _config_value(self, key: str, default):
@@ -149,81 +183,44 @@ class ImageClassifierCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         super().after_instantiate_classes()
         if self.subcommand and self.plan and self.plan.ckpt_path is not None:
-            check_checkpoint_fits(self.plan.ckpt_path, self.model, self.datamodule, resuming=self.subcommand == "fit")
+            # The plan's load, checked, then handed to Lightning's restore (the file is not read again).
+            checkpoint = self.plan.take_checkpoint()
+            check_checkpoint_fits(self.plan.ckpt_path, checkpoint, self.model, self.datamodule)
+            if self._checkpoint_io is not None:
+                self._checkpoint_io.hand_over(self.plan.ckpt_path, checkpoint)
 
-    # -- fit: the run dir is claimed (created, locked) for the length of the run ---------------------------------
     def fit(self, model, datamodule=None, **kwargs) -> None:
-        self.run_lock = self._claim_run_dir()
-        try:
-            self.trainer.fit(model, datamodule=datamodule, **kwargs)
-            rank_zero_info(where_the_run_went(self.trainer))
-        except BaseException as error:
-            # A new run stopped by bad input before its first step (here, or on another rank) leaves nothing behind.
-            # Only then: a crash or Ctrl+C keeps its logs; under ddp_spawn this process never trains (step 0).
-            bad_input = user_message(error) is not None or is_peer_failure(error)
-            if (self.run_lock is not None and self.trainer.global_step == 0 and bad_input
-                    and not isinstance(error, KeyboardInterrupt) and trains_in_this_process(self.trainer)):
-                self.run_lock.remove_failed_start()
-            raise
-        finally:
-            if self.run_lock is not None:
-                self.run_lock.release()
-
-    def _claim_run_dir(self) -> Optional[RunLock]:
-        plan = self.plan
-        if plan is None or plan.run_dir is None or env_global_rank() != 0:
-            return None  # the other ranks write nothing; rank 0's lock covers the job
-        for _ in range(100):
-            try:
-                return claim(plan.run_dir, fresh=plan.fresh)
-            except RunDirTaken:  # a run started at the same moment took this version: take the next one
-                plan.run_dir = plan.run_dir.parent / f"version_{next_version(plan.run_dir.parent)}"
-                self._repin(plan.run_dir)
-        raise RuntimeError(f"could not create a new run dir under {plan.run_dir.parent}")
-
-    def _repin(self, run_dir: Path) -> None:
-        """Point the already built logger (or, for one we cannot pin, the checkpoints) at another version dir."""
-        from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-
-        version = int(run_dir.name.removeprefix("version_"))
-        config = self.config[self.subcommand]
-        logger = self.trainer.logger
-        if isinstance(logger, (TensorBoardLogger, CSVLogger)):
-            config.trainer.logger.init_args.version = version  # what config.yaml will say
-            self.trainer.loggers = [type(logger)(save_dir=logger.save_dir, name=logger.name, version=version)]
-        elif self.trainer.checkpoint_callback is not None:
-            self.trainer.checkpoint_callback.dirpath = str(run_dir / "checkpoints")
-            config.checkpoint.dirpath = str(run_dir / "checkpoints")
+        self.trainer.fit(model, datamodule=datamodule, **kwargs)
+        rank_zero_info(where_the_run_went(self.trainer, self.plan.run_dir if self.plan else None))
 
 
-def where_the_run_went(trainer) -> str:
-    """The last line of a fit: the run dir, its checkpoints and the command to look at it."""
-    from project.run.last_checkpoint import LastCheckpoint
-
+def where_the_run_went(trainer, run_dir: Optional[Path] = None) -> str:
+    """The last line of a fit: the run dir (the plan's; else Lightning's), its checkpoints and how to look at it."""
     last = next((c.path for c in trainer.callbacks if isinstance(c, LastCheckpoint) and c.path), None)
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
-    run_dir = Path(trainer.log_dir or trainer.default_root_dir)
+    run_dir = Path(run_dir or trainer.log_dir or trainer.default_root_dir)
     parts = [f"run dir {run_dir}"]
     if best:
         parts.append(f"best checkpoint {best}" + (f" ({trainer.checkpoint_callback.monitor} {float(score):.4f})" if score is not None else ""))
     if last:
         parts.append(f"last {last}")
-    if trainer.loggers:
-        parts.append(f"look at it with: tensorboard --logdir {run_dir.parent}")
+    if looks := how_to_look(trainer.loggers, run_dir):
+        parts.append("look at it with: " + ", ".join(looks))
     return "; ".join(parts)
 
 
 def apply_weights_eval_sizes(config: Namespace, explicit: Namespace) -> None:
     """With torchvision weights, their evaluation resize/crop become data's defaults (an explicit value wins)."""
     model, data = config.model, config.data
-    if not model.get("weights") or model.get("backbone") is not None or torchvision_weights(model.arch, model.weights) is None:
+    weights = model.get("finetune.weights")
+    if not weights or model.get("backbone") is not None or torchvision_weights(model.arch, weights) is None:
         return
-    resize, crop = eval_sizes(model.arch, model.weights)
+    resize, crop = eval_sizes(model.arch, weights)
     given = explicit.get("data") or Namespace()
     for key, value in (("eval_resize_size", resize), ("eval_crop_size", crop)):
         if given.get(key) is None and data[key] != value:
-            rank_zero_info(f"data.{key}: {value} (the evaluation transform of {model.arch} {model.weights})")
+            rank_zero_info(f"data.{key}: {value} (the evaluation transform of {model.arch} {weights})")
             data[key] = value
 
 
@@ -252,7 +249,7 @@ def main() -> None:
 
     def run() -> None:
         check_config_files(sys.argv[1:])
-        cli_main()
+        explain_moved_options(cli_main)  # a key of the flat ImageClassifier (model.lr_per_256): its new name
 
     exit_on_user_error(run)
     close_process_group()

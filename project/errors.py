@@ -12,6 +12,7 @@ once, and prints its own message after theirs: the last line is the one to read.
 
 import os
 import pickle
+import re
 import sys
 import time
 from typing import Callable, Optional
@@ -47,6 +48,11 @@ def env_world_size() -> int:
     return 1
 
 
+def shown(path: os.PathLike | str) -> str:
+    """A path for messages: a name that is not UTF-8 gets \\x.. escapes instead of breaking the line."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 class UserError(Exception):
     """A mistake in the user's input; its message says what, where, and the fix."""
 
@@ -69,6 +75,10 @@ class CheckpointError(UserError):
 
 class RunDirInUse(UserError):
     """Another live process writes into the run dir this one would write into."""
+
+
+class DiskFullError(UserError):
+    """A write found no space left (ENOSPC, EDQUOT); the file it would have replaced is intact."""
 
 
 class UnreadableImageError(OSError):
@@ -97,11 +107,61 @@ def user_message(error: BaseException) -> Optional[str]:
     if isinstance(error, KeyboardInterrupt):
         return "interrupted (Ctrl+C) before training started; nothing was trained"
     if isinstance(error, argparse.ArgumentError):  # jsonargparse: an unknown option, a value of the wrong type
-        text = " ".join(str(error).split())
+        text = readable_parse_error(str(error))
         return f"{text[:600]} (`python -m project <subcommand> --help` lists every option)"
-    if isinstance(error, pickle.UnpicklingError) and "Weights only load failed" in str(error):
-        return "refused to load an untrusted checkpoint (torch.load(weights_only=True) found pickled objects)"
+    if isinstance(error, pickle.UnpicklingError):
+        return untrusted_checkpoint_message(error)
+    cause = error.__cause__
+    while cause is not None:  # jsonargparse wraps what a nested class raised (a dataclass's __post_init__) in its own
+        if isinstance(cause, UserError):
+            return str(cause)
+        cause = cause.__cause__
     return None
+
+
+# Lines of jsonargparse's report on a value no alternative of a Union (Optional[...] included) accepts that say
+# nothing about what was wrong: the subtypes, null, the value's type, a config-file path it is not.
+_UNION_NOISE = re.compile(r"(?:- )?(?:Does not validate against any of the Union subtypes|Subtypes: .*|Errors:|"
+                          r"Given value type: .*|Expected a <class 'NoneType'>|"
+                          r"Expected a path but .* either not accessible or invalid)")
+
+
+def readable_parse_error(text: str) -> str:
+    """A jsonargparse parse error on one line: the key, what was expected, the value given (its Union reports, 8+
+    lines per Optional option, cut to the failing alternatives)."""
+    union = "Does not validate against any of the Union subtypes" in text
+    given, kept = None, []
+    for line in (line.strip() for line in text.splitlines()):
+        if union and line.startswith("Given value: "):
+            given = line[len("Given value: "):]
+        elif line and not (union and _UNION_NOISE.fullmatch(line)):
+            kept.append(line)
+    text = " ".join(" ".join(kept).split())
+    if union:  # the alternatives left, each a "- " line
+        text = re.sub(r"(:|^) - ", r"\1 ", text).replace(" - ", "; or ")
+    # A field of a nested class (a dataclass option): one dotted key.
+    text = re.sub(r'Parser key "([\w.]+)": Problem with given class_path \'[\w.]+\': Parser key "(\w+)":',
+                  r'Parser key "\1.\2":', text)
+    text = re.sub(r'Parser key "([\w.]+)":( Not of type \w+:)?', r"\1:", text)
+    text = re.sub(r"Expected an? <class '([\w.]+)'>", r"expected \1", text)
+    text = re.sub(r"Expected an? typing\.Literal\[(.*?)\]", r"expected one of \1", text)
+    text = text.replace(". Got value: ", ", got ")
+    if given is not None and "got " not in text and given not in text and not given.startswith("{"):
+        text += f", got {given}"
+    return text
+
+
+def untrusted_checkpoint_message(error: BaseException, path: object = None) -> Optional[str]:
+    """The one line for torch.load(weights_only=True) refusing a file's pickled objects; None for any other error.
+    (project.run.checkpoint_io.load_trusted_format and user_message both say it with these words.)"""
+    text = str(error)
+    if not isinstance(error, pickle.UnpicklingError) or not ("Weights only load failed" in text or "WeightsUnpickler" in text):
+        return None
+    found = re.search(r"Unsupported (global|operand)[^.\n]*", text)
+    what = f" ({found.group(0).strip()})" if found else ""
+    subject = f"{path} is not a trusted checkpoint" if path is not None else "refused to load an untrusted checkpoint"
+    return (f"{subject}: it holds pickled objects beyond tensors and plain values{what}, which could run code; "
+            "checkpoints are only loaded with torch.load(weights_only=True)")
 
 
 def is_peer_failure(error: BaseException) -> bool:

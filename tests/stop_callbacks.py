@@ -7,6 +7,8 @@ Importable by `python -m project` subprocesses when tests/ is on PYTHONPATH (run
 
 import os
 import signal
+import time
+from pathlib import Path
 
 import lightning as L
 
@@ -24,6 +26,25 @@ class SignalAtStep(L.Callback):
                 os.killpg(os.getpgid(0), self.signum)
             else:
                 os.kill(os.getpid(), self.signum)
+
+
+class HoldUntilSignalled(L.Callback):
+    """Holds rank `rank` as optimizer step `step` is about to start, writes `marker`, and waits there until a stop
+    signal has reached this process (project.run.last_checkpoint's flag): the test then signals a run that is
+    provably still training, however long the signal takes to arrive."""
+
+    def __init__(self, step: int, marker: str, rank: int = 0, timeout_s: float = 600):
+        self.step, self.marker, self.rank, self.timeout_s = step, marker, rank, timeout_s
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step != self.step or trainer.global_rank != self.rank:
+            return
+        Path(self.marker).write_text(f"{os.getpid()}\n")
+        deadline = time.monotonic() + self.timeout_s
+        while not any(getattr(getattr(c, "_stops", None), "received", 0) for c in trainer.callbacks):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"HoldUntilSignalled: no stop signal within {self.timeout_s} s")
+            time.sleep(0.05)
 
 
 class StopAfterEpoch(L.Callback):

@@ -3,6 +3,9 @@
     python -m pytest tests/test_cli.py
 """
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -13,7 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser
 from torch import nn
 
-from conftest import read_scalars, tiny_args
+from conftest import read_scalars, run_project, tiny_args
 from project import ImageClassifier, ImageNetDataModule
 from project.cli import cli_main
 
@@ -80,6 +83,33 @@ def test_reloaded_checkpoint_and_validate_ckpt_path_give_the_same_val_acc1(run, 
     assert validated == pytest.approx(run.metrics["val/acc1"])
 
 
+def opens_of(path: Path, trace: Path) -> list[str]:
+    """The open/openat calls of `path` in an `strace -f` output (every process, Python's and C++'s opens alike)."""
+    return [line for line in trace.read_text().splitlines() if f'"{path}"' in line and "open" in line]
+
+
+@pytest.mark.slow  # another process, under strace
+@pytest.mark.parametrize("subcommand", ["validate", "fit"])
+def test_a_start_reads_its_checkpoint_once_and_hands_it_along(run, tmp_path, subcommand):
+    # The plan maps the file once (torch.load(mmap=True): 2 opens); the fit checks, LightningCLI's hyperparameters
+    # and Lightning's restore use that load. Before: 9 opens for `validate --ckpt_path FILE`.
+    strace = shutil.which("strace")
+    if strace is None or subprocess.run([strace, "-o", "/dev/null", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a working strace")
+    root = tmp_path / "root"
+    checkpoint = root / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    checkpoint.parent.mkdir(parents=True)
+    shutil.copy(run.last, checkpoint)  # fit continues that run: it rewrites last.ckpt (a new file, not an open of it)
+    trace = tmp_path / "trace.txt"
+    args = [subcommand, *run.args, f"--trainer.default_root_dir={root}", "--trainer.max_epochs=2",
+            f"--ckpt_path={checkpoint}"]
+    result = run_project(args, launcher=[strace, "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", str(trace),
+                                         sys.executable])
+    assert result.returncode == 0, result.stderr[-3000:]
+    opens = opens_of(checkpoint, trace)
+    assert 1 <= len(opens) <= 2, "\n".join(opens)
+
+
 def test_print_config_fed_back_reproduces_the_run_into_the_same_dir(run, capsys, tmp_path):
     with pytest.raises(SystemExit) as exited:
         cli_main(["fit", *run.args, "--print_config"])
@@ -114,11 +144,11 @@ def test_help_names_python_m_project_and_the_subcommands(capsys):
 
 def test_repeated_configs_compose_and_the_later_wins(tiny_root, tmp_path):
     first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
-    first.write_text("trainer:\n  max_epochs: 3\nmodel:\n  label_smoothing: 0.1\n")
+    first.write_text("trainer:\n  max_epochs: 3\nmodel:\n  loss:\n    label_smoothing: 0.1\n")
     second.write_text("trainer:\n  max_epochs: 2\n")
     cli = cli_main(tiny_args(tiny_root, tmp_path, "--config", str(first), "--config", str(second)), run=False)
     assert cli.trainer.max_epochs == 2  # second.yaml over first.yaml over the shrink flags before them
-    assert cli.model.hparams.label_smoothing == 0.1  # only first.yaml sets it
+    assert cli.model.loss.label_smoothing == 0.1  # only first.yaml sets it
     assert cli.model.hparams.arch == "resnet18"  # from configs/quickstart.yaml
     assert cli.datamodule.batch_size == 8  # from the shrink flags
     assert cli.model.hparams.num_classes == 3  # linked from the data, never typed
@@ -166,13 +196,13 @@ def test_compiled_model_checkpoint_loads_into_an_uncompiled_model(tiny_root, tmp
                         enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=True)])
     trainer.fit(model, datamodule)
-    assert model._compiled_network is not None  # the steps above ran the compiled graph
+    assert model.runner.compiled is not None  # the steps above ran the compiled graph
 
     state = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     assert [k for k in state if "_orig_mod" in k] == []
     plain = ImageClassifier.load_from_checkpoint(tmp_path / "last.ckpt", backbone=TinyNet, compile=False,
                                                  channels_last=False).eval()
-    assert plain._compiled_network is None
+    assert plain.runner.compiled is None
     images = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(plain(images), model.network.eval()(images), rtol=1e-5, atol=1e-5)

@@ -120,3 +120,14 @@ def test_torchrun_with_a_process_count_that_does_not_match_devices_stops_with_a_
     assert "torchrun started 2 processes but the Trainer expects 1" in result.stderr
     assert "--trainer.devices=2" in result.stderr
     assert not (tmp_path / "lightning_logs").exists()  # stopped before anything was written
+
+
+def test_ddp_with_the_progress_bar_gets_past_an_epoch_end_without_validation(tiny_root, tmp_path):
+    # Only rank 0 draws the bar, and reading the epoch's metrics for it reduces the sync_dist ones (train/effective_lr)
+    # there first; rank 1 went on into last.ckpt's agreement: both waited on each other (seen: a hang to the timeout).
+    args = ["fit", *tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=2", "--trainer.check_val_every_n_epoch=2",
+                              "--trainer.enable_progress_bar=true"), *CPU_DDP, "--ddp_timeout_minutes=1"]
+    result = run_project(args, timeout=240)
+    assert_ok(result)
+    last = tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 6  # 2 epochs of 3 steps per rank

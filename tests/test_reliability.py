@@ -165,11 +165,11 @@ def test_an_explicit_flag_wins_over_the_checkpoints_value_and_is_said(trained, t
 
     root = tmp_path / "run"
     shutil.copytree(trained, root)
-    cli = cli_main(["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=3", "--model.lr_per_256=0.8"),
+    cli = cli_main(["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=3", "--model.optim.lr_per_256=0.8"),
                     f"--ckpt_path={root / LAST}"])
-    assert cli.model.hparams.lr_per_256 == 0.8
+    assert cli.model.optim.lr_per_256 == 0.8
     assert cli.trainer.optimizers[0].param_groups[0]["initial_lr"] == pytest.approx(0.8 * 8 / 256)
-    assert "model.lr_per_256: 0.8 (given) instead of the checkpoint's 0.2" in caplog.text
+    assert "model.optim.lr_per_256: 0.8 (given) instead of the checkpoint's 0.2" in caplog.text
 
 
 def test_validate_with_another_arch_than_the_checkpoint_stops_naming_both(trained, tiny_root, tmp_path):
@@ -191,20 +191,44 @@ def test_a_checkpoint_of_other_data_names_both_class_counts(tiny_root, tmp_path)
 
 # -- one writer per run dir -------------------------------------------------------------------------------------------
 
+def wait_until_stopped(process: subprocess.Popen, timeout: float = 120) -> None:
+    """Until `process` is stopped (SIGSTOP: state T): alive, and holding whatever it holds, until SIGCONT."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+        if Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+            return
+        time.sleep(0.2)
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (DataLoader workers of a run)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 @pytest.mark.slow
 def test_a_second_fit_into_a_run_dir_in_use_stops_naming_the_first(trained, tiny_root, tmp_path):
     import shutil
 
     root = tmp_path / "run"
     shutil.copytree(trained, root)
-    args = ["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=6"), "--ckpt_path=last"]
-    first = start_project(args)
-    lock = root / "lightning_logs" / "version_0" / ".lock"
-    deadline = time.monotonic() + 120
-    while not (lock.exists() and f"pid {first.pid} " in lock.read_text()):
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-3000:]
-        time.sleep(0.2)
-    second = run_project(args)
+    args = ["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=3"), "--ckpt_path=last"]
+    # The first stops itself after its first resumed step (trained ends at step 10) and stays stopped until the
+    # second has exited: it provably holds the run dir the whole time, however long either takes to start.
+    first = start_project([*args, callback("stop_callbacks.SignalAtStep", step=11, signum=int(signal.SIGSTOP))])
+    try:
+        wait_until_stopped(first)
+        second = run_project(args)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err[-3000:]
     assert second.returncode == 2 and "Traceback" not in second.stderr
@@ -212,6 +236,35 @@ def test_a_second_fit_into_a_run_dir_in_use_stops_naming_the_first(trained, tiny
     version = root / "lightning_logs" / "version_0"
     assert len(list(version.glob("events.out.tfevents.*"))) == 2  # the first fit's and the resumed one's, no third
     assert sorted(p.name for p in version.glob("config*.yaml")) == ["config.1.yaml", "config.yaml"]
+
+
+@pytest.mark.slow
+def test_kill_9_leaves_no_lock_behind_though_its_dataloader_workers_outlive_it(tiny_root, tmp_path):
+    # Workers forked after the lock was taken outlive a kill -9 of their parent (by ~5 s; stopped here, for as long
+    # as the test needs): the lock must have died with the process that took it.
+    args = ["fit", *tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=2", "--data.num_workers=2",
+                              "--last_checkpoint.every_n_steps=1")]
+    first = start_project([*args, callback("stop_callbacks.SignalAtStep", step=2, signum=int(signal.SIGSTOP))])
+    wait_until_stopped(first)  # mid-epoch, last.ckpt at step 2, its workers alive
+    workers = children(first.pid)
+    assert len(workers) >= 2, workers
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        first.kill()
+        first.wait()
+        resumed = run_project([*args, "--ckpt_path=last"])
+        orphans = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    finally:
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert orphans == workers  # they were there, holding whatever they inherited, during the whole second run
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "is in use" not in resumed.stderr
+    assert torch.load(tmp_path / LAST, weights_only=True)["global_step"] == 10  # 2 epochs of 5 steps, resumed at 2
 
 
 # -- bounded hangs -----------------------------------------------------------------------------------------------------

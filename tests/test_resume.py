@@ -7,18 +7,21 @@ image, repeated augmentation, and a progressive-resizing ramp the kill lands in.
 """
 
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import CONFIGS, callback, run_project, start_project, tiny_args
+from conftest import CONFIGS, REPO, callback, project_env, run_project, start_project, tiny_args
 from project.cli import cli_main
 
 # 40 images in batches of 8: 5 steps per epoch on one process, 3 per rank (20 images each) under ddp x2.
 EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3",
           # the recipe ingredients: all their random draws must come out the same after a resume
-          "--model.mixup_alpha=0.2", "--model.cutmix_alpha=1.0", "--model.ema_decay=0.9", "--model.ema_every_n_steps=2",
+          "--model.loss.mixup_alpha=0.2", "--model.loss.cutmix_alpha=1.0",
+          callback("project.callbacks.ema.EMA", decay=0.9, every_n_steps=2, warmup_epochs=0.5),  # the quickstart's warmup
           "--data.auto_augment=trivialaugment_wide", "--data.random_erase_prob=0.5", "--data.ra_reps=2",
           # 24 px in epochs 0-1, 32 px in epoch 2: the kills below land in epoch 1
           "--data.progressive_resizing={start_size: 24, end_size: 32, start_epoch: 1, end_epoch: 2, multiple: 8}"]
@@ -90,6 +93,25 @@ def test_sigterm_to_the_process_group_saves_exits_143_and_resumes_as_the_uninter
     assert "Traceback" not in err
     ok(run_project(["fit", *args, "--ckpt_path=last"]))
     assert_same_training(final_state(tmp_path), reference)
+
+
+@pytest.mark.slow
+def test_sighup_is_a_sigterm_saves_exits_143_and_says_so_on_a_line_of_its_own(tiny_root, tmp_path):
+    # A closed terminal: SIGHUP to the whole process group (DataLoader workers too) while the progress bar is drawn;
+    # stdout and stderr in one stream, as a terminal shows them.
+    args = ["fit", *tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=2", "--trainer.enable_progress_bar=true",
+                              *WORKERS),
+            callback("stop_callbacks.SignalAtStep", step=2, signum=int(signal.SIGHUP), group=True)]
+    run = subprocess.Popen([sys.executable, "-m", "project", *args], cwd=REPO, env=project_env(), text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    out, _ = run.communicate(timeout=300)
+    assert run.returncode == 143, out[-3000:]
+    assert "Traceback" not in out
+    (line,) = [line for line in out.split("\n") if "stopped by SIGHUP" in line]
+    shown = line.split("\r")[-1]  # what stays visible of a line the bar redraws with carriage returns
+    assert shown.startswith(f"stopped by SIGHUP (as SIGTERM) at epoch 0, global step 3; last checkpoint: "
+                            f"{tmp_path / LAST}"), repr(line)
+    assert torch.load(tmp_path / LAST, map_location="cpu", weights_only=True)["global_step"] == 3
 
 
 def test_sigint_saves_and_exits_130_in_process(tiny_root, tmp_path):

@@ -17,7 +17,7 @@ import torch
 from jsonargparse import Namespace
 
 import slurm_cluster
-from conftest import REPO, read_scalars, tiny_args
+from conftest import REPO, TESTS, callback, read_scalars, tiny_args
 from project.run.resume import plan_run
 from test_resume import assert_same_training, final_state
 
@@ -46,22 +46,24 @@ def slurm(tmp_path_factory):
 
 
 def submit(slurm, sbatch_options: list[str], log: Path, args: list[str]) -> int:
-    return slurm.sbatch(*sbatch_options, f"--output={log}", SCRIPT, *args, cwd=REPO)
+    # tests/ importable in the job (stop_callbacks); sbatch exports the submitting environment to it
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    return slurm.sbatch(*sbatch_options, f"--output={log}", SCRIPT, *args, cwd=REPO, env={"PYTHONPATH": path})
+
+
+def wait_for_file(path: Path, slurm, job_id: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        state = slurm.job(job_id).get("JobState")
+        if state not in ("PENDING", "CONFIGURING", "RUNNING"):
+            pytest.fail(f"job {job_id} ended ({state}) before writing {path}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{path} not written within {timeout:.0f} s")
+        time.sleep(0.2)
 
 
 def global_step(checkpoint: Path) -> int:
     return torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"]
-
-
-def wait_for_lines(log: Path, text: str, count: int, slurm, job_id: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not (log.exists() and log.read_text(errors="replace").count(text) >= count):
-        state = slurm.job(job_id).get("JobState")
-        if state not in ("PENDING", "CONFIGURING", "RUNNING"):
-            pytest.fail(f"job {job_id} ended ({state}) before printing {text!r} {count}x:\n{log.read_text(errors='replace')}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"{text!r} not printed {count}x within {timeout:.0f} s:\n{log.read_text(errors='replace')}")
-        time.sleep(0.2)
 
 
 @dataclass
@@ -87,8 +89,10 @@ def jobs(slurm, tiny_root, tmp_path_factory) -> dict[str, Job]:
     out = tmp_path_factory.mktemp("jobs")
     specs = {
         "uninterrupted": (TWO_NODES, tiny_args(tiny_root, out / "uninterrupted", *EPOCHS)),
-        # Its progress bar (stderr, in the job log) tells the test when epoch 1 has started.
-        "preempted": (TWO_NODES, tiny_args(tiny_root, out / "preempted", *EPOCHS, "--trainer.enable_progress_bar=true")),
+        # Held as step 7 (epoch 1) starts until the signal has arrived: it cannot finish before the test signals it.
+        "preempted": (TWO_NODES, tiny_args(tiny_root, out / "preempted", *EPOCHS, "--trainer.enable_progress_bar=true",
+                                           callback("stop_callbacks.HoldUntilSignalled", step=7,
+                                                    marker=str(out / "preempted.held")))),
         # Two tasks on the node, but the user pins the Trainer to one device: two independent rank-0 runs, unless stopped.
         "mismatch": (TWO_TASKS, tiny_args(tiny_root, out / "mismatch", "--trainer.devices=1")),
         "no_data": (ONE_NODE, tiny_args(out / "no-such-dir", out / "no_data")),
@@ -104,8 +108,8 @@ def jobs(slurm, tiny_root, tmp_path_factory) -> dict[str, Job]:
 @pytest.mark.slow
 def test_preempted_job_checkpoints_requeues_and_resumes_to_the_weights_of_an_uninterrupted_job(slurm, jobs):
     job = jobs["preempted"]
-    # Mid-training: epoch 0 is done, 2 of the 3 epochs (10 steps) are left.
-    wait_for_lines(job.log, "Epoch 1:", 1, slurm, job.id, timeout=JOB_TIMEOUT)
+    # Mid-training: epoch 0 is done, rank 0 is held at step 7 of 15 until the signal reaches it.
+    wait_for_file(job.root.parent / "preempted.held", slurm, job.id, timeout=JOB_TIMEOUT)
     slurm.command("scancel", "--signal=USR1", str(job.id))
     record = slurm.wait_until_done(job.id, JOB_TIMEOUT)
     text = job.text()

@@ -3,6 +3,7 @@
     python -m pytest tests/test_which_checkpoint.py
 """
 
+import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 from jsonargparse import Namespace
 
 from project.errors import CheckpointError
-from project.run.resume import plan_run
+from project.run.resume import plan_run, start_run
 
 
 def write_checkpoint(path: Path, step: int, *, epoch: int = 0, mtime: float | None = None) -> Path:
@@ -156,3 +157,32 @@ def test_a_torchrun_restart_prefers_its_runs_newer_checkpoint_over_the_given_one
     assert plan_run("fit", fit_config(tmp_path, str(given))).ckpt_path == given  # the first attempt: as given
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
     assert plan_run("fit", fit_config(tmp_path, str(given))).ckpt_path == newer
+
+
+def _start_and_hold(root: Path, barrier, results, release) -> None:
+    barrier.wait()  # all at the same moment
+    config = fit_config(root)
+    plan = start_run("fit", config)
+    results.put((plan.run_dir.name, config.trainer.logger.init_args.version, os.getpid()))
+    release.wait(60)  # holding the lock until every run has claimed
+    plan.release()
+
+
+def test_fits_started_at_the_same_moment_each_claim_their_own_version_dir(tmp_path):
+    (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)
+    context = multiprocessing.get_context("fork")
+    barrier, results, release = context.Barrier(4), context.Queue(), context.Event()
+    runs = [context.Process(target=_start_and_hold, args=(tmp_path, barrier, results, release)) for _ in range(4)]
+    for run in runs:
+        run.start()
+    try:
+        claimed = sorted(results.get(timeout=60) for _ in runs)
+        assert [name for name, _, _ in claimed] == ["version_1", "version_2", "version_3", "version_4"]
+        for name, version, pid in claimed:
+            assert name == f"version_{version}"  # the logger is pinned to the dir it claimed
+            assert (tmp_path / "lightning_logs" / name / ".lock").read_text().startswith(f"pid {pid} ")
+    finally:
+        release.set()
+        for run in runs:
+            run.join(60)
+    assert [run.exitcode for run in runs] == [0, 0, 0, 0]

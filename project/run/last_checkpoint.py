@@ -1,5 +1,5 @@
 """last.ckpt, the one file a run resumes from: rewritten every few minutes of training, at every epoch end, and when
-a stop signal arrives (SIGTERM, SIGINT, Slurm's SIGUSR1), after which the run stops with an honest exit code.
+a stop signal arrives (SIGTERM, SIGHUP, SIGINT, Slurm's SIGUSR1), after which the run stops with an honest exit code.
 
     python -m project fit --config configs/quickstart.yaml --last_checkpoint.every_minutes 5
     python -m project fit --config configs/quickstart.yaml --ckpt_path last      # continues at the next batch
@@ -7,6 +7,7 @@ a stop signal arrives (SIGTERM, SIGINT, Slurm's SIGUSR1), after which the run st
 What a stop costs with the defaults (every_minutes 10, check_every_n_steps 10):
     kill -9, node failure      the training since the last save: at most 10 minutes (plus the epoch's validation)
     SIGTERM, SIGINT (Ctrl+C)   nothing: saved within 10 steps (1 step on one process), exit 143 / 130
+    SIGHUP (terminal closed)   as SIGTERM: saved, exit 143
     SIGUSR1 in a Slurm job     nothing: saved the same way, then `scontrol requeue`, exit 0 (1 if the requeue failed)
 A signal that arrives during validation is acted on at the first agreed batch end after it, or at the epoch's end.
 No save (timed, every_n_steps or on a signal) happens at a batch end right before a validation: a run resumed from
@@ -21,27 +22,29 @@ best-by-metric checkpoints are ModelCheckpoint's (`--checkpoint.*`).
 """
 
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from project.compat.sigterm_broadcast import take_over_lightning_sigterm
 from project.errors import CheckpointError, ConfigError
+from project.run.run_dirs import CHECKPOINTS, version_name
+from project.run.signals import STOP_SIGNALS, StopRequests, as_requested
 from project.run.slurm import requeue, slurm_job_id
-from project.run.signals import StopRequests
 from project.run.training_steps import after_optimizer_step, validation_follows
 
 LAST = "last.ckpt"
-_EXIT = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
 
 
 class RunStopped(SystemExit):
-    """The run stopped on a signal after saving last.ckpt; the exit code says which (143 SIGTERM, 130 SIGINT)."""
+    """The run stopped on a signal after saving last.ckpt; the exit code says which (143 SIGTERM or SIGHUP, 130
+    SIGINT)."""
 
 
 def checkpoint_dir(trainer: L.Trainer) -> Path:
@@ -51,9 +54,9 @@ def checkpoint_dir(trainer: L.Trainer) -> Path:
             return Path(callback.dirpath)
     if trainer.loggers:
         logger = trainer.loggers[0]
-        version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
-        return Path(logger.save_dir or trainer.default_root_dir, str(logger.name), version, "checkpoints")
-    return Path(trainer.default_root_dir, "checkpoints")
+        return Path(logger.save_dir or trainer.default_root_dir, str(logger.name), version_name(logger.version),
+                    CHECKPOINTS)
+    return Path(trainer.default_root_dir, CHECKPOINTS)
 
 
 class LastCheckpoint(Checkpoint):
@@ -105,12 +108,13 @@ class LastCheckpoint(Checkpoint):
     def _take_over_signals(self, trainer: L.Trainer) -> None:
         if self._stops is not None:
             return
-        signums = (signal.SIGTERM, signal.SIGINT) + ((signal.SIGUSR1,) if slurm_job_id() is not None else ())
+        signums = STOP_SIGNALS + ((signal.SIGUSR1,) if slurm_job_id() is not None else ())
         self._stops = StopRequests(signums)
-        # Ranks Lightning started itself may not get a SIGTERM sent to PID 1 (docker stop): rank 0 passes it on.
-        # Not SIGINT: a terminal sends it to every process already, and a second one means "stop now".
+        # Ranks Lightning started itself may not get a SIGTERM sent to PID 1 (docker stop): rank 0 passes it on
+        # (a SIGHUP as SIGTERM). Not SIGINT: a terminal sends it to every process already, and a second one means
+        # "stop now".
         kill = getattr(trainer.strategy.launcher, "kill", None) if trainer.is_global_zero else None
-        self._stops.install(forward=kill, forwarded=(signal.SIGTERM,))
+        self._stops.install(forward=kill, forwarded=(signal.SIGTERM, signal.SIGHUP))
         # Lightning's flag, set if a SIGTERM came before this: ours from now on. Its per-step broadcast of that
         # flag, a host sync on every DDP step, can go.
         if take_over_lightning_sigterm(trainer):
@@ -152,6 +156,10 @@ class LastCheckpoint(Checkpoint):
         # After the epoch's validation and ModelCheckpoint's save (Checkpoint callbacks run last, in list order).
         if self._stops is None:
             return
+        # The epoch's sync_dist metrics are reduced by whoever reads them first: on rank 0 the progress bar did, just
+        # before (only there: the others have no bar). Read here on every rank, that reduce comes before the
+        # collectives below on all of them; else rank 0 waits in _agree while the others wait in the metric's reduce.
+        trainer.callback_metrics  # noqa: B018
         self._save(trainer, "epoch end")
         signum, _ = self._agree(trainer, trainer.world_size > 1)  # a signal that came during the last steps or validation
         if signum:
@@ -196,6 +204,17 @@ class LastCheckpoint(Checkpoint):
                     rank_zero_warn(f"Slurm job {job_id}: {name} at {where}; saved {path}, but scontrol requeue failed "
                                    f"({why}): submit again with --ckpt_path {path}")
             raise RunStopped(code)
-        rank_zero_info(f"stopped by {name} at {where}; last checkpoint: {path} "
-                       f"(continue with the same command and --ckpt_path last)")
-        raise RunStopped(_EXIT.get(signum, 128 + signum))
+        as_term = " (as SIGTERM)" if signum != as_requested(signum) else ""
+        say(trainer, f"stopped by {name}{as_term} at {where}; last checkpoint: {path} "
+                     f"(continue with the same command and --ckpt_path last)")
+        raise RunStopped(128 + as_requested(signum))
+
+
+def say(trainer: L.Trainer, line: str) -> None:
+    """rank_zero_info on a line of its own: the progress bar's line (on stdout) has no end while it is drawn, and a
+    line written after it in a terminal would be glued to it."""
+    bar = trainer.progress_bar_callback
+    if trainer.is_global_zero and isinstance(bar, TQDMProgressBar) and bar.is_enabled:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    rank_zero_info(line)

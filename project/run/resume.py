@@ -2,10 +2,12 @@
 
     python -m project fit --config configs/quickstart.yaml --ckpt_path last
 
-`plan_run` is called once by the CLI, after parsing and before anything is built or written. A run dir is
-`<default_root_dir>/lightning_logs/<version>/` (TensorBoard events, config.yaml, checkpoints/). Every checkpoint it
-considers is loaded (weights_only, memory-mapped) before it is chosen; one that does not load is skipped with a line
-saying why (for `last` and restarts) or stops the run (an explicit path).
+`start_run` is the one entry: the CLI calls it once, after parsing and before anything is built. It decides, and
+hands along: the checkpoint, loaded once (weights_only, memory-mapped; the fit checks and Lightning's restore use that
+load, not the file), and the run dir `<default_root_dir>/lightning_logs/<version>/` (checkpoints/, config.yaml, the
+TensorBoard/CSV logger pinned to it), already created and locked by global rank 0 of a fit (project.run.lock): the
+version is chosen while it is claimed. Every checkpoint it considers is loaded before it is chosen; one that does
+not load is skipped with a line saying why (for `last` and restarts) or stops the run (an explicit path).
 
 | fit with                          | continues from                                     | writes into            |
 |-----------------------------------|----------------------------------------------------|------------------------|
@@ -27,26 +29,42 @@ from typing import Any, Optional
 
 from jsonargparse import Namespace
 
+from project.errors import CheckpointError, ConfigError, env_global_rank
 from project.run.checkpoint_io import PARTIAL_SUFFIX, load_trusted_format
-from project.errors import CheckpointError, ConfigError
 from project.run.launchers import torchelastic_restart
+from project.run.lock import RunLock, claim, claim_new_version
+from project.run.run_dirs import CHECKPOINTS, LOGS, logger_version, next_version, run_dir_of, version_name
 from project.run.slurm import slurm_job_id, slurm_restart_count
+from project.run.trackers import check_trackers, kind_of, logger_entries, point_trackers
 
-LOGS = "lightning_logs"
-CHECKPOINTS = "checkpoints"
 # Loggers whose directory is save_dir/name/version, so pinning `version` pins the directory.
-VERSIONED_LOGGERS = ("TensorBoardLogger", "CSVLogger")
 REQUIRED_KEYS = ("state_dict", "epoch", "global_step")
 
 
 @dataclass
 class RunPlan:
     ckpt_path: Optional[Path] = None
-    run_dir: Optional[Path] = None  # None: Lightning decides (not fit, or a logger we cannot pin)
+    checkpoint: Optional[dict[str, Any]] = None  # ckpt_path's contents, loaded once; handed on by take_checkpoint
+    run_dir: Optional[Path] = None  # None: not a fit (Lightning decides where validate/test/predict log)
     fresh: bool = True  # a new run dir (fit without a checkpoint, or from one outside <root>)
     reason: str = ""
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     hparams: dict[str, Any] = field(default_factory=dict)  # the chosen checkpoint's model hyperparameters
+    lock: Optional[RunLock] = None  # rank 0 of a fit: the run dir is created and locked until release()
+
+    def take_checkpoint(self) -> Optional[dict[str, Any]]:
+        """The loaded checkpoint, once: the plan keeps no reference (its memory map goes with its last user)."""
+        checkpoint, self.checkpoint = self.checkpoint, None
+        return checkpoint
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+    def remove_failed_start(self) -> None:
+        """A start that failed before training: remove what this process created for the run (see RunLock)."""
+        if self.lock is not None:
+            self.lock.remove_failed_start()
 
 
 def describe_checkpoint(path: Path) -> dict[str, Any]:
@@ -83,35 +101,17 @@ def first_loadable(candidates: list[Path], plan: RunPlan) -> Optional[tuple[Path
     return None
 
 
-def run_dir_of(checkpoint: Path, logs: Path) -> Optional[Path]:
-    """<logs>/<version> for a checkpoint in its checkpoints/ (or in the run dir itself), else None."""
-    path = checkpoint.resolve()
-    logs = logs.resolve()
-    if path.parent.name == CHECKPOINTS and path.parent.parent.parent == logs:
-        return path.parent.parent
-    if path.parent.parent == logs:
-        return path.parent
-    return None
-
-
-def version_number(name: str) -> int | str:
-    """TensorBoardLogger writes `version_{int}` for ints and the string itself otherwise."""
-    prefix = "version_"
-    return int(name[len(prefix):]) if name.startswith(prefix) and name[len(prefix):].isdigit() else name
-
-
-def next_version(logs: Path) -> int:
-    """As TensorBoardLogger counts: one past the highest version_N in the logs dir."""
-    numbers = [int(p.name[8:]) for p in logs.glob("version_*") if p.is_dir() and p.name[8:].isdigit()]
-    return max(numbers, default=-1) + 1
+def _file_loggers(trainer: Namespace) -> list[Namespace]:
+    """The configured TensorBoard/CSV loggers (one, or in a list), whose directory is save_dir/name/version."""
+    return [entry for entry in logger_entries(trainer) if kind_of(entry) in ("tensorboard", "csv")]
 
 
 def logs_dir(trainer: Namespace, root: Path) -> Path:
-    """Where the runs' version dirs live: the TensorBoard/CSV logger's save_dir/name (by default
-    <root>/lightning_logs); for any other logger, or none, <root>/lightning_logs, where our checkpoints then go."""
-    logger = trainer.logger
-    if isinstance(logger, Namespace) and pinnable(trainer):
-        args = logger.get("init_args") or Namespace()
+    """Where the runs' version dirs live: the first TensorBoard/CSV logger's save_dir/name (by default
+    <root>/lightning_logs); for other loggers only, or none, <root>/lightning_logs, where our checkpoints then go."""
+    files = _file_loggers(trainer)
+    if files:
+        args = files[0].get("init_args") or Namespace()
         save_dir = Path(args.get("save_dir") or root)
         name = args.get("name", LOGS)
         return save_dir / name if name else save_dir
@@ -119,27 +119,32 @@ def logs_dir(trainer: Namespace, root: Path) -> Path:
 
 
 def pinnable(trainer: Namespace) -> bool:
-    """True when the run's logger writes to save_dir/lightning_logs/<version> (the default one, TensorBoard, CSV)."""
-    logger = trainer.logger
-    if logger in (None, True):
-        return True
-    return isinstance(logger, Namespace) and str(logger.get("class_path", "")).rsplit(".", 1)[-1] in VERSIONED_LOGGERS
+    """True when the run's first logger writes to save_dir/name/<version> (the default one, TensorBoard, CSV), so
+    Lightning puts the checkpoints into the run dir by itself."""
+    entries = logger_entries(trainer)
+    return trainer.logger in (None, True) or bool(entries) and kind_of(entries[0]) in ("tensorboard", "csv")
 
 
 def pin_logger_version(trainer: Namespace, save_dir: Path, version: int | str) -> None:
     """Make the run log into its version dir (edits the parsed trainer config in place).
 
-    The default logger becomes a TensorBoardLogger in <save_dir>/lightning_logs pinned to that version; a configured
-    TensorBoard or CSV logger gets the version (its save_dir and name kept); any other logger is left as configured.
+    The default logger becomes a TensorBoardLogger in <save_dir>/lightning_logs pinned to that version; every
+    configured TensorBoard or CSV logger writes into the first one's save_dir/name with that version, so all of them
+    share the run dir; other loggers are left to project.run.trackers.
     """
-    logger = trainer.logger
-    if logger in (None, True):
+    if trainer.logger in (None, True):
         trainer.logger = Namespace(
             class_path="lightning.pytorch.loggers.TensorBoardLogger",
             init_args=Namespace(save_dir=str(save_dir), name=LOGS, version=version),
         )
-    elif pinnable(trainer):
-        logger.init_args.version = version
+        return
+    files = _file_loggers(trainer)
+    if not files:
+        return
+    first = files[0].init_args
+    for entry in files:
+        entry.init_args.save_dir, entry.init_args.name = first.get("save_dir"), first.get("name", LOGS)
+        entry.init_args.version = version
 
 
 def _resolve_explicit(ckpt_path: str, plan: RunPlan) -> tuple[Path, dict]:
@@ -151,10 +156,17 @@ def _skipped_note(plan: RunPlan) -> str:
     return "".join(f"; skipped {path} ({why})" for path, why in plan.skipped)
 
 
-def plan_run(subcommand: str, config: Namespace) -> RunPlan:
+def start_run(subcommand: str, config: Namespace) -> RunPlan:
+    """The CLI's one call: plan_run, with the run dir claimed by global rank 0 of a fit (the other ranks write
+    nothing and rely on its lock). The caller ends it: plan.release(), or plan.remove_failed_start()."""
+    return plan_run(subcommand, config, claim_run_dir=subcommand == "fit" and env_global_rank() == 0)
+
+
+def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False) -> RunPlan:
     """Decide the checkpoint and run dir of `subcommand` and write them into the parsed `config` (in place).
 
-    Reads files only; the run dir is created and locked later, by project.run.lock, when the run starts.
+    Without claim_run_dir it only reads files (a fresh run's version is the next free one now); with it, the run dir
+    is created and locked while it is chosen (RunDirInUse if a live run holds it).
     """
     trainer = config.trainer
     root_text = str(trainer.default_root_dir or os.getcwd())
@@ -162,6 +174,8 @@ def plan_run(subcommand: str, config: Namespace) -> RunPlan:
         raise ConfigError(f"trainer.default_root_dir {root_text}: runs write to a local or mounted filesystem here "
                           "(atomic checkpoints, the run lock, resume); point it at a mounted path")
     root = Path(root_text.removeprefix("file://"))
+    if subcommand == "fit":
+        check_trackers(trainer)  # a missing package, MLflow's file store, a server that does not answer: one line
     logs = logs_dir(trainer, root)
     checkpoint_group = config.get("checkpoint")
     given_dir = Path(checkpoint_group.dirpath) if checkpoint_group is not None and checkpoint_group.get("dirpath") else None
@@ -197,8 +211,8 @@ def plan_run(subcommand: str, config: Namespace) -> RunPlan:
     plan.reason += _skipped_note(plan)
 
     if chosen is not None:
-        plan.ckpt_path, checkpoint = chosen
-        plan.hparams = dict(checkpoint.get("hyper_parameters") or {})
+        plan.ckpt_path, plan.checkpoint = chosen
+        plan.hparams = dict(plan.checkpoint.get("hyper_parameters") or {})
         config.ckpt_path = str(plan.ckpt_path)
     elif requested == "last":
         config.ckpt_path = None
@@ -210,17 +224,21 @@ def plan_run(subcommand: str, config: Namespace) -> RunPlan:
 
     if given_dir is not None:  # the user chose where checkpoints go: that folder's parent is the run dir
         plan.run_dir, plan.fresh = given_dir.parent, False
-        return plan
-    if job_dir is not None:
+    elif job_dir is not None:
         plan.run_dir = job_dir
         plan.fresh = not job_dir.exists()
     elif plan.ckpt_path is not None and (existing := run_dir_of(plan.ckpt_path, logs)) is not None:
         plan.run_dir, plan.fresh = existing, False
-    else:
-        plan.run_dir = logs / f"version_{next_version(logs)}"
-    if pinnable(trainer):
-        pin_logger_version(trainer, root, version_number(plan.run_dir.name))
-    elif checkpoint_group is not None:
+    if claim_run_dir:
+        plan.lock = claim(plan.run_dir) if plan.run_dir is not None else claim_new_version(logs)
+        plan.run_dir = plan.lock.run_dir
+    elif plan.run_dir is None:
+        plan.run_dir = logs / version_name(next_version(logs))
+    point_trackers(trainer, plan.run_dir, resuming=not plan.fresh)
+    if given_dir is not None:
+        return plan
+    pin_logger_version(trainer, root, logger_version(plan.run_dir.name))
+    if not pinnable(trainer) and checkpoint_group is not None:
         # A logger that writes elsewhere (W&B, MLflow, none): checkpoints still go to the run dir this plan locks
         # and a resume searches.
         checkpoint_group.dirpath = str(plan.run_dir / CHECKPOINTS)

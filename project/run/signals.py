@@ -1,20 +1,27 @@
-"""Stop requests: SIGTERM, SIGINT and (in a Slurm job) SIGUSR1 only set a flag; the training loop acts on it.
+"""Stop requests: SIGTERM, SIGHUP, SIGINT and (in a Slurm job) SIGUSR1 only set a flag; the training loop acts on it.
 
     kill -TERM <pid>      # or docker stop, a Kubernetes eviction, scancel, Ctrl+C: checkpoint at the next batch end
+    kill -HUP <pid>       # a closed terminal or ssh session: the same as SIGTERM (save, exit 143)
 
 Anything more inside a signal handler can deadlock a distributed job: the handler interrupts the main thread wherever
 it is, possibly inside a collective (Lightning's handlers broadcast and save from there, Lightning #20825, #21406).
 Here the handler records the signal and passes a SIGTERM on to the ranks Lightning started itself (they may not have
 received it: `docker stop` signals PID 1 only); project.run.last_checkpoint then has all ranks agree on it at a
 batch end, save, and stop. A second Ctrl+C stops at once (SIGINT is not passed on: a terminal sends it to every
-process of the job already, and a passed-on copy would look like a second one). DataLoader workers ignore these signals (their process
-group may receive them too): the main process ends them when it stops.
+process of the job already, and a passed-on copy would look like a second one). DataLoader workers ignore these
+signals (their process group may receive them too): the main process ends them when it stops.
 """
 
 import signal
 from typing import Any, Callable, Optional
 
 Forward = Callable[[int], None]
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+def as_requested(signum: int) -> int:
+    """What a stop signal asks for: SIGHUP (the terminal went away) is a SIGTERM; the others are themselves."""
+    return signal.SIGTERM if signum == signal.SIGHUP else signum
 
 
 class StopRequests:
@@ -43,7 +50,7 @@ class StopRequests:
         first = not self.received
         self.received = self.received or signum
         if first and self._forward is not None and signum in self._forwarded:
-            self._forward(signum)
+            self._forward(as_requested(signum))
 
     def restore(self) -> None:
         for signum, handler in self._previous.items():
@@ -53,5 +60,5 @@ class StopRequests:
 
 def ignore_stop_signals(worker_id: int) -> None:
     """DataLoader worker_init_fn: a worker ignores the stop signals its process group gets; its parent stops it."""
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    for signum in (*STOP_SIGNALS, signal.SIGUSR1):
         signal.signal(signum, signal.SIG_IGN)
