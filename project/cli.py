@@ -51,6 +51,15 @@ from project.strategies.sync_batchnorm import SyncBatchNormAnyBackend
 from project.weights import eval_sizes
 
 
+def image_sizes(data: ImageNetDataModule) -> dict[str, int]:
+    """model.image_sizes: the side of every image the data module gives the network, by the option that sets it."""
+    ramp = data.hparams.get("progressive_resizing")
+    train = ({"data.progressive_resizing.start_size": ramp["start_size"],
+              "data.progressive_resizing.end_size": ramp["end_size"]} if ramp else
+             {"data.train_crop_size": data.hparams.train_crop_size})
+    return {**train, "data.eval_crop_size": data.hparams.eval_crop_size}
+
+
 def run_seed(seed_everything) -> int:
     """The run seed the data order and augmentations derive from; `seed_everything: false` gives 0."""
     return seed_everything if isinstance(seed_everything, int) and not isinstance(seed_everything, bool) else 0
@@ -88,6 +97,7 @@ class ImageClassifierCLI(CheckpointReadOnceCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data", "model.image_sizes", compute_fn=image_sizes, apply_on="instantiate")
         parser.link_arguments("data.batch_size", "model.batch_size")
         parser.link_arguments("seed_everything", "data.seed", compute_fn=run_seed)
         parser.link_arguments("seed_everything", "model.seed", compute_fn=run_seed)

@@ -1,0 +1,180 @@
+"""Experiment trackers: MLflow against a real `mlflow server` (sqlite, on 127.0.0.1), W&B offline, CSV, as a list.
+
+    python -m pytest tests/test_trackers.py
+
+A run stopped by SIGTERM and resumed with `--ckpt_path last` is ONE tracked run whose curves continue, and ONE run dir
+with the checkpoints, config.yaml and every file-based logger's output; bad tracker settings are one line each.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import callback, read_scalars, run_project, tiny_args
+
+pytestmark = pytest.mark.slow
+mlflow = pytest.importorskip("mlflow", reason="the tracking extra: pip install -e '.[tracking]'")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server (sqlite backend, artifacts in a temp folder) on 127.0.0.1; stopped after."""
+    home = tmp_path_factory.mktemp("mlflow")
+    port = _free_port()
+    command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
+               "--default-artifact-root", str(home / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+               "--workers", "1"]
+    log = open(home / "server.log", "w")
+    server = subprocess.Popen(command, cwd=home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(uri + "/health", timeout=2) as answer:
+                if answer.status == 200:
+                    break
+        except OSError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            pytest.fail(f"mlflow server did not start: {(home / 'server.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+    yield uri
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+    log.close()
+
+
+def _loggers(*entries: dict) -> str:
+    return "--trainer.logger=" + json.dumps(list(entries))
+
+
+def _tensorboard(root: Path) -> dict:
+    return {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": str(root)}}
+
+
+def _mlflow(uri: str, experiment: str) -> dict:
+    return {"class_path": "lightning.pytorch.loggers.MLFlowLogger",
+            "init_args": {"tracking_uri": uri, "experiment_name": experiment}}
+
+
+def _stop_then_resume(tiny_root: Path, root: Path, *extra: str, env: dict | None = None):
+    """fit 2 epochs stopped by SIGTERM in epoch 1 (exit 143), then `--ckpt_path last` to the end (exit 0)."""
+    args = tiny_args(tiny_root, root, "--trainer.max_epochs=2", *extra)
+    stopped = run_project(["fit", *args, callback("stop_callbacks.SignalAtStep", step=7, signum=int(signal.SIGTERM))],
+                          env=env)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    resumed = run_project(["fit", *args, "--ckpt_path", "last"], env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return stopped, resumed
+
+
+def test_tensorboard_and_mlflow_stopped_and_resumed_is_one_mlflow_run_and_one_run_dir(tiny_root, tmp_path,
+                                                                                       mlflow_server):
+    stopped, resumed = _stop_then_resume(tiny_root, tmp_path, _loggers(_tensorboard(tmp_path), _mlflow(mlflow_server, "resume")))
+
+    client = mlflow.tracking.MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name("resume")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1, [r.info.run_id for r in runs]
+    run = runs[0]
+    run_dir = tmp_path / "lightning_logs" / "version_0"
+    tensorboard = read_scalars(run_dir)
+    # 2 epochs of 5 steps; the step the stop was taken at is trained but not logged (by TensorBoard neither)
+    for name, count in (("val/acc1", 2), ("train/loss", 9)):
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, name))
+        assert len(steps) == len(set(steps)) == count, (name, steps)  # each step once: one run, no counter restart
+        assert steps == sorted(step for step, _ in tensorboard[name]), (name, steps)  # TensorBoard's steps
+    params = run.data.params
+    assert params["model.arch"] == "resnet18" and params["trainer.max_epochs"] == "2"
+    assert run.data.tags.get("git_commit") or not (Path(__file__).parents[1] / ".git").exists()
+    artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
+    assert "config.yaml" in artifacts, artifacts
+    assert run.info.status == "FINISHED"
+
+    versions = sorted(p.name for p in (tmp_path / "lightning_logs").iterdir())
+    assert versions == ["version_0"], versions
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and (run_dir / "config.yaml").is_file()
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    assert json.loads((run_dir / "trackers.json").read_text())["mlflow"] == run.info.run_id
+    last_line = [line for line in (resumed.stdout + resumed.stderr).splitlines() if line.startswith("run dir ")][-1]
+    assert f"MLflow {mlflow_server}/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}" in last_line
+    assert f"tensorboard --logdir {tmp_path / 'lightning_logs'}" in last_line
+
+
+def test_wandb_offline_stopped_and_resumed_keeps_one_run_id_inside_the_run_dir(tiny_root, tmp_path):
+    pytest.importorskip("wandb")
+    wandb_logger = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"project": "resume"}}
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    stopped, resumed = _stop_then_resume(tiny_root, tmp_path, _loggers(_tensorboard(tmp_path), wandb_logger), env=env)
+
+    run_dir = tmp_path / "lightning_logs" / "version_0"
+    offline_runs = sorted((run_dir / "wandb").glob("offline-run-*"))
+    ids = {path.name.rsplit("-", 1)[-1] for path in offline_runs}
+    assert len(offline_runs) == 2 and len(ids) == 1, offline_runs  # two starts, one W&B run
+    assert json.loads((run_dir / "trackers.json").read_text())["wandb"] == ids.pop()
+    assert sorted(p.name for p in (tmp_path / "lightning_logs").iterdir()) == ["version_0"]
+    assert "wandb sync" in resumed.stdout + resumed.stderr
+
+
+def test_csv_beside_tensorboard_writes_into_the_one_run_dir(tiny_root, tmp_path):
+    csv = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "elsewhere"}}
+    result = run_project(["fit", *tiny_args(tiny_root, tmp_path, _loggers(_tensorboard(tmp_path), csv))])
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "lightning_logs" / "version_0"
+    assert sorted(p.name for p in (tmp_path / "lightning_logs").iterdir()) == ["version_0"]
+    assert (run_dir / "metrics.csv").is_file() and list(run_dir.glob("events.out.tfevents.*"))
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+def _one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert lines and lines[-1].startswith("error: "), lines[-5:]
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[-1], lines[-1]
+
+
+def test_an_unreachable_tracking_server_is_one_line_and_nothing_is_written(tiny_root, tmp_path):
+    uri = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    result = run_project(["fit", *tiny_args(tiny_root, tmp_path, _loggers(_mlflow(uri, "x")))])
+    _one_line_error(result, uri, "does not answer", "mlflow server")
+    assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_mlflows_refused_file_store_is_one_line_naming_the_fix(tiny_root, tmp_path):
+    result = run_project(["fit", *tiny_args(tiny_root, tmp_path, _loggers(_mlflow(f"file://{tmp_path}/mlruns", "x")))],
+                         env={"MLFLOW_ALLOW_FILE_STORE": ""})
+    _one_line_error(result, "file store", "sqlite:///")
+    assert not (tmp_path / "lightning_logs").exists() and not (tmp_path / "mlruns").exists()
+
+
+def test_a_missing_tracker_package_is_one_line_naming_the_extra(tiny_root, tmp_path):
+    # A folder first on sys.path whose `mlflow` fails to import as an absent package does.
+    hide = tmp_path / "hide" / "mlflow"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'mlflow'\", name='mlflow')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(hide.parent), str(Path(__file__).parent)])}
+    result = run_project(["fit", *tiny_args(tiny_root, tmp_path / "run", _loggers(_mlflow("http://127.0.0.1:1", "x")))],
+                         env=env)
+    _one_line_error(result, "mlflow", '.[tracking]')
+    assert not (tmp_path / "run").exists()
+
