@@ -10,6 +10,7 @@ weights, export and the checkpoint checks find the network as `pl_module.network
 import difflib
 import re
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Optional, Protocol, runtime_checkable
 
 import torch
@@ -100,13 +101,16 @@ def _options_for_weights(arch: str, entry: WeightsEnum) -> dict:
 
 
 def build_network(
-    arch: str, num_classes: int, *, zero_init_residual: bool = False, weights: Optional[str] = None
+    arch: str, num_classes: int, *, zero_init_residual: bool = False, weights: Optional[str] = None,
+    image_sizes: Optional[Mapping[str, int]] = None,
 ) -> nn.Module:
     """Build a randomly initialised torchvision classifier by name.
 
     `weights`, when it names a torchvision weights entry of arch, shapes the network the way those weights need
     (ViT's image size, GoogLeNet's input transform); the weights themselves are loaded by project.weights. A path or
-    None changes nothing.
+    None changes nothing. `image_sizes`, the side of every image the network will see keyed by the option that sets
+    it ({"data.train_crop_size": 32, ...}), builds a ViT for that size (torchvision's `image_size`; weights that fix
+    one win) and refuses, naming the option, a size the network cannot take (check_image_sizes).
     """
     if arch not in ARCHS:
         raise ConfigError(unknown_arch_message(arch))
@@ -123,7 +127,73 @@ def build_network(
     entry = torchvision_weights(arch, weights) if weights is not None else None
     if entry is not None:
         options.update(_options_for_weights(arch, entry))
-    return models.get_model(arch, weights=None, num_classes=num_classes, **options)
+    sizes = dict(image_sizes or {})
+    if sizes and family_of(arch) == "vision_transformer" and "image_size" not in options:
+        # The first size is the training crop's; a ViT cannot take a second one, which check_image_sizes then names.
+        key, side = next(iter(sizes.items()))
+        patch = vit_patch_size(arch)
+        if side % patch:
+            raise ConfigError(f"model.arch {arch} cuts images into {patch} px patches: {key}={side} is not a multiple "
+                              f"of {patch}; set {_options(sizes)} to one such size (e.g. {_multiple(side, patch)})")
+        options["image_size"] = side
+    network = models.get_model(arch, weights=None, num_classes=num_classes, **options)
+    check_image_sizes(network, sizes, arch=arch, weights=weights)
+    return network
+
+
+def vit_patch_size(arch: str) -> int:
+    """The patch side of a torchvision ViT (16 for vit_b_16), read from one built on the meta device (no memory)."""
+    with torch.device("meta"):
+        return models.get_model(arch, weights=None).patch_size
+
+
+def _multiple(side: int, patch: int) -> int:
+    return -(-side // patch) * patch  # the next one up
+
+
+def image_size_problem(network: nn.Module, side: int) -> Optional[str]:
+    """Why `network` cannot take a batch of side x side images (the first line of its own error), or None if it can.
+
+    One training-mode forward with the network's tensors swapped for meta ones (torch.func.functional_call): shapes
+    only, no compute, no copy of the weights, the network's own tensors untouched. Every torchvision classifier runs
+    on the meta device; a network of your own may use an op that does not, which is why the model probes only these.
+    """
+    tensors = {name: torch.empty_like(tensor, device="meta")
+               for name, tensor in (*network.named_parameters(), *network.named_buffers())}
+    images = torch.empty(2, 3, side, side, device="meta")  # 2: BatchNorm refuses one value per channel in training
+    try:
+        with torch.no_grad():
+            torch.func.functional_call(network, tensors, (images,))
+    except Exception as error:  # noqa: BLE001  any failure of the forward is the answer
+        line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return line if len(line) <= 110 else line[:110].rsplit(" ", 1)[0] + " ..."
+    return None
+
+
+def _options(keys) -> str:
+    """data.a, data.b and data.c"""
+    keys = list(keys)
+    return keys[0] if len(keys) == 1 else f"{', '.join(keys[:-1])} and {keys[-1]}"
+
+
+def check_image_sizes(network: nn.Module, image_sizes: Mapping[str, int], *, arch: str,
+                      weights: Optional[str] = None) -> None:
+    """ConfigError (one line naming the option, what the network takes) for the first size it cannot take."""
+    entry = torchvision_weights(arch, weights) if weights is not None else None
+    for key, side in image_sizes.items():
+        reason = image_size_problem(network, side)
+        if reason is None:
+            continue
+        fixed = getattr(network, "image_size", None)  # a ViT: position embeddings for one image size
+        if isinstance(fixed, int) and entry is not None:
+            fix = f"its weights {weights} take {fixed} px images only: set {_options(image_sizes)} to {fixed}"
+        elif isinstance(fixed, int):
+            fix = (f"a ViT takes images of one size, a multiple of its {network.patch_size} px patches: set "
+                   f"{_options(image_sizes)} to one such size")
+        else:
+            smallest = min(e.meta["min_size"][0] for e in models.get_model_weights(arch))
+            fix = f"its torchvision weights take {smallest} px or more: set {key} to at least {smallest}"
+        raise ConfigError(f"model.arch {arch} cannot take the {side} px images of {key} ({reason}): {fix}")
 
 
 def build_resnet(arch: str, num_classes: int, *, zero_init_residual: bool = False) -> nn.Module:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torchvision.transforms import v2
 
 from project.errors import ConfigError
+from project.option_types import BelowOne, NonNegativeFloat, UnitInterval, check_fields
 
 
 class BatchMixer:
@@ -93,17 +94,25 @@ class Loss:
 
     Args:
         name: "cross_entropy", or "bce" (binary cross-entropy per class, the "ResNet strikes back" recipe).
-        label_smoothing: label smoothing of the training loss (combined with MixUp/CutMix targets).
-        bce_target_threshold: with name "bce", binarize the (mixed, smoothed) targets above this (RSB A1: 0.2).
-        mixup_alpha: MixUp's Beta(alpha, alpha) on the training batch (0 disables).
-        cutmix_alpha: CutMix's alpha (0 disables); with both on, one of the two per batch.
+        label_smoothing: label smoothing of the training loss, in [0, 1) (combined with MixUp/CutMix targets).
+        bce_target_threshold: with name "bce", binarize the (mixed, smoothed) targets above this, in [0, 1] (RSB A1:
+            0.2).
+        mixup_alpha: MixUp's Beta(alpha, alpha) on the training batch, >= 0 (0 disables).
+        cutmix_alpha: CutMix's alpha, >= 0 (0 disables); with both on, one of the two per batch.
     """
 
     name: Literal["cross_entropy", "bce"] = "cross_entropy"
-    label_smoothing: float = 0.0
-    bce_target_threshold: Optional[float] = None
-    mixup_alpha: float = 0.0
-    cutmix_alpha: float = 0.0
+    label_smoothing: BelowOne = 0.0
+    bce_target_threshold: Optional[UnitInterval] = None
+    mixup_alpha: NonNegativeFloat = 0.0
+    cutmix_alpha: NonNegativeFloat = 0.0
+
+    def __post_init__(self) -> None:
+        # The command line's values were checked while parsing; these are a Python caller's or a checkpoint's.
+        check_fields(self, "model.loss")
+        if self.bce_target_threshold is not None and self.name != "bce":
+            raise ConfigError(f"model.loss.bce_target_threshold applies to model.loss.name=bce, got {self.name}: set "
+                              "--model.loss.name=bce or drop --model.loss.bce_target_threshold")
 
     def mixer(self, num_classes: int) -> BatchMixer:
         return BatchMixer(num_classes, self.mixup_alpha, self.cutmix_alpha)

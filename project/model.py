@@ -24,6 +24,7 @@ from project.backbones import NetworkRunner, build_network
 from project.callbacks.finetuning import FineTuning, FreezeBackbone
 from project.errors import ConfigError
 from project.mixing import Loss
+from project.option_types import PositiveInt, check_arguments
 from project.optim import (Optimization, ResumedOptimizerSettings, build_optimization, check_optimizer_state_fits,
                            scaled_lr)
 from project.seeds import StepSeed, batch_seed
@@ -44,7 +45,7 @@ class ImageClassifier(L.LightningModule):
 
     def __init__(
         self,
-        num_classes: int = 1000,
+        num_classes: PositiveInt = 1000,
         arch: str = "resnet50",
         backbone: Optional[Callable[[int], nn.Module]] = None,
         zero_init_residual: bool = False,
@@ -53,8 +54,9 @@ class ImageClassifier(L.LightningModule):
         loss: Loss = Loss(),
         channels_last: bool = False,
         compile: bool = False,
-        batch_size: Optional[int] = None,
+        batch_size: Optional[PositiveInt] = None,
         seed: int = 0,
+        image_sizes: Optional[dict[str, PositiveInt]] = None,
     ):
         """
         Args:
@@ -72,15 +74,25 @@ class ImageClassifier(L.LightningModule):
                 the LR with the global batch.
             seed: the run seed, linked from seed_everything: the model's random stream at each step and the
                 MixUp/CutMix draws of each batch derive from it.
+            image_sizes: the side of every image the network will see, by the option that sets it
+                ({"data.train_crop_size": 32, "data.eval_crop_size": 32}); linked from the data module, never set by
+                hand. A ViT is built for that size; an `arch` that cannot take one is refused at once.
         """
+        # The command line's values were checked while parsing; these are a Python caller's or a checkpoint's.
+        checked = check_arguments(ImageClassifier.__init__, locals(), "model")
+        num_classes, batch_size, image_sizes = checked["num_classes"], checked["batch_size"], checked["image_sizes"]
+        if zero_init_residual and backbone is not None:
+            raise ConfigError("model.zero_init_residual applies to the torchvision ResNets of model.arch, and "
+                              "model.backbone replaces them: drop --model.zero_init_residual")
         super().__init__()
         self.finetune, self.optim, self.loss = _group(FineTuning, finetune), _group(Optimization, optim), _group(Loss, loss)
         # save_hyperparameters reads these locals (the CLI passes its parsed config instead): plain dicts, so that
         # checkpoints load with weights_only=True and their hparams parse back through the CLI.
         finetune, optim, loss = asdict(self.finetune), asdict(self.optim), asdict(self.loss)
-        self.save_hyperparameters(ignore=["backbone"])
+        self.save_hyperparameters(ignore=["backbone"], logger=False)  # the trackers get the whole config instead
         self.network = backbone(num_classes) if backbone is not None else build_network(
-            arch, num_classes, zero_init_residual=zero_init_residual, weights=self.finetune.weights
+            arch, num_classes, zero_init_residual=zero_init_residual, weights=self.finetune.weights,
+            image_sizes=image_sizes,
         )
         self._custom_network = backbone is not None
         self.runner = NetworkRunner(channels_last=channels_last, compile=compile)

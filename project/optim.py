@@ -19,6 +19,8 @@ from torch import nn
 
 from project.backbones import classifier_head
 from project.errors import CheckpointError, ConfigError
+from project.option_types import (BelowOne, NonNegativeFloat, NonNegativeInt, PositiveFloat, ShrinkFactor,
+                                  check_fields)
 
 
 @dataclass(frozen=True)
@@ -27,32 +29,49 @@ class Optimization:
 
     Args:
         optimizer: "sgd" (momentum, nesterov), "adamw" (adamw_betas, eps) or "rmsprop" (momentum, eps; alpha 0.9).
-        lr_per_256: learning rate per 256 images; the real LR is scaled by the global batch at setup.
-        momentum: SGD/RMSprop momentum.
-        nesterov: use Nesterov momentum (SGD).
-        adamw_betas: AdamW's betas.
-        eps: AdamW/RMSprop epsilon (None: torch's default).
-        weight_decay: weight decay (decoupled for AdamW).
+        lr_per_256: learning rate per 256 images (> 0); the real LR is scaled by the global batch at setup.
+        momentum: SGD/RMSprop momentum, in [0, 1).
+        nesterov: use Nesterov momentum (SGD, with a momentum).
+        adamw_betas: AdamW's betas, each in [0, 1).
+        eps: AdamW/RMSprop epsilon (None: torch's default; SGD has none).
+        weight_decay: weight decay, >= 0 (decoupled for AdamW).
         decay_norm_and_bias: apply weight decay to norm weights and biases too (False excludes them).
         schedule: after the warmup, "cosine" decay to 0, "linear" decay to 0 (FFCV), or "step" decay by
             `step_gamma` at `step_milestones` (epochs).
-        warmup_epochs: linear warmup length in epochs (fractions allowed), stepped per optimizer step.
-        step_milestones: epochs at which the "step" schedule multiplies the LR by `step_gamma`.
-        step_gamma: the "step" schedule's factor.
+        warmup_epochs: linear warmup length in epochs, >= 0 (fractions allowed), stepped per optimizer step.
+        step_milestones: increasing epochs at which the "step" schedule multiplies the LR by `step_gamma`.
+        step_gamma: the "step" schedule's factor, in (0, 1].
     """
 
     optimizer: Literal["sgd", "adamw", "rmsprop"] = "sgd"
-    lr_per_256: float = 0.1
-    momentum: float = 0.9
+    lr_per_256: PositiveFloat = 0.1
+    momentum: BelowOne = 0.9
     nesterov: bool = False
-    adamw_betas: tuple[float, float] = (0.9, 0.999)
-    eps: Optional[float] = None
-    weight_decay: float = 1e-4
+    adamw_betas: tuple[BelowOne, BelowOne] = (0.9, 0.999)
+    eps: Optional[PositiveFloat] = None
+    weight_decay: NonNegativeFloat = 1e-4
     decay_norm_and_bias: bool = True
     schedule: Literal["cosine", "step", "linear"] = "cosine"
-    warmup_epochs: float = 5.0
-    step_milestones: list[int] = field(default_factory=lambda: [30, 60, 80])
-    step_gamma: float = 0.1
+    warmup_epochs: NonNegativeFloat = 5.0
+    step_milestones: list[NonNegativeInt] = field(default_factory=lambda: [30, 60, 80])
+    step_gamma: ShrinkFactor = 0.1
+
+    def __post_init__(self) -> None:
+        # The command line's values were checked while parsing; these are a Python caller's or a checkpoint's.
+        check_fields(self, "model.optim")
+        if self.nesterov and self.optimizer != "sgd":
+            raise ConfigError(f"model.optim.nesterov applies to optimizer sgd, not {self.optimizer}: drop "
+                              "--model.optim.nesterov")
+        if self.nesterov and self.momentum == 0:  # torch.optim.SGD refuses it
+            raise ConfigError("model.optim.nesterov needs a momentum, got model.optim.momentum=0: set "
+                              "--model.optim.momentum (e.g. 0.9) or drop --model.optim.nesterov")
+        if self.eps is not None and self.optimizer == "sgd":
+            raise ConfigError(f"model.optim.eps={self.eps} applies to adamw and rmsprop, SGD has none: drop "
+                              "--model.optim.eps")
+        milestones = self.step_milestones
+        if any(later <= earlier for earlier, later in zip(milestones, milestones[1:])):
+            raise ConfigError(f"model.optim.step_milestones: expected increasing epochs, got {milestones}: sort "
+                              f"them, without repeats (--model.optim.step_milestones={sorted(set(milestones))})")
 
 
 def scaled_lr(lr_per_256: float, global_batch_size: int) -> float:

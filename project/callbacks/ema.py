@@ -39,6 +39,7 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from project.backbones import NETWORK, HasNetwork
 from project.errors import ConfigError
+from project.option_types import NonNegativeFloat, PositiveInt, UnitInterval, check_arguments
 
 
 def torchvision_ema_decay(decay: float, images_per_update: int, epochs: float) -> float:
@@ -56,6 +57,22 @@ def torchvision_ema_decay(decay: float, images_per_update: int, epochs: float) -
     return 1.0 - min(1.0, (1.0 - decay) * images_per_update / epochs)
 
 
+def averaging_device(device: Optional[str]) -> Optional[torch.device]:
+    """The EMA's `device` option as a torch.device (None: the model's); ConfigError for a name torch does not know
+    or a CUDA device this machine lacks (the copy would fail at set-up, after the loggers started)."""
+    if device is None:
+        return None
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"EMA.device: expected a torch device (cpu, cuda, cuda:1, ...), got {device!r}; or leave it "
+                          "null to keep the average on the model's device") from None
+    if parsed.type == "cuda" and (not torch.cuda.is_available() or (parsed.index or 0) >= torch.cuda.device_count()):
+        raise ConfigError(f"EMA.device={device}: this machine has {torch.cuda.device_count()} CUDA device(s); use cpu "
+                          "or leave it null to keep the average on the model's device")
+    return parsed
+
+
 def _tensors(module: nn.Module) -> Iterator[torch.Tensor]:
     yield from module.parameters()
     yield from module.buffers()
@@ -70,9 +87,10 @@ class EMA(L.Callback):
     """Exponential moving average of the network's parameters and buffers (BatchNorm statistics), torchvision-style.
 
     Args:
-        decay: per-update decay; with adjust_decay, torchvision's --model-ema-decay (0.99998 for ResNet-50 V2).
-        every_n_steps: update every n optimizer steps (torchvision: 32).
-        warmup_epochs: for this many epochs (rounded to optimizer steps as the LR warmup is: give
+        decay: per-update decay, in [0, 1]; with adjust_decay, torchvision's --model-ema-decay (0.99998 for
+            ResNet-50 V2).
+        every_n_steps: update every n optimizer steps, >= 1 (torchvision: 32).
+        warmup_epochs: for this many epochs (>= 0; rounded to optimizer steps as the LR warmup is: give
             model.optim.warmup_epochs) the EMA is a copy of the weights, and its first update after them copies too.
         adjust_decay: derive the per-update decay as torchvision does (torchvision_ema_decay), from the global batch
             (train loader batch x world size x accumulation), every_n_steps and the run's epochs.
@@ -83,20 +101,19 @@ class EMA(L.Callback):
     and `update_decay` the per-update decay in use.
     """
 
-    def __init__(self, decay: float = 0.9999, every_n_steps: int = 1, warmup_epochs: float = 0.0,
-                 adjust_decay: bool = False, device: Optional[str] = None):
-        if not 0.0 <= decay <= 1.0 or every_n_steps < 1 or warmup_epochs < 0:
-            raise ConfigError(f"EMA: expected 0 <= decay <= 1, every_n_steps >= 1, warmup_epochs >= 0; got decay={decay}, "
-                             f"every_n_steps={every_n_steps}, warmup_epochs={warmup_epochs}")
-        self.decay = decay
-        self.every_n_steps = every_n_steps
-        self.warmup_epochs = warmup_epochs
-        self.adjust_decay = adjust_decay
-        self.device = torch.device(device) if device is not None else None
+    def __init__(self, decay: UnitInterval = 0.9999, every_n_steps: PositiveInt = 1,
+                 warmup_epochs: NonNegativeFloat = 0.0, adjust_decay: bool = False, device: Optional[str] = None):
+        # `--trainer.callbacks.decay=2` is refused while parsing; these checks are for a Python caller's values.
+        checked = check_arguments(EMA.__init__, locals(), "EMA")
+        self.decay = checked["decay"]
+        self.every_n_steps = checked["every_n_steps"]
+        self.warmup_epochs = checked["warmup_epochs"]
+        self.adjust_decay = checked["adjust_decay"]
+        self.device = averaging_device(device)
         self.average: Optional[nn.Module] = None
         self.n_averaged: Optional[torch.Tensor] = None
-        self.update_decay = decay
-        self._lerp = get_ema_multi_avg_fn(decay)  # torch's foreach lerp: one kernel per device and dtype
+        self.update_decay = self.decay
+        self._lerp = get_ema_multi_avg_fn(self.decay)  # torch's foreach lerp: one kernel per device and dtype
         self._latest_update_step = 0  # the global step of the last update: checkpointed (state_dict)
         self._warmup_steps = 0
         self._prefix = ""

@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from project.backbones import HasNetwork, classifier_head
 from project.errors import ConfigError
+from project.option_types import NonNegativeInt, PositiveFloat, check_arguments, check_fields
 
 
 @dataclass(frozen=True)
@@ -26,13 +27,23 @@ class FineTuning:
             DEFAULT), or the path of a state_dict or of one of our .ckpt files. A head for another class count
             is replaced (and said so); any other mismatch stops with the first differing key. Not applied when
             resuming (--ckpt_path): the checkpoint holds the weights then.
-        freeze_backbone_epochs: train only the classifier head for this many epochs, then everything (FreezeBackbone).
-        backbone_lr_factor: LR multiplier of everything but the classifier head (e.g. 0.1 when fine-tuning).
+        freeze_backbone_epochs: train only the classifier head for this many epochs (>= 0), then everything
+            (FreezeBackbone).
+        backbone_lr_factor: LR multiplier of everything but the classifier head, > 0 (e.g. 0.1 when fine-tuning).
     """
 
     weights: Optional[str] = None
-    freeze_backbone_epochs: int = 0
-    backbone_lr_factor: float = 1.0
+    freeze_backbone_epochs: NonNegativeInt = 0
+    backbone_lr_factor: PositiveFloat = 1.0
+
+    def __post_init__(self) -> None:
+        # The command line's values were checked while parsing; these are a Python caller's or a checkpoint's. The
+        # weights are looked up where they are used (prepare_data), before the loggers or the config file write: a
+        # checkpoint's hyperparameters may name a file this machine no longer has, which only a new fit would read.
+        check_fields(self, "model.finetune")
+        if self.weights is not None and not self.weights.strip():
+            raise ConfigError("model.finetune.weights is empty: give a torchvision weights name (DEFAULT, "
+                              "IMAGENET1K_V1, ...) or the path of a state_dict or .ckpt file, or leave it null")
 
 
 class FreezeBackbone(L.Callback):
@@ -45,15 +56,15 @@ class FreezeBackbone(L.Callback):
     them: Lightning#20340); its static helpers do the freezing.
     """
 
-    def __init__(self, unfreeze_at_epoch: int, train_bn: bool = True) -> None:
+    def __init__(self, unfreeze_at_epoch: NonNegativeInt, train_bn: bool = True) -> None:
         """
         Args:
             unfreeze_at_epoch: first epoch (0-based) in which the whole network trains; 0 freezes nothing.
             train_bn: keep training the BatchNorm layers of the frozen part (their affine weights and running
                 statistics), Lightning's default; False freezes them too and stops their running-statistics updates.
         """
-        if unfreeze_at_epoch < 0:
-            raise ConfigError(f"unfreeze_at_epoch must be >= 0, got {unfreeze_at_epoch}")
+        checked = check_arguments(FreezeBackbone.__init__, locals(), "FreezeBackbone")
+        unfreeze_at_epoch, train_bn = checked["unfreeze_at_epoch"], checked["train_bn"]
         self.unfreeze_at_epoch = unfreeze_at_epoch
         self.train_bn = train_bn
         self._frozen: list[nn.Module] = []  # what this process froze, and so what it gives back

@@ -23,6 +23,8 @@ from lightning.fabric.utilities.throughput import get_available_flops, measure_f
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
+from project.errors import ConfigError
+from project.option_types import PositiveFloat, check_arguments
 from project.run.training_steps import is_logging_step, logged_step, after_optimizer_step
 
 # Dense (no sparsity) peak FLOP/s per GPU from NVIDIA's datasheets, by a substring of torch.cuda.get_device_name().
@@ -78,13 +80,19 @@ class ThroughputLogger(L.Callback):
     The CLI adds one as the `throughput` group (`--throughput.peak_flops 4.0e14`).
     """
 
-    def __init__(self, peak_flops: Optional[float] = None, count_flops: bool = True):
+    def __init__(self, peak_flops: Optional[PositiveFloat] = None, count_flops: bool = True):
         """
         Args:
-            peak_flops: peak FLOP/s of one device for MFU; None looks the GPU up in PEAK_FLOPS (no MFU on CPU).
+            peak_flops: peak FLOP/s of one device for MFU, > 0; None looks the GPU up in PEAK_FLOPS (no MFU on CPU).
             count_flops: count the model's FLOPs per image once (on a meta-device copy) for tflops and MFU.
         """
         super().__init__()
+        # `--throughput.peak_flops=-1` is refused while parsing; these checks are for a Python caller's values.
+        checked = check_arguments(ThroughputLogger.__init__, locals(), "throughput")
+        peak_flops, count_flops = checked["peak_flops"], checked["count_flops"]
+        if peak_flops is not None and not count_flops:
+            raise ConfigError(f"throughput.peak_flops={peak_flops:g} is for MFU, which needs the FLOP count: drop "
+                              "--throughput.peak_flops or set --throughput.count_flops=true")
         self.peak_flops = peak_flops
         self.count_flops = count_flops
         self.flops_per_image: Optional[float] = None

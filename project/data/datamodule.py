@@ -109,7 +109,7 @@ class ImageNetDataModule(L.LightningDataModule):
         values = check_option_values(ImageNetDataModule.__init__, locals())
         check_combinations(**{k: values[k] for k in ("train_crop_scale", "num_workers", "prefetch_factor",
                                                     "multiprocessing_context")})
-        self.save_hyperparameters(ignore=["progressive_resizing"])
+        self.save_hyperparameters(ignore=["progressive_resizing"], logger=False)  # trackers: the whole config
         # Plain values in the checkpoint and in hparams.yaml (both are read back without trusting pickled classes).
         self.hparams["progressive_resizing"] = dataclasses.asdict(progressive_resizing) if progressive_resizing else None
         if root is None:
