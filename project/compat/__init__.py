@@ -4,10 +4,12 @@
 
 Every entry has a canary in tests/test_compat.py that runs the stock library on the same case, marked
 xfail(strict=True): when an upgrade fixes the bug the canary passes, the suite turns red, and the entry (and the code
-it names) can be deleted. README "Workarounds" lists the same table. Code that exists for one of these lives in this
-package, or says so in its docstring and is listed here with its place. The package also holds, behind one function
-each, the uses of Lightning's private API that have no public counterpart (spawn.py, and the flag taken over in
-sigterm_broadcast.py): an upgrade that moves them breaks there, in one place.
+it names) can be deleted. docs/workarounds.md is this table (`python -m project.compat --write docs/workarounds.md`).
+Code that exists for one of these lives in this package, or says so in its docstring and is listed here with its
+place. The package also holds, behind one function each, the uses of Lightning's private API that have no public
+counterpart (spawn.py; the flag taken over in sigterm_broadcast.py; LightningCLI._parse_ckpt_path fed the plan's one
+read of the checkpoint in ckpt_read_once.py): an upgrade that moves them breaks there, in one place, and
+tests/test_compat.py checks that each still exists.
 """
 
 from dataclasses import dataclass
@@ -71,7 +73,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="checkpoint writes are not atomic across filesystems (temp file in $TMPDIR, then a copy in place)",
-        where="project/run/checkpoint_io.py AtomicCheckpointIO (temp file beside the target, fsync, rename)",
+        where="project/run/checkpoint_io.py atomic_write (temp file beside the target, fsync, rename), which "
+              "AtomicCheckpointIO saves through",
         upstream="Lightning #20270, #20780; fsspec #1972 (open: temp file in the target directory)",
         seen="lightning 2.6.6 with fsspec 2026.9.0",
         delete_when="a stock checkpoint save with $TMPDIR on another filesystem replaces the file (a new inode)",
@@ -139,7 +142,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="BaseFinetuning freezes before the DDP wrapper exists: frozen parameters stay out of DDP's gradient "
              "sync after they are unfrozen, and the ranks diverge",
-        where="project/callbacks/finetuning.py FreezeBackbone (freezes at train start, adds no param group)",
+        where="project/callbacks/finetuning.py FreezeBackbone (a plain Callback using BaseFinetuning's static freeze "
+              "helpers: freezes at train start, adds no param group)",
         upstream="Lightning #20340",
         seen="lightning 2.6.6",
         delete_when="a stock BaseFinetuning freeze/unfreeze under ddp keeps the ranks' weights equal",
@@ -149,10 +153,22 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         name="torch's AveragedModel.update_parameters reads its device-side counter on the host (2 syncs per "
              "update), and Lightning's EMAWeightAveraging averages the whole LightningModule after calling "
              "configure_model",
-        where="project/callbacks/ema.py EMA (averages pl_module.network with a foreach lerp, counter on device)",
+        where="project/callbacks/ema.py EMA (a Callback owning its averaged copy of pl_module.network: a foreach "
+              "lerp per update, the counter on the device)",
         upstream="no upstream issue found; seen in torch/optim/swa_utils.py and lightning weight_averaging.py",
         seen="torch 2.14.1, lightning 2.6.6",
         delete_when="AveragedModel.update_parameters makes no host read of n_averaged",
         canary="test_canary_stock_averaged_model_update_reads_the_counter_on_the_host",
+    ),
+    Workaround(
+        name="a torchrun restart meets the previous attempt's process-group keys in the agent's store: gloo connects "
+             "to a dead rank (connectFullMesh fails) or hangs at 'Initializing distributed'",
+        where="project/compat/elastic_store.py init_attempt_process_group (the default process group on a "
+              "PrefixStore named after TORCHELASTIC_RESTART_COUNT; called from project/cli.py)",
+        upstream="pytorch#135712 (closed, still seen); PR #128096 shares the agent's store, PR #135957 dropped the "
+                 "per-attempt prefix",
+        seen="torch 2.14.1 (static and c10d rendezvous)",
+        delete_when="after a torchrun restart the agent's store no longer holds the previous attempt's gloo keys",
+        canary="test_canary_stock_torchrun_restart_meets_the_previous_attempts_keys",
     ),
 )

@@ -1,0 +1,44 @@
+"""Under torchrun, the process group of each restart in a namespace of its own in the agent's store.
+
+    torchrun --nproc_per_node=2 --max-restarts=3 -m project fit --config configs/quickstart.yaml --config configs/cpu_ddp.yaml
+
+torchrun's agent hosts one TCPStore for the whole job (static rendezvous; c10d since torch 2.5, PR #128096) and
+hands it to every attempt's workers, which no longer prefix their keys by attempt (PR #135957 dropped the prefix,
+assuming a new store per retry; the agent creates it once). A restarted rank then reads the previous attempt's gloo
+addresses (`default_pg/0//cpu//0/<rank>`) if it looks before its peer has rewritten them: "Gloo connectFullMesh
+failed ... Connection refused", or a hang at "Initializing distributed". Here the default process group is created
+before Lightning's (which then leaves it be) on a PrefixStore named after TORCHELASTIC_RESTART_COUNT.
+
+TORCHELASTIC_RESTART_COUNT is counted by each agent: on several nodes it can differ between nodes (torch #135712,
+#108158), so the namespace is only used with one node; several nodes need TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and
+the c10d rendezvous (a new store per rendezvous round), which also turns this off (TORCHELASTIC_USE_AGENT_STORE=False).
+"""
+
+import os
+from datetime import timedelta
+
+import torch.distributed as dist
+from lightning.fabric.plugins.environments import TorchElasticEnvironment
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import rank_zero_warn
+
+
+def init_attempt_process_group(strategy: object, timeout: timedelta) -> bool:
+    """Create the default process group in this torchrun attempt's namespace; False where nothing needs doing."""
+    env = os.environ
+    if (not isinstance(strategy, DDPStrategy) or not isinstance(strategy.cluster_environment, TorchElasticEnvironment)
+            or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not dist.is_available() or dist.is_initialized()):
+        return False
+    if env.get("GROUP_WORLD_SIZE", "1") != "1":
+        if int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
+            rank_zero_warn("torchrun on several nodes with --max-restarts: a restart can fail to connect (torch "
+                           "#135712); start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and --rdzv-backend=c10d")
+        return False
+    device = strategy.root_device
+    backend = strategy.process_group_backend or dist.Backend.default_device_backend_map.get(device.type, "gloo")
+    # The client's timeout bounds every wait on a peer's key: connecting is bounded by --ddp_timeout_minutes.
+    agent_store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout)
+    store = dist.PrefixStore(f"project/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent_store)
+    dist.init_process_group(backend, store=store, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+                            timeout=timeout, device_id=device if device.type != "cpu" else None)
+    return True
