@@ -24,8 +24,7 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from project.data.predict import shown
-from project.errors import ConfigError, DiskFullError, UserError
+from project.errors import ConfigError, DiskFullError, UserError, shown
 from project.run.checkpoint_io import atomic_write
 
 DEFAULT_NAME = "predictions.csv"

@@ -25,14 +25,9 @@ from torch.utils.data import Dataset, get_worker_info
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from project.data.decoders import Decoder, OnCorrupt, image_loader
-from project.errors import ConfigError, MissingInputError, UnreadableImageError
+from project.errors import ConfigError, MissingInputError, UnreadableImageError, shown
 
 logger = logging.getLogger(__name__)
-
-
-def shown(path: os.PathLike | str) -> str:
-    """A path for messages: a name that is not UTF-8 gets \\x.. escapes instead of breaking the line."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _is_listed_file(entry: os.DirEntry) -> bool:
