@@ -90,3 +90,23 @@ def test_under_ddp_the_rank_that_hit_the_bad_file_prints_last_naming_itself_and_
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error (rank ") and f"cannot decode {broken['victim']}" in last, result.stderr[-3000:]
     assert files_under(tmp_path / "runs") == []
+
+
+def test_a_default_root_dir_under_a_file_or_on_a_read_only_filesystem_is_one_line_and_leaves_nothing(tiny_root,
+                                                                                                     tmp_path, tmpfs):
+    from project.cli import cli_main
+    from project.errors import ConfigError
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match=r"a_file is a file, not a folder\): trainer.default_root_dir must be a "):
+        cli_main(["fit", *tiny_args(tiny_root, blocker / "runs")])
+    assert blocker.read_text() == "not a folder"
+
+    read_only = tmpfs("1m")
+    import subprocess
+
+    subprocess.run(["mount", "-o", "remount,ro", str(read_only)], check=True)
+    with pytest.raises(ConfigError, match=r"Read-only file system\): trainer.default_root_dir must be a writable"):
+        cli_main(["fit", *tiny_args(tiny_root, read_only / "runs")])
+    assert not list(read_only.iterdir())

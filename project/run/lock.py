@@ -26,7 +26,7 @@ from typing import Optional
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from project.errors import RunDirInUse
+from project.errors import ConfigError, RunDirInUse
 from project.run.run_dirs import CHECKPOINTS, LOCK_FILE, next_version, version_name
 
 
@@ -68,7 +68,18 @@ def _make_dirs(path: Path) -> list[Path]:
             created.append(directory)
         except FileExistsError:  # made meanwhile by another process: not ours to remove
             pass
+        except OSError as error:  # a file in the way, a read-only filesystem, no permission: nothing is left behind
+            for made in reversed(created):
+                made.rmdir()
+            raise _unwritable(directory, error) from None
     return created
+
+
+def _unwritable(directory: Path, error: OSError) -> ConfigError:
+    blocker = next((p for p in directory.parents if p.exists() and not p.is_dir()), None)
+    what = f"{blocker} is a file, not a folder" if blocker is not None else error.strerror or str(error)
+    return ConfigError(f"cannot create the run dir {directory} ({what}): trainer.default_root_dir must be a writable "
+                       "folder; point --trainer.default_root_dir elsewhere")
 
 
 def claim_new_version(logs: Path) -> RunLock:
@@ -82,6 +93,10 @@ def claim_new_version(logs: Path) -> RunLock:
             break
         except FileExistsError:  # a run started at the same moment took it
             number += 1
+        except OSError as error:
+            for made in reversed(created):
+                made.rmdir()
+            raise _unwritable(run_dir, error) from None
     return _lock(RunLock(run_dir, [*created, run_dir]))
 
 
