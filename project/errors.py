@@ -6,8 +6,8 @@
 Every mistake a user can make (config, data, checkpoint, launcher, a run dir in use) raises a UserError subclass or
 one of the exceptions `user_message` recognises. `python -m project` prints it as `error: ...` (`error (rank N): ...`
 under ddp, so the failing rank names itself) and exits 2. A rank that fails only because another one died (a broken
-collective) prints one short line saying so; the failing rank first closes its process group, so the others stop at
-once, and prints its own message after theirs: the last line is the one to read.
+collective) prints one short line saying so, then the failing rank's line (report_and_exit): the last line is the one
+to read.
 """
 
 import os
@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 
 DEBUG_ENV = "PROJECT_DEBUG"
+_STARTED = time.time()  # notes left by ranks of an earlier job are older than this process
 EXIT_USER_ERROR = 2
 
 
@@ -196,35 +197,85 @@ def exit_on_user_error(run: Callable[[], object]) -> None:
 
 
 def report_and_exit(error: BaseException) -> None:
-    """Print a user error as one line and exit 2; print one line for a peer failure and exit 1; else re-raise."""
+    """Print a user error as one line and exit 2; print one line for a peer failure and exit 1; else re-raise.
+
+    Under ddp the failing rank prints its line at once (a launcher that sees another rank fail may kill it a moment
+    later: Lightning's kills its children), leaves it in a note for the others, and only then closes its process
+    group, so the others stop now rather than at their timeout. A rank that stops because a peer failed prints its own
+    short line, then the culprit's from the note (on one node): the last line is the one to read, under any load."""
     if debugging():
         raise error
     message = user_message(error)
     if message is not None:
-        label = rank_label()
-        if label:
-            _let_the_other_ranks_stop_first()
-        print(f"error{label}: {message}", file=sys.stderr, flush=True)
+        line = f"error{rank_label()}: {message}"
+        print(line, file=sys.stderr, flush=True)
+        if rank_label():
+            _leave_note(line)
+            _close_process_group()
         sys.exit(130 if isinstance(error, KeyboardInterrupt) else EXIT_USER_ERROR)
     if is_peer_failure(error):
         reason = " ".join(str(error).split("] ", 1)[-1].split())[:160]
         print(f"stopped{rank_label()}: another rank failed or stopped answering ({type(error).__name__}: {reason}); "
               "a failing rank prints its own error", file=sys.stderr, flush=True)
+        for culprit in _notes_of_failed_ranks():
+            print(culprit, file=sys.stderr, flush=True)
         sys.exit(1)
     raise error
 
 
-def _let_the_other_ranks_stop_first(grace_s: float = 1.5) -> None:
-    """Close this rank's process group (the others' pending collectives fail now, not at their timeout) and give
-    them a moment to print their line, so this rank's message is printed last."""
+def _note_prefix() -> Optional[str]:
+    """Notes of one job share MASTER_ADDR:MASTER_PORT (set for every rank by torchrun, srun and Lightning)."""
+    import tempfile
+
+    port = os.environ.get("MASTER_PORT")
+    if not port:
+        return None
+    host = os.environ.get("MASTER_ADDR", "").replace("/", "_")
+    return os.path.join(tempfile.gettempdir(), f"project-error-{host}-{port}-")
+
+
+def _leave_note(line: str) -> None:
+    prefix = _note_prefix()
+    if prefix is not None:
+        try:
+            with open(f"{prefix}{os.getpid()}", "w") as file:
+                file.write(line + "\n")
+        except OSError:  # the line was printed already; the note only repeats it
+            pass
+
+
+def _notes_of_failed_ranks(wait_s: float = 2.0) -> list[str]:
+    """The error lines other ranks of this job left (waiting briefly for one that is still being written)."""
+    import glob
+
+    prefix = _note_prefix()
+    if prefix is None:
+        return []
+    deadline = time.monotonic() + wait_s
+    while True:
+        notes = [n for n in glob.glob(glob.escape(prefix) + "*") if os.path.getmtime(n) >= _STARTED]  # this job's
+        if notes or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    lines = []
+    for note in sorted(notes):
+        try:
+            with open(note) as file:
+                lines.append(file.read().strip())
+        except OSError:
+            continue
+    return [line for line in lines if line]
+
+
+def _close_process_group() -> None:
+    """Close this rank's process group: the others' pending collectives fail now, not at their timeout."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         try:
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001  closing a broken group may fail too; the sleep still helps
+        except Exception:  # noqa: BLE001  closing a broken group may fail too
             pass
-        time.sleep(grace_s)
 
 
 def check_config_files(argv: list[str]) -> None:

@@ -342,3 +342,16 @@ def test_the_private_method_compat_ckpt_read_once_overrides_is_still_called_by_l
     # __init__, the override would be dead and the checkpoint read twice (tests/test_cli.py counts the opens too).
     assert callable(getattr(LightningCLI, "_parse_ckpt_path", None))
     assert "self._parse_ckpt_path()" in inspect.getsource(LightningCLI.__init__)
+
+
+def test_the_private_members_registered_beside_their_code_still_exist():
+    # project/optim.py sizes the epoch with fit_loop.setup_data(); project/strategies/dp.py reads _layer_sync, which
+    # Lightning's accelerator connector sets on a strategy that has the attribute.
+    from lightning.pytorch.loops.fit_loop import _FitLoop
+    from lightning.pytorch.trainer.connectors import accelerator_connector
+
+    from project.strategies.dp import DataParallelStrategy
+
+    assert callable(getattr(_FitLoop, "setup_data", None))
+    assert "self.strategy._layer_sync = self._layer_sync" in inspect.getsource(accelerator_connector)
+    assert hasattr(DataParallelStrategy(), "_layer_sync")

@@ -8,8 +8,10 @@ it names) can be deleted. docs/workarounds.md is this table (`python -m project.
 Code that exists for one of these lives in this package, or says so in its docstring and is listed here with its
 place. The package also holds, behind one function each, the uses of Lightning's private API that have no public
 counterpart (spawn.py; the flag taken over in sigterm_broadcast.py; LightningCLI._parse_ckpt_path fed the plan's one
-read of the checkpoint in ckpt_read_once.py): an upgrade that moves them breaks there, in one place, and
-tests/test_compat.py checks that each still exists.
+read of the checkpoint in ckpt_read_once.py): an upgrade that moves them breaks there, in one place. Two more stay
+beside the code that needs them, registered here: `trainer.fit_loop.setup_data()` in project/optim.py (sizing the
+epoch when only max_steps is given, for warmup in epochs) and `Strategy._layer_sync` in project/strategies/dp.py
+(whether sync_batchnorm was asked, which dp refuses). tests/test_compat.py checks that each still exists.
 """
 
 from dataclasses import dataclass
