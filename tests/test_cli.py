@@ -91,7 +91,7 @@ def opens_of(path: Path, trace: Path) -> list[str]:
 @pytest.mark.slow  # another process, under strace
 @pytest.mark.parametrize("subcommand", ["validate", "fit"])
 def test_a_start_reads_its_checkpoint_once_and_hands_it_along(run, tmp_path, subcommand):
-    # The plan maps the file once (torch.load(mmap=True): 2 opens); the fit checks, LightningCLI's hyperparameters
+    # The plan maps the file once (a memory-mapped, weights-only load: 2 opens); the fit checks, LightningCLI's hyperparameters
     # and Lightning's restore use that load. Before: 9 opens for `validate --ckpt_path FILE`.
     strace = shutil.which("strace")
     if strace is None or subprocess.run([strace, "-o", "/dev/null", "true"], capture_output=True).returncode != 0:
