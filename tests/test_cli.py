@@ -94,8 +94,10 @@ def test_a_start_reads_its_checkpoint_once_and_hands_it_along(run, tmp_path, sub
     # The plan maps the file once (a memory-mapped, weights-only load: 2 opens); the fit checks, LightningCLI's hyperparameters
     # and Lightning's restore use that load. Before: 9 opens for `validate --ckpt_path FILE`.
     strace = shutil.which("strace")
-    if strace is None or subprocess.run([strace, "-o", "/dev/null", "true"], capture_output=True).returncode != 0:
-        pytest.skip("needs a working strace")
+    # --seccomp-bpf stops the process only at the traced calls (3x faster than stopping at every call; strace >= 5.3)
+    tracer = [strace, "--seccomp-bpf", "-f", "-qq", "-e", "trace=open,openat,openat2"]
+    if strace is None or subprocess.run([*tracer, "-o", "/dev/null", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a working strace (>= 5.3, with seccomp-bpf)")
     root = tmp_path / "root"
     checkpoint = root / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     checkpoint.parent.mkdir(parents=True)
@@ -103,8 +105,7 @@ def test_a_start_reads_its_checkpoint_once_and_hands_it_along(run, tmp_path, sub
     trace = tmp_path / "trace.txt"
     args = [subcommand, *run.args, f"--trainer.default_root_dir={root}", "--trainer.max_epochs=2",
             f"--ckpt_path={checkpoint}"]
-    result = run_project(args, launcher=[strace, "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", str(trace),
-                                         sys.executable])
+    result = run_project(args, launcher=[*tracer, "-o", str(trace), sys.executable])
     assert result.returncode == 0, result.stderr[-3000:]
     opens = opens_of(checkpoint, trace)
     assert 1 <= len(opens) <= 2, "\n".join(opens)
