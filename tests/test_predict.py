@@ -7,6 +7,9 @@ import csv
 import os
 import re
 import shutil
+import sys
+import tempfile
+import warnings
 from pathlib import Path
 from unittest import mock
 
@@ -16,6 +19,7 @@ from conftest import run_project, tiny_args
 from PIL import Image
 
 from project import ImageClassifier, cli_main
+from project.cli import main
 from project.data.decoders import image_loader
 from project.data.predict import ImagePathDataset, list_images
 from project.errors import UnreadableImageError
@@ -32,6 +36,24 @@ def in_process(args: list[str]) -> None:
     # The CLI seeds and sets PL_GLOBAL_SEED; keep that out of the environment of the tests that follow.
     with mock.patch.dict(os.environ):
         cli_main(args)
+
+
+def project_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """`python -m project ARGS` without a new interpreter: project.cli.main, what project/__main__.py calls for
+    predict (config-file check, moved options, exit_on_user_error's one line and exit 2), on sys.argv as the process
+    has it. (exit code, stdout, stderr) as the process would end with them; a bug's exception propagates (the
+    process would print its traceback and exit 1). One real process, test_predict_with_on_corrupt_error_..., keeps
+    the interpreter's own exit and stderr covered."""
+    monkeypatch.setattr(sys, "argv", ["python -m project", *args])
+    capsys.readouterr()
+    code = 0
+    with mock.patch.dict(os.environ):  # as in_process: PL_GLOBAL_SEED stays out of the tests that follow
+        try:
+            main()
+        except SystemExit as exit:
+            code = 0 if exit.code is None else exit.code
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 @pytest.fixture(scope="module")
@@ -190,16 +212,16 @@ def test_predict_root_holding_only_hidden_images_says_they_are_skipped(tmp_path)
         list_images(tmp_path / "only_hidden")
 
 
-@pytest.mark.slow  # a CLI process: ~15 s
+@pytest.mark.slow  # the CLI in-process (its checkpoint fixture fits): ~3 s
 def test_predict_of_a_wild_folder_writes_every_image_once_and_the_csv_paths_open(
-    tiny_root, checkpoint, tmp_path
+    tiny_root, checkpoint, tmp_path, monkeypatch, capsys
 ):
     jpeg = sorted((tiny_root / "val" / "cat").glob("*.jpg"))[0]
     root = wild_folder(tmp_path, jpeg, unreadable=False)
     out = tmp_path / "out" / "predictions.csv"
-    result = run_project(["predict", *tiny_args(tiny_root, tmp_path / "run"), f"--ckpt_path={checkpoint}",
-                          f"--data.predict_root={root}", f"--predictions.output={out}"])
-    assert result.returncode == 0, result.stderr[-3000:]
+    code, _, err = project_in_process(["predict", *tiny_args(tiny_root, tmp_path / "run"), f"--ckpt_path={checkpoint}",
+                                       f"--data.predict_root={root}", f"--predictions.output={out}"], monkeypatch, capsys)
+    assert code == 0, err[-3000:]
     header, *rows = read_csv(out)
     assert relative([row[0] for row in rows], root) == sorted(READABLE)
     for row in rows:  # every path read back opens as written, the name that is not UTF-8 included
@@ -210,7 +232,9 @@ def test_predict_of_a_wild_folder_writes_every_image_once_and_the_csv_paths_open
     assert not [p for p in out.parent.iterdir() if p != out]  # no temp or probe file left beside it
 
 
-@pytest.mark.slow  # a CLI process: ~15 s
+# The real process of this file's error cases: the interpreter's exit code and stderr, the whole entry point
+# (project/__main__.py). The other cases run the same entry point in-process (project_in_process).
+@pytest.mark.slow  # a CLI process: ~8 s
 def test_predict_with_on_corrupt_error_stops_with_one_line_naming_the_unreadable_file(tiny_root, checkpoint, tmp_path):
     jpeg = sorted((tiny_root / "val" / "cat").glob("*.jpg"))[0]
     root = wild_folder(tmp_path, jpeg, unreadable=True)
@@ -223,34 +247,42 @@ def test_predict_with_on_corrupt_error_stops_with_one_line_naming_the_unreadable
     assert "Traceback" not in result.stderr and not out.exists()
 
 
-@pytest.mark.slow  # a CLI process: ~15 s
-def test_predict_with_on_corrupt_skip_writes_the_others_and_names_the_skipped(tiny_root, checkpoint, tmp_path):
+@pytest.mark.slow  # the CLI in-process (its checkpoint fixture fits): ~3 s
+def test_predict_with_on_corrupt_skip_writes_the_others_and_names_the_skipped(tiny_root, checkpoint, tmp_path,
+                                                                               monkeypatch, capsys):
     jpeg = sorted((tiny_root / "val" / "cat").glob("*.jpg"))[0]
     root = wild_folder(tmp_path, jpeg, unreadable=True)
     out = tmp_path / "predictions.csv"
-    result = run_project(["predict", *tiny_args(tiny_root, tmp_path / "run"), f"--ckpt_path={checkpoint}",
-                          f"--data.predict_root={root}", f"--predictions.output={out}", "--data.on_corrupt=skip"])
-    assert result.returncode == 0, result.stderr[-3000:]
+    with warnings.catch_warnings(record=True) as caught:  # rank_zero_warn: the process prints them on stderr
+        warnings.simplefilter("always")
+        code, _, err = project_in_process(["predict", *tiny_args(tiny_root, tmp_path / "run"), f"--ckpt_path={checkpoint}",
+                                           f"--data.predict_root={root}", f"--predictions.output={out}",
+                                           "--data.on_corrupt=skip"], monkeypatch, capsys)
+    assert code == 0, err[-3000:]
     assert relative([row[0] for row in read_csv(out)[1:]], root) == sorted(READABLE)
-    warning = re.search(r"predicted 8 of 10 images; not in the CSV: (.*) \(unreadable", result.stderr)
-    assert warning and warning.group(1) == f"{root / 'corrupt.jpg'}, {root / 'gone.jpg'}", result.stderr[-3000:]
+    warned = "\n".join(str(w.message) for w in caught)
+    warning = re.search(r"predicted 8 of 10 images; not in the CSV: (.*) \(unreadable", warned)
+    assert warning and warning.group(1) == f"{root / 'corrupt.jpg'}, {root / 'gone.jpg'}", warned[-3000:]
 
 
-@pytest.mark.slow  # a CLI process: ~10 s
-def test_an_unwritable_predictions_output_fails_before_any_image_is_predicted(tiny_root, checkpoint, tmp_path):
+@pytest.mark.slow  # the CLI in-process (its checkpoint fixture fits): ~1 s
+def test_an_unwritable_predictions_output_fails_before_any_image_is_predicted(tiny_root, checkpoint, tmp_path,
+                                                                               monkeypatch, capsys):
     (tmp_path / "a_file").write_text("")
     out = tmp_path / "a_file" / "predictions.csv"  # its folder would have to be a file
-    result = run_project(["predict", *tiny_args(tiny_root, tmp_path / "run"), f"--ckpt_path={checkpoint}",
-                          f"--predictions.output={out}", "--trainer.enable_progress_bar=true"])
-    assert result.returncode == 2, result.stderr[-3000:]
-    last = result.stderr.strip().splitlines()[-1]
+    code, stdout, stderr = project_in_process(["predict", *tiny_args(tiny_root, tmp_path / "run"),
+                                               f"--ckpt_path={checkpoint}", f"--predictions.output={out}",
+                                               "--trainer.enable_progress_bar=true"], monkeypatch, capsys)
+    assert code == 2, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: cannot write the predictions to {out} (") and "--predictions.output" in last
-    assert "Predicting DataLoader" not in result.stderr + result.stdout  # the progress bar never started
+    # The progress bar never started (in-process, tqdm writes to the sys.stdout capsys captures: it would show).
+    assert "Predicting DataLoader" not in stderr + stdout
 
 
-@pytest.mark.slow  # a CLI process on a full disk: ~15 s
+@pytest.mark.slow  # the CLI in-process on a full disk (its checkpoint fixture fits): ~3 s
 def test_predictions_that_find_the_disk_full_are_written_to_tmpdir_and_the_error_says_where(
-    tiny_root, checkpoint, image_folder, tmp_path, tmpfs
+    tiny_root, checkpoint, image_folder, tmp_path, tmpfs, monkeypatch, capsys
 ):
     disk = tmpfs("64k")
     out = disk / "predictions.csv"
@@ -263,11 +295,16 @@ def test_predictions_that_find_the_disk_full_are_written_to_tmpdir_and_the_error
             pass
     rescue_dir = tmp_path / "tmp"
     rescue_dir.mkdir()
-    result = run_project(["predict", *tiny_args(tiny_root, tmp_path / "run"), f"--ckpt_path={checkpoint}",
-                          f"--data.predict_root={image_folder}", f"--predictions.output={out}"],
-                         env={"TMPDIR": str(rescue_dir)})
-    assert result.returncode == 2, result.stderr[-3000:]
-    last = result.stderr.strip().splitlines()[-1]
+    # TMPDIR=rescue_dir as for a process: tempfile reads it once and caches the answer (tempfile.tempdir), which the
+    # rescue (tempfile.gettempdir(), project/callbacks/prediction_writer.py) then returns; both restored after.
+    monkeypatch.setenv("TMPDIR", str(rescue_dir))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert tempfile.gettempdir() == str(rescue_dir)
+    code, _, stderr = project_in_process(["predict", *tiny_args(tiny_root, tmp_path / "run"), f"--ckpt_path={checkpoint}",
+                                          f"--data.predict_root={image_folder}", f"--predictions.output={out}"],
+                                         monkeypatch, capsys)
+    assert code == 2, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
     (rescued,) = rescue_dir.glob("predictions.*.csv")
     assert last == (f"error: could not write {out} (no space left on the device); the predictions for 17 images were "
                     f"written to {rescued} instead: move that file where you want it (or fix the cause and predict "
