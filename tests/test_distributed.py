@@ -4,14 +4,17 @@ world size, rank zero alone writes, and data parallelism computes what one proce
     python -m pytest tests/test_distributed.py
 """
 
+import os
 import shutil
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 
 from conftest import CONFIGS, read_scalars, run_project, tiny_args
+from project.cli import cli_main, close_process_group
 from test_strategies import NO_AUGMENT, network_state, relative_difference
 
 pytestmark = pytest.mark.slow
@@ -21,6 +24,16 @@ CPU_DDP = ["--config", str(CONFIGS / "cpu_ddp.yaml")]
 
 def assert_ok(result):
     assert result.returncode == 0, f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-6000:]}"
+
+
+def in_process(args: list[str]) -> None:
+    """`python -m project ARGS` for one process, without a new interpreter: PL_GLOBAL_SEED and the MASTER_* variables
+    it sets stay out of the tests that follow, and so does the (1-process) gloo group that strategy ddp starts."""
+    with mock.patch.dict(os.environ):
+        try:
+            cli_main(args)
+        finally:
+            close_process_group()  # what project.cli.main does after the run
 
 
 def run_files(run_dir: Path) -> dict[str, list[Path]]:
@@ -55,9 +68,14 @@ def test_ddp_two_processes_write_one_run_from_rank_zero(ddp_run):
 
 
 def validate_metrics(checkpoint: Path, tiny_root: Path, run_dir: Path, devices: int) -> dict[str, float]:
+    """The reduced val metrics of `validate` with strategy ddp on `devices` processes: 2 or 3 real processes; 1 is
+    the pytest process itself (a 1-rank gloo group, the same arguments), as a process would run it."""
     args = ["validate", *tiny_args(tiny_root, run_dir), *CPU_DDP, f"--trainer.devices={devices}",
             "--data.batch_size=4", f"--ckpt_path={checkpoint}"]
-    assert_ok(run_project(args))
+    if devices == 1:
+        in_process(args)
+    else:
+        assert_ok(run_project(args))
     scalars = read_scalars(run_dir / "lightning_logs" / "version_0")
     return {key: scalars[key][-1][1] for key in ("val/acc1", "val/acc5", "val/loss")}
 
@@ -91,7 +109,11 @@ def test_ddp_2x_batch_b_with_sync_batchnorm_equals_one_process_with_batch_2b(tin
     steps = ["--trainer.limit_train_batches=3", "--trainer.precision=64-true", *NO_AUGMENT]
     single = ["fit", *tiny_args(tiny_root, tmp_path / "single"), "--data.batch_size=12", *steps]
     ddp = ["fit", *tiny_args(tiny_root, tmp_path / "ddp"), *CPU_DDP, "--data.batch_size=6", "--trainer.sync_batchnorm=true", *steps]
-    assert_ok(run_project(single))
+    in_process(single)  # the one-process reference runs here; the 2 ranks are real processes
+    # 64-true makes float64 torch's default dtype only inside Lightning's contexts: the tests that follow get float32
+    leaked = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    assert leaked == torch.float32, leaked
     assert_ok(run_project(ddp))
     last = "lightning_logs/version_0/checkpoints/last.ckpt"
     difference = relative_difference(network_state(tmp_path / "ddp" / last), network_state(tmp_path / "single" / last))

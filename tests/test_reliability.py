@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from unittest import mock
 
 import lightning as L
 import pytest
@@ -20,7 +21,8 @@ from conftest import CONFIGS, REPO, callback, run_project, start_project, tiny_a
 from project import ImageClassifier, ImageNetDataModule
 from project.run.checkpoint_io import AtomicCheckpointIO
 from project.cli import cli_main
-from project.errors import CheckpointError
+from project.errors import CheckpointError, exit_on_user_error
+from project.export import main as export_main
 
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
 
@@ -148,13 +150,18 @@ def test_a_crafted_checkpoint_is_refused_by_load_from_checkpoint_and_the_trainer
     assert not marker.exists()
 
 
-@pytest.mark.slow  # another process
-def test_export_refuses_a_crafted_checkpoint(crafted, trained):
+def test_export_refuses_a_crafted_checkpoint(crafted, trained, monkeypatch, capsys):
+    # `python -m project export` as project/__main__.py runs it, in-process, where torch.load would unpickle anything
+    # (torch reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at each call): the user error's one line and exit 2, no traceback.
     path, marker = crafted
-    result = run_project(["export", f"--ckpt_path={path}", f"--config={trained / 'lightning_logs/version_0/config.yaml'}"],
-                         env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert "not a trusted checkpoint" in result.stderr.strip().splitlines()[-1]
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    argv = [f"--ckpt_path={path}", f"--config={trained / 'lightning_logs/version_0/config.yaml'}"]
+    capsys.readouterr()
+    with mock.patch.dict(os.environ), pytest.raises(SystemExit) as exited:  # PL_GLOBAL_SEED stays out of what follows
+        exit_on_user_error(lambda: export_main(argv))
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "Traceback" not in err, err[-2000:]
+    assert len(err.strip().splitlines()) == 1 and "not a trusted checkpoint" in err.strip().splitlines()[-1], err[-2000:]
     assert not marker.exists()
 
 
