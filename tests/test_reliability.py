@@ -288,7 +288,10 @@ def test_a_rank_that_stops_answering_or_dies_ends_the_ddp_job_with_a_message(tin
         job.wait(timeout=120)
         ended_after = time.monotonic() - started
     finally:
-        os.killpg(job.pid, signal.SIGKILL)  # the stopped rank, still there
+        try:
+            os.killpg(job.pid, signal.SIGKILL)  # a stopped rank still there (a killed one's group may be empty)
+        except ProcessLookupError:
+            pass
     err = job.stderr.read()
     assert job.returncode != 0
     assert ended_after < 90, f"the job took {ended_after:.0f} s to end"
