@@ -46,7 +46,7 @@ from project.run.last_checkpoint import LastCheckpoint
 from project.run.launchers import check_process_count
 from project.run.saved_config import KeepingSaveConfigCallback
 from project.run.slurm import cluster_environment, slurm_job_id, task_line
-from project.run.trackers import how_to_look
+from project.run.trackers import continue_csv_logs, how_to_look
 from project.strategies.sync_batchnorm import SyncBatchNormAnyBackend
 from project.weights import eval_sizes
 
@@ -196,6 +196,8 @@ class ImageClassifierCLI(CheckpointReadOnceCLI):
             # The plan's load, checked, then handed to Lightning's restore (the file is not read again).
             checkpoint = self.plan.take_checkpoint()
             check_checkpoint_fits(self.plan.ckpt_path, checkpoint, self.model, self.datamodule)
+            if self.subcommand == "fit" and not self.plan.fresh:  # before the Trainer first touches its loggers
+                continue_csv_logs(self.trainer.loggers, checkpoint["global_step"])
             if self._checkpoint_io is not None:
                 self._checkpoint_io.hand_over(self.plan.ckpt_path, checkpoint)
 

@@ -7,6 +7,7 @@ fails today (xfail). When an upgrade fixes the bug the canary passes, strict xfa
 message says which workaround to delete (project/compat/__init__.py WORKAROUNDS, README "Workarounds").
 """
 
+import csv
 import inspect
 import os
 import signal
@@ -236,6 +237,40 @@ def test_canary_stock_prog_bar_logging_reads_the_tensor_every_step(tmp_path, mon
     trainer(tmp_path, max_steps=6, limit_val_batches=0, enable_progress_bar=True, log_every_n_steps=50,
             callbacks=[L.pytorch.callbacks.TQDMProgressBar(refresh_rate=50)]).fit(ProgBarLoss())
     assert len(reads) < 6  # once per step today, though neither the bar (refresh 50) nor the logger (50) shows it
+
+
+@canary("test_canary_stock_csv_logger_deletes_metrics_csv_when_it_starts_again")
+def test_canary_stock_csv_logger_deletes_metrics_csv_when_it_starts_again(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    first = CSVLogger(tmp_path, name="logs", version=0)
+    first.log_metrics({"train/loss": 1.0}, step=0)
+    first.save()
+    again = CSVLogger(tmp_path, name="logs", version=0)  # a resume into the same version dir
+    again.experiment  # noqa: B018  what the Trainer does first with each logger
+    assert (tmp_path / "logs" / "version_0" / "metrics.csv").is_file()  # deleted today: the first start's rows
+
+
+def test_a_resumed_csv_logger_keeps_the_rows_before_the_checkpoint_and_appends(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    from project.run.trackers import continue_csv_logs
+
+    first = CSVLogger(tmp_path, name="logs", version=0)
+    for step in range(6):  # the stopped run logged steps 0-5; its checkpoint holds global_step 4
+        first.log_metrics({"train/loss": float(step)}, step=step)
+    first.save()
+    again = CSVLogger(tmp_path, name="logs", version=0)
+    continue_csv_logs([again], resume_step=4)
+    for step in range(4, 7):  # the resumed run logs step 4 on, with a key the file has not had
+        again.log_metrics({"train/loss": 10.0 + step, **({"val/acc1": 0.5} if step == 6 else {})}, step=step)
+    again.save()
+    path = tmp_path / "logs" / "version_0" / "metrics.csv"
+    rows = list(csv.DictReader(path.open(newline="")))
+    assert [(int(r["step"]), float(r["train/loss"])) for r in rows] == [
+        (0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0), (5, 15.0), (6, 16.0)]
+    assert rows[-1]["val/acc1"] == "0.5" and rows[0]["val/acc1"] == ""
+    assert sorted(p.name for p in path.parent.iterdir()) == ["metrics.csv"]  # metrics.csv.resume is gone
 
 
 @canary("test_canary_stock_learning_rate_monitor_raises_without_a_logger", raises=MisconfigurationException)

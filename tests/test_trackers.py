@@ -6,6 +6,7 @@ A run stopped by SIGTERM and resumed with `--ckpt_path last` is ONE tracked run 
 with the checkpoints, config.yaml and every file-based logger's output; bad tracker settings are one line each.
 """
 
+import csv as csv_module
 import json
 import os
 import signal
@@ -140,10 +141,17 @@ def test_wandb_offline_and_csv_stopped_and_resumed_keep_one_run_id_and_one_run_d
     assert sorted(p.name for p in (tmp_path / "lightning_logs").iterdir()) == ["version_0"]
     assert "wandb sync" in resumed.stdout + resumed.stderr
     # CSV beside them: moved from save_dir "elsewhere" into the one run dir, with TensorBoard's events and the run's
-    # files. (Its metrics.csv is not continuous: Lightning's CSVLogger deletes the file when it starts again in a run
-    # dir that has one, so after the resume it holds the resumed steps only; nothing here asserts more.)
+    # files; its metrics.csv continues across the resume (Lightning's CSVLogger alone would have deleted the first
+    # start's rows: project.run.trackers.continue_csv_logs), each step once, the steps TensorBoard holds.
     assert (run_dir / "metrics.csv").is_file() and list(run_dir.glob("events.out.tfevents.*"))
     assert (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints" / "last.ckpt").is_file()
+    with open(run_dir / "metrics.csv", newline="") as file:
+        rows = list(csv_module.DictReader(file))
+    tensorboard = read_scalars(run_dir)
+    for name in ("train/loss", "val/acc1"):
+        steps = [int(row["step"]) for row in rows if row.get(name)]
+        assert steps == sorted(step for step, _ in tensorboard[name]), (name, steps)
+    assert not (run_dir / "metrics.csv.resume").exists()
 
 
 def _one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:

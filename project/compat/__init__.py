@@ -118,6 +118,16 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         canary="test_canary_stock_prog_bar_logging_reads_the_tensor_every_step",
     ),
     Workaround(
+        name="CSVLogger deletes the run dir's metrics.csv when a resumed fit starts again there",
+        where="project/run/trackers.py continue_csv_logs (called from project/cli.py after_instantiate_classes): "
+              "the rows before the checkpoint's step are written back and appended to",
+        upstream="introduced by Lightning PR #19446 (2.2.1, for #19432: appending under another header); no "
+                 "upstream issue found that asks to keep the rows on a resume",
+        seen="lightning 2.2.1-2.6.6",
+        delete_when="a stock CSVLogger started again in a version dir keeps the rows its metrics.csv holds",
+        canary="test_canary_stock_csv_logger_deletes_metrics_csv_when_it_starts_again",
+    ),
+    Workaround(
         name="LearningRateMonitor raises without a logger",
         where="project/cli.py adds it only when the Trainer has a logger",
         upstream="Lightning #17159 (open, intended behaviour)",

@@ -215,3 +215,43 @@ def how_to_look(loggers: list, run_dir: Path) -> list[str]:
             else:
                 parts.append(f"W&B {run.entity}/{run.project}/runs/{run.id}")
     return parts
+
+
+def continue_csv_logs(loggers: list, resume_step: int) -> None:
+    """A fit resuming into its run dir keeps metrics.csv: each CSVLogger's rows logged before `resume_step` (the
+    checkpoint's global_step; those at or after it are the stopped run's, which the resumed one logs again).
+
+    Lightning's CSVLogger deletes metrics.csv when it starts in a run dir that has one (Lightning PR #19446; listed in
+    project.compat). Called once the Trainer exists and before it first touches its loggers: metrics.csv is moved
+    aside, Lightning's writer is created (it finds nothing to delete), the kept rows are written back and the writer
+    takes their header, so Lightning's own save() appends (or rewrites with a wider header when a key is new). A crash
+    in between leaves the rows in metrics.csv.resume, never lost."""
+    import csv
+    import io
+
+    from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from project.run.checkpoint_io import atomic_write
+
+    if rank_zero_only.rank != 0:
+        return
+    for logger in loggers:
+        path = Path(logger.log_dir) / "metrics.csv" if isinstance(logger, CSVLogger) else None
+        if path is None or not path.is_file():
+            continue
+        aside = path.with_name(path.name + ".resume")
+        os.replace(path, aside)
+        writer = logger.experiment
+        with open(aside, newline="") as file:
+            reader = csv.DictReader(file)
+            header = list(reader.fieldnames or [])
+            rows = [row for row in reader if int(float(row.get("step") or 0)) < resume_step]
+        if header:
+            text = io.StringIO()
+            table = csv.DictWriter(text, fieldnames=header)
+            table.writeheader()
+            table.writerows(rows)
+            atomic_write(path, lambda file: file.write(text.getvalue().encode()))
+            writer.metrics_keys = header  # Lightning's writer appends under the keys it holds
+        os.remove(aside)
