@@ -48,14 +48,15 @@ if ! python3 -c "import jsonargparse" 2>/dev/null; then
     exit 1
 fi
 python3 - > "$out/meta.json" <<'EOF'
-import json, os, platform, torch, torchvision, lightning
+import json, os, platform, torch
+from importlib.metadata import version  # lightning's and torchvision's without their ~4 s of imports
 try:
     import torchcodec; codec = torchcodec.__version__
 except Exception as error:  # an optional extra: the torchcodec rows then say why they did not run
     codec = f"not importable ({type(error).__name__})"
 gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
 print(json.dumps({"gpu": gpu, "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                  "torchvision": torchvision.__version__, "lightning": lightning.__version__, "torchcodec": codec}))
+                  "torchvision": version("torchvision"), "lightning": version("lightning"), "torchcodec": codec}))
 EOF
 log "$(cat "$out/meta.json")"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
