@@ -272,6 +272,12 @@ def test_a_resumed_csv_logger_keeps_the_rows_before_the_checkpoint_and_appends(t
     assert rows[-1]["val/acc1"] == "0.5" and rows[0]["val/acc1"] == ""
     assert sorted(p.name for p in path.parent.iterdir()) == ["metrics.csv"]  # metrics.csv.resume is gone
 
+    path.rename(path.with_name("metrics.csv.resume"))  # as a start that crashed between the two leaves it
+    crashed = CSVLogger(tmp_path, name="logs", version=0)
+    continue_csv_logs([crashed], resume_step=2)
+    crashed.save()
+    assert [int(r["step"]) for r in csv.DictReader(path.open(newline=""))] == [0, 1]
+
 
 @canary("test_canary_stock_learning_rate_monitor_raises_without_a_logger", raises=MisconfigurationException)
 def test_canary_stock_learning_rate_monitor_raises_without_a_logger(tmp_path):

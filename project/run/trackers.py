@@ -225,7 +225,7 @@ def continue_csv_logs(loggers: list, resume_step: int) -> None:
     project.compat). Called once the Trainer exists and before it first touches its loggers: metrics.csv is moved
     aside, Lightning's writer is created (it finds nothing to delete), the kept rows are written back and the writer
     takes their header, so Lightning's own save() appends (or rewrites with a wider header when a key is new). A crash
-    in between leaves the rows in metrics.csv.resume, never lost."""
+    in between leaves the rows in metrics.csv.resume, which the next resume takes up."""
     import csv
     import io
 
@@ -237,11 +237,14 @@ def continue_csv_logs(loggers: list, resume_step: int) -> None:
     if rank_zero_only.rank != 0:
         return
     for logger in loggers:
-        path = Path(logger.log_dir) / "metrics.csv" if isinstance(logger, CSVLogger) else None
-        if path is None or not path.is_file():
+        if not isinstance(logger, CSVLogger):
             continue
+        path = Path(logger.log_dir) / "metrics.csv"
         aside = path.with_name(path.name + ".resume")
-        os.replace(path, aside)
+        if path.is_file():
+            os.replace(path, aside)
+        if not aside.is_file():  # (one left by a start that crashed here is taken up)
+            continue
         writer = logger.experiment
         with open(aside, newline="") as file:
             reader = csv.DictReader(file)
