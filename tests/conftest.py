@@ -68,6 +68,27 @@ def project_env(env: dict | None = None) -> dict:
     return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **(env or {})}
 
 
+def project_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """`python -m project ARGS` without a new interpreter: project.cli.main, what project/__main__.py calls for fit,
+    validate, test and predict (config-file check, moved options, a user error's one line and exit 2), on sys.argv as
+    the process has it. (exit code, stdout, stderr) as the process would end; a bug's exception propagates (the
+    process would print its traceback and exit 1). os.environ is restored after (the CLI sets PL_GLOBAL_SEED)."""
+    from unittest import mock
+
+    from project.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["python -m project", *args])
+    capsys.readouterr()
+    code = 0
+    with mock.patch.dict(os.environ):
+        try:
+            main()
+        except SystemExit as exit:
+            code = 0 if exit.code is None else exit.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def run_project(args: list[str], *, cwd: Path = REPO, env: dict | None = None, timeout: float = 600,
                 launcher: list[str] | None = None) -> subprocess.CompletedProcess:
     """Run `python -m project ARGS` (or `LAUNCHER -m project ARGS`) in a fresh process; output captured."""

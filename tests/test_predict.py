@@ -7,7 +7,6 @@ import csv
 import os
 import re
 import shutil
-import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -15,11 +14,10 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import run_project, tiny_args
+from conftest import project_in_process, run_project, tiny_args
 from PIL import Image
 
 from project import ImageClassifier, cli_main
-from project.cli import main
 from project.data.decoders import image_loader
 from project.data.predict import ImagePathDataset, list_images
 from project.errors import UnreadableImageError
@@ -36,24 +34,6 @@ def in_process(args: list[str]) -> None:
     # The CLI seeds and sets PL_GLOBAL_SEED; keep that out of the environment of the tests that follow.
     with mock.patch.dict(os.environ):
         cli_main(args)
-
-
-def project_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    """`python -m project ARGS` without a new interpreter: project.cli.main, what project/__main__.py calls for
-    predict (config-file check, moved options, exit_on_user_error's one line and exit 2), on sys.argv as the process
-    has it. (exit code, stdout, stderr) as the process would end with them; a bug's exception propagates (the
-    process would print its traceback and exit 1). One real process, test_predict_with_on_corrupt_error_..., keeps
-    the interpreter's own exit and stderr covered."""
-    monkeypatch.setattr(sys, "argv", ["python -m project", *args])
-    capsys.readouterr()
-    code = 0
-    with mock.patch.dict(os.environ):  # as in_process: PL_GLOBAL_SEED stays out of the tests that follow
-        try:
-            main()
-        except SystemExit as exit:
-            code = 0 if exit.code is None else exit.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,10 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from unittest import mock
 
 import pytest
 
-from conftest import callback, read_scalars, run_project, tiny_args
-from project.cli import main
+from conftest import callback, project_in_process, read_scalars, run_project, tiny_args
 
 pytestmark = pytest.mark.slow
 mlflow = pytest.importorskip("mlflow", reason="the tracking extra: pip install -e '.[tracking]'")
@@ -164,13 +162,9 @@ def _one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
 
 
 def _one_line_error_in_process(capsys, monkeypatch, args: list[str], *needles: str) -> None:
-    """`python -m project ARGS` in this process: __main__ calls project.cli.main, which reads sys.argv and ends a user
-    error through project.errors (one `error: ` line on stderr, exit 2), as the real process does."""
-    monkeypatch.setattr(sys, "argv", ["python -m project", *args])
-    with mock.patch.dict(os.environ), pytest.raises(SystemExit) as exit:  # the CLI may set PL_GLOBAL_SEED: undone
-        main()
-    assert exit.value.code == 2
-    err = capsys.readouterr().err
+    """The real process's contract in this process (conftest.project_in_process): one `error: ` line, exit 2."""
+    code, _, err = project_in_process(args, monkeypatch, capsys)
+    assert code == 2, err[-3000:]
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     assert "Traceback" not in err
