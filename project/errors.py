@@ -202,7 +202,8 @@ def report_and_exit(error: BaseException) -> None:
     Under ddp the failing rank prints its line at once (a launcher that sees another rank fail may kill it a moment
     later: Lightning's kills its children), leaves it in a note for the others, and only then closes its process
     group, so the others stop now rather than at their timeout. A rank that stops because a peer failed prints its own
-    short line, then the culprit's from the note (on one node): the last line is the one to read, under any load."""
+    short line, then the culprit's from the note (on one node): the last line is the one to read, under any load.
+    (A rank killed outright leaves no note; Lightning's launcher may then print the last line, naming the dead child.)"""
     if debugging():
         raise error
     message = user_message(error)

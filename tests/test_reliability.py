@@ -5,6 +5,7 @@ refused on every load path, explicit flags kept over a checkpoint's, one writer 
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -296,7 +297,11 @@ def test_a_rank_that_stops_answering_or_dies_ends_the_ddp_job_with_a_message(tin
     assert job.returncode != 0
     assert ended_after < 90, f"the job took {ended_after:.0f} s to end"
     last = err.strip().splitlines()[-1]
-    assert last.startswith("stopped (rank 0): another rank failed or stopped answering"), err[-3000:]
+    ours = last.startswith("stopped (rank 0): another rank failed or stopped answering")
+    # A killed child is also seen by Lightning's launcher, which polls its children every 5 s, logs this line and
+    # kills rank 0: before or after rank 0's own line, by chance. Either line says what happened.
+    launchers = re.fullmatch(r"\[rank: 1\] Child process with PID \d+ terminated with code -9\. .*", last)
+    assert ours or (how == "killed" and launchers), err[-3000:]
 
 
 @pytest.mark.parametrize("flag, minutes", [([], 10), (["--ddp_timeout_minutes=0.5"], 0.5)])
