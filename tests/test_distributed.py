@@ -5,7 +5,6 @@ world size, rank zero alone writes, and data parallelism computes what one proce
 """
 
 import os
-import shutil
 import sys
 from pathlib import Path
 from unittest import mock
@@ -15,7 +14,7 @@ import torch
 
 from conftest import CONFIGS, read_scalars, run_project, tiny_args
 from project.cli import cli_main, close_process_group
-from test_strategies import NO_AUGMENT, network_state, relative_difference
+from test_strategies import NO_AUGMENT, relative_difference
 
 pytestmark = pytest.mark.slow
 
@@ -48,9 +47,12 @@ def run_files(run_dir: Path) -> dict[str, list[Path]]:
 
 @pytest.fixture(scope="module")
 def ddp_run(tiny_root, tmp_path_factory) -> Path:
-    """One 2-process gloo DDP fit of the shrunk quickstart; shared by the tests that inspect its outputs."""
+    """One 2-process gloo DDP fit of the shrunk quickstart, 2 epochs validated after the second only, progress bar on;
+    shared by the tests that inspect its outputs."""
     run_dir = tmp_path_factory.mktemp("ddp_run")
-    assert_ok(run_project(["fit", *tiny_args(tiny_root, run_dir), *CPU_DDP]))
+    args = ["fit", *tiny_args(tiny_root, run_dir, "--trainer.max_epochs=2", "--trainer.check_val_every_n_epoch=2",
+                              "--trainer.enable_progress_bar=true"), *CPU_DDP, "--ddp_timeout_minutes=1"]
+    assert_ok(run_project(args, timeout=240))
     return run_dir
 
 
@@ -58,13 +60,21 @@ def test_ddp_two_processes_write_one_run_from_rank_zero(ddp_run):
     files = run_files(ddp_run)
     assert [p.name for p in files["versions"]] == ["version_0"]
     names = sorted(p.name for p in files["checkpoints"])
-    assert len(names) == 2 and names[0].startswith("epoch000-val_acc1=") and names[1] == "last.ckpt"
+    assert len(names) == 2 and names[0].startswith("epoch001-val_acc1=") and names[1] == "last.ckpt"
     assert len(files["configs"]) == 1 and len(files["event_files"]) == 1
     scalars = read_scalars(files["versions"][0])
     assert len(scalars["val/acc1"]) == 1  # logged once, by rank 0, after the cross-rank reduction
     # 40 train images over 2 ranks in batches of 8: 20 per rank, 3 steps per epoch (the run counts each step once)
     checkpoint = torch.load(ddp_run / "lightning_logs/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
-    assert checkpoint["global_step"] == 3
+    assert checkpoint["global_step"] == 6
+
+
+def test_ddp_with_the_progress_bar_gets_past_an_epoch_end_without_validation(ddp_run):
+    # Only rank 0 draws the bar, and reading the epoch's metrics for it reduces the sync_dist ones (train/effective_lr)
+    # there first; rank 1 went on into last.ckpt's agreement: both waited on each other (seen: a hang to the timeout,
+    # 1 minute here). ddp_run's epoch 0 ends without validation, with the bar on; it ran both epochs, 3 steps each:
+    last = ddp_run / "lightning_logs/version_0/checkpoints/last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 6
 
 
 def validate_metrics(checkpoint: Path, tiny_root: Path, run_dir: Path, devices: int) -> dict[str, float]:
@@ -103,10 +113,12 @@ def test_ddp_spawn_two_processes_train_one_run(tiny_root, tmp_path):
     assert last["global_step"] == 3  # 2 ranks x 3 steps of 8 images; one process would make 5
 
 
-def test_ddp_2x_batch_b_with_sync_batchnorm_equals_one_process_with_batch_2b(tiny_root, tmp_path):
+def test_ddp_2x_batch_b_with_sync_batchnorm_and_ema_equals_one_process_with_batch_2b(tiny_root, tmp_path):
     # float64: in float32, 6-image BatchNorm batches amplify rounding to ~1e-3 after 3 steps (measured), hiding
-    # whether the two computations are the same; in float64 they agree to ~3e-14.
-    steps = ["--trainer.limit_train_batches=3", "--trainer.precision=64-true", *NO_AUGMENT]
+    # whether the two computations are the same; in float64 they agree to ~3e-14. The EMA callback averages on each
+    # rank: its weights must agree as well.
+    steps = ["--trainer.limit_train_batches=3", "--trainer.precision=64-true", *NO_AUGMENT,
+             "--trainer.callbacks+=project.callbacks.ema.EMA", "--trainer.callbacks.decay=0.5"]
     single = ["fit", *tiny_args(tiny_root, tmp_path / "single"), "--data.batch_size=12", *steps]
     ddp = ["fit", *tiny_args(tiny_root, tmp_path / "ddp"), *CPU_DDP, "--data.batch_size=6", "--trainer.sync_batchnorm=true", *steps]
     in_process(single)  # the one-process reference runs here; the 2 ranks are real processes
@@ -116,12 +128,21 @@ def test_ddp_2x_batch_b_with_sync_batchnorm_equals_one_process_with_batch_2b(tin
     assert leaked == torch.float32, leaked
     assert_ok(run_project(ddp))
     last = "lightning_logs/version_0/checkpoints/last.ckpt"
-    difference = relative_difference(network_state(tmp_path / "ddp" / last), network_state(tmp_path / "single" / last))
-    assert difference <= 1e-9, difference
+    (ddp_averaged, ddp_raw), (single_averaged, single_raw) = (
+        ema_and_raw(tmp_path / run / last) for run in ("ddp", "single"))
+    assert relative_difference(ddp_raw, single_raw) <= 1e-9
+    assert relative_difference(ddp_averaged, single_averaged) <= 1e-9
+    assert relative_difference(single_averaged, single_raw) > 1e-3  # the EMA's are other weights than the trained
     # the recipe saw the same global batch in both: LR 0.2 x 12 / 256
     for run in ("single", "ddp"):
         lr = read_scalars(tmp_path / run / "lightning_logs/version_0")["train/effective_lr"][0][1]
         assert lr == pytest.approx(0.2 * 12 / 256)
+
+
+def ema_and_raw(checkpoint: Path) -> tuple[dict, dict]:
+    """The EMA callback's averaged weights (the checkpoint's state_dict) and the trained ones it keeps beside them."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    return state["state_dict"], state["current_model_state"]
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"]
@@ -142,14 +163,3 @@ def test_torchrun_with_a_process_count_that_does_not_match_devices_stops_with_a_
     assert "torchrun started 2 processes but the Trainer expects 1" in result.stderr
     assert "--trainer.devices=2" in result.stderr
     assert not (tmp_path / "lightning_logs").exists()  # stopped before anything was written
-
-
-def test_ddp_with_the_progress_bar_gets_past_an_epoch_end_without_validation(tiny_root, tmp_path):
-    # Only rank 0 draws the bar, and reading the epoch's metrics for it reduces the sync_dist ones (train/effective_lr)
-    # there first; rank 1 went on into last.ckpt's agreement: both waited on each other (seen: a hang to the timeout).
-    args = ["fit", *tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=2", "--trainer.check_val_every_n_epoch=2",
-                              "--trainer.enable_progress_bar=true"), *CPU_DDP, "--ddp_timeout_minutes=1"]
-    result = run_project(args, timeout=240)
-    assert_ok(result)
-    last = tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt"
-    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 6  # 2 epochs of 3 steps per rank
