@@ -1,5 +1,5 @@
-"""Multi-process training on CPU with gloo: ddp, ddp_spawn and torchrun train one job, evaluation is exact at any
-world size, rank zero alone writes, and data parallelism computes what one process computes.
+"""Multi-process training on CPU with gloo: ddp and ddp_spawn train one job (torchrun: tests/test_elastic_restart.py),
+evaluation is exact at any world size, rank zero alone writes, and data parallelism computes what one process computes.
 
     python -m pytest tests/test_distributed.py
 """
@@ -146,15 +146,6 @@ def ema_and_raw(checkpoint: Path) -> tuple[dict, dict]:
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"]
-
-
-def test_torchrun_two_processes_train_as_one_job(tiny_root, tmp_path):
-    result = run_project(["fit", *tiny_args(tiny_root, tmp_path), *CPU_DDP], launcher=TORCHRUN)
-    assert_ok(result)
-    files = run_files(tmp_path)
-    assert len(files["versions"]) == 1 and len(files["checkpoints"]) == 2 and len(files["event_files"]) == 1
-    checkpoint = torch.load(files["checkpoints"][-1], map_location="cpu", weights_only=True)
-    assert checkpoint["global_step"] == 3  # 2 ranks x 3 steps of 8 images, not 2 separate 5-step runs
 
 
 def test_torchrun_with_a_process_count_that_does_not_match_devices_stops_with_a_clear_error(tiny_root, tmp_path):

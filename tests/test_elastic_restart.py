@@ -1,4 +1,5 @@
-"""torchrun --max-restarts: a rank killed with -9 mid-epoch, the job restarted, resumed from last.ckpt, same weights.
+"""torchrun: 2 processes train one job; with --max-restarts, a rank killed with -9 mid-epoch, the job restarted,
+resumed from last.ckpt, same weights.
 
     python -m pytest tests/test_elastic_restart.py -q -p no:cacheprovider
 """
@@ -87,6 +88,11 @@ def test_a_rank_killed_mid_epoch_restarts_resumes_and_ends_with_the_uninterrupte
     reference = torchrun(tmp_path / "reference", rdzv())
     out = finish(reference)
     assert reference.returncode == 0, out[-3000:]
+    # torchrun's 2 processes trained one job, not 2 runs: the learning rate is scaled for both ranks' batches of 64,
+    # one version dir, one writer
+    assert "lr_per_256 0.2 x global batch 128 / 256" in out, out[-3000:]
+    assert len(list((tmp_path / "reference" / "lightning_logs").iterdir())) == 1
+    assert len(list((tmp_path / "reference").rglob("events.out.tfevents.*"))) == 1
 
     job = torchrun(tmp_path / "killed", rdzv())
     try:
