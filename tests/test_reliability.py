@@ -18,7 +18,7 @@ import lightning as L
 import pytest
 import torch
 
-from conftest import CONFIGS, REPO, callback, run_project, start_project, tiny_args
+from conftest import CONFIGS, REPO, callback, project_in_process, run_project, start_project, tiny_args
 from project import ImageClassifier, ImageNetDataModule
 from project.run.checkpoint_io import AtomicCheckpointIO
 from project.cli import cli_main
@@ -223,31 +223,33 @@ def children(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_second_fit_into_a_run_dir_in_use_stops_naming_the_first(trained, tiny_root, tmp_path):
+def test_a_second_fit_into_a_run_dir_in_use_stops_naming_the_first(trained, tiny_root, tmp_path, monkeypatch, capsys):
     import shutil
 
     root = tmp_path / "run"
     shutil.copytree(trained, root)
     args = ["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=3"), "--ckpt_path=last"]
     # The first stops itself after its first resumed step (trained ends at step 10) and stays stopped until the
-    # second has exited: it provably holds the run dir the whole time, however long either takes to start.
+    # second has exited: it provably holds the run dir the whole time, however long either takes to start. The
+    # second is python -m project's entry point in this process (the lock is per process).
     first = start_project([*args, callback("stop_callbacks.SignalAtStep", step=11, signum=int(signal.SIGSTOP))])
     try:
         wait_until_stopped(first)
-        second = run_project(args)
+        code, _, second_err = project_in_process(args, monkeypatch, capsys)
     finally:
         os.kill(first.pid, signal.SIGCONT)
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err[-3000:]
-    assert second.returncode == 2 and "Traceback" not in second.stderr
-    assert f"run dir {root / 'lightning_logs' / 'version_0'} is in use by pid {first.pid} on" in second.stderr
+    assert code == 2 and "Traceback" not in second_err
+    assert f"run dir {root / 'lightning_logs' / 'version_0'} is in use by pid {first.pid} on" in second_err
     version = root / "lightning_logs" / "version_0"
     assert len(list(version.glob("events.out.tfevents.*"))) == 2  # the first fit's and the resumed one's, no third
     assert sorted(p.name for p in version.glob("config*.yaml")) == ["config.1.yaml", "config.yaml"]
 
 
 @pytest.mark.slow
-def test_kill_9_leaves_no_lock_behind_though_its_dataloader_workers_outlive_it(tiny_root, tmp_path):
+def test_kill_9_leaves_no_lock_behind_though_its_dataloader_workers_outlive_it(tiny_root, tmp_path, monkeypatch,
+                                                                               capsys):
     # Workers forked after the lock was taken outlive a kill -9 of their parent (by ~5 s; stopped here, for as long
     # as the test needs): the lock must have died with the process that took it.
     args = ["fit", *tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=2", "--data.num_workers=2",
@@ -261,7 +263,7 @@ def test_kill_9_leaves_no_lock_behind_though_its_dataloader_workers_outlive_it(t
     try:
         first.kill()
         first.wait()
-        resumed = run_project([*args, "--ckpt_path=last"])
+        code, _, resumed_err = project_in_process([*args, "--ckpt_path=last"], monkeypatch, capsys)  # in this process
         orphans = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
     finally:
         for pid in workers:
@@ -270,8 +272,8 @@ def test_kill_9_leaves_no_lock_behind_though_its_dataloader_workers_outlive_it(t
             except ProcessLookupError:
                 pass
     assert orphans == workers  # they were there, holding whatever they inherited, during the whole second run
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "is in use" not in resumed.stderr
+    assert code == 0, resumed_err[-3000:]
+    assert "is in use" not in resumed_err
     assert torch.load(tmp_path / LAST, weights_only=True)["global_step"] == 10  # 2 epochs of 5 steps, resumed at 2
 
 
