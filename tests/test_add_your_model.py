@@ -4,12 +4,12 @@
 """
 
 import math
-import sys
 
 import pytest
 import torch
 import yaml
 from conftest import read_scalars, run_project, tiny_args
+from project.export import main as export_main
 
 # What a user writes: a plain nn.Module whose first argument is num_classes (the CLI links it from the data).
 MY_MODELS = '''
@@ -41,7 +41,7 @@ model:
 
 
 @pytest.mark.slow
-def test_backbone_from_a_module_outside_the_project_trains_by_config_alone(tiny_root, tmp_path):
+def test_backbone_from_a_module_outside_the_project_trains_by_config_alone(tiny_root, tmp_path, monkeypatch):
     code = tmp_path / "code"
     code.mkdir()
     (code / "my_models.py").write_text(MY_MODELS)
@@ -65,15 +65,13 @@ def test_backbone_from_a_module_outside_the_project_trains_by_config_alone(tiny_
     assert all(math.isfinite(value) for _, value in scalars["train/loss"])
     assert 0.0 <= scalars["val/acc1"][-1][1] <= 1.0
 
-    # Export finds the run's config.yaml beside its checkpoints/ and rebuilds the user's network from it.
-    exported = run_project(["export", f"--ckpt_path={version / 'checkpoints' / 'last.ckpt'}"], env={"PYTHONPATH": str(code)})
-    assert exported.returncode == 0, exported.stderr[-3000:]
+    # Export finds the run's config.yaml beside its checkpoints/ and rebuilds the user's network from it (in this
+    # process, with the user's folder on its path as the fit had it).
+    monkeypatch.syspath_prepend(str(code))
+    export_main([f"--ckpt_path={version / 'checkpoints' / 'last.ckpt'}"])
     program = torch.export.load(version / "export" / "model.pt2").module()
-    sys.path.insert(0, str(code))
-    try:
-        from my_models import TinyConvNet
-    finally:
-        sys.path.remove(str(code))
+    from my_models import TinyConvNet
+
     network = TinyConvNet(3, width=12).eval()
     network.load_state_dict({k.removeprefix("network."): v for k, v in weights.items() if k.startswith("network.")})
     images = torch.randn(4, 3, 32, 32)
