@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -100,6 +101,19 @@ def start_project(args: list[str], *, env: dict | None = None, new_session: bool
     """Start `python -m project ARGS` without waiting (for signals, kill -9, concurrent runs); output captured."""
     return subprocess.Popen([sys.executable, "-m", "project", *args], cwd=REPO, env=project_env(env), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=new_session)
+
+
+# Lightning's launcher (rank 0 of strategy ddp) polls its child ranks every 5 s; one that exited non-zero makes it log
+# this line and kill rank 0, by chance before or after rank 0's own last line.
+LAUNCHER_LINE = re.compile(r"\[rank: \d+\] Child process with PID \d+ terminated with code -?\d+\. .*")
+
+
+def last_line(stderr: str) -> str:
+    """The last line a ddp job's own code printed: stderr's last, after any trailing Lightning launcher lines."""
+    lines = stderr.strip().splitlines()
+    while len(lines) > 1 and LAUNCHER_LINE.fullmatch(lines[-1]):
+        lines.pop()
+    return lines[-1] if lines else ""
 
 
 def callback(class_path: str, **init_args) -> str:
