@@ -203,7 +203,8 @@ def report_and_exit(error: BaseException) -> None:
     later: Lightning's kills its children), leaves it in a note for the others, and only then closes its process
     group, so the others stop now rather than at their timeout. A rank that stops because a peer failed prints its own
     short line, then the culprit's from the note (on one node): the last line is the one to read, under any load.
-    (A rank killed outright leaves no note; Lightning's launcher may then print the last line, naming the dead child.)"""
+    (Lightning's launcher, seeing a child rank exit, may add its own line naming the child's pid and exit code, after
+    these or, killing this rank first, instead of them.)"""
     if debugging():
         raise error
     message = user_message(error)
