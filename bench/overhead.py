@@ -15,7 +15,7 @@ schedule (project.optim), the same step count and the same threads, and must end
     stock   a minimal LightningModule (StockClassifier: loss, self.log("train/loss"), the same optimizer and schedule)
             under a stock `lightning.Trainer` with what a user gets without asking: its default TensorBoard logger and
             its default ModelCheckpoint (one save at the epoch end), no callbacks of ours;
-    ours    ImageClassifier and the Trainer as `python -m project fit` builds them (project.cli.cli_main: its
+    ours    ImageClassifier and the Trainer as `python -m project fit` builds them (project.engine.cli.cli_main: its
             callbacks, plugins and strategy), fed the same synthetic data.
 Both Lightning arms log every 10 steps, validate never and show no progress bar (--progress-bar: one in both,
 refreshed every 10 steps). After two short untimed warm-up rounds, each round trains one Lightning arm, stock and
@@ -59,8 +59,8 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from project.backbones import build_resnet  # noqa: E402
-from project.cli import cli_main  # noqa: E402
-from project.compat.sigterm_broadcast import restore_lightning_sigterm_broadcast  # noqa: E402
+from project.engine.cli import cli_main  # noqa: E402
+from project.engine.compat.sigterm_broadcast import restore_lightning_sigterm_broadcast  # noqa: E402
 from project.data.device_normalize import NormalizeBatch  # noqa: E402
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
 from project.optim import parameter_groups, scaled_lr, warmup_then_decay  # noqa: E402

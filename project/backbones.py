@@ -18,7 +18,7 @@ from torch import nn
 from torchvision import models
 from torchvision.models import WeightsEnum
 
-from project.errors import ConfigError
+from project.engine.errors import ConfigError
 
 NETWORK = "network"  # the attribute of HasNetwork; its tensors are `network.*` in a checkpoint's state_dict
 
@@ -29,7 +29,7 @@ class HasNetwork(Protocol):
 
     The network is what is averaged (project.callbacks.ema), frozen but for its head (project.callbacks.finetuning),
     loaded from pretrained weights and read from checkpoints (`network.` keys, project.weights), exported
-    (project.export) and grouped for the optimizer (project.optim): plain torch, no Lightning, no metrics. Its
+    (project.engine.export) and grouped for the optimizer (project.optim): plain torch, no Lightning, no metrics. Its
     classifier head is the last nn.Linear or nn.Conv2d it registers (classifier_head). A module of your own works
     with all of them by holding its network there; `isinstance(module, HasNetwork)` tells whether it does.
     """

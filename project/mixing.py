@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
 
-from project.errors import ConfigError
-from project.option_types import BelowOne, NonNegativeFloat, UnitInterval, check_fields
+from project.engine.errors import ConfigError
+from project.engine.options import BelowOne, NonNegativeFloat, UnitInterval, check_fields
 
 
 class BatchMixer:

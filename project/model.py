@@ -22,12 +22,12 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from project.backbones import NetworkRunner, build_network
 from project.callbacks.finetuning import FineTuning, FreezeBackbone
-from project.errors import ConfigError
+from project.engine.errors import ConfigError
 from project.mixing import Loss
-from project.option_types import PositiveInt, check_arguments
+from project.engine.options import PositiveInt, check_arguments
 from project.optim import (Optimization, ResumedOptimizerSettings, build_optimization, check_optimizer_state_fits,
                            scaled_lr)
-from project.seeds import StepSeed, batch_seed
+from project.engine.seeds import StepSeed, batch_seed
 from project.weights import fetch_weights, load_pretrained
 
 
@@ -160,7 +160,7 @@ class ImageClassifier(L.LightningModule):
         loss = self.loss(self(images), targets)
         # Every step, so a callback monitoring train/loss always sees the current value (logging it only on the
         # steps Lightning writes would save ~0.7 ms per step on a CPU: docs/benchmarks.md, not worth that). Not
-        # prog_bar=True: Lightning would read it on the host every step (project.callbacks.progress_bar).
+        # prog_bar=True: Lightning would read it on the host every step (project.engine.callbacks.progress_bar).
         self.log("train/loss", loss)
         return loss
 

@@ -18,8 +18,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from project.backbones import classifier_head
-from project.errors import CheckpointError, ConfigError
-from project.option_types import (BelowOne, NonNegativeFloat, NonNegativeInt, PositiveFloat, ShrinkFactor,
+from project.engine.errors import CheckpointError, ConfigError
+from project.engine.options import (BelowOne, NonNegativeFloat, NonNegativeInt, PositiveFloat, ShrinkFactor,
                                   check_fields)
 
 

@@ -18,7 +18,7 @@ from torch import nn
 from torchvision.models import WeightsEnum, get_model_weights
 
 from project.backbones import NETWORK, classifier_head, head_outputs, torchvision_weights
-from project.errors import ConfigError, MissingInputError
+from project.engine.errors import ConfigError, MissingInputError
 
 CKPT_PREFIX = NETWORK + "."  # the network of a HasNetwork module (ImageClassifier), in its checkpoints
 # torchvision's DenseNet files predate a rename of 'norm.1' to 'norm1' (and relu, conv); its builder renames the keys

@@ -15,7 +15,7 @@ from project import ImageClassifier
 from project.backbones import (
     ARCHS, FAMILIES, RESNET_ARCHS, build_network, build_resnet, classifier_head, family_of, head_outputs,
 )
-from project.cli import cli_main
+from project.engine.cli import cli_main
 
 # The family the README promises; RESNET_ARCHS must offer exactly these (and the tests below run each).
 PROMISED_ARCHS = {

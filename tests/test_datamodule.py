@@ -13,7 +13,7 @@ import torch
 
 from conftest import tiny_args, write_image_folder
 from project import ImageNetDataModule
-from project.cli import cli_main
+from project.engine.cli import cli_main
 from project.data.embedded import materialize_digits, resolve_root
 from project.data.layout import DataLayoutError
 

@@ -22,7 +22,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 from project.data.datamodule import ImageNetDataModule
 from project.data.decoders import image_loader, main, resolve_decoder
 from project.data.image_folders import DecodedImageFolder, collate_readable
-from project.errors import UnreadableImageError
+from project.engine.errors import UnreadableImageError
 
 HAS_TORCHCODEC = importlib.util.find_spec("torchcodec") is not None
 NEEDS_TORCHCODEC = pytest.mark.skipif(not HAS_TORCHCODEC, reason='torchcodec is not installed: pip install -e ".[torchcodec]"')

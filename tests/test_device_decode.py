@@ -25,7 +25,7 @@ from project.data.device_pipeline import DevicePipeline
 from project.data.image_folders import DecodedImageFolder, EncodedBatch, EncodedImageFolder, collate_encoded
 from project.data.training_samples import SeededSamples
 from project.data.transforms import eval_preset, train_preset
-from project.errors import ConfigError
+from project.engine.errors import ConfigError
 from test_decode import two_colour
 
 NEEDS_TORCHCODEC = pytest.mark.skipif(importlib.util.find_spec("torchcodec") is None,
@@ -238,7 +238,7 @@ def test_fit_with_device_decode_skips_a_broken_jpeg(tiny_root, tmp_path, caplog,
 
     from conftest import tiny_args
 
-    from project.cli import cli_main
+    from project.engine.cli import cli_main
 
     root = tmp_path / "data"
     shutil.copytree(tiny_root, root)

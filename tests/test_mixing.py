@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from project.mixing import BatchMixer, soft_target_loss
-from project.seeds import batch_seed
+from project.engine.seeds import batch_seed
 
 CLASSES = 10
 

@@ -106,7 +106,7 @@ def test_a_key_of_the_flat_model_is_one_line_naming_its_new_place(given, expecte
                                                                    capsys):
     import sys
 
-    from project.cli import main
+    from project.engine.cli import main
 
     if isinstance(given, str):
         old = tmp_path / "old.yaml"

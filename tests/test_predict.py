@@ -20,7 +20,7 @@ from PIL import Image
 from project import ImageClassifier, cli_main
 from project.data.decoders import image_loader
 from project.data.predict import ImagePathDataset, list_images
-from project.errors import UnreadableImageError
+from project.engine.errors import UnreadableImageError
 from project.data.transforms import eval_preset
 
 
@@ -276,7 +276,7 @@ def test_predictions_that_find_the_disk_full_are_written_to_tmpdir_and_the_error
     rescue_dir = tmp_path / "tmp"
     rescue_dir.mkdir()
     # TMPDIR=rescue_dir as for a process: tempfile reads it once and caches the answer (tempfile.tempdir), which the
-    # rescue (tempfile.gettempdir(), project/callbacks/prediction_writer.py) then returns; both restored after.
+    # rescue (tempfile.gettempdir(), project/engine/callbacks/prediction_writer.py) then returns; both restored after.
     monkeypatch.setenv("TMPDIR", str(rescue_dir))
     monkeypatch.setattr(tempfile, "tempdir", None)
     assert tempfile.gettempdir() == str(rescue_dir)

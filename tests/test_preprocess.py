@@ -19,7 +19,7 @@ from torchvision import models
 
 from project.data.decoders import image_loader
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_preset
-from project.export import export_network
+from project.engine.export import export_network
 
 TOOL = REPO / "tools" / "preprocess.py"
 # (width, height): landscape and portrait photos, thin strips, a square smaller than the crop, one already at size.

@@ -20,10 +20,10 @@ import torch
 from conftest import (CONFIGS, LAUNCHER_LINE, REPO, callback, last_line, project_in_process, run_project,
                       start_project, tiny_args)
 from project import ImageClassifier, ImageNetDataModule
-from project.run.checkpoint_io import AtomicCheckpointIO
-from project.cli import cli_main
-from project.errors import CheckpointError, exit_on_user_error
-from project.export import main as export_main
+from project.engine.run.checkpoint_io import AtomicCheckpointIO
+from project.engine.cli import cli_main
+from project.engine.errors import CheckpointError, exit_on_user_error
+from project.engine.export import main as export_main
 
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
 
@@ -46,7 +46,7 @@ def trained(tiny_root, tmp_path_factory) -> Path:
 SAVE_LOOP = """
 import sys, torch
 from pathlib import Path
-from project.run.checkpoint_io import AtomicCheckpointIO
+from project.engine.run.checkpoint_io import AtomicCheckpointIO
 io, path = AtomicCheckpointIO(), Path(sys.argv[1])
 for version in range(1000):
     io.save_checkpoint({"version": version, "weights": torch.full((24_000_000,), float(version))}, path)  # ~96 MB

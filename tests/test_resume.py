@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import CONFIGS, REPO, callback, project_env, run_project, start_project, tiny_args
-from project.cli import cli_main
+from project.engine.cli import cli_main
 
 # 40 images in batches of 8: 5 steps per epoch on one process, 3 per rank (20 images each) under ddp x2.
 EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3",

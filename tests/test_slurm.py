@@ -18,7 +18,7 @@ from jsonargparse import Namespace
 
 import slurm_cluster
 from conftest import REPO, TESTS, callback, read_scalars, tiny_args
-from project.run.resume import plan_run
+from project.engine.run.resume import plan_run
 from test_resume import assert_same_training, final_state
 
 

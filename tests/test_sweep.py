@@ -1,4 +1,4 @@
-"""Sweeps (project/run/sweep.py): workers share one Optuna study through its journal, each trial an ordinary fit in
+"""Sweeps (project/engine/run/sweep.py): workers share one Optuna study through its journal, each trial an ordinary fit in
 its own run dir whose value is the best val/acc1 its TensorBoard events hold; pruned trials stop at the pruning
 validation (under ddp too); a worker killed with -9 leaves its trial to the next worker, which resumes its
 last.ckpt; bad input is one line before any trial. Real `python -m project sweep` processes on
@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from conftest import CONFIGS, read_scalars, run_project, start_project
-from project.errors import exit_on_user_error
-from project.cli import cli_main
-from project.run.sweep import main as sweep_main
+from project.engine.errors import exit_on_user_error
+from project.engine.cli import cli_main
+from project.engine.run.sweep import main as sweep_main
 
 SWEEP = CONFIGS / "sweep" / "quickstart.yaml"
 FAST_HEARTBEAT = ["--sweep.heartbeat_interval=1", "--sweep.grace_period=4"]

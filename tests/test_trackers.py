@@ -140,7 +140,7 @@ def test_wandb_offline_and_csv_stopped_and_resumed_keep_one_run_id_and_one_run_d
     assert "wandb sync" in resumed.stdout + resumed.stderr
     # CSV beside them: moved from save_dir "elsewhere" into the one run dir, with TensorBoard's events and the run's
     # files; its metrics.csv continues across the resume (Lightning's CSVLogger alone would have deleted the first
-    # start's rows: project.run.trackers.continue_csv_logs), each step once, the steps TensorBoard holds.
+    # start's rows: project.engine.run.trackers.continue_csv_logs), each step once, the steps TensorBoard holds.
     assert (run_dir / "metrics.csv").is_file() and list(run_dir.glob("events.out.tfevents.*"))
     assert (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints" / "last.ckpt").is_file()
     with open(run_dir / "metrics.csv", newline="") as file:

@@ -4,7 +4,7 @@ expects, exit 2, no traceback, no run dir (issue 21, item 3).
     python -m pytest tests/test_value_checks.py -q
 
 Most cases run in-process (the real CLI parser, or the class called from Python) and read the line
-project.errors.user_message prints; a few run `python -m project fit` for the whole contract.
+project.engine.errors.user_message prints; a few run `python -m project fit` for the whole contract.
 """
 
 import argparse
@@ -21,10 +21,10 @@ from project import ImageNetDataModule
 from project.backbones import FAMILIES, build_network, family_of, image_size_problem
 from project.callbacks.ema import EMA
 from project.callbacks.finetuning import FineTuning, FreezeBackbone
-from project.callbacks.throughput import ThroughputLogger
-from project.cli import cli_main
+from project.engine.callbacks.throughput import ThroughputLogger
+from project.engine.cli import cli_main
 from project.data.progressive_resizing import ProgressiveResizing
-from project.errors import ConfigError, UserError, user_message
+from project.engine.errors import ConfigError, UserError, user_message
 from project.mixing import Loss
 from project.model import ImageClassifier
 from project.optim import Optimization
@@ -181,7 +181,7 @@ def test_python_m_project_stops_on_a_bad_data_value_with_one_line_exit_2_and_not
 
 # ------------------------------------------------------------------------------------------------------------------
 # Model options: ImageClassifier.__init__, its groups (Optimization, Loss, FineTuning), the callbacks' options
-# (types in project/option_types.py: parse-time checks; __post_init__ / __init__ checks for Python callers)
+# (types in project/engine/options.py: parse-time checks; __post_init__ / __init__ checks for Python callers)
 # ------------------------------------------------------------------------------------------------------------------
 
 def classifier(**overrides) -> ImageClassifier:
@@ -363,7 +363,7 @@ MODEL_CLI_CASES = {
     "peak FLOP/s without counting": (["--throughput.peak_flops=4e14", "--throughput.count_flops=false"],
                                      "drop --throughput.peak_flops or set --throughput.count_flops=true", "init"),
     "EMA device": ([EMA_CALLBACK, "--trainer.callbacks.device=gpu"], "EMA.device: expected a torch device", "init"),
-    # model.image_sizes, linked from the data module (project.cli): sizes a network cannot take.
+    # model.image_sizes, linked from the data module (project.engine.cli): sizes a network cannot take.
     "an arch too deep for 32 px": (["--model.arch=inception_v3"], "model.arch inception_v3 cannot take the 32 px images "
                                    "of data.train_crop_size", "init"),
     "a ViT at two sizes": (["--model.arch=vit_b_16", "--data.eval_crop_size=48"], "model.arch vit_b_16 cannot take the "

@@ -1,4 +1,4 @@
-"""Which checkpoint wins, and which run dir a run writes into: each row of README "Resume" (project.run.resume), in-process.
+"""Which checkpoint wins, and which run dir a run writes into: each row of README "Resume" (project.engine.run.resume), in-process.
 
     python -m pytest tests/test_which_checkpoint.py
 """
@@ -12,12 +12,12 @@ import pytest
 import torch
 from jsonargparse import Namespace
 
-from project.errors import CheckpointError
-from project.run.resume import plan_run, start_run
+from project.engine.errors import CheckpointError
+from project.engine.run.resume import plan_run, start_run
 
 
 def write_checkpoint(path: Path, step: int, *, epoch: int = 0, mtime: float | None = None) -> Path:
-    """A small but complete Lightning-format checkpoint (the keys project.run.resume checks, real tensors)."""
+    """A small but complete Lightning-format checkpoint (the keys project.engine.run.resume checks, real tensors)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"state_dict": {"network.w": torch.full((2,), float(step))}, "epoch": epoch, "global_step": step,
                 "hyper_parameters": {"arch": "resnet18", "num_classes": 3}}, path)
@@ -142,7 +142,7 @@ def test_a_tensorboard_logger_with_its_own_save_dir_and_name_is_where_runs_are_f
 
 
 def test_a_remote_root_is_refused_in_one_line(tmp_path):
-    from project.errors import ConfigError
+    from project.engine.errors import ConfigError
 
     with pytest.raises(ConfigError, match="trainer.default_root_dir s3://bucket/runs: runs write to a local or mounted"):
         plan_run("fit", fit_config("s3://bucket/runs"))

@@ -28,8 +28,8 @@ from torchvision.datasets.imagenet import ARCHIVE_META, META_FILE
 from torchvision.datasets.utils import check_integrity
 
 from project.data.layout import CLASS_INDEX_FILE
-from project.errors import DiskFullError
-from project.run.checkpoint_io import atomic_write, remove_stale_partials
+from project.engine.errors import DiskFullError
+from project.engine.run.checkpoint_io import atomic_write, remove_stale_partials
 
 TRAIN_IMAGES, VAL_IMAGES, NUM_CLASSES = 1_281_167, 50_000, 1_000
 DEVKIT_DATA = "ILSVRC2012_devkit_t12/data"

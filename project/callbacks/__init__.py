@@ -1,4 +1,1 @@
-from project.callbacks.prediction_writer import PredictionCsvWriter
-from project.callbacks.throughput import ThroughputLogger
-
-__all__ = ["PredictionCsvWriter", "ThroughputLogger"]
+"""The recipe's callbacks: EMA of the weights, and freezing the backbone while the new head warms up."""

@@ -38,8 +38,8 @@ from torch import nn
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from project.backbones import NETWORK, HasNetwork
-from project.errors import ConfigError
-from project.option_types import NonNegativeFloat, PositiveInt, UnitInterval, check_arguments
+from project.engine.errors import ConfigError
+from project.engine.options import NonNegativeFloat, PositiveInt, UnitInterval, check_arguments
 
 
 def torchvision_ema_decay(decay: float, images_per_update: int, epochs: float) -> float:

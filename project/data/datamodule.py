@@ -24,12 +24,12 @@ from project.data.options import (AreaFraction, NonNegativeInt, PositiveInt, Pro
                                   check_combinations, check_option_values)
 from project.data.predict import ImagePathDataset, list_images
 from project.data.progressive_resizing import ProgressiveResizing, TrainPresetPerEpoch
-from project.data.samplers import (ExactDistributedSampler, ResumableDataLoader, ResumableSampler, loader_state,
+from project.engine.samplers import (ExactDistributedSampler, ResumableDataLoader, ResumableSampler, loader_state,
                                    restore_loader_state)
 from project.data.training_samples import SeededSamples
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, AutoAugmentName, eval_preset, train_preset
-from project.errors import ConfigError
-from project.run.signals import ignore_stop_signals
+from project.engine.errors import ConfigError
+from project.engine.run.signals import ignore_stop_signals
 
 
 class ImageNetDataModule(L.LightningDataModule):
@@ -235,7 +235,7 @@ class ImageNetDataModule(L.LightningDataModule):
         """Where the training order stands, saved in every checkpoint (LightningDataModule's own hook).
 
         Lightning also saves it through the train loader's state_dict, but restores that one too late when the
-        model reads trainer.estimated_stepping_batches (Lightning #20550, project.compat): this copy is restored
+        model reads trainer.estimated_stepping_batches (Lightning #20550, project.engine.compat): this copy is restored
         before the train loader is built.
         """
         state: dict[str, Any] = {"class_names": self.class_names, "class_labels": self.class_labels}  # for export

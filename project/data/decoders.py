@@ -29,7 +29,7 @@ from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms.v2.functional import pil_to_tensor, to_dtype
 
-from project.errors import ConfigError, UnreadableImageError
+from project.engine.errors import ConfigError, UnreadableImageError
 
 try:  # torchvision 0.29 deprecates its image decoders for TorchCodec's; a later release removes them
     from torchvision.io import ImageReadMode, decode_image

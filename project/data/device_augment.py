@@ -25,7 +25,7 @@ from torchvision.ops import roi_align
 from torchvision.transforms import v2
 
 from project.data.transforms import CROP_RATIO
-from project.errors import ConfigError
+from project.engine.errors import ConfigError
 
 BUCKET_PIXELS = 1 << 24  # padded crop pixels per roi_align: ~0.65 GB of transient device memory (index, uint8, float)
 

@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 from project.data.decoders import DEVICE_DECODERS, image_loader
-from project.errors import UnreadableImageError
+from project.engine.errors import UnreadableImageError
 
 try:
     from torchvision.io import ImageReadMode, decode_jpeg

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from project.errors import ConfigError
+from project.engine.errors import ConfigError
 
 EMBEDDED_PREFIX = "embedded:"
 EMBEDDED_SETS = ("digits",)

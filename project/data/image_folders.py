@@ -17,7 +17,7 @@ from torchvision.datasets import ImageFolder
 from project.data.decoders import DEVICE_DECODERS, Decoder, OnCorrupt, image_loader
 from project.data.device_augment import Crop, TrainCrop
 from project.data.device_decode import load_for_device
-from project.errors import ConfigError, UnreadableImageError
+from project.engine.errors import ConfigError, UnreadableImageError
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from project.errors import ConfigError
+from project.engine.errors import ConfigError
 
 CLASS_INDEX_FILE = "class_index.json"
 EXPECTED_LAYOUT = "expected layout: ROOT/train/<class>/<image>.JPEG and ROOT/val/<class>/<image>.JPEG"

@@ -18,7 +18,7 @@ from typing import Any, Literal, Optional, Union
 
 from jsonargparse.typing import register_type
 
-from project.errors import ConfigError
+from project.engine.errors import ConfigError
 
 
 def _number(name: str, base: type, expected: str, fits: Callable[[Any], bool]) -> type:

@@ -25,7 +25,7 @@ from torch.utils.data import Dataset, get_worker_info
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from project.data.decoders import Decoder, OnCorrupt, image_loader
-from project.errors import ConfigError, MissingInputError, UnreadableImageError, shown
+from project.engine.errors import ConfigError, MissingInputError, UnreadableImageError, shown
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from project.data.transforms import train_preset
-from project.errors import ConfigError
+from project.engine.errors import ConfigError
 
 Transform = Callable[[Any], Any]
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from project.seeds import sample_seed
+from project.engine.seeds import sample_seed
 
 Transform = Callable[[Any], Any]
 

@@ -11,7 +11,7 @@ from typing import Literal, Optional, Sequence
 import torch
 from torchvision.transforms import v2
 
-from project.errors import ConfigError
+from project.engine.errors import ConfigError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

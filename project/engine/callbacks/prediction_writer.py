@@ -1,0 +1,200 @@
+"""Write the predictions of `predict` to one CSV: path, then the top-k class names and probabilities, in path order.
+
+    python -m project predict --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt \
+        --data.predict_root path/to/images [--predictions.output predictions.csv]
+
+Under ddp each rank predicts its shard; the rows are gathered and global rank 0 alone writes the file.
+The output is checked to be writable before the first image is predicted, and the file is written all or nothing
+(atomic_write); should that write still fail (a full disk), the rows go to $TMPDIR and the error line says where:
+predictions are never lost once computed. Paths are the files' exact names: a name that is not UTF-8 (legal on Linux)
+is written as its raw bytes, so read the CSV with errors="surrogateescape" (pandas: encoding_errors=) and every
+path opens as it is; UTF-8 names, nearly all, read as plain text anywhere.
+"""
+
+import csv
+import io
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from project.engine.errors import ConfigError, DiskFullError, UserError, shown
+from project.engine.run.checkpoint_io import atomic_write
+
+DEFAULT_NAME = "predictions.csv"
+MAX_NAMED = 5  # unpredicted images named in the warning
+
+
+class PredictionsNotWrittenError(UserError):
+    """The predictions CSV could not be written where asked; the message says where the rows went instead."""
+
+
+def class_names_of(datamodule: Any, num_classes: Optional[int]) -> list[str]:
+    """Human-readable `class_labels` when the data module has them, else its `class_names`, else the indices."""
+    names = list(getattr(datamodule, "class_names", None) or [])
+    labels = getattr(datamodule, "class_labels", None)
+    if isinstance(labels, Mapping) and names:
+        names = [str(labels.get(name, name)) for name in names]
+    elif labels:
+        names = [str(label) for label in labels]
+    if num_classes is not None and len(names) != num_classes:
+        names = [str(i) for i in range(num_classes)]
+    return names
+
+
+def gather_rows(pl_module: L.LightningModule, rows: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Concatenate every rank's rows (shards may differ in length) on every rank."""
+    device = pl_module.device
+    counts = pl_module.all_gather(torch.tensor([rows.shape[0]], device=device)).reshape(world_size)
+    # all_gather needs equal shapes on every rank: pad to the longest shard, then cut each back.
+    padded = rows.new_zeros((int(counts.max()), *rows.shape[1:]))
+    padded[: rows.shape[0]] = rows
+    gathered = pl_module.all_gather(padded.to(device)).reshape(world_size, *padded.shape).cpu()
+    return torch.cat([gathered[rank, : int(count)] for rank, count in enumerate(counts.tolist())])
+
+
+class PredictionCsvWriter(BasePredictionWriter):
+    """Collects (index, top-k probabilities, top-k classes) per batch; one CSV at the end of the predict epoch.
+
+    Expects batches of (images, indices) where `indices` index the data set's `paths` (project.data.predict),
+    and predict_step outputs {"probs": (B, k), "classes": (B, k)} (ImageClassifier.predict_step).
+    """
+
+    def __init__(self, output: Optional[str] = None):
+        """
+        Args:
+            output: CSV file to write; None writes predictions.csv into the predict run's log dir (beside its
+                config.yaml).
+        """
+        super().__init__(write_interval="batch")
+        self.output = output
+        self.written: Optional[Path] = None
+        self._dataset: Any = None
+        self._output: Optional[Path] = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._indices: list[torch.Tensor] = []
+        self._probs: list[torch.Tensor] = []
+        self._classes: list[torch.Tensor] = []
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # log_dir is agreed on by a collective call, so every rank computes it, not only rank 0.
+        self._output = Path(self.output) if self.output else Path(trainer.log_dir or trainer.default_root_dir) / DEFAULT_NAME
+        if trainer.is_global_zero:
+            _check_writable(self._output)  # before any image is predicted, not after all of them
+
+    def on_predict_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._reset()
+        self._dataset = self._dataset_with_paths(trainer)
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        if self._dataset is None:
+            return
+        if dataloader_idx != 0:
+            raise ValueError(f"PredictionCsvWriter writes one predict dataloader, got dataloader_idx={dataloader_idx}")
+        if not (isinstance(batch, Sequence) and len(batch) == 2 and isinstance(prediction, Mapping)):
+            raise TypeError(
+                "PredictionCsvWriter expects batches of (images, indices) and predictions {'probs', 'classes'}; "
+                f"got a {type(batch).__name__} batch and a {type(prediction).__name__} prediction. "
+                "Predict through ImageNetDataModule.predict_dataloader (project.data.predict.ImagePathDataset)."
+            )
+        self._indices.append(torch.as_tensor(batch[1]).detach().cpu().long())
+        self._probs.append(prediction["probs"].detach().float().cpu())
+        self._classes.append(prediction["classes"].detach().cpu().long())
+
+    def on_predict_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        dataset = self._dataset
+        if dataset is None:
+            return
+        names = class_names_of(trainer.datamodule, pl_module.hparams.get("num_classes"))
+        k = self._probs[0].shape[1] if self._probs else min(5, len(names))
+        indices = torch.cat(self._indices) if self._indices else torch.empty(0, dtype=torch.long)
+        probs = torch.cat(self._probs) if self._probs else torch.empty(0, k)
+        classes = torch.cat(self._classes) if self._classes else torch.empty(0, k, dtype=torch.long)
+        world = trainer.world_size
+        indices, probs, classes = (gather_rows(pl_module, t, world) for t in (indices, probs, classes))
+        output = self._output
+        self._reset()
+        if not trainer.is_global_zero:
+            return
+        # Sorting by index restores the data set's (sorted path) order; a sampler's padding duplicates are dropped.
+        order = torch.argsort(indices, stable=True)
+        indices, probs, classes = indices[order], probs[order], classes[order]
+        keep = torch.ones_like(indices, dtype=torch.bool)
+        keep[1:] = indices[1:] != indices[:-1]
+        indices, probs, classes = indices[keep], probs[keep], classes[keep]
+        if len(indices) != len(dataset.paths):
+            missing = sorted(set(range(len(dataset.paths))) - set(indices.tolist()))
+            named = ", ".join(shown(dataset.paths[i]) for i in missing[:MAX_NAMED])
+            more = f" and {len(missing) - MAX_NAMED} more" if len(missing) > MAX_NAMED else ""
+            rank_zero_warn(f"predicted {len(indices)} of {len(dataset.paths)} images; not in the CSV: {named}{more} "
+                           "(unreadable with data.on_corrupt=skip, or cut by limit_predict_batches)")
+        content = csv_bytes([dataset.paths[i] for i in indices.tolist()], probs, classes, names)
+        self.written = _write_or_rescue(output, content, len(indices))
+        rank_zero_info(f"predictions for {len(indices)} images written to {shown(output)}")
+
+    @staticmethod
+    def _dataset_with_paths(trainer: L.Trainer) -> Any:
+        """The predict data set, or None (with a warning) when it cannot name its rows: nothing is written then."""
+        loaders = trainer.predict_dataloaders
+        loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+        dataset = getattr(loader, "dataset", None)
+        if not hasattr(dataset, "paths"):
+            rank_zero_warn(
+                f"no predictions CSV written: the predict data set ({type(dataset).__name__}) has no `paths` to name "
+                "the rows with; predict through the data module (--data.predict_root, project.data.predict)"
+            )
+            return None
+        return dataset
+
+
+def _check_writable(output: Path) -> None:
+    """Create a file beside `output` and remove it: a bad --predictions.output fails now, in one line."""
+    try:
+        if output.is_dir():
+            raise IsADirectoryError(21, "a folder is there")
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=output.parent, prefix=f".{output.name}.", suffix=".probe"):
+            pass
+    except OSError as error:
+        raise ConfigError(f"cannot write the predictions to {shown(output)} ({error.strerror or error}): pass "
+                          "--predictions.output FILE.csv in a folder you can write to") from error
+
+
+def csv_bytes(paths: list, probs: torch.Tensor, classes: torch.Tensor, names: list[str]) -> bytes:
+    """The CSV: header, then one row per path; each path cell holds the name's exact bytes (os.fsencode)."""
+    k = probs.shape[1]
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(["path", *(f"{col}_{rank}" for rank in range(1, k + 1) for col in ("class", "prob"))])
+    top_class = int(classes.max()) if classes.numel() else -1
+    label = [*names, *map(str, range(len(names), top_class + 1))]  # indices for unnamed classes
+    for path, row_probs, row_classes in zip(paths, probs.tolist(), classes.tolist()):
+        cells = [item for c, p in zip(row_classes, row_probs) for item in (label[c], f"{p:.6f}")]
+        # surrogateescape both ways: a byte that is not UTF-8 becomes a lone surrogate here and that byte again below.
+        writer.writerow([os.fsencode(path).decode("utf-8", "surrogateescape"), *cells])
+    return text.getvalue().encode("utf-8", "surrogateescape")
+
+
+def _write_or_rescue(output: Path, content: bytes, rows: int) -> Path:
+    """atomic_write `output`; if that fails, write the rows into $TMPDIR and raise an error line that says where."""
+    try:
+        return atomic_write(output, lambda file: file.write(content))
+    except (OSError, DiskFullError) as error:
+        reason = "no space left on the device" if isinstance(error, DiskFullError) else error.strerror or str(error)
+        rescue = Path(tempfile.gettempdir()) / f"{output.stem}.{os.getpid()}{output.suffix}"
+        try:
+            atomic_write(rescue, lambda file: file.write(content))
+        except (OSError, DiskFullError):
+            raise error from None
+        raise PredictionsNotWrittenError(
+            f"could not write {shown(output)} ({reason}); the predictions for {rows} images were written to "
+            f"{shown(rescue)} instead: move that file where you want it (or fix the cause and predict again)"
+        ) from error

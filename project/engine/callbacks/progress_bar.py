@@ -1,0 +1,35 @@
+"""The progress bar: train/loss, img/s, data wait and the latest val/acc1, read on the host only when it refreshes.
+
+    python -m project fit --config configs/quickstart.yaml        # refreshes every trainer.log_every_n_steps steps
+
+Lightning converts every value logged with `prog_bar=True` to a Python number at the end of *every* batch (its
+logger connector's on_batch_end), whatever the bar's refresh rate: one GPU-to-host synchronisation per step and key.
+So nothing here is logged with prog_bar=True; this bar reads the values itself when it refreshes: the loss from
+trainer.callback_metrics, the speed from the ThroughputLogger's last window.
+"""
+
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import TQDMProgressBar
+
+from project.engine.callbacks.throughput import ThroughputLogger
+
+SHOWN = {"train/loss": "train/loss", "val/loss": "val/loss", "val/acc1": "val/acc1"}
+
+
+class StepProgressBar(TQDMProgressBar):
+    """TQDMProgressBar that shows our metrics without asking Lightning to convert them every step."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        metrics = trainer.callback_metrics
+        for key, label in SHOWN.items():
+            if key in metrics:
+                items[label] = round(float(metrics[key]), 4)  # the host reads it here, at a refresh only
+        for callback in trainer.callbacks:
+            if isinstance(callback, ThroughputLogger) and callback.windows:
+                window = callback.windows[-1]
+                items["img/s"] = round(window["perf/images_per_sec"])
+                items["wait"] = round(window["perf/data_wait"], 2)
+        return items

@@ -1,0 +1,278 @@
+"""The command line: LightningCLI over ImageClassifier and ImageNetDataModule, with the run's safety rails.
+
+    python -m project fit --config configs/quickstart.yaml
+    python -m project validate --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt
+    python -m project fit --print_config
+
+What it adds to LightningCLI, in the order a run meets it: links (the class count, the run seed and the batch size
+flow from the data and the seed into the model; --print_config shows them); the run plan (project.engine.run.start_run:
+which checkpoint, loaded once and handed along, and for `fit` the run dir, created and locked for the length of the
+run before anything is built); explicit values kept over a checkpoint's hyperparameters (project.engine.compat.ckpt_hparams);
+the Trainer's plugins (atomic checkpoint files, Slurm without Lightning's signal-handler requeue, sync BN on gloo) and
+default callbacks; a check that the checkpoint fits the model and the data. A start that fails before training
+removes the run dir it created.
+"""
+
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Optional
+
+from jsonargparse import Namespace
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ProgressBar
+from lightning.pytorch.cli import LightningArgumentParser
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+import project.engine.strategies  # noqa: F401  registers strategy="dp" before any Trainer is built
+from project.backbones import torchvision_weights
+from project.engine.callbacks.prediction_writer import PredictionCsvWriter
+from project.engine.callbacks.progress_bar import StepProgressBar
+from project.engine.callbacks.throughput import ThroughputLogger
+from project.engine.compat.batch_limits import Trainer
+from project.engine.compat.ckpt_hparams import explicit_values, keep_explicit_model_values
+from project.engine.compat.moved_options import explain_moved_options
+from project.engine.compat.ckpt_read_once import CheckpointReadOnceCLI
+from project.engine.compat.elastic_store import init_attempt_process_group
+from project.engine.compat.spawn import trains_in_this_process
+from project.data import ImageNetDataModule
+from project.engine.errors import ConfigError, is_peer_failure, record_rank, user_message
+from project.model import ImageClassifier
+from project.engine.run import RunPlan, start_run
+from project.engine.run.checkpoint_checks import check_checkpoint_fits
+from project.engine.run.checkpoint_io import AtomicCheckpointIO
+from project.engine.run.last_checkpoint import LastCheckpoint
+from project.engine.run.launchers import check_process_count
+from project.engine.run.saved_config import KeepingSaveConfigCallback
+from project.engine.run.slurm import cluster_environment, slurm_job_id, task_line
+from project.engine.run.trackers import continue_csv_logs, how_to_look
+from project.engine.strategies.sync_batchnorm import SyncBatchNormAnyBackend
+from project.weights import eval_sizes
+
+
+def image_sizes(data: ImageNetDataModule) -> dict[str, int]:
+    """model.image_sizes: the side of every image the data module gives the network, by the option that sets it."""
+    ramp = data.hparams.get("progressive_resizing")
+    train = ({"data.progressive_resizing.start_size": ramp["start_size"],
+              "data.progressive_resizing.end_size": ramp["end_size"]} if ramp else
+             {"data.train_crop_size": data.hparams.train_crop_size})
+    return {**train, "data.eval_crop_size": data.hparams.eval_crop_size}
+
+
+def run_seed(seed_everything) -> int:
+    """The run seed the data order and augmentations derive from; `seed_everything: false` gives 0."""
+    return seed_everything if isinstance(seed_everything, int) and not isinstance(seed_everything, bool) else 0
+
+
+class ImageClassifierCLI(CheckpointReadOnceCLI):
+    """Defined in the package (not __main__) so ddp_spawn can pickle it."""
+
+    plan: Optional[RunPlan] = None
+    _checkpoint_io: Optional[AtomicCheckpointIO] = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        # LightningCLI runs the whole command in __init__: the run dir claimed while parsing is released (or, after
+        # a failed start, removed) here.
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException as error:
+            if self.plan is not None and self._failed_before_training(error):
+                self.plan.remove_failed_start()
+            raise
+        finally:
+            if self.plan is not None:
+                self.plan.release()
+
+    def _failed_before_training(self, error: BaseException) -> bool:
+        """True when the start left nothing worth keeping: it stopped before the Trainer existed, or it was stopped
+        by bad input (here, or on another rank) before its first step. A crash or Ctrl+C mid-run keeps its logs;
+        under ddp_spawn this process never trains (step 0)."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return True
+        bad_input = user_message(error) is not None or is_peer_failure(error)
+        return (trainer.global_step == 0 and bad_input and not isinstance(error, KeyboardInterrupt)
+                and trains_in_this_process(trainer))
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data", "model.image_sizes", compute_fn=image_sizes, apply_on="instantiate")
+        parser.link_arguments("data.batch_size", "model.batch_size")
+        parser.link_arguments("seed_everything", "data.seed", compute_fn=run_seed)
+        parser.link_arguments("seed_everything", "model.seed", compute_fn=run_seed)
+        parser.add_argument("--ddp_timeout_minutes", type=float, default=10.0,
+                            help="ddp/ddp_spawn: a rank that stops answering ends the job after this long (torch's "
+                                 "default is 30 minutes)")
+        # Checkpoint callbacks: best by val/acc1 (ModelCheckpoint), then last.ckpt, which must save after it.
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+        parser.add_lightning_class_args(ThroughputLogger, "throughput")
+        # `predict` writes a CSV (--predictions.output); in the other subcommands the callback does nothing.
+        parser.add_lightning_class_args(PredictionCsvWriter, "predictions")
+        parser.set_defaults({
+            "checkpoint.monitor": "val/acc1",
+            "checkpoint.mode": "max",
+            "checkpoint.filename": "epoch{epoch:03d}-val_acc1={val/acc1:.4f}",
+            "checkpoint.auto_insert_metric_name": False,
+        })
+
+    # -- after parsing: the run plan (the one read of the checkpoint), before its hyperparameters are parsed ------
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        self._explicit = explicit_values(parser, args, self.config, subcommand)
+        if subcommand:
+            self.plan = start_run(subcommand, self.config[subcommand])
+            self.save_config_kwargs = {**self.save_config_kwargs, "run_dir": self.plan.run_dir}
+            if subcommand == "fit" and self.plan.reason:
+                rank_zero_info(self.plan.reason)
+            for path, why in self.plan.skipped:
+                rank_zero_warn(f"skipped checkpoint {path}: {why}")
+
+    def loaded_checkpoint(self) -> Optional[dict]:
+        """For the checkpoint's hyperparameters (project.engine.compat.ckpt_read_once): the plan's load, not a new one."""
+        return self.plan.checkpoint if self.plan is not None else None
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand == "fit" and config.trainer.max_epochs == -1 and config.trainer.max_steps in (None, -1):
+            raise ConfigError("trainer.max_epochs=-1 and no trainer.max_steps: the run has no end, and the LR schedule "
+                              "needs one; set --trainer.max_epochs or --trainer.max_steps")
+        if self.plan and self.plan.hparams:
+            for line in keep_explicit_model_values(config, self._explicit, self.plan.hparams):
+                rank_zero_info(line)
+        config.data.seed = config.model.seed = run_seed(config.seed_everything)  # after a random pick (true)
+        apply_weights_eval_sizes(config, self._explicit)
+        job_id = slurm_job_id()
+        if job_id is not None and self.subcommand and self.plan is not None:
+            print(task_line(job_id, self.plan.run_dir or config.trainer.default_root_dir), flush=True)
+
+    def instantiate_trainer(self, **kwargs):
+        trainer_config = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
+        plugins = trainer_config.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            self._checkpoint_io = AtomicCheckpointIO()
+            plugins.append(self._checkpoint_io)
+        if (environment := cluster_environment()) is not None:
+            plugins.append(environment)
+        if trainer_config.get("sync_batchnorm"):
+            # Lightning's own plugin needs CUDA; this one picks torch's SyncBatchNorm or a gloo one at set-up.
+            plugins.append(SyncBatchNormAnyBackend())
+        trainer_config["plugins"] = plugins
+        timeout = timedelta(minutes=self._config_value("ddp_timeout_minutes", 10.0))
+        strategy = trainer_config.get("strategy")
+        if strategy in ("ddp", "ddp_spawn"):
+            trainer_config["strategy"] = DDPStrategy(timeout=timeout, start_method="spawn" if strategy == "ddp_spawn" else "popen")
+        callbacks = list(trainer_config.get("callbacks") or [])
+        own_bar = any(isinstance(c, ProgressBar) for c in callbacks)
+        if trainer_config.get("enable_progress_bar", True) is not False and not own_bar:
+            # Each refresh reads the logged tensors on the host (a GPU sync): only on logging steps.
+            callbacks.append(StepProgressBar(refresh_rate=trainer_config.get("log_every_n_steps") or 50))
+        trainer_config["callbacks"] = callbacks
+        if trainer_config.get("enable_checkpointing") is False:
+            # The checkpoint groups (best, last.ckpt) are callbacks too: without checkpointing, inert ones instead
+            # (the Trainer refuses checkpoint callbacks with enable_checkpointing=false).
+            config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+            for key in ("checkpoint", "last_checkpoint"):
+                config[key] = Callback()
+        trainer = super().instantiate_trainer(**kwargs)
+        if trainer.loggers:  # LearningRateMonitor raises without a logger (Lightning #17159)
+            trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))
+        check_process_count(trainer.world_size, trainer.num_devices, trainer.num_nodes)
+        record_rank(trainer.global_rank, trainer.world_size)
+        init_attempt_process_group(trainer.strategy, timeout)  # a torchrun restart must not meet the last attempt's keys
+        return trainer
+
+    def _config_value(self, key: str, default):
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        value = config.get(key)
+        return default if value is None else value
+
+    def after_instantiate_classes(self) -> None:
+        super().after_instantiate_classes()
+        if self.subcommand and self.plan and self.plan.ckpt_path is not None:
+            # The plan's load, checked, then handed to Lightning's restore (the file is not read again).
+            checkpoint = self.plan.take_checkpoint()
+            check_checkpoint_fits(self.plan.ckpt_path, checkpoint, self.model, self.datamodule)
+            if self.subcommand == "fit" and not self.plan.fresh:  # before the Trainer first touches its loggers
+                continue_csv_logs(self.trainer.loggers, checkpoint["global_step"])
+            if self._checkpoint_io is not None:
+                self._checkpoint_io.hand_over(self.plan.ckpt_path, checkpoint)
+
+    def fit(self, model, datamodule=None, **kwargs) -> None:
+        self.trainer.fit(model, datamodule=datamodule, **kwargs)
+        rank_zero_info(where_the_run_went(self.trainer, self.plan.run_dir if self.plan else None))
+
+
+def where_the_run_went(trainer, run_dir: Optional[Path] = None) -> str:
+    """The last line of a fit: the run dir (the plan's; else Lightning's), its checkpoints and how to look at it."""
+    last = next((c.path for c in trainer.callbacks if isinstance(c, LastCheckpoint) and c.path), None)
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
+    run_dir = Path(run_dir or trainer.log_dir or trainer.default_root_dir)
+    parts = [f"run dir {run_dir}"]
+    if best:
+        parts.append(f"best checkpoint {best}" + (f" ({trainer.checkpoint_callback.monitor} {float(score):.4f})" if score is not None else ""))
+    if last:
+        parts.append(f"last {last}")
+    if looks := how_to_look(trainer.loggers, run_dir):
+        parts.append("look at it with: " + ", ".join(looks))
+    return "; ".join(parts)
+
+
+def apply_weights_eval_sizes(config: Namespace, explicit: Namespace) -> None:
+    """With torchvision weights, their evaluation resize/crop become data's defaults (an explicit value wins)."""
+    model, data = config.model, config.data
+    weights = model.get("finetune.weights")
+    if not weights or model.get("backbone") is not None or torchvision_weights(model.arch, weights) is None:
+        return
+    resize, crop = eval_sizes(model.arch, weights)
+    given = explicit.get("data") or Namespace()
+    for key, value in (("eval_resize_size", resize), ("eval_crop_size", crop)):
+        if given.get(key) is None and data[key] != value:
+            rank_zero_info(f"data.{key}: {value} (the evaluation transform of {model.arch} {weights})")
+            data[key] = value
+
+
+def cli_main(args: Optional[list[str]] = None, *, run: bool = True) -> ImageClassifierCLI:
+    """Entry point of `python -m project`; tests call it in-process with a list of arguments."""
+    record_rank(None)  # this run's Trainer records its own (a process may build several: notebooks, tests)
+    return ImageClassifierCLI(
+        ImageClassifier,
+        ImageNetDataModule,
+        trainer_class=Trainer,  # Lightning's, with `limit_*_batches: 1` meaning one batch (project/engine/compat)
+        args=args,
+        run=run,
+        seed_everything_default=42,  # fixed, so a resumed or requeued job continues the same data order
+        auto_configure_optimizers=False,  # the model's configure_optimizers scales the LR: no --optimizer override
+        save_config_callback=KeepingSaveConfigCallback,
+        save_config_kwargs={"overwrite": True},  # a resumed run writes its config; the previous one is kept
+        # Parse errors raise (main() prints them as one line) instead of printing the whole usage and exiting.
+        parser_kwargs={"prog": "python -m project", "exit_on_error": False,
+                       **{sub: {"exit_on_error": False} for sub in ("fit", "validate", "test", "predict")}},
+    )
+
+
+def main() -> None:
+    """`python -m project`: user errors as one line and exit 2 (PROJECT_DEBUG=1 shows the traceback)."""
+    from project.engine.errors import check_config_files, exit_on_user_error
+
+    def run() -> None:
+        check_config_files(sys.argv[1:])
+        explain_moved_options(cli_main)  # a key of the flat ImageClassifier (model.lr_per_256): its new name
+
+    exit_on_user_error(run)
+    close_process_group()
+
+
+def close_process_group() -> None:
+    """Destroy the process group a finished run leaves (torchrun, srun) before the interpreter exits: left to the
+    interpreter's teardown, gloo's threads aborted a rank now and then ("terminate called without an active
+    exception", exit -6)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # no rank tears down its sockets while another still talks to it
+        dist.destroy_process_group()

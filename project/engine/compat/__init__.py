@@ -1,0 +1,186 @@
+"""Workarounds for bugs and gaps in Lightning, torch and jsonargparse, each with its upstream issue and when to delete it.
+
+    python -c "from project.engine.compat import WORKAROUNDS; print(*(w.name for w in WORKAROUNDS), sep='\\n')"
+
+Every entry has a canary in tests/test_compat.py that runs the stock library on the same case, marked
+xfail(strict=True): when an upgrade fixes the bug the canary passes, the suite turns red, and the entry (and the code
+it names) can be deleted. docs/workarounds.md is this table (`python -m project.engine.compat --write docs/workarounds.md`).
+Code that exists for one of these lives in this package, or says so in its docstring and is listed here with its
+place. The package also holds, behind one function each, the uses of Lightning's private API that have no public
+counterpart (spawn.py; the flag taken over in sigterm_broadcast.py; LightningCLI._parse_ckpt_path fed the plan's one
+read of the checkpoint in ckpt_read_once.py): an upgrade that moves them breaks there, in one place. Two more stay
+beside the code that needs them, registered here: `trainer.fit_loop.setup_data()` in project/optim.py (sizing the
+epoch when only max_steps is given, for warmup in epochs) and `Strategy._layer_sync` in project/engine/strategies/dp.py
+(whether sync_batchnorm was asked, which dp refuses). tests/test_compat.py checks that each still exists.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Workaround:
+    name: str
+    where: str  # the code that exists because of it
+    upstream: str  # issue or PR
+    seen: str  # versions it was seen on
+    delete_when: str
+    canary: str  # the test in tests/test_compat.py
+
+
+WORKAROUNDS: tuple[Workaround, ...] = (
+    Workaround(
+        name="LightningCLI parses `--trainer.limit_val_batches=1` as 1.0 (100 %)",
+        where="project/engine/compat/batch_limits.py: Trainer with int-first limit_*_batches and overfit_batches",
+        upstream="Lightning #21259 (typing's Union cache puts float first)",
+        seen="lightning 2.5-2.6.6, jsonargparse 4.30-4.53",
+        delete_when="a stock LightningCLI parses `--trainer.limit_val_batches=1` as the int 1",
+        canary="test_canary_stock_cli_parses_a_batch_limit_of_1_as_a_float",
+    ),
+    Workaround(
+        name="LightningCLI's --ckpt_path replaces explicit --model values with the checkpoint's",
+        where="project/engine/compat/ckpt_hparams.py (explicit values restored, one line each; called from project/engine/cli.py)",
+        upstream="introduced by Lightning PR #21116 (2.5.5); fix proposed in PR #21455 (open)",
+        seen="lightning 2.5.5-2.6.6",
+        delete_when="a stock LightningCLI keeps `--model.x` given next to `--ckpt_path`",
+        canary="test_canary_stock_cli_replaces_an_explicit_model_value_with_the_checkpoints",
+    ),
+    Workaround(
+        name="a stateful train loader's state is never restored when configure_optimizers reads "
+             "trainer.estimated_stepping_batches (ours does)",
+        where="project/data/datamodule.py state_dict/load_state_dict (the loader position restored before the "
+              "loader is built); project/engine/samplers.py ResumableDataLoader iterates lazily",
+        upstream="Lightning #20550 (open; fix PRs #21765, #21770)",
+        seen="lightning 2.5-2.6.6",
+        delete_when="a stock Trainer calls the train loader's load_state_dict on resume despite "
+                    "estimated_stepping_batches in configure_optimizers",
+        canary="test_canary_stock_trainer_drops_the_loader_state_after_estimated_stepping_batches",
+    ),
+    Workaround(
+        name="ModelCheckpoint(save_last=True) rewrites last.ckpt only when a top-k checkpoint was saved at the same "
+             "step: after an epoch that does not improve, last.ckpt is stale",
+        where="project/engine/run/last_checkpoint.py writes last.ckpt itself (ModelCheckpoint keeps the best only)",
+        upstream="introduced by Lightning PR #21244 (2.6.0); no upstream issue found (downstream: "
+                 "openclimatefix/pvnet#542)",
+        seen="lightning 2.6.0-2.6.6",
+        delete_when="stock ModelCheckpoint(save_last=True) rewrites last.ckpt at every epoch end",
+        canary="test_canary_stock_save_last_goes_stale_after_an_epoch_that_does_not_improve",
+    ),
+    Workaround(
+        name="`fit --ckpt_path last` looks only in the new run's empty version dir: it starts from scratch",
+        where="project/engine/run/resume.py (the newest loadable checkpoint under the root; the run continues in its dir)",
+        upstream="Lightning #18524 (open), #2735",
+        seen="lightning 2.0-2.6.6",
+        delete_when="a stock LightningCLI `fit --ckpt_path last` resumes the previous run",
+        canary="test_canary_stock_ckpt_path_last_starts_from_scratch",
+    ),
+    Workaround(
+        name="checkpoint writes are not atomic across filesystems (temp file in $TMPDIR, then a copy in place)",
+        where="project/engine/run/checkpoint_io.py atomic_write (temp file beside the target, fsync, rename), which "
+              "AtomicCheckpointIO saves through",
+        upstream="Lightning #20270, #20780; fsspec #1972 (open: temp file in the target directory)",
+        seen="lightning 2.6.6 with fsspec 2026.9.0",
+        delete_when="a stock checkpoint save with $TMPDIR on another filesystem replaces the file (a new inode)",
+        canary="test_canary_stock_checkpoint_save_rewrites_the_file_in_place_across_filesystems",
+    ),
+    Workaround(
+        name="Lightning's SLURM auto-requeue saves the checkpoint inside the SIGUSR1 handler (can deadlock ddp)",
+        where="project/engine/run/slurm.py (SLURMEnvironment(auto_requeue=False)); the requeue in "
+              "project/engine/run/last_checkpoint.py, at an agreed batch end",
+        upstream="Lightning #21406 (open; fix PR #21407), #20347",
+        seen="lightning 2.4-2.6.6",
+        delete_when="stock auto-requeue saves outside the signal handler",
+        canary="test_canary_stock_slurm_requeue_saves_inside_the_signal_handler",
+    ),
+    Workaround(
+        name="SIGTERM ends fit with exit code 0 and no checkpoint",
+        where="project/engine/run/last_checkpoint.py + project/engine/run/signals.py (save, then exit 143)",
+        upstream="Lightning #19916 (fixed on master by PR #21623, not in 2.6.6)",
+        seen="lightning 2.0-2.6.6",
+        delete_when="a release with PR #21623: then keep the save, drop the exit-code part",
+        canary="test_canary_stock_trainer_exits_0_on_sigterm",
+    ),
+    Workaround(
+        name="Lightning broadcasts a SIGTERM flag and reads it on the host at every DDP step",
+        where="project/engine/compat/sigterm_broadcast.py (skipped; our ranks agree every check_every_n_steps)",
+        upstream="Lightning PR #20825 (2.5.2); cost: #21487; PR #21640 (open) would make it every n steps",
+        seen="lightning 2.5.2-2.6.6",
+        delete_when="the stock epoch loop no longer broadcasts every step",
+        canary="test_canary_stock_epoch_loop_broadcasts_sigterm_every_step",
+    ),
+    Workaround(
+        name="values logged with prog_bar=True are read on the host at every batch end, whatever the bar's "
+             "refresh rate",
+        where="project/engine/callbacks/progress_bar.py (the bar reads its values when it refreshes); nothing is logged "
+              "with prog_bar=True",
+        upstream="no upstream issue found; seen in _LoggerConnector.on_batch_end -> _ResultCollection.metrics",
+        seen="lightning 2.6.6",
+        delete_when="stock self.log(prog_bar=True) no longer converts to a Python number on every batch",
+        canary="test_canary_stock_prog_bar_logging_reads_the_tensor_every_step",
+    ),
+    Workaround(
+        name="CSVLogger deletes the run dir's metrics.csv when a resumed fit starts again there",
+        where="project/engine/run/trackers.py continue_csv_logs (called from project/engine/cli.py after_instantiate_classes): "
+              "the rows before the checkpoint's step are written back and appended to",
+        upstream="introduced by Lightning PR #19446 (2.2.1, for #19432: appending under another header); no "
+                 "upstream issue found that asks to keep the rows on a resume",
+        seen="lightning 2.2.1-2.6.6",
+        delete_when="a stock CSVLogger started again in a version dir keeps the rows its metrics.csv holds",
+        canary="test_canary_stock_csv_logger_deletes_metrics_csv_when_it_starts_again",
+    ),
+    Workaround(
+        name="LearningRateMonitor raises without a logger",
+        where="project/engine/cli.py adds it only when the Trainer has a logger",
+        upstream="Lightning #17159 (open, intended behaviour)",
+        seen="lightning 2.0-2.6.6",
+        delete_when="stock LearningRateMonitor runs without a logger",
+        canary="test_canary_stock_learning_rate_monitor_raises_without_a_logger",
+    ),
+    Workaround(
+        name="strategy=\"dp\" was removed from Lightning 2",
+        where="project/engine/strategies/dp.py (registered as \"dp\")",
+        upstream="Lightning PR #16748 (2.0.0)",
+        seen="lightning 2.0-2.6.6",
+        delete_when="lightning.pytorch.strategies has a DataParallelStrategy again",
+        canary="test_canary_stock_lightning_has_no_dp_strategy",
+    ),
+    Workaround(
+        name="torch's SyncBatchNorm refuses CPU tensors (gloo)",
+        where="project/engine/strategies/sync_batchnorm.py (GlooSyncBatchNorm, swapped in by the CLI on gloo)",
+        upstream="no open torch issue; unmerged PRs pytorch#78081, #78078",
+        seen="torch 2.4-2.14.1",
+        delete_when="torch.nn.SyncBatchNorm's forward accepts CPU tensors",
+        canary="test_canary_stock_sync_batchnorm_refuses_cpu_tensors",
+    ),
+    Workaround(
+        name="BaseFinetuning freezes before the DDP wrapper exists: frozen parameters stay out of DDP's gradient "
+             "sync after they are unfrozen, and the ranks diverge",
+        where="project/callbacks/finetuning.py FreezeBackbone (a plain Callback using BaseFinetuning's static freeze "
+              "helpers: freezes at train start, adds no param group)",
+        upstream="Lightning #20340",
+        seen="lightning 2.6.6",
+        delete_when="a stock BaseFinetuning freeze/unfreeze under ddp keeps the ranks' weights equal",
+        canary="test_canary_stock_finetuning_freeze_lets_ddp_ranks_diverge",
+    ),
+    Workaround(
+        name="torch's AveragedModel.update_parameters reads its device-side counter on the host (2 syncs per "
+             "update), and Lightning's EMAWeightAveraging averages the whole LightningModule after calling "
+             "configure_model",
+        where="project/callbacks/ema.py EMA (a Callback owning its averaged copy of pl_module.network: a foreach "
+              "lerp per update, the counter on the device)",
+        upstream="no upstream issue found; seen in torch/optim/swa_utils.py and lightning weight_averaging.py",
+        seen="torch 2.14.1, lightning 2.6.6",
+        delete_when="AveragedModel.update_parameters makes no host read of n_averaged",
+        canary="test_canary_stock_averaged_model_update_reads_the_counter_on_the_host",
+    ),
+    Workaround(
+        name="a torchrun restart meets the previous attempt's process-group keys in the agent's store: gloo connects "
+             "to a dead rank (connectFullMesh fails) or hangs at 'Initializing distributed'",
+        where="project/engine/compat/elastic_store.py init_attempt_process_group (the default process group on a "
+              "PrefixStore named after TORCHELASTIC_RESTART_COUNT; called from project/engine/cli.py)",
+        upstream="pytorch#135712 (closed, still seen); PR #128096 shares the agent's store, PR #135957 dropped the "
+                 "per-attempt prefix",
+        seen="torch 2.14.1 (static and c10d rendezvous)",
+        delete_when="after a torchrun restart the agent's store no longer holds the previous attempt's gloo keys",
+        canary="test_canary_stock_torchrun_restart_meets_the_previous_attempts_keys",
+    ),
+)

@@ -1,0 +1,43 @@
+"""Trainer: Lightning's own, with the batch limits typed so that an integer from YAML or the command line stays one.
+
+Workaround for LightningCLI parsing `--trainer.limit_val_batches=1` as 1.0 (100 %): see project.engine.compat.WORKAROUNDS.
+Lightning annotates limit_{train,val,test,predict}_batches and overfit_batches as Union[float, int]. The CLI's parser tries the types in
+order, so `--trainer.limit_val_batches=1` (or `limit_val_batches: 1` in YAML) arrived as 1.0, which Lightning reads
+as "100 % of the batches" instead of "one batch". Here the integer type comes first: 1 is one batch, 1.0 or 0.25 a
+fraction, as Lightning documents them.
+"""
+
+from typing import Optional, Union
+
+import lightning as L
+from jsonargparse.typing import NonNegativeFloat
+
+# Not Union[int, float]: typing caches unions by equality, and Lightning's signature already created the equal
+# Union[float, int], which would bring the float-first order back. (jsonargparse's NonNegativeInt would not do
+# either: it truncates 0.5 to 0.)
+BatchLimit = Optional[Union[int, NonNegativeFloat]]
+
+
+def _plain(limit: Optional[Union[int, float]]) -> Optional[Union[int, float]]:
+    return limit if limit is None or isinstance(limit, int) else float(limit)
+
+
+class Trainer(L.Trainer):
+    def __init__(
+        self,
+        *,
+        limit_train_batches: BatchLimit = None,
+        limit_val_batches: BatchLimit = None,
+        limit_test_batches: BatchLimit = None,
+        limit_predict_batches: BatchLimit = None,
+        overfit_batches: Union[int, NonNegativeFloat] = 0.0,
+        **kwargs,
+    ):
+        super().__init__(
+            limit_train_batches=_plain(limit_train_batches),
+            limit_val_batches=_plain(limit_val_batches),
+            limit_test_batches=_plain(limit_test_batches),
+            limit_predict_batches=_plain(limit_predict_batches),
+            overfit_batches=_plain(overfit_batches),
+            **kwargs,
+        )

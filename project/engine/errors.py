@@ -1,0 +1,303 @@
+"""Errors a person can read: one line (what, where, the fix), no traceback, a non-zero exit.
+
+    python -m project fit --config configs/quickstart.yaml --data.root /nowhere    # error: data root /nowhere ...
+    PROJECT_DEBUG=1 python -m project fit ...                                       # the same, with the traceback
+
+Every mistake a user can make (config, data, checkpoint, launcher, a run dir in use) raises a UserError subclass or
+one of the exceptions `user_message` recognises. `python -m project` prints it as `error: ...` (`error (rank N): ...`
+under ddp, so the failing rank names itself) and exits 2. A rank that fails only because another one died (a broken
+collective) prints one short line saying so, then the failing rank's line (report_and_exit): the last line is the one
+to read.
+"""
+
+import os
+import pickle
+import re
+import sys
+import time
+from typing import Callable, Optional
+
+
+DEBUG_ENV = "PROJECT_DEBUG"
+_STARTED = time.time()  # notes left by ranks of an earlier job are older than this process
+EXIT_USER_ERROR = 2
+
+
+# This process's rank as the launcher's environment says, before any process group exists: the error line names
+# the rank; the run-dir lock and the resume plan need it at start-up.
+def env_global_rank() -> int:
+    """This process's global rank as the launcher set it (torchrun RANK, Slurm SLURM_PROCID, Lightning's children
+    NODE_RANK/LOCAL_RANK); 0 for a process started by hand, which is where Lightning's ddp launcher starts rank 0."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    env = os.environ
+    if "RANK" in env:
+        return int(env["RANK"])
+    # Inside `srun --pty bash` Lightning's own children inherit SLURM_PROCID=0: only a Slurm *training* step counts.
+    if "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env and SLURMEnvironment.detect():
+        return int(env["SLURM_PROCID"])
+    local, node = int(env.get("LOCAL_RANK", 0)), int(env.get("NODE_RANK", env.get("GROUP_RANK", 0)))
+    return local if node == 0 else node * max(1, int(env.get("LOCAL_WORLD_SIZE", 1))) + local
+
+
+def env_world_size() -> int:
+    """The number of ranks the launcher started (1 when unknown, e.g. before Lightning launches its children)."""
+    env = os.environ
+    for name in ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS"):
+        if name in env:
+            return int(env[name])
+    return 1
+
+
+def shown(path: os.PathLike | str) -> str:
+    """A path for messages: a name that is not UTF-8 gets \\x.. escapes instead of breaking the line."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+class UserError(Exception):
+    """A mistake in the user's input; its message says what, where, and the fix."""
+
+
+class ConfigError(UserError, ValueError):
+    """A value in the config or on the command line that cannot work; a ValueError too, for Python callers."""
+
+
+class MissingInputError(UserError, FileNotFoundError):
+    """A file or folder the run needs does not exist."""
+
+
+class LauncherError(UserError, RuntimeError):
+    """The launcher (torchrun, srun) started the run in a way the Trainer cannot use."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint that does not exist, does not load, is not trusted, or does not fit the model or the data."""
+
+
+class RunDirInUse(UserError):
+    """Another live process writes into the run dir this one would write into."""
+
+
+class DiskFullError(UserError):
+    """A write found no space left (ENOSPC, EDQUOT); the file it would have replaced is intact."""
+
+
+class UnreadableImageError(OSError):
+    """A file that neither the tensor decoder nor PIL can decode (truncated, corrupt, not an image). An OSError, as
+    PIL's own decode errors are, so that code catching those (DataLoader workers, data.on_corrupt=skip) catches it."""
+
+
+# Messages of torch.distributed when a *peer* died or stopped answering: this rank is a victim, not the culprit.
+_PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+                 "has exited", "recvBytes", "Socket Timeout", "Timed out waiting",
+                 "Application timeout caused pair closure")  # the last: gloo when the peer is stopped (SIGSTOP)
+
+
+def debugging() -> bool:
+    return os.environ.get(DEBUG_ENV, "0") not in ("", "0", "false", "False")
+
+
+def user_message(error: BaseException) -> Optional[str]:
+    """The one-line message for an error the user caused, or None for a bug (which keeps its traceback)."""
+    import argparse
+
+    if isinstance(error, (UserError, UnreadableImageError)):
+        return str(error)
+    if type(error).__name__ == "MisconfigurationException":  # Lightning's word for a setting that cannot work
+        return " ".join(str(error).split())
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted (Ctrl+C) before training started; nothing was trained"
+    if isinstance(error, argparse.ArgumentError):  # jsonargparse: an unknown option, a value of the wrong type
+        text = readable_parse_error(str(error))
+        return f"{text[:600]} (`python -m project <subcommand> --help` lists every option)"
+    if isinstance(error, pickle.UnpicklingError):
+        return untrusted_checkpoint_message(error)
+    cause = error.__cause__
+    while cause is not None:  # jsonargparse wraps what a nested class raised (a dataclass's __post_init__) in its own
+        if isinstance(cause, UserError):
+            return str(cause)
+        cause = cause.__cause__
+    return None
+
+
+# Lines of jsonargparse's report on a value no alternative of a Union (Optional[...] included) accepts that say
+# nothing about what was wrong: the subtypes, null, the value's type, a config-file path it is not.
+_UNION_NOISE = re.compile(r"(?:- )?(?:Does not validate against any of the Union subtypes|Subtypes: .*|Errors:|"
+                          r"Given value type: .*|Expected a <class 'NoneType'>|"
+                          r"Expected a path but .* either not accessible or invalid)")
+
+
+def readable_parse_error(text: str) -> str:
+    """A jsonargparse parse error on one line: the key, what was expected, the value given (its Union reports, 8+
+    lines per Optional option, cut to the failing alternatives)."""
+    union = "Does not validate against any of the Union subtypes" in text
+    given, kept = None, []
+    for line in (line.strip() for line in text.splitlines()):
+        if union and line.startswith("Given value: "):
+            given = line[len("Given value: "):]
+        elif line and not (union and _UNION_NOISE.fullmatch(line)):
+            kept.append(line)
+    text = " ".join(" ".join(kept).split())
+    if union:  # the alternatives left, each a "- " line
+        text = re.sub(r"(:|^) - ", r"\1 ", text).replace(" - ", "; or ")
+    # A field of a nested class (a dataclass option): one dotted key.
+    text = re.sub(r'Parser key "([\w.]+)": Problem with given class_path \'[\w.]+\': Parser key "(\w+)":',
+                  r'Parser key "\1.\2":', text)
+    text = re.sub(r'Parser key "([\w.]+)":( Not of type \w+:)?', r"\1:", text)
+    text = re.sub(r"Expected an? <class '([\w.]+)'>", r"expected \1", text)
+    text = re.sub(r"Expected an? typing\.Literal\[(.*?)\]", r"expected one of \1", text)
+    text = text.replace(". Got value: ", ", got ")
+    if given is not None and "got " not in text and given not in text and not given.startswith("{"):
+        text += f", got {given}"
+    return text
+
+
+def untrusted_checkpoint_message(error: BaseException, path: object = None) -> Optional[str]:
+    """The one line for torch.load(weights_only=True) refusing a file's pickled objects; None for any other error.
+    (project.engine.run.checkpoint_io.load_trusted_format and user_message both say it with these words.)"""
+    text = str(error)
+    if not isinstance(error, pickle.UnpicklingError) or not ("Weights only load failed" in text or "WeightsUnpickler" in text):
+        return None
+    found = re.search(r"Unsupported (global|operand)[^.\n]*", text)
+    what = f" ({found.group(0).strip()})" if found else ""
+    subject = f"{path} is not a trusted checkpoint" if path is not None else "refused to load an untrusted checkpoint"
+    return (f"{subject}: it holds pickled objects beyond tensors and plain values{what}, which could run code; "
+            "checkpoints are only loaded with torch.load(weights_only=True)")
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """True when `error` is a collective that broke because another rank died or hung (a consequence, not a cause)."""
+    text = f"{type(error).__name__}: {error}"
+    return "DistBackendError" in text or any(marker in text for marker in _PEER_FAILURE)
+
+
+_rank: Optional[tuple[int, int]] = None  # (global rank, world size) once the Trainer knows them
+
+
+def record_rank(global_rank: Optional[int], world_size: int = 1) -> None:
+    """Remember this process's rank for the error line (None: forget, a new run starts)."""
+    global _rank
+    _rank = None if global_rank is None else (global_rank, world_size)
+
+
+def rank_label() -> str:
+    """' (rank N)' when this process is one of several ranks, else ''."""
+    rank, world = _rank if _rank is not None else (env_global_rank(), env_world_size())
+    return f" (rank {rank})" if world > 1 else ""
+
+
+def exit_on_user_error(run: Callable[[], object]) -> None:
+    """Run a command's entry point; what goes wrong ends the process through report_and_exit."""
+    try:
+        run()
+    except SystemExit:
+        raise
+    except BaseException as error:  # noqa: BLE001  report_and_exit re-raises what is not the user's
+        report_and_exit(error)
+
+
+def report_and_exit(error: BaseException) -> None:
+    """Print a user error as one line and exit 2; print one line for a peer failure and exit 1; else re-raise.
+
+    Under ddp the failing rank prints its line at once (a launcher that sees another rank fail may kill it a moment
+    later: Lightning's kills its children), leaves it in a note for the others, and only then closes its process
+    group, so the others stop now rather than at their timeout. A rank that stops because a peer failed prints its own
+    short line, then the culprit's from the note (on one node): the last line is the one to read, under any load.
+    (Lightning's launcher, seeing a child rank exit, may add its own line naming the child's pid and exit code, after
+    these or, killing this rank first, instead of them.)"""
+    if debugging():
+        raise error
+    message = user_message(error)
+    if message is not None:
+        line = f"error{rank_label()}: {message}"
+        print(line, file=sys.stderr, flush=True)
+        if rank_label():
+            _leave_note(line)
+            _close_process_group()
+        sys.exit(130 if isinstance(error, KeyboardInterrupt) else EXIT_USER_ERROR)
+    if is_peer_failure(error):
+        reason = " ".join(str(error).split("] ", 1)[-1].split())[:160]
+        print(f"stopped{rank_label()}: another rank failed or stopped answering ({type(error).__name__}: {reason}); "
+              "a failing rank prints its own error", file=sys.stderr, flush=True)
+        for culprit in _notes_of_failed_ranks():
+            print(culprit, file=sys.stderr, flush=True)
+        sys.exit(1)
+    raise error
+
+
+def _note_prefix() -> Optional[str]:
+    """Notes of one job share MASTER_ADDR:MASTER_PORT (set for every rank by torchrun, srun and Lightning)."""
+    import tempfile
+
+    port = os.environ.get("MASTER_PORT")
+    if not port:
+        return None
+    host = os.environ.get("MASTER_ADDR", "").replace("/", "_")
+    return os.path.join(tempfile.gettempdir(), f"project-error-{host}-{port}-")
+
+
+def _leave_note(line: str) -> None:
+    prefix = _note_prefix()
+    if prefix is not None:
+        try:
+            with open(f"{prefix}{os.getpid()}", "w") as file:
+                file.write(line + "\n")
+        except OSError:  # the line was printed already; the note only repeats it
+            pass
+
+
+def _notes_of_failed_ranks(wait_s: float = 2.0) -> list[str]:
+    """The error lines other ranks of this job left (waiting briefly for one that is still being written)."""
+    import glob
+
+    prefix = _note_prefix()
+    if prefix is None:
+        return []
+    deadline = time.monotonic() + wait_s
+    while True:
+        notes = [n for n in glob.glob(glob.escape(prefix) + "*") if os.path.getmtime(n) >= _STARTED]  # this job's
+        if notes or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    lines = []
+    for note in sorted(notes):
+        try:
+            with open(note) as file:
+                lines.append(file.read().strip())
+        except OSError:
+            continue
+    return [line for line in lines if line]
+
+
+def _close_process_group() -> None:
+    """Close this rank's process group: the others' pending collectives fail now, not at their timeout."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001  closing a broken group may fail too
+            pass
+
+
+def check_config_files(argv: list[str]) -> None:
+    """Every `--config FILE` exists and is valid YAML; else a ConfigError naming the file, line and column.
+
+    (jsonargparse reports a YAML syntax error as `in "<unicode string>", line 2`, without the file's name.)
+    """
+    import yaml
+
+    files = [arg.split("=", 1)[1] for arg in argv if arg.startswith(("--config=", "-c="))]
+    files += [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config", "-c")]
+    for name in files:
+        path = os.path.expanduser(name)
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file {name} does not exist (--config takes a YAML file, e.g. configs/quickstart.yaml)")
+        try:
+            with open(path) as file:
+                yaml.safe_load(file)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            raise ConfigError(f"config file {name}: YAML syntax error{where}: {problem}; fix the file") from None

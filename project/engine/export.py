@@ -1,0 +1,266 @@
+"""Export a trained network for inference without this package: model.pt2 (torch.export), model.onnx, model.json.
+
+    python -m project.engine.export --ckpt_path RUN/checkpoints/best.ckpt [--config RUN/config.yaml] [--out_dir DIR]
+    python tools/preprocess.py RUN/export cat.jpg        # run it: torch, torchvision and Pillow only
+
+tools/preprocess.py is standalone (copy it next to the export): it preprocesses images exactly as the evaluation
+transform of training does and prints their top classes. Any batch size works (the batch dimension is dynamic).
+model.onnx takes the same input ("images", float32 NCHW) in onnxruntime:
+`onnxruntime.InferenceSession("model.onnx").run(None, {"images": x.numpy()})[0]`; its weights are in
+model.onnx.data, which must stay beside it.
+
+Each file's logits are checked against the eager network's on an example batch, relative to the logits' scale (a
+diverged network's logits reach 1e7, where float32 rounding alone moves them by ~1). The files are written into a
+temporary folder inside the output folder and renamed into place only once every check passed, model.json last: a
+failed export leaves the output folder as it was, and a folder with model.json holds one complete export.
+"""
+
+import argparse
+import copy
+import importlib
+import inspect
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import lightning as L
+import torch
+import yaml
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from project.engine.errors import UserError
+from project.engine.run.checkpoint_io import load_trusted_format
+
+PREPROCESSING_KEYS = ("resize", "crop", "mean", "std")
+# What an export writes besides model.json, by kind (model.onnx keeps its weights in model.onnx.data, beside it).
+EXPORT_FILES = {"pt2": "model.pt2", "onnx": "model.onnx", "onnx_data": "model.onnx.data"}
+
+
+class ExportCheckError(UserError, RuntimeError):
+    """An exported file does not give the network's logits back; nothing was written."""
+
+
+def _importable(*names: str) -> bool:
+    try:
+        for name in names:
+            importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+def onnx_available() -> bool:
+    """torch.onnx's exporter needs both onnx and onnxscript."""
+    return _importable("onnx", "onnxscript")
+
+
+def _check_close(file: str, got: torch.Tensor, expected: torch.Tensor, rtol: float, out_dir: Path) -> dict[str, float]:
+    """Compare the logits relative to their scale: max |got - expected| <= rtol * max(1, max |expected|)."""
+    scale = max(1.0, expected.abs().max().item())
+    difference = (got.float() - expected.float()).abs().max().item() if got.shape == expected.shape else math.inf
+    if not math.isfinite(difference) or difference > rtol * scale:
+        shapes = "" if got.shape == expected.shape else f", shape {tuple(got.shape)} for {tuple(expected.shape)}"
+        raise ExportCheckError(
+            f"the exported {file} does not reproduce the network: logits differ by up to {difference:.3g}, "
+            f"{difference / scale:.2g} of the largest logit {scale:.3g} (allowed {rtol:g}{shapes}); nothing was "
+            f"written to {out_dir}. The network may branch on its input or on global state, which export fixes at "
+            "trace time"
+        )
+    return {"max_difference": difference, "max_abs_logit": scale, "rtol": rtol}
+
+
+def _worst(checks: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The check with the largest difference relative to its logits' scale (the one model.json records)."""
+    return max(checks, key=lambda check: check["max_difference"] / check["max_abs_logit"])
+
+
+def _export_onnx(program: torch.export.ExportedProgram, example: torch.Tensor, path: Path, eager: nn.Module,
+                 rtol: float, out_dir: Path) -> Optional[dict[str, float]]:
+    """Write model.onnx (and its model.onnx.data) from the exported program; check it with onnxruntime when installed."""
+    torch.onnx.export(program, (example,), str(path), dynamo=True, input_names=["images"], output_names=["logits"],
+                      verbose=False)
+    if not _importable("onnxruntime"):
+        return None
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    checks = []
+    for batch in (example, example[:1]):
+        logits = torch.from_numpy(session.run(None, {"images": batch.numpy()})[0])
+        with torch.no_grad():
+            checks.append(_check_close(path.name, logits, eager(batch), rtol, out_dir))
+    return _worst(checks)
+
+
+def _publish(staging: Path, out_dir: Path) -> None:
+    """Move the checked files into out_dir, model.json last; files of an earlier export that this one lacks go."""
+    previous = out_dir / "model.json"
+    previous.unlink(missing_ok=True)  # from here until the new one lands, out_dir holds no claim of a complete export
+    for stale in EXPORT_FILES.values():
+        if not (staging / stale).exists():
+            (out_dir / stale).unlink(missing_ok=True)
+    for file in sorted(staging.iterdir(), key=lambda f: f.name == "model.json"):
+        os.replace(file, out_dir / file.name)
+
+
+def export_network(
+    network: nn.Module,
+    out_dir: str | Path,
+    *,
+    example: torch.Tensor,
+    class_names: Sequence[str],
+    preprocessing: dict[str, Any],
+    onnx: bool = True,
+    arch: Optional[str] = None,
+    rtol: float = 1e-5,
+    onnx_rtol: float = 1e-4,
+) -> dict[str, Path]:
+    """Write model.pt2 (batch dimension dynamic), model.onnx (if `onnx` and the onnx packages are installed) and
+    model.json into out_dir, once the saved files' logits match the eager network's on `example`.
+
+    example: a float32 NCHW batch, preprocessed as the network expects (its values matter only for the check).
+    preprocessing: resize, crop, mean, std (and optionally interpolation) of the evaluation transform.
+    rtol, onnx_rtol: the largest difference allowed between the program's (ONNX's) logits and the eager ones, as a
+        fraction of the largest eager logit (of 1 when all are smaller).
+    """
+    missing = [key for key in PREPROCESSING_KEYS if key not in preprocessing]
+    if missing:
+        raise ValueError(f"preprocessing lacks {missing}: expected the keys {list(PREPROCESSING_KEYS)}")
+    if example.ndim != 4 or example.shape[1] != 3:
+        raise ValueError(f"example must be an N x 3 x H x W batch, got shape {tuple(example.shape)}")
+    out_dir = Path(out_dir)
+    # A CPU float32 copy in eval mode: the caller's network keeps its device and mode, the program runs anywhere.
+    eager = copy.deepcopy(network).cpu().float().eval()
+    example = example.detach().cpu().float()
+    if example.shape[0] < 2:
+        example = example.expand(2, -1, -1, -1).contiguous()  # torch.export specialises a batch of 1
+    with torch.no_grad():
+        expected = eager(example)
+    if expected.ndim != 2 or expected.shape[1] != len(class_names):
+        raise ValueError(
+            f"the network gives logits of shape {tuple(expected.shape)} for {len(class_names)} class names"
+        )
+    if not torch.isfinite(expected).all():
+        raise ExportCheckError("the network's logits are not finite (inf or nan) on an ordinary input: its weights "
+                               "diverged; export a checkpoint from before the loss did (RUN/checkpoints/)")
+
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".export-", suffix=".partial", dir=out_dir))
+    try:
+        program = torch.export.export(eager, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+        torch.export.save(program, staging / "model.pt2")
+        reloaded = torch.export.load(staging / "model.pt2").module()
+        with torch.no_grad():
+            checked = {"pt2": _worst([
+                _check_close("model.pt2", reloaded(example), expected, rtol, out_dir),
+                _check_close("model.pt2 (at batch 1)", reloaded(example[:1]), eager(example[:1]), rtol, out_dir),
+            ])}
+
+        checked["onnx"] = None
+        if onnx and onnx_available():
+            checked["onnx"] = _export_onnx(program, example, staging / "model.onnx", eager, onnx_rtol, out_dir)
+        elif onnx:
+            rank_zero_info("model.onnx skipped: `pip install onnx onnxscript` (and onnxruntime to check it) to write it")
+
+        written = {kind: name for kind, name in EXPORT_FILES.items() if (staging / name).exists()}
+        (staging / "model.json").write_text(json.dumps({
+            "arch": arch or f"{type(network).__module__}.{type(network).__qualname__}",
+            "num_classes": len(class_names),
+            "class_names": list(class_names),
+            "input": {"name": "images", "layout": "NCHW", "dtype": "float32", "channels": "RGB",
+                      "values": "pixel / 255, then (x - mean) / std per channel"},
+            "preprocessing": {"interpolation": "bilinear", **preprocessing},
+            "files": written,
+            # Each file's largest logit difference from the eager network, and the rule it passed.
+            "checked": {**checked, "rule": "max |exported - eager| <= rtol * max(1, max |eager|)"},
+            "torch_version": torch.__version__,
+        }, indent=2) + "\n")
+        _publish(staging, out_dir)
+    except BaseException:
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    files = {kind: out_dir / name for kind, name in written.items()}
+    files["json"] = out_dir / "model.json"
+    rank_zero_info(f"exported {', '.join(p.name for p in files.values())} to {out_dir}")
+    return files
+
+
+def load_exported(folder: str | Path) -> tuple[nn.Module, dict[str, Any]]:
+    """The exported network (a callable nn.Module) and its model.json, with torch alone (no project, no Lightning)."""
+    folder = Path(folder)
+    return torch.export.load(folder / "model.pt2").module(), json.loads((folder / "model.json").read_text())
+
+
+def export_module(model, datamodule, out_dir: str | Path, *, onnx: bool = True) -> dict[str, Path]:
+    """Export an ImageClassifier's network with the data module's class names and evaluation preprocessing.
+
+    The recommended entry point: the caller builds both (from a run's config and checkpoint, or in a notebook).
+    """
+    from project.engine.callbacks.prediction_writer import class_names_of
+
+    network = model.network
+    crop = datamodule.hparams.eval_crop_size
+    torchvision_net = type(network).__module__.startswith("torchvision.")
+    generator = torch.Generator().manual_seed(0)
+    return export_network(
+        network,
+        out_dir,
+        example=torch.randn(2, 3, crop, crop, generator=generator),  # normalised-image-like values for the check
+        class_names=class_names_of(datamodule, model.hparams.get("num_classes")),
+        preprocessing={"resize": datamodule.hparams.eval_resize_size, "crop": crop, "interpolation": "bilinear",
+                       "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)},
+        onnx=onnx,
+        arch=model.hparams.get("arch") if torchvision_net else None,
+    )
+
+
+def build_from_run(ckpt_path: Path, config: Path):
+    """The run's ImageClassifier and data module from its saved config, with the checkpoint's weights loaded."""
+    from project.engine.cli import cli_main
+
+    settings = yaml.safe_load(config.read_text())
+    # The saved config is `fit`'s: the options LightningCLI made of Trainer.fit's arguments (ckpt_path, weights_only)
+    # do not exist without a subcommand. It skips the model, data module and loaders (those are sections, or none).
+    for option in set(inspect.signature(L.Trainer.fit).parameters) - LightningCLI.subcommands()["fit"]:
+        settings.pop(option, None)
+    settings["trainer"] = {**(settings.get("trainer") or {}), "accelerator": "cpu", "devices": 1, "logger": False}
+    cli = cli_main(settings, run=False)
+    # With EMA the checkpoint's state_dict holds the averaged weights: those are the ones exported.
+    state = load_trusted_format(ckpt_path)["state_dict"]
+    cli.model.load_state_dict(state)
+    return cli.model, cli.datamodule
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict[str, Path]:
+    """`python -m project.engine.export`: export a run's checkpoint next to it (RUN/export/ by default)."""
+    parser = argparse.ArgumentParser(prog="python -m project.engine.export", description=__doc__.splitlines()[0])
+    parser.add_argument("--ckpt_path", type=Path, required=True, help="RUN/checkpoints/best.ckpt or last.ckpt")
+    parser.add_argument("--config", type=Path, help="the run's config.yaml (default: RUN/config.yaml)")
+    parser.add_argument("--out_dir", type=Path, help="where to write (default: RUN/export)")
+    parser.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True, help="also write model.onnx")
+    args = parser.parse_args(argv)
+    if not args.ckpt_path.is_file():
+        parser.error(f"--ckpt_path {args.ckpt_path} is not a file")
+    run_dir = args.ckpt_path.resolve().parent.parent  # RUN/checkpoints/x.ckpt
+    config = args.config or run_dir / "config.yaml"
+    if not config.is_file():
+        parser.error(f"no config at {config}: pass --config RUN/config.yaml, the config the run saved")
+    model, datamodule = build_from_run(args.ckpt_path, config)
+    return export_module(model, datamodule, args.out_dir or run_dir / "export", onnx=args.onnx)
+
+
+if __name__ == "__main__":
+    from project.engine.errors import exit_on_user_error
+
+    exit_on_user_error(main)

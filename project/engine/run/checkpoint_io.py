@@ -1,0 +1,203 @@
+"""Files that survive kill -9, a full disk and any $TMPDIR, and checkpoints that load without running code.
+
+    python -m project fit --config configs/quickstart.yaml      # AtomicCheckpointIO is installed for every run
+    from project.engine.run.checkpoint_io import atomic_write          # any other file: atomic_write(path, write)
+
+Saving (`atomic_write`, used by every checkpoint save): the file is written to a temporary file in the destination
+directory, flushed, fsynced, optionally checked, then renamed over the old file, and the directory is fsynced: a
+write that fails (an exception, ENOSPC, kill -9) leaves the previous file intact and nothing partial under its name.
+Lightning's own save writes its temporary file in $TMPDIR and moves it: across filesystems (local /tmp, runs on NFS
+or Lustre) the move is a copy in place, and kill -9 during it left a 0-byte last.ckpt (project.engine.compat lists it).
+Loading (`load_trusted_format`): always `torch.load(weights_only=True)`, whatever the torch version's default or the
+caller asks: our checkpoints hold tensors and plain values only, and a crafted one is refused with one line naming
+the file. The run plan loads its checkpoint once and hands it to AtomicCheckpointIO (`hand_over`), so Lightning's
+restore does not read the file again.
+"""
+
+import errno
+import os
+import pickle
+import socket
+import zipfile
+from pathlib import Path
+from typing import IO, Any, Callable, Optional
+
+import torch
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from project.engine.errors import CheckpointError, DiskFullError, untrusted_checkpoint_message
+
+PARTIAL_SUFFIX = ".partial"  # temp files are `.<name>.<host>-<pid>.partial`: never a name `--ckpt_path last` picks
+HOST = socket.gethostname().replace(".", "_")
+CHECKPOINT_FULL_FIX = ("Free space or point --trainer.default_root_dir at a larger disk, then resume with "
+                       "--ckpt_path last")
+
+
+def _is_local(path: Any) -> bool:
+    return "://" not in str(path) or str(path).startswith("file://")
+
+
+def partial_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{HOST}-{os.getpid()}{PARTIAL_SUFFIX}")
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on directories; the rename is still atomic there
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_stale_partials(directory: Path) -> None:
+    """Delete temp files that a killed write on this host left behind (their writer is gone); a live writer's, and
+    other hosts' (whose processes cannot be checked from here), are kept."""
+    for leftover in directory.glob(f".*.{HOST}-*{PARTIAL_SUFFIX}"):
+        pid = leftover.name.removesuffix(PARTIAL_SUFFIX).rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            leftover.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _disk_full(error: Optional[BaseException]) -> bool:
+    """ENOSPC or EDQUOT, raised directly or behind a writer (torch's: a RuntimeError whose context is the OSError)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[IO], object], *, mode: str = "wb",
+                 check: Optional[Callable[[Path], object]] = None, fsync: bool = True,
+                 fix: str = "Free space there, or write it elsewhere") -> Path:
+    """Write `path` all or nothing: `write(file)` fills a temp file beside it ("wb", or "w": UTF-8, newline="");
+    then fsync, `check(temp path)` (raise to refuse it), rename over `path`, fsync the directory. Any failure removes
+    the temp file and leaves the previous `path` as it was; a full disk raises DiskFullError (one line, `fix` last).
+    fsync=False skips both fsyncs (many small files that a rerun rewrites anyway): still atomic, not durable."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = partial_path(path)
+    text = {"encoding": "utf-8", "newline": ""} if "b" not in mode else {}
+    try:
+        with open(temp, mode, **text) as file:
+            write(file)
+            file.flush()
+            if fsync:
+                try:
+                    os.fsync(file.fileno())
+                except OSError as error:  # a filesystem without fsync (EINVAL): the rename below is still atomic
+                    if error.errno not in (errno.EINVAL, errno.ENOTSUP):
+                        raise
+        if check is not None:
+            check(temp)
+        os.replace(temp, path)
+    except BaseException as error:
+        temp.unlink(missing_ok=True)
+        if _disk_full(error):
+            raise DiskFullError(f"no space left on {path.parent} while saving {path.name}; the previous {path.name} "
+                                f"(if any) is intact. {fix}") from error
+        raise
+    if fsync:
+        _fsync_dir(path.parent)
+    remove_stale_partials(path.parent)
+    return path
+
+
+def _whole_archive(path: Path) -> None:
+    with zipfile.ZipFile(path) as archive:  # reads the central directory, written last: the file is whole
+        archive.namelist()
+
+
+def save_atomically(checkpoint: dict[str, Any], path: Path) -> None:
+    """torch.save through atomic_write, verified to be a complete archive before it replaces `path`."""
+    try:
+        atomic_write(path, lambda file: torch.save(checkpoint, file), check=_whole_archive, fix=CHECKPOINT_FULL_FIX)
+    except DiskFullError as full:
+        raise CheckpointError(str(full)) from full.__cause__
+
+
+def load_trusted_format(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
+    """torch.load(weights_only=True) with one-line errors: missing file, not a checkpoint, pickled code.
+
+    Opens the file once (twice with mmap: torch maps it separately); a file that fails is examined afterwards."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist" + (" (it is a folder)" if path.is_dir() else "") +
+                              "; pass a .ckpt file, or --ckpt_path last for the newest one under the run's root")
+    try:
+        try:
+            loaded = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        except RuntimeError as error:
+            if not (mmap and "mmap can only be used with files saved with" in str(error)):
+                raise
+            loaded = torch.load(path, map_location=map_location, weights_only=True)  # a legacy (non-zip) file
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as error:
+        raise CheckpointError(_why_it_did_not_load(path, error)) from error
+    if not isinstance(loaded, dict):
+        raise CheckpointError(f"{path} holds a {type(loaded).__name__}, not a checkpoint dictionary")
+    return loaded
+
+
+def _why_it_did_not_load(path: Path, error: BaseException) -> str:
+    """The one line for a file torch.load refused: not an archive at all, pickled code, or damaged."""
+    with open(path, "rb") as file:
+        head = file.read(4)
+    size = path.stat().st_size
+    if not (head.startswith(b"PK") or head.startswith(b"\x80")):  # torch.save's zip archive, or a legacy pickle
+        return (f"{path} is not a checkpoint: a .ckpt file is a torch.save archive, this one starts with {head!r} "
+                f"({size} bytes)")
+    if (untrusted := untrusted_checkpoint_message(error, path)) is not None:
+        return untrusted
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if isinstance(error, pickle.UnpicklingError):
+        return f"{path} is not a checkpoint torch can read ({reason[:160]})"
+    return f"{path} is not a complete checkpoint ({size} bytes; {reason[:160]})"
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's CheckpointIO with same-directory, fsynced, atomic saves and weights_only loading (see module doc)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._handed: Optional[tuple[str, dict[str, Any]]] = None
+
+    def hand_over(self, path: Path, checkpoint: dict[str, Any]) -> None:
+        """The next load of `path` returns `checkpoint` (already loaded, and checked, by the run plan) once."""
+        self._handed = (os.path.realpath(path), checkpoint)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
+        if storage_options is not None or not _is_local(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)  # remote stores have their own semantics
+        save_atomically(checkpoint, Path(str(path).removeprefix("file://")))
+
+    def load_checkpoint(self, path: Any, map_location: Optional[Callable] = lambda storage, loc: storage,
+                        weights_only: Optional[bool] = None) -> dict[str, Any]:
+        if not _is_local(path):
+            return super().load_checkpoint(path, map_location, weights_only=True)
+        local = str(path).removeprefix("file://")
+        if self._handed is not None and self._handed[0] == os.path.realpath(local):
+            checkpoint, self._handed = self._handed[1], None  # given once: the run does not keep it alive
+            return checkpoint
+        return load_trusted_format(local, map_location)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        fs = get_filesystem(path)
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # ddp_spawn pickles the Trainer for its processes: they read the file themselves rather than receive a copy.
+        return {**self.__dict__, "_handed": None}

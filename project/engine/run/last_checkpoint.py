@@ -1,0 +1,220 @@
+"""last.ckpt, the one file a run resumes from: rewritten every few minutes of training, at every epoch end, and when
+a stop signal arrives (SIGTERM, SIGHUP, SIGINT, Slurm's SIGUSR1), after which the run stops with an honest exit code.
+
+    python -m project fit --config configs/quickstart.yaml --last_checkpoint.every_minutes 5
+    python -m project fit --config configs/quickstart.yaml --ckpt_path last      # continues at the next batch
+
+What a stop costs with the defaults (every_minutes 10, check_every_n_steps 10):
+    kill -9, node failure      the training since the last save: at most 10 minutes (plus the epoch's validation)
+    SIGTERM, SIGINT (Ctrl+C)   nothing: saved within 10 steps (1 step on one process), exit 143 / 130
+    SIGHUP (terminal closed)   as SIGTERM: saved, exit 143
+    SIGUSR1 in a Slurm job     nothing: saved the same way, then `scontrol requeue`, exit 0 (1 if the requeue failed)
+A signal that arrives during validation is acted on at the first agreed batch end after it, or at the epoch's end.
+No save (timed, every_n_steps or on a signal) happens at a batch end right before a validation: a run resumed from
+there would skip it (Lightning fast-forwards a validation that was due); such saves wait for the next batch end or
+the epoch's end, which always saves and agrees on signals.
+
+Under ddp the ranks agree on a stop (any rank signalled) and on the time (rank 0's clock) with one small all-reduce
+every `check_every_n_steps` optimizer steps, so all of them save at the same step and nothing synchronises the GPU
+with the host on the other steps. Saves happen only right after an optimizer step (never inside a gradient-
+accumulation window), so the checkpoint, the data order position and the optimizer agree. One rolling file: the
+best-by-metric checkpoints are ModelCheckpoint's (`--checkpoint.*`).
+"""
+
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from project.engine.compat.sigterm_broadcast import take_over_lightning_sigterm
+from project.engine.errors import CheckpointError, ConfigError
+from project.engine.run.run_dirs import CHECKPOINTS, version_name
+from project.engine.run.signals import STOP_SIGNALS, StopRequests, as_requested
+from project.engine.run.slurm import requeue, slurm_job_id
+from project.engine.run.training_steps import after_optimizer_step, validation_follows
+
+LAST = "last.ckpt"
+
+
+class RunStopped(SystemExit):
+    """The run stopped on a signal after saving last.ckpt; the exit code says which (143 SIGTERM or SIGHUP, 130
+    SIGINT)."""
+
+
+def checkpoint_dir(trainer: L.Trainer) -> Path:
+    """Where the run's checkpoints go: ModelCheckpoint's folder if there is one, else Lightning's rule for it."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.dirpath:
+            return Path(callback.dirpath)
+    if trainer.loggers:
+        logger = trainer.loggers[0]
+        return Path(logger.save_dir or trainer.default_root_dir, str(logger.name), version_name(logger.version),
+                    CHECKPOINTS)
+    return Path(trainer.default_root_dir, CHECKPOINTS)
+
+
+class LastCheckpoint(Checkpoint):
+    """Keeps <run dir>/checkpoints/last.ckpt current (see the module docstring for when, and what a stop costs)."""
+
+    def __init__(self, every_minutes: Optional[float] = 10.0, every_n_steps: Optional[int] = None,
+                 check_every_n_steps: int = 10):
+        """
+        Args:
+            every_minutes: rewrite last.ckpt after this many minutes of training (None: only at epoch ends, on
+                signals, and every_n_steps).
+            every_n_steps: also rewrite it every this many optimizer steps (None: off).
+            check_every_n_steps: under ddp, how often (in optimizer steps) the ranks agree on stop signals and on
+                the time; one tiny all-reduce each time. A single process checks every step, at no cost.
+        """
+        if check_every_n_steps < 1:
+            raise ConfigError(f"last_checkpoint.check_every_n_steps must be >= 1, got {check_every_n_steps}")
+        self.every_minutes = every_minutes
+        self.every_n_steps = every_n_steps
+        self.check_every_n_steps = check_every_n_steps
+        self.path: Optional[Path] = None
+        self.saved_at_step: Optional[int] = None
+        self._stops: Optional[StopRequests] = None
+        self._last_save_time = 0.0
+
+    # -- life cycle ----------------------------------------------------------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        # Every rank chose its checkpoint itself (project.engine.run.resume); they must have chosen the same one, or their
+        # steps, and so their collectives, would disagree.
+        chosen = trainer.strategy.broadcast(str(trainer.ckpt_path))
+        if chosen != str(trainer.ckpt_path):
+            raise CheckpointError(f"rank {trainer.global_rank} chose checkpoint {trainer.ckpt_path} but rank 0 chose "
+                                  f"{chosen}: are the ranks seeing the same files (a shared filesystem's caching)?")
+
+    # Handlers are taken over as soon as Lightning has installed its own (in Trainer._run, after every setup hook):
+    # at the sanity check, or at train start when there is none.
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit":
+            self._take_over_signals(trainer)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # ModelCheckpoint resolves its folder in its own setup: known here.
+        self.path = Path(trainer.strategy.broadcast(str(checkpoint_dir(trainer) / LAST)))
+        self._last_save_time = time.monotonic()
+        self._take_over_signals(trainer)
+
+    def _take_over_signals(self, trainer: L.Trainer) -> None:
+        if self._stops is not None:
+            return
+        signums = STOP_SIGNALS + ((signal.SIGUSR1,) if slurm_job_id() is not None else ())
+        self._stops = StopRequests(signums)
+        # Ranks Lightning started itself may not get a SIGTERM sent to PID 1 (docker stop): rank 0 passes it on
+        # (a SIGHUP as SIGTERM). Not SIGINT: a terminal sends it to every process already, and a second one means
+        # "stop now".
+        kill = getattr(trainer.strategy.launcher, "kill", None) if trainer.is_global_zero else None
+        self._stops.install(forward=kill, forwarded=(signal.SIGTERM, signal.SIGHUP))
+        # Lightning's flag, set if a SIGTERM came before this: ours from now on. Its per-step broadcast of that
+        # flag, a host sync on every DDP step, can go.
+        if take_over_lightning_sigterm(trainer):
+            self._stops.received = self._stops.received or signal.SIGTERM
+
+    def _restore_handlers(self) -> None:
+        if self._stops is not None:
+            self._stops.restore()
+            self._stops = None
+
+    # Restored before Lightning restores the handlers it found (in its teardown, which runs before the callbacks'
+    # teardown hooks): the other order would leave Lightning's SIGTERM handler installed after fit.
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._restore_handlers()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore_handlers()
+
+    # -- triggers ------------------------------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        # Not right before a validation: a run resumed from a checkpoint saved there would skip that validation
+        # (Lightning fast-forwards it), so such saves and stops wait for the next batch or the epoch's end.
+        if self._stops is None or not after_optimizer_step(trainer, batch_idx) or validation_follows(trainer, batch_idx):
+            return
+        step = trainer.global_step
+        distributed = trainer.world_size > 1
+        if not distributed or step % self.check_every_n_steps == 0:
+            signum, time_due = self._agree(trainer, distributed)
+            if signum:
+                self._stop(trainer, signum)
+            if time_due:
+                self._save(trainer, "every_minutes")
+                return
+        if self.every_n_steps and step % self.every_n_steps == 0:
+            self._save(trainer, "every_n_steps")
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After the epoch's validation and ModelCheckpoint's save (Checkpoint callbacks run last, in list order).
+        if self._stops is None:
+            return
+        # The epoch's sync_dist metrics are reduced by whoever reads them first: on rank 0 the progress bar did, just
+        # before (only there: the others have no bar). Read here on every rank, that reduce comes before the
+        # collectives below on all of them; else rank 0 waits in _agree while the others wait in the metric's reduce.
+        trainer.callback_metrics  # noqa: B018
+        self._save(trainer, "epoch end")
+        signum, _ = self._agree(trainer, trainer.world_size > 1)  # a signal that came during the last steps or validation
+        if signum:
+            self._stop(trainer, signum)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_handlers()
+
+    # -- actions -------------------------------------------------------------------------------------------------
+    def _agree(self, trainer: L.Trainer, distributed: bool) -> tuple[int, bool]:
+        """(stop signal any rank got, 0 if none; rank 0's clock says a timed save is due), the same on all ranks."""
+        signum = self._stops.received or (signal.SIGTERM if trainer.received_sigterm else 0)
+        due = self.every_minutes is not None and time.monotonic() - self._last_save_time >= 60 * self.every_minutes
+        if not distributed:
+            return signum, due
+        flags = torch.tensor([signum, float(due and trainer.is_global_zero)], device=trainer.strategy.root_device)
+        flags = trainer.strategy.reduce(flags, reduce_op="max")
+        signum, due = flags.tolist()  # the one host sync, every check_every_n_steps steps
+        return int(signum), bool(due)
+
+    def _save(self, trainer: L.Trainer, why: str) -> Path:
+        if self.saved_at_step == trainer.global_step and why in ("every_minutes", "every_n_steps", "signal"):
+            return self.path
+        trainer.save_checkpoint(self.path, weights_only=False)
+        self.saved_at_step = trainer.global_step
+        self._last_save_time = time.monotonic()
+        return self.path
+
+    def _stop(self, trainer: L.Trainer, signum: int) -> None:
+        path = self._save(trainer, "signal")
+        name = signal.Signals(signum).name
+        where = f"epoch {trainer.current_epoch}, global step {trainer.global_step}"
+        job_id = slurm_job_id()
+        if signum == signal.SIGUSR1 and job_id is not None:
+            code = 0
+            if trainer.is_global_zero:
+                requeued, why = requeue(job_id)
+                if requeued:
+                    rank_zero_info(f"Slurm job {job_id}: {name} at {where}; saved {path}; requeued, it resumes there")
+                else:
+                    code = 1
+                    rank_zero_warn(f"Slurm job {job_id}: {name} at {where}; saved {path}, but scontrol requeue failed "
+                                   f"({why}): submit again with --ckpt_path {path}")
+            raise RunStopped(code)
+        as_term = " (as SIGTERM)" if signum != as_requested(signum) else ""
+        say(trainer, f"stopped by {name}{as_term} at {where}; last checkpoint: {path} "
+                     f"(continue with the same command and --ckpt_path last)")
+        raise RunStopped(128 + as_requested(signum))
+
+
+def say(trainer: L.Trainer, line: str) -> None:
+    """rank_zero_info on a line of its own: the progress bar's line (on stdout) has no end while it is drawn, and a
+    line written after it in a terminal would be glued to it."""
+    bar = trainer.progress_bar_callback
+    if trainer.is_global_zero and isinstance(bar, TQDMProgressBar) and bar.is_enabled:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    rank_zero_info(line)

@@ -1,0 +1,137 @@
+"""One run dir, one writer: a live run holds a lock on its run dir; a second process that would write there stops.
+
+    python -m project fit --config configs/quickstart.yaml --ckpt_path last &
+    python -m project fit --config configs/quickstart.yaml --ckpt_path last   # error: run dir ... is in use by pid ...
+
+Global rank 0 (the only rank that writes) takes the lock as the run is planned (project.engine.run.resume.start_run) and
+holds it until the run ends; the other ranks of the job write nothing and rely on it. The lock is a POSIX record lock
+(fcntl.lockf) on <run dir>/.lock: it belongs to the process that took it, the kernel drops it when that process
+dies, and processes forked after it (DataLoader workers, which outlive a kill -9 of their parent by seconds) do not
+inherit it, as they did an flock. So a crashed run leaves no stale lock; the file stays, naming the last holder.
+(A record lock is also dropped when its process closes *any* descriptor of the file: nothing else here opens it.)
+A new version dir is created exclusively while its number is chosen: two runs started at the same moment get two.
+"""
+
+import errno
+import fcntl
+import os
+import shlex
+import shutil
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from lightning.pytorch.utilities import rank_zero_warn
+
+from project.engine.errors import ConfigError, RunDirInUse
+from project.engine.run.run_dirs import CHECKPOINTS, LOCK_FILE, next_version, version_name
+
+
+@dataclass
+class RunLock:
+    run_dir: Path
+    created: list[Path] = field(default_factory=list)  # the dirs this process created for the run, outermost first
+    _fd: Optional[int] = None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+    def remove_failed_start(self) -> None:
+        """After a start that failed before its first optimizer step: delete what this process created for the run
+        (the run dir holds only what that start wrote: the lock, perhaps config.yaml, hparams.yaml, an event file)."""
+        self.release()
+        if self.run_dir not in self.created or any(self.run_dir.glob(f"{CHECKPOINTS}/*.ckpt")):
+            return
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        for parent in reversed(self.created[:-1]):  # e.g. <root>/lightning_logs, if this start made it
+            try:
+                parent.rmdir()
+            except OSError:  # not empty: another run's, or the user's files
+                break
+
+
+def _make_dirs(path: Path) -> list[Path]:
+    """mkdir -p, returning the dirs it created, outermost first."""
+    missing = [p for p in (path, *path.parents) if not p.exists()][::-1]
+    created = []
+    for directory in missing:
+        try:
+            directory.mkdir()
+            created.append(directory)
+        except FileExistsError:  # made meanwhile by another process: not ours to remove
+            pass
+        except OSError as error:  # a file in the way, a read-only filesystem, no permission: nothing is left behind
+            for made in reversed(created):
+                made.rmdir()
+            raise _unwritable(directory, error) from None
+    return created
+
+
+def _unwritable(directory: Path, error: OSError) -> ConfigError:
+    blocker = next((p for p in directory.parents if p.exists() and not p.is_dir()), None)
+    what = f"{blocker} is a file, not a folder" if blocker is not None else error.strerror or str(error)
+    return ConfigError(f"cannot create the run dir {directory} ({what}): trainer.default_root_dir must be a writable "
+                       "folder; point --trainer.default_root_dir elsewhere")
+
+
+def claim_new_version(logs: Path) -> RunLock:
+    """Create the next free <logs>/version_N exclusively (N+1 if another run took N meanwhile) and lock it."""
+    created = _make_dirs(logs)
+    number = next_version(logs)
+    while True:
+        run_dir = logs / version_name(number)
+        try:
+            run_dir.mkdir()
+            break
+        except FileExistsError:  # a run started at the same moment took it
+            number += 1
+        except OSError as error:
+            for made in reversed(created):
+                made.rmdir()
+            raise _unwritable(run_dir, error) from None
+    return _lock(RunLock(run_dir, [*created, run_dir]))
+
+
+def claim(run_dir: Path) -> RunLock:
+    """Create the run dir if it is missing, and lock it; RunDirInUse if a live process holds it."""
+    return _lock(RunLock(run_dir, _make_dirs(run_dir)))
+
+
+def _holder(lock_file: Path) -> str:
+    try:
+        return lock_file.read_text().strip() or "an unknown process"
+    except OSError:
+        return "an unknown process"
+
+
+def _lock(run_lock: RunLock) -> RunLock:
+    lock_file = run_lock.run_dir / LOCK_FILE
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        os.close(fd)
+        if error.errno in (errno.EACCES, errno.EAGAIN):
+            run_lock.remove_failed_start()  # a dir this process created for it (never the holder's)
+            raise RunDirInUse(
+                f"run dir {run_lock.run_dir} is in use by {_holder(lock_file)}; wait for that run to end (or stop it), "
+                "or write elsewhere with --trainer.default_root_dir"
+            ) from None
+        # A filesystem without POSIX locks (some Lustre mounts): warn, do not refuse to train.
+        rank_zero_warn(f"cannot lock {lock_file} ({error}); nothing stops a second run from writing into "
+                       f"{run_lock.run_dir}")
+        return run_lock
+    holder = (f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+              f"{shlex.join(['python', *sys.argv])[:300]}")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, holder.encode() + b"\n", 0)
+    run_lock._fd = fd
+    return run_lock

@@ -1,0 +1,245 @@
+"""Which checkpoint a run continues from, and which run dir and logger version it writes into: decided once, here.
+
+    python -m project fit --config configs/quickstart.yaml --ckpt_path last
+
+`start_run` is the one entry: the CLI calls it once, after parsing and before anything is built. It decides, and
+hands along: the checkpoint, loaded once (weights_only, memory-mapped; the fit checks and Lightning's restore use that
+load, not the file), and the run dir `<default_root_dir>/lightning_logs/<version>/` (checkpoints/, config.yaml, the
+TensorBoard/CSV logger pinned to it), already created and locked by global rank 0 of a fit (project.engine.run.lock): the
+version is chosen while it is claimed. Every checkpoint it considers is loaded before it is chosen; one that does
+not load is skipped with a line saying why (for `last` and restarts) or stops the run (an explicit path).
+
+| fit with                          | continues from                                     | writes into            |
+|-----------------------------------|----------------------------------------------------|------------------------|
+| no --ckpt_path                    | nothing (a new run)                                | the next version_N     |
+| --ckpt_path last                  | the newest loadable *.ckpt under <root> (mtime)    | that checkpoint's run  |
+| --ckpt_path FILE                  | FILE                                               | FILE's run, if under <root>; else a new one |
+| a requeued Slurm job (restart>=1) | its own newest loadable checkpoint, over --ckpt_path | slurm-<job id>      |
+| a Slurm job's first run           | --ckpt_path as above                               | slurm-<job id>         |
+| a torchrun restart (restart>=1)   | as --ckpt_path last                                | that checkpoint's run  |
+
+last.ckpt is rewritten at every epoch end, every few minutes of training and on SIGTERM/SIGINT/SIGUSR1 (project
+.callbacks.last_checkpoint), so it is the newest checkpoint of its run; the best-by-metric ones are older fallbacks.
+"""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from jsonargparse import Namespace
+
+from project.engine.errors import CheckpointError, ConfigError, env_global_rank
+from project.engine.run.checkpoint_io import PARTIAL_SUFFIX, load_trusted_format
+from project.engine.run.launchers import torchelastic_restart
+from project.engine.run.lock import RunLock, claim, claim_new_version
+from project.engine.run.run_dirs import CHECKPOINTS, LOGS, logger_version, next_version, run_dir_of, version_name
+from project.engine.run.slurm import slurm_job_id, slurm_restart_count
+from project.engine.run.trackers import check_trackers, kind_of, logger_entries, point_trackers
+
+# Loggers whose directory is save_dir/name/version, so pinning `version` pins the directory.
+REQUIRED_KEYS = ("state_dict", "epoch", "global_step")
+
+
+@dataclass
+class RunPlan:
+    ckpt_path: Optional[Path] = None
+    checkpoint: Optional[dict[str, Any]] = None  # ckpt_path's contents, loaded once; handed on by take_checkpoint
+    run_dir: Optional[Path] = None  # None: not a fit (Lightning decides where validate/test/predict log)
+    fresh: bool = True  # a new run dir (fit without a checkpoint, or from one outside <root>)
+    reason: str = ""
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    hparams: dict[str, Any] = field(default_factory=dict)  # the chosen checkpoint's model hyperparameters
+    lock: Optional[RunLock] = None  # rank 0 of a fit: the run dir is created and locked until release()
+
+    def take_checkpoint(self) -> Optional[dict[str, Any]]:
+        """The loaded checkpoint, once: the plan keeps no reference (its memory map goes with its last user)."""
+        checkpoint, self.checkpoint = self.checkpoint, None
+        return checkpoint
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+    def remove_failed_start(self) -> None:
+        """A start that failed before training: remove what this process created for the run (see RunLock)."""
+        if self.lock is not None:
+            self.lock.remove_failed_start()
+
+
+def describe_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint's contents, memory-mapped (cheap); CheckpointError when it does not load or is not ours."""
+    loaded = load_trusted_format(path, mmap=True)
+    missing = [key for key in REQUIRED_KEYS if key not in loaded]
+    if missing:
+        raise CheckpointError(f"{path} is not a Lightning training checkpoint (it lacks {', '.join(missing)})")
+    return loaded
+
+
+def checkpoint_files(directory: Path) -> list[Path]:
+    """The *.ckpt files of a directory, newest first (temp files of a save in progress are never candidates)."""
+    if not directory.is_dir():
+        return []
+    files = [p for p in directory.glob("*.ckpt") if p.is_file() and not p.name.endswith(PARTIAL_SUFFIX)]
+    return sorted(files, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def all_checkpoints(logs: Path, extra: tuple[Path, ...] = ()) -> list[Path]:
+    """Every run's checkpoints under the logs dir (and in `extra` folders), newest first."""
+    directories = [*sorted(logs.glob(f"*/{CHECKPOINTS}")), *extra]
+    files = [p for d in directories for p in checkpoint_files(d)]
+    return sorted(files, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def first_loadable(candidates: list[Path], plan: RunPlan) -> Optional[tuple[Path, dict]]:
+    """The first candidate that loads; the others tried before it are recorded in plan.skipped with their reason."""
+    for path in candidates:
+        try:
+            return path, describe_checkpoint(path)
+        except CheckpointError as error:
+            plan.skipped.append((path, str(error)))
+    return None
+
+
+def _file_loggers(trainer: Namespace) -> list[Namespace]:
+    """The configured TensorBoard/CSV loggers (one, or in a list), whose directory is save_dir/name/version."""
+    return [entry for entry in logger_entries(trainer) if kind_of(entry) in ("tensorboard", "csv")]
+
+
+def logs_dir(trainer: Namespace, root: Path) -> Path:
+    """Where the runs' version dirs live: the first TensorBoard/CSV logger's save_dir/name (by default
+    <root>/lightning_logs); for other loggers only, or none, <root>/lightning_logs, where our checkpoints then go."""
+    files = _file_loggers(trainer)
+    if files:
+        args = files[0].get("init_args") or Namespace()
+        save_dir = Path(args.get("save_dir") or root)
+        name = args.get("name", LOGS)
+        return save_dir / name if name else save_dir
+    return root / LOGS
+
+
+def pinnable(trainer: Namespace) -> bool:
+    """True when the run's first logger writes to save_dir/name/<version> (the default one, TensorBoard, CSV), so
+    Lightning puts the checkpoints into the run dir by itself."""
+    entries = logger_entries(trainer)
+    return trainer.logger in (None, True) or bool(entries) and kind_of(entries[0]) in ("tensorboard", "csv")
+
+
+def pin_logger_version(trainer: Namespace, save_dir: Path, version: int | str) -> None:
+    """Make the run log into its version dir (edits the parsed trainer config in place).
+
+    The default logger becomes a TensorBoardLogger in <save_dir>/lightning_logs pinned to that version; every
+    configured TensorBoard or CSV logger writes into the first one's save_dir/name with that version, so all of them
+    share the run dir; other loggers are left to project.engine.run.trackers.
+    """
+    if trainer.logger in (None, True):
+        trainer.logger = Namespace(
+            class_path="lightning.pytorch.loggers.TensorBoardLogger",
+            init_args=Namespace(save_dir=str(save_dir), name=LOGS, version=version),
+        )
+        return
+    files = _file_loggers(trainer)
+    if not files:
+        return
+    first = files[0].init_args
+    for entry in files:
+        entry.init_args.save_dir, entry.init_args.name = first.get("save_dir"), first.get("name", LOGS)
+        entry.init_args.version = version
+
+
+def _resolve_explicit(ckpt_path: str, plan: RunPlan) -> tuple[Path, dict]:
+    path = Path(ckpt_path).expanduser()
+    return path, describe_checkpoint(path)
+
+
+def _skipped_note(plan: RunPlan) -> str:
+    return "".join(f"; skipped {path} ({why})" for path, why in plan.skipped)
+
+
+def start_run(subcommand: str, config: Namespace) -> RunPlan:
+    """The CLI's one call: plan_run, with the run dir claimed by global rank 0 of a fit (the other ranks write
+    nothing and rely on its lock). The caller ends it: plan.release(), or plan.remove_failed_start()."""
+    return plan_run(subcommand, config, claim_run_dir=subcommand == "fit" and env_global_rank() == 0)
+
+
+def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False) -> RunPlan:
+    """Decide the checkpoint and run dir of `subcommand` and write them into the parsed `config` (in place).
+
+    Without claim_run_dir it only reads files (a fresh run's version is the next free one now); with it, the run dir
+    is created and locked while it is chosen (RunDirInUse if a live run holds it).
+    """
+    trainer = config.trainer
+    root_text = str(trainer.default_root_dir or os.getcwd())
+    if "://" in root_text and not root_text.startswith("file://"):
+        raise ConfigError(f"trainer.default_root_dir {root_text}: runs write to a local or mounted filesystem here "
+                          "(atomic checkpoints, the run lock, resume); point it at a mounted path")
+    root = Path(root_text.removeprefix("file://"))
+    if subcommand == "fit":
+        check_trackers(trainer)  # a missing package, MLflow's file store, a server that does not answer: one line
+    logs = logs_dir(trainer, root)
+    checkpoint_group = config.get("checkpoint")
+    given_dir = Path(checkpoint_group.dirpath) if checkpoint_group is not None and checkpoint_group.get("dirpath") else None
+    extra = (root / CHECKPOINTS, *((given_dir,) if given_dir else ()))
+    requested = config.get("ckpt_path")
+    plan = RunPlan()
+    chosen: Optional[tuple[Path, dict]] = None
+
+    job_id = slurm_job_id() if subcommand == "fit" else None
+    job_dir = logs / f"slurm-{job_id}" if job_id else None
+    restarted = subcommand == "fit" and (torchelastic_restart() or 0) > 0
+    if job_dir is not None and slurm_restart_count() > 0:
+        chosen = first_loadable(checkpoint_files(given_dir or job_dir / CHECKPOINTS), plan)
+        if chosen:
+            given = f" instead of --ckpt_path {requested}" if requested else ""
+            plan.reason = f"Slurm job {job_id} (restart {slurm_restart_count()}): resuming from {chosen[0]}{given}"
+    elif restarted and requested not in (None, "last"):
+        # A restarted attempt has the first one's command line: its own newer checkpoints win over the given one.
+        own = run_dir_of(Path(requested).expanduser(), logs)
+        chosen = first_loadable(checkpoint_files(own / CHECKPOINTS), plan) if own is not None else None
+        if chosen:
+            plan.reason = f"torchrun restart {torchelastic_restart()}: resuming from {chosen[0]} (its run's newest)"
+    if chosen is None and (requested == "last" or (restarted and requested is None)):
+        chosen = first_loadable(all_checkpoints(logs, extra), plan)
+        why = f"torchrun restart {torchelastic_restart()}" if restarted and requested is None else "--ckpt_path last"
+        if chosen:
+            plan.reason = f"{why}: resuming from {chosen[0]}"
+        else:
+            plan.reason = f"{why}: no loadable checkpoint under {logs} yet; starting from scratch"
+    elif chosen is None and requested:
+        chosen = _resolve_explicit(requested, plan)
+        plan.reason = f"resuming from {chosen[0]}" if subcommand == "fit" else f"checkpoint {chosen[0]}"
+    plan.reason += _skipped_note(plan)
+
+    if chosen is not None:
+        plan.ckpt_path, plan.checkpoint = chosen
+        plan.hparams = dict(plan.checkpoint.get("hyper_parameters") or {})
+        config.ckpt_path = str(plan.ckpt_path)
+    elif requested == "last":
+        config.ckpt_path = None
+        if subcommand != "fit":
+            raise CheckpointError(f"--ckpt_path last: no loadable checkpoint under {logs}{_skipped_note(plan)}; "
+                                  "pass the checkpoint's path instead")
+    if subcommand != "fit":
+        return plan
+
+    if given_dir is not None:  # the user chose where checkpoints go: that folder's parent is the run dir
+        plan.run_dir, plan.fresh = given_dir.parent, False
+    elif job_dir is not None:
+        plan.run_dir = job_dir
+        plan.fresh = not job_dir.exists()
+    elif plan.ckpt_path is not None and (existing := run_dir_of(plan.ckpt_path, logs)) is not None:
+        plan.run_dir, plan.fresh = existing, False
+    if claim_run_dir:
+        plan.lock = claim(plan.run_dir) if plan.run_dir is not None else claim_new_version(logs)
+        plan.run_dir = plan.lock.run_dir
+    elif plan.run_dir is None:
+        plan.run_dir = logs / version_name(next_version(logs))
+    point_trackers(trainer, plan.run_dir, resuming=not plan.fresh)
+    if given_dir is not None:
+        return plan
+    pin_logger_version(trainer, root, logger_version(plan.run_dir.name))
+    if not pinnable(trainer) and checkpoint_group is not None:
+        # A logger that writes elsewhere (W&B, MLflow, none): checkpoints still go to the run dir this plan locks
+        # and a resume searches.
+        checkpoint_group.dirpath = str(plan.run_dir / CHECKPOINTS)
+    return plan

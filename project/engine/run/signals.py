@@ -1,0 +1,64 @@
+"""Stop requests: SIGTERM, SIGHUP, SIGINT and (in a Slurm job) SIGUSR1 only set a flag; the training loop acts on it.
+
+    kill -TERM <pid>      # or docker stop, a Kubernetes eviction, scancel, Ctrl+C: checkpoint at the next batch end
+    kill -HUP <pid>       # a closed terminal or ssh session: the same as SIGTERM (save, exit 143)
+
+Anything more inside a signal handler can deadlock a distributed job: the handler interrupts the main thread wherever
+it is, possibly inside a collective (Lightning's handlers broadcast and save from there, Lightning #20825, #21406).
+Here the handler records the signal and passes a SIGTERM on to the ranks Lightning started itself (they may not have
+received it: `docker stop` signals PID 1 only); project.engine.run.last_checkpoint then has all ranks agree on it at a
+batch end, save, and stop. A second Ctrl+C stops at once (SIGINT is not passed on: a terminal sends it to every
+process of the job already, and a passed-on copy would look like a second one). DataLoader workers ignore these
+signals (their process group may receive them too): the main process ends them when it stops.
+"""
+
+import signal
+from typing import Any, Callable, Optional
+
+Forward = Callable[[int], None]
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+def as_requested(signum: int) -> int:
+    """What a stop signal asks for: SIGHUP (the terminal went away) is a SIGTERM; the others are themselves."""
+    return signal.SIGTERM if signum == signal.SIGHUP else signum
+
+
+class StopRequests:
+    """Installs flag-only handlers for `signums`; `received` is the first stop signal seen (0: none)."""
+
+    def __init__(self, signums: tuple[int, ...]):
+        self.signums = signums
+        self.received = 0
+        self._previous: dict[int, Any] = {}
+        self._forward: Optional[Forward] = None
+        self._forwarded: tuple[int, ...] = ()
+
+    def install(self, forward: Optional[Forward] = None, forwarded: tuple[int, ...] = ()) -> None:
+        """Replace the current handlers (Lightning's among them) until `restore`; the first of `forwarded` to
+        arrive is passed to `forward`."""
+        self._forward = forward
+        self._forwarded = forwarded
+        for signum in self.signums:
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt  # the second Ctrl+C: stop now, without the checkpoint
+        first = not self.received
+        self.received = self.received or signum
+        if first and self._forward is not None and signum in self._forwarded:
+            self._forward(as_requested(signum))
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader worker_init_fn: a worker ignores the stop signals its process group gets; its parent stops it."""
+    for signum in (*STOP_SIGNALS, signal.SIGUSR1):
+        signal.signal(signum, signal.SIG_IGN)

@@ -1,0 +1,396 @@
+"""A sweep's trials: a worker takes the next trial of the shared study, runs it as an ordinary fit, tells the result.
+
+    python -m project sweep --config configs/sweep/quickstart.yaml      # one worker; start more, anywhere, to share
+
+A trial is `python -m project fit <the sweep's fit options> <its parameters>` in a subprocess (it may be a ddp job; a
+crash stays in the trial) writing into `<study dir>/trial_<n>/`: checkpoints/, config.yaml, TensorBoard events,
+fit.log. Inside the fit, SweepReporter reports the metric at each validation and stops a trial the pruner prunes
+(rank zero decides, every rank stops). The workers share only the study's storage:
+- n_trials is the study's total: a worker starts a trial only while finished + running < n_trials (counted under a
+  lock in the study dir), and waits while the others' trials run, in case one of them dies;
+- a worker records a heartbeat on its trial every heartbeat_interval s (Optuna 5.0's JournalStorage has no heartbeat
+  of its own; RDBStorage's works only inside study.optimize); a running trial silent for grace_period s is failed and
+  retried (Optuna's RetryHeartbeatStaleTrialCallback): the retry runs in the original trial's run dir with
+  `--ckpt_path last`, so it continues from that run's last.ckpt (project.engine.run.resume);
+- a preempted worker (SIGTERM, SIGINT, SIGUSR1) passes the signal to its fit, which saves last.ckpt and stops; the
+  trial is retried the same way at once. A fit whose worker dies (kill -9) gets a SIGTERM from the kernel: the same.
+"""
+
+import errno
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning as L
+import optuna
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
+from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.trial import TrialState
+
+from project.engine.errors import ConfigError
+
+# Trial attributes in the storage: the run dir, who runs it, and what the fit said about itself.
+RUN_DIR, WORKER, HEARTBEAT = "run_dir", "worker", "heartbeat"
+PRUNED_AT, FINISHED, CHECKPOINT, BEST = "pruned_at_step", "finished_at_step", "checkpoint", "best"
+FIT_LOG = "fit.log"
+LOGGERS_IN_RUN_DIR = ("TensorBoardLogger", "CSVLogger")
+
+
+def open_storage(storage: str):
+    """An RDB URL (`sqlite:///x.db`, `postgresql://...`) or a journal file (a path; shared filesystem for many hosts)."""
+    if "://" in storage:
+        return optuna.storages.RDBStorage(storage)
+    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage))
+
+
+def instantiate(spec: Any, module: str, what: str):
+    """An Optuna sampler or pruner from `ClassName` or `{class_path: ..., init_args: {...}}`; else a ConfigError."""
+    import importlib
+
+    spec = {"class_path": spec} if isinstance(spec, str) else spec
+    if not isinstance(spec, dict) or not isinstance(spec.get("class_path"), str) or set(spec) - {"class_path", "init_args"}:
+        raise ConfigError(f"sweep.{what}: expected a class name or {{class_path: ..., init_args: {{...}}}}, got {spec!r}")
+    path = spec["class_path"] if "." in spec["class_path"] else f"{module}.{spec['class_path']}"
+    owner, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(owner), name)(**(spec.get("init_args") or {}))
+    except (ImportError, AttributeError, TypeError, ValueError) as error:
+        raise ConfigError(f"sweep.{what}: cannot build {path} ({type(error).__name__}: {error}); {module} lists the "
+                          "classes and their arguments") from None
+
+
+def best_of(values: dict[int, float], direction: str) -> Optional[float]:
+    """The best metric a trial reached over its validations (None before the first; NaN is never best)."""
+    finite = [v for v in values.values() if v == v]
+    return (max if direction == "maximize" else min)(finite) if finite else None
+
+
+# -- inside the trial's fit ------------------------------------------------------------------------------------------
+class SweepReporter(Callback):
+    """Reports `metric` to the trial at each validation; stops the fit when the study's pruner prunes it.
+
+    Added to each trial's fit by the sweep (`--trainer.callbacks+=`); rank zero reports and decides, every rank stops.
+    """
+
+    def __init__(self, storage: str, study: str, trial: int, metric: str = "val/acc1", pruner: Optional[str] = None):
+        """`pruner`: the sweep's pruner as JSON (`{"class_path": ..., "init_args": ...}`), None for Optuna's default."""
+        self.storage, self.study, self.trial, self.metric = storage, study, trial, metric
+        self.pruner = json.loads(pruner) if pruner else None
+        self._trial: Optional[optuna.trial.Trial] = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit" or not trainer.is_global_zero:
+            return
+        storage = open_storage(self.storage)
+        pruner = instantiate(self.pruner, "optuna.pruners", "pruner") if self.pruner else None
+        study = optuna.load_study(study_name=self.study, storage=storage, pruner=pruner,
+                                  sampler=optuna.samplers.RandomSampler())  # samples nothing here
+        trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(self.study), self.trial)
+        self._trial = optuna.trial.Trial(study, trial_id)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        # One validation per epoch (the usual case): the step is the epoch, so a pruner's warm-up counts epochs.
+        per_epoch = isinstance(trainer.val_check_interval, float) and trainer.val_check_interval == 1.0
+        step = trainer.current_epoch if per_epoch else trainer.global_step
+        pruned, value = False, trainer.callback_metrics.get(self.metric)
+        if self._trial is not None and value is not None:
+            try:
+                self._trial.report(float(value), step)  # a validation re-run after a resume: its step is ignored
+                pruned = self._trial.should_prune()
+                if pruned:
+                    self._trial.set_user_attr(PRUNED_AT, step)
+                    rank_zero_info(f"sweep: trial {self.trial} pruned at step {step} ({self.metric} {float(value):.4f})")
+            except UpdateFinishedTrialError:  # the study gave the trial up: its worker stops this fit
+                self._trial = None
+        if trainer.world_size > 1:
+            pruned = trainer.strategy.broadcast(pruned, src=0)  # once per validation, not per step
+        if pruned:
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Not reached when the fit stops on a signal (project.engine.run.last_checkpoint raises): the worker retries it then.
+        if self._trial is None:
+            return
+        best = [c.best_model_path for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.monitor == self.metric]
+        last = Path(trainer.default_root_dir, "checkpoints", "last.ckpt")
+        try:
+            self._trial.set_user_attr(CHECKPOINT, (best[0] if best else "") or (str(last) if last.is_file() else ""))
+            self._trial.set_user_attr(FINISHED, trainer.global_step)
+        except UpdateFinishedTrialError:
+            pass
+
+
+# -- the worker ------------------------------------------------------------------------------------------------------
+@dataclass
+class Worker:
+    """One worker of a study: its settings, and the fit options every trial starts from."""
+
+    study: optuna.Study
+    storage: str
+    study_dir: Path
+    fit_args: list[str]
+    space: dict[str, dict]
+    metric: str
+    pruner: Optional[dict]
+    n_trials: int
+    heartbeat_interval: float
+    grace_period: float
+    max_retry: Optional[int]
+    loggers: Any  # the resolved trainer.logger, pointed at each trial's run dir
+    launcher: list[str]
+
+    def __post_init__(self):
+        self.name, self.signal, self.child = f"{os.uname().nodename}:{os.getpid()}", 0, None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)  # unchanged since optuna 2.8
+            self.retry = RetryHeartbeatStaleTrialCallback(max_retry=self.max_retry, inherit_intermediate_values=True)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signal = self.signal or signum
+        # Not SIGINT: a terminal sent it to the fit already, and a second one would mean "stop without saving".
+        if self.child is not None and self.child.poll() is None and signum != signal.SIGINT:
+            from project.engine.run.slurm import slurm_job_id
+
+            # A fit outside Slurm has no SIGUSR1 handler (it would die of it): it gets a SIGTERM instead.
+            self.child.send_signal(signum if signum == signal.SIGTERM or slurm_job_id() else signal.SIGTERM)
+
+    def run(self) -> int:
+        """Take and run trials until the study has n_trials; the exit code (128 + signal when stopped by one)."""
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+        try:
+            while not self.signal:
+                trial = self._take_next()
+                if trial is None:
+                    break
+                if trial is False:  # the other workers' trials fill the study: wait, in case one of them dies
+                    time.sleep(min(self.heartbeat_interval, 5.0))
+                elif (code := self._run(trial)) is not None:
+                    return code
+            return 0 if self.signal in (0, signal.SIGUSR1) else 128 + self.signal
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    # -- the study, under the study dir's lock: stale trials, the count, the next trial ------------------------------
+    def _take_next(self):
+        """The next trial (a retry first), False while the running trials fill the study, None once it is complete."""
+        with open(self.study_dir / ".sweep.lock", "a") as lock:
+            try:
+                fcntl.lockf(lock, fcntl.LOCK_EX)
+            except OSError:  # a filesystem without POSIX locks: the count may overshoot by a trial per worker
+                pass
+            now = time.time()
+            for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                beat = frozen.user_attrs.get(HEARTBEAT) or frozen.datetime_start.timestamp()
+                if now - beat > self.grace_period:
+                    print(f"sweep: trial {frozen.number} has had no heartbeat for {now - beat:.0f} s (its worker "
+                          f"{frozen.user_attrs.get(WORKER, '?')} died?): retried from its last.ckpt", flush=True)
+                    self._fail_and_retry(frozen)
+            trials = self.study.get_trials(deepcopy=False)
+            done, running = len(counted(trials)), sum(t.state == TrialState.RUNNING for t in trials)
+            if done >= self.n_trials or done + running >= self.n_trials:
+                return None if done >= self.n_trials else False
+            trial = self.study.ask()
+            trial.set_user_attr(HEARTBEAT, time.time())
+            trial.set_user_attr(WORKER, self.name)
+            if RUN_DIR not in trial.user_attrs:  # a retry keeps its original's run dir
+                trial.set_user_attr(RUN_DIR, str(self.study_dir / f"trial_{trial.number}"))
+            return trial
+
+    def _fail_and_retry(self, frozen) -> None:
+        try:
+            self.study.tell(frozen.number, state=TrialState.FAIL)
+        except (ValueError, RuntimeError, UpdateFinishedTrialError):
+            return  # finished meanwhile, by its worker or by another one
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            self.retry(self.study, frozen)
+
+    def _latest(self, number: int):
+        return self.study.get_trials(deepcopy=False)[number]
+
+    # -- one trial ---------------------------------------------------------------------------------------------------
+    def _run(self, trial: optuna.trial.Trial) -> Optional[int]:
+        """Run one trial and tell its result; an exit code when this worker must stop (bad input), else None."""
+        frozen = self._latest(trial.number)
+        run_dir, retried = Path(frozen.user_attrs[RUN_DIR]), frozen.system_attrs.get("failed_trial")
+        params = {name: suggest(trial, name, spec) for name, spec in self.space.items()}
+        code = 0
+        if self.signal:
+            code = None
+        elif FINISHED not in frozen.user_attrs and PRUNED_AT not in frozen.user_attrs:  # else: done, its worker died
+            print(f"sweep: trial {trial.number} ({' '.join(param_flags(params))}) in {run_dir}"
+                  + (f", retrying trial {retried} from its last.ckpt" if retried is not None else ""), flush=True)
+            code = self._fit(trial, run_dir, params, resume=retried is not None)
+        frozen = self._latest(trial.number)
+        best = best_of(frozen.intermediate_values, self.study.direction.name.lower())
+        if best is not None:
+            trial.set_user_attr(BEST, best)
+        if PRUNED_AT in frozen.user_attrs:
+            self.study.tell(trial, state=TrialState.PRUNED)
+            print(f"sweep: trial {trial.number} pruned ({self.metric} {best:.4f} at best)", flush=True)
+        elif FINISHED in frozen.user_attrs and best is not None:
+            self.study.tell(trial, best)
+            print(f"sweep: trial {trial.number} complete: {self.metric} {best:.4f}", flush=True)
+        elif FINISHED in frozen.user_attrs:
+            self.study.tell(trial, state=TrialState.FAIL)
+            print(f"sweep: trial {trial.number} failed: its fit never logged {self.metric} (validation off? "
+                  f"trainer.limit_val_batches, trainer.check_val_every_n_epoch); log {run_dir / FIT_LOG}", flush=True)
+        elif self.signal or code is None or code in (0, 130, 143) or code < 0:
+            # Stopped from outside (preempted, killed, a Slurm requeue): whichever worker takes it next continues it.
+            self._fail_and_retry(frozen)
+            print(f"sweep: trial {trial.number} stopped (fit exit {code}): the next worker continues it from "
+                  f"{run_dir / 'checkpoints' / 'last.ckpt'}", flush=True)
+            if code == 0 and not self.signal:  # its fit requeued this Slurm job: this worker ends with the job
+                self.signal = signal.SIGUSR1
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
+            where = f"{last_line(run_dir / FIT_LOG)} (log {run_dir / FIT_LOG})"
+            if code == 2:  # bad input, which every trial would stop on
+                print(f"error: trial {trial.number} stopped on bad input: {where}", file=sys.stderr, flush=True)
+                return 2
+            print(f"sweep: trial {trial.number} failed (fit exit {code}): {where}", flush=True)
+        return None
+
+    def _fit(self, trial: optuna.trial.Trial, run_dir: Path, params: dict, *, resume: bool) -> Optional[int]:
+        """The fit's exit code; None when it could not start (its run dir still in use)."""
+        reporter = {"class_path": f"{__name__}.SweepReporter",
+                    "init_args": {"storage": self.storage, "study": self.study.study_name, "trial": trial.number,
+                                  "metric": self.metric, "pruner": json.dumps(self.pruner) if self.pruner else None}}
+        pinned = pin_loggers(self.loggers, run_dir)
+        args = [*self.fit_args, *param_flags(params), f"--trainer.default_root_dir={run_dir}",
+                f"--checkpoint.dirpath={run_dir / 'checkpoints'}",
+                *([f"--trainer.logger={json.dumps(pinned)}"] if pinned else []),
+                "--trainer.callbacks+=" + json.dumps(reporter), *(["--ckpt_path=last"] if resume else [])]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not wait_for_run_dir(run_dir, self.grace_period):
+            print(f"sweep: {run_dir} is still in use by another fit after {self.grace_period:.0f} s", flush=True)
+            return None
+        with open(run_dir / FIT_LOG, "ab") as log:
+            self.child = subprocess.Popen([*self.launcher, sys.executable, "-m", "project", "fit", *args],
+                                          stdout=log, stderr=subprocess.STDOUT, preexec_fn=_stop_with_parent,
+                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        heartbeat = Heartbeat(trial, self.heartbeat_interval, self.child)
+        heartbeat.start()
+        try:
+            if self.signal and self.signal != signal.SIGINT:  # it came while the fit was starting
+                self._on_signal(self.signal, None)
+            return self.child.wait()
+        finally:
+            heartbeat.stop()
+            self.child = None
+
+
+class Heartbeat(threading.Thread):
+    """Records time.time() on the trial every `interval` s. If the study failed the trial meanwhile (this worker was
+    silent past the grace period), its fit is stopped: the retry another worker started continues it."""
+
+    def __init__(self, trial: optuna.trial.Trial, interval: float, child: subprocess.Popen):
+        super().__init__(daemon=True)
+        self.trial, self.interval, self.child, self._stopped = trial, interval, child, threading.Event()
+
+    def run(self) -> None:
+        while not self._stopped.wait(self.interval):
+            try:
+                self.trial.set_user_attr(HEARTBEAT, time.time())
+            except UpdateFinishedTrialError:
+                if self.child.poll() is None:
+                    self.child.terminate()
+                return
+            except Exception as error:  # noqa: BLE001  a storage hiccup: the next beat may get through
+                print(f"sweep: heartbeat of trial {self.trial.number} not recorded ({error})", flush=True)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join()
+
+
+def counted(trials) -> list:
+    """The trials that count towards n_trials: complete, pruned, and failed ones that are not being retried."""
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    return [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            or (t.state == TrialState.FAIL and t.number not in retried)]
+
+
+def suggest(trial: optuna.trial.Trial, name: str, spec: dict) -> Any:
+    """The trial's value for one search-space entry (a retried trial gets its original's)."""
+    if "choices" in spec:
+        return trial.suggest_categorical(name, spec["choices"])
+    if is_int_range(spec):
+        return trial.suggest_int(name, spec["low"], spec["high"], step=spec.get("step") or 1, log=spec.get("log", False))
+    return trial.suggest_float(name, spec["low"], spec["high"], step=spec.get("step"), log=spec.get("log", False))
+
+
+def is_int_range(spec: dict) -> bool:
+    """Ints when low, high (and step) are written as ints: `{low: 0, high: 3}`; `{low: 0.0, high: 3.0}` is floats."""
+    numbers = [spec.get(k) for k in ("low", "high", "step") if spec.get(k) is not None]
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in numbers)
+
+
+def param_flags(params: dict[str, Any]) -> list[str]:
+    """`--model.optim.lr_per_256=0.1` for each parameter: what the fit gets, and what the summary prints."""
+    return [f"--{name}={value if isinstance(value, str) else json.dumps(value)}" for name, value in params.items()]
+
+
+def pin_loggers(loggers: Any, run_dir: Path) -> Any:
+    """trainer.logger with its TensorBoard/CSV loggers writing into the run dir itself (the default logger: a
+    TensorBoardLogger there); None to keep it as configured (W&B, MLflow: one tracked run per trial by themselves).
+    Their version is "" so that `--ckpt_path last` looks into this run dir only, never into the other trials'."""
+    here = {"save_dir": str(run_dir), "name": "", "version": ""}
+    if loggers in (None, True):
+        return {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": here}
+    def ours(item: Any) -> bool:
+        return isinstance(item, dict) and item.get("class_path", "").rsplit(".", 1)[-1] in LOGGERS_IN_RUN_DIR
+
+    items = loggers if isinstance(loggers, list) else [loggers]
+    if not any(ours(item) for item in items):
+        return None
+    pinned = [{**item, "init_args": {**(item.get("init_args") or {}), **here}} if ours(item) else item for item in items]
+    return pinned if isinstance(loggers, list) else pinned[0]
+
+
+def wait_for_run_dir(run_dir: Path, timeout: float) -> bool:
+    """Wait until no live process holds the run dir's lock (a fit whose worker died saves and stops first); False
+    if one still holds it after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while (run_dir / ".lock").exists():
+        with open(run_dir / ".lock", "a") as file:
+            try:
+                fcntl.lockf(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True  # closing the file releases it
+            except OSError as error:
+                if error.errno not in (errno.EACCES, errno.EAGAIN):
+                    return True  # a filesystem without POSIX locks: nothing to wait for
+                if time.monotonic() > deadline:
+                    return False
+        time.sleep(0.5)
+    return True
+
+
+def last_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no log)"
+    return lines[-1][:300] if lines else "(empty log)"
+
+
+def _stop_with_parent() -> None:
+    """In the fit's process, before it starts: a SIGTERM when the worker dies (kill -9 too), so it saves and stops."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

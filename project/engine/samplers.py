@@ -1,0 +1,136 @@
+"""Samplers: exact evaluation at any world size, and a training order that resumes at any batch.
+
+    python -m project fit --config configs/quickstart.yaml --ckpt_path last    # continues mid-epoch where it stopped
+"""
+
+import math
+from typing import Any, Iterator, Optional
+
+import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from project.engine.seeds import order_seed
+from project.engine.errors import ConfigError
+
+
+class ExactDistributedSampler(UnrepeatedDistributedSampler):
+    """Shard rank::world_size without padding: every sample is seen exactly once over all ranks.
+
+    Lightning's default sampler pads the last shard with duplicates so ranks get equal batch counts, which makes
+    validation accuracy depend on the world size. This is Lightning's own unpadded sampler (its predict sampler, the
+    same shards: tests/test_samplers.py), with shuffle off and an empty shard refused on every rank with one line,
+    where Lightning's raises a bare AssertionError on the empty rank only. A DistributedSampler, so Lightning keeps it.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int):
+        if len(dataset) < num_replicas:
+            # A rank without a single image would have no batch: Lightning stops with an unclear error, or hangs.
+            raise ConfigError(f"{len(dataset)} images for {num_replicas} processes: rank {num_replicas - 1} would "
+                              "evaluate none; evaluate with fewer processes (--trainer.devices) or more images")
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+
+
+Key = tuple[int, int, int]  # (index, epoch, repeat): what a training sample's augmentation is seeded from
+
+
+class ResumableSampler(DistributedSampler):
+    """The training order: a shuffle drawn from (seed, epoch), sharded rank::world_size, resumable at any position.
+
+    Yields keys (index, epoch, repeat) for SeededSamples, which seeds each image's augmentation from them. With
+    `repeats` > 1 (repeated augmentation, as torchvision's RASampler and DeiT) each drawn image appears `repeats` times
+    in a row of the global order, so the copies land on different ranks, each with its own augmentation; the epoch
+    keeps the data set's length (it then holds len/repeats distinct images). The position of an epoch in progress
+    (global samples consumed) is counted by ResumableDataLoader and restored with `resume`: every rank then skips
+    what the whole job already trained, whatever its rank.
+    """
+
+    def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, seed: int, repeats: int = 1):
+        if repeats < 1:
+            raise ConfigError(f"data.ra_reps must be >= 1, got {repeats}")
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
+        self.repeats = repeats
+        self.num_samples = math.ceil(len(dataset) / num_replicas)  # per rank, whatever `repeats` is
+        self.total_size = self.num_samples * num_replicas
+        self.position = 0  # global samples of the epoch in progress already handed out as batches
+        self.epoch_in_progress = 0
+        self._resume_at: Optional[tuple[int, int]] = None  # (epoch, position) to continue from
+
+    def epoch_order(self, epoch: int) -> list[tuple[int, int]]:
+        """The global order of `epoch` as (index, repeat), total_size long (wrapped around to fill the last batch)."""
+        generator = torch.Generator().manual_seed(order_seed(self.seed, epoch))
+        permutation = torch.randperm(len(self.dataset), generator=generator).tolist()
+        order = [(index, repeat) for index in permutation for repeat in range(self.repeats)]
+        while len(order) < self.total_size:  # as DistributedSampler pads: the first samples again
+            order += order[: self.total_size - len(order)]
+        return order[: self.total_size]
+
+    def resume(self, epoch: int, position: int) -> None:
+        """Continue `epoch` after its first `position` global samples (the next iteration of that epoch only)."""
+        self._resume_at = (epoch, position)
+
+    def __iter__(self) -> Iterator[Key]:
+        epoch = self.epoch
+        start = 0
+        if self._resume_at is not None:
+            resume_epoch, position = self._resume_at
+            self._resume_at = None
+            if resume_epoch == epoch:
+                start = position
+        self.epoch_in_progress, self.position = epoch, start
+        order = self.epoch_order(epoch)[start:]
+        return ((index, epoch, repeat) for index, repeat in order[self.rank :: self.num_replicas])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class ResumableDataLoader(DataLoader):
+    """The training DataLoader, with Lightning's stateful-loader protocol (state_dict / load_state_dict).
+
+    The state says how far the epoch in progress got, in global samples, counted when a batch is handed to the
+    training loop (not when a worker prefetches it), so a checkpoint taken after batch k resumes at batch k + 1 on
+    every rank. Iteration starts lazily, at the first batch: Lightning creates the epoch's iterator before it sets the
+    sampler's epoch and, on a resume, before it restores a checkpoint's loader state (Lightning #20550, see
+    project.engine.compat), and the order must be drawn after both.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.sampler, ResumableSampler):
+            raise TypeError(f"ResumableDataLoader needs a ResumableSampler, got {type(self.sampler).__name__}")
+
+    def __iter__(self):
+        sampler: ResumableSampler = self.sampler
+        step = (self.batch_size or 1) * sampler.num_replicas
+        for batch in super().__iter__():
+            sampler.position += step
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return loader_state(self.sampler, self.batch_size)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        restore_loader_state(self.sampler, self.batch_size, state)
+
+
+def loader_state(sampler: ResumableSampler, batch_size: Optional[int]) -> dict[str, Any]:
+    """Rank-independent: the epoch in progress, the global samples it consumed, and what the order depends on."""
+    return {"epoch": sampler.epoch_in_progress, "position": sampler.position, "seed": sampler.seed,
+            "world_size": sampler.num_replicas, "batch_size": batch_size, "dataset_size": len(sampler.dataset),
+            "repeats": sampler.repeats}
+
+
+def restore_loader_state(sampler: ResumableSampler, batch_size: Optional[int], state: dict[str, Any]) -> None:
+    """Resume `sampler` where `state` stopped; a changed order or batching still covers the rest of the epoch."""
+    now = {"seed": sampler.seed, "world_size": sampler.num_replicas, "batch_size": batch_size,
+           "dataset_size": len(sampler.dataset), "repeats": sampler.repeats}
+    changed = {key: (state.get(key), value) for key, value in now.items() if state.get(key) != value}
+    if changed and state.get("position"):
+        what = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())
+        rank_zero_warn(f"resuming mid-epoch with {what}: the rest of epoch {state['epoch']} is not the order an "
+                       "uninterrupted run would have seen (resume with the same settings for an exact resume)")
+        if "dataset_size" in changed or "seed" in changed or "repeats" in changed:
+            return  # another order altogether: start the epoch over rather than skip unrelated samples
+    sampler.resume(int(state["epoch"]), int(state["position"]))

@@ -1,5 +1,0 @@
-"""Strategies the Trainer lacks; importing this package registers them by name (strategy="dp")."""
-
-from project.strategies.dp import DataParallelStrategy
-
-__all__ = ["DataParallelStrategy"]
