@@ -1,0 +1,39 @@
+"""The code stays within its limits: ruff (configured in pyproject.toml) finds nothing, no function in project/ is
+longer than 60 lines, and project/ stays within its line budget.
+
+    python -m pytest tests/test_lint.py -q
+"""
+
+import ast
+import subprocess
+import sys
+
+from conftest import REPO
+
+LINTED = ("project", "tests", "bench", "tools")
+MAX_FUNCTION_LINES = 60
+MAX_PROJECT_LINES = 7_000  # issue 28: the machinery grew ~2,000 lines a round; this is the house's size
+
+
+def test_ruff_finds_nothing():
+    command = [sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", *LINTED]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, (f"ruff check {' '.join(LINTED)} found this (`ruff check --fix` mends the import "
+                                    f"order and unused imports):\n{result.stdout}{result.stderr}")
+
+
+def test_no_function_in_project_is_longer_than_60_lines():
+    long = []
+    for path in sorted((REPO / "project").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {lines} lines")
+    assert not long, f"functions past {MAX_FUNCTION_LINES} lines (name the decisions inside them):\n" + "\n".join(long)
+
+
+def test_project_stays_within_its_line_budget():
+    lines = sum(len(path.read_text().splitlines()) for path in (REPO / "project").rglob("*.py"))
+    assert lines <= MAX_PROJECT_LINES, (f"project/ holds {lines} lines of Python, over its {MAX_PROJECT_LINES}: delete "
+                                        "as you add (long explanations go to docs/)")
