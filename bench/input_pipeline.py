@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import PIL
 import torch
+import torch.utils.data._utils.worker as dataloader_worker
 import torchvision
 from PIL import Image
-import torch.utils.data._utils.worker as dataloader_worker
 from torch.utils.data import default_collate
 from torchvision import transforms as v1
 from torchvision.datasets.folder import pil_loader
@@ -111,9 +111,9 @@ def pipelines(crop: int, resize: int, device: str | None = None) -> dict[str, di
     # Decoding alone: each decoder's image (PIL or uint8 tensor), nothing else.
     table = {"decode": {f"decode: {name}": (lambda paths, d=LOADERS[name]: [d(str(p)) for p in paths])
                         for name in sorted(decoders, key=lambda name: name != "pil")}}  # the stock loader first
+    tv = LOADERS["torchvision"]
     for preset in ("train", "eval"):
         uint8_preset, normalize_batch = uint8_presets[preset], NormalizeBatch(IMAGENET_MEAN, IMAGENET_STD)
-        tv = LOADERS["torchvision"]
         rows = {
             "stock PIL + v1": lambda paths, t=stock[preset]: batches(paths, lambda p: t(pil_loader(p))),
             "torchvision.io + v2, float per image":

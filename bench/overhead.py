@@ -59,10 +59,10 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from project.backbones import build_resnet  # noqa: E402
-from project.engine.cli import cli_main  # noqa: E402
-from project.engine.compat.sigterm_broadcast import restore_lightning_sigterm_broadcast  # noqa: E402
 from project.data.device_normalize import NormalizeBatch  # noqa: E402
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
+from project.engine.cli import cli_main  # noqa: E402
+from project.engine.compat.sigterm_broadcast import restore_lightning_sigterm_broadcast  # noqa: E402
 from project.optim import parameter_groups, scaled_lr, warmup_then_decay  # noqa: E402
 from synthetic import ReplayedBatches, SyntheticDataModule, synthetic_batches  # noqa: E402
 

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import yaml
+
 from conftest import read_scalars, run_project, tiny_args
 from project.engine.export import main as export_main
 

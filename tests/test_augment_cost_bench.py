@@ -3,11 +3,12 @@
     python -m pytest tests/test_augment_cost_bench.py
 """
 
-import pytest
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 

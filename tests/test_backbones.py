@@ -13,7 +13,14 @@ from torchvision.models.resnet import BasicBlock, Bottleneck
 from conftest import CONFIGS, tiny_args
 from project import ImageClassifier
 from project.backbones import (
-    ARCHS, FAMILIES, RESNET_ARCHS, build_network, build_resnet, classifier_head, family_of, head_outputs,
+    ARCHS,
+    FAMILIES,
+    RESNET_ARCHS,
+    build_network,
+    build_resnet,
+    classifier_head,
+    family_of,
+    head_outputs,
 )
 from project.engine.cli import cli_main
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import REPO
 
 

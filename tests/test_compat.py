@@ -10,7 +10,6 @@ message says which workaround to delete (project/engine/compat/__init__.py WORKA
 import csv
 import inspect
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -19,9 +18,9 @@ import textwrap
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import BaseFinetuning, LearningRateMonitor, ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -115,7 +114,7 @@ class ReadsStepsInConfigureOptimizers(Tiny):
         return StatefulLoader(loader.dataset, batch_size=4)
 
     def configure_optimizers(self):
-        self.trainer.estimated_stepping_batches  # what ImageClassifier does to size its LR schedule
+        _ = self.trainer.estimated_stepping_batches  # what ImageClassifier does to size its LR schedule
         return super().configure_optimizers()
 
 

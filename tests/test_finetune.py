@@ -24,7 +24,8 @@ from test_weights import hub, imagenet_resnet18  # noqa: F401  (the offline torc
 FINETUNE = CONFIGS / "recipe" / "finetune.yaml"
 
 
-def test_finetune_recipe_loads_the_backbone_keeps_it_frozen_for_epoch_0_and_trains_a_new_head(hub, tmp_path, caplog):
+@pytest.mark.usefixtures("hub")
+def test_finetune_recipe_loads_the_backbone_keeps_it_frozen_for_epoch_0_and_trains_a_new_head(tmp_path, caplog):
     saved = imagenet_resnet18()
     path = hub_file(models.ResNet18_Weights.IMAGENET1K_V1)
     path.parent.mkdir(parents=True)

@@ -3,12 +3,13 @@
     python -m pytest tests/test_input_pipeline_bench.py
 """
 
-import pytest
 import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 

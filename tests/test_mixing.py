@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from project.mixing import BatchMixer, soft_target_loss
 from project.engine.seeds import batch_seed
+from project.mixing import BatchMixer, soft_target_loss
 
 CLASSES = 10
 

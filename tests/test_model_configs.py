@@ -14,8 +14,8 @@ import torch
 import yaml
 from torchvision import models
 from torchvision.ops import StochasticDepth
-from conftest import CONFIGS, QUICKSTART, SHRINK
 
+from conftest import CONFIGS, QUICKSTART, SHRINK
 from project import ImageClassifier, cli_main
 from project.backbones import family_of
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import REPO
 from nbclient import NotebookClient
+
+from conftest import REPO
 
 NOTEBOOKS = REPO / "notebooks"
 

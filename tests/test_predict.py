@@ -14,14 +14,14 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import project_in_process, run_project, tiny_args
 from PIL import Image
 
+from conftest import project_in_process, run_project, tiny_args
 from project import ImageClassifier, cli_main
 from project.data.decoders import image_loader
 from project.data.predict import ImagePathDataset, list_images
-from project.engine.errors import UnreadableImageError
 from project.data.transforms import eval_preset
+from project.engine.errors import UnreadableImageError
 
 
 def read_csv(path: Path) -> list[list[str]]:

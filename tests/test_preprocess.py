@@ -13,10 +13,10 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
 from PIL import Image
 from torchvision import models
 
+from conftest import REPO
 from project.data.decoders import image_loader
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_preset
 from project.engine.export import export_network

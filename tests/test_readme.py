@@ -8,12 +8,11 @@ import shlex
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
 
+from conftest import REPO
 from project.engine.compat.__main__ import generated_part, markdown_table
 
 README = REPO / "README.md"

@@ -24,7 +24,8 @@ def test_the_recipes_are_found():
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.relative_to(CONFIGS).as_posix())
-def test_recipe_composes_with_the_quickstart_and_trains_one_shrunk_epoch(recipe, tiny_root, tmp_path, hub):
+@pytest.mark.usefixtures("hub")
+def test_recipe_composes_with_the_quickstart_and_trains_one_shrunk_epoch(recipe, tiny_root, tmp_path):
     path = hub_file(models.ResNet18_Weights.IMAGENET1K_V1)  # finetune.yaml starts from resnet18's DEFAULT weights
     path.parent.mkdir(parents=True)
     torch.save(imagenet_resnet18(), path)

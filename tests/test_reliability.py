@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from unittest import mock
@@ -17,13 +16,21 @@ import lightning as L
 import pytest
 import torch
 
-from conftest import (CONFIGS, LAUNCHER_LINE, REPO, callback, last_line, project_in_process, run_project,
-                      start_project, tiny_args)
+from conftest import (
+    CONFIGS,
+    LAUNCHER_LINE,
+    REPO,
+    callback,
+    last_line,
+    project_in_process,
+    start_project,
+    tiny_args,
+)
 from project import ImageClassifier, ImageNetDataModule
-from project.engine.run.checkpoint_io import AtomicCheckpointIO
 from project.engine.cli import cli_main
 from project.engine.errors import CheckpointError, exit_on_user_error
 from project.engine.export import main as export_main
+from project.engine.run.checkpoint_io import AtomicCheckpointIO
 
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
 

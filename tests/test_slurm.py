@@ -21,7 +21,6 @@ from conftest import REPO, TESTS, callback, read_scalars, tiny_args
 from project.engine.run.resume import plan_run
 from test_resume import assert_same_training, final_state
 
-
 SCRIPT = str(REPO / "slurm" / "train.sbatch")
 TWO_NODES = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1"]
 ONE_NODE = ["--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1"]

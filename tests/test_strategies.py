@@ -4,14 +4,13 @@ import io
 from contextlib import redirect_stdout
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 import yaml
 
 from conftest import CONFIGS, callback, read_scalars, tiny_args
-from project.engine.run.last_checkpoint import LastCheckpoint
 from project.engine.cli import cli_main
+from project.engine.run.last_checkpoint import LastCheckpoint
 from project.engine.strategies import DataParallelStrategy
 
 # Every config composed onto the quickstart, except the quickstart's own and the folders of model and recipe configs.

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from conftest import CONFIGS, read_scalars, run_project, start_project
-from project.engine.errors import exit_on_user_error
 from project.engine.cli import cli_main
+from project.engine.errors import exit_on_user_error
 from project.engine.run.sweep import main as sweep_main
 
 SWEEP = CONFIGS / "sweep" / "quickstart.yaml"

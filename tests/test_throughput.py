@@ -9,8 +9,8 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import read_scalars, tiny_args
 
+from conftest import read_scalars, tiny_args
 from project.backbones import build_resnet
 from project.engine.callbacks.throughput import compute_dtype, peak_flops, train_flops_per_image
 from project.engine.cli import cli_main

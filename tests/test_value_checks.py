@@ -21,9 +21,9 @@ from project import ImageNetDataModule
 from project.backbones import FAMILIES, build_network, family_of, image_size_problem
 from project.callbacks.ema import EMA
 from project.callbacks.finetuning import FineTuning, FreezeBackbone
+from project.data.progressive_resizing import ProgressiveResizing
 from project.engine.callbacks.throughput import ThroughputLogger
 from project.engine.cli import cli_main
-from project.data.progressive_resizing import ProgressiveResizing
 from project.engine.errors import ConfigError, UserError, user_message
 from project.mixing import Loss
 from project.model import ImageClassifier
