@@ -1,12 +1,17 @@
 """python -m project {fit,validate,test,predict,export,sweep} --config configs/quickstart.yaml
 
-`export` is project.engine.export (a run's checkpoint as torch.export / ONNX files), `sweep` project.engine.run.sweep (Optuna
-trials, each an ordinary fit); the others are LightningCLI's.
+`export` is project.engine.export (a run's checkpoint as torch.export / ONNX files), `sweep` project.engine.run.sweep
+(Optuna trials, each an ordinary fit); the others are LightningCLI's.
 """
 
 import sys
 
 from project.engine.cli import cli_main, main
+
+MORE_SUBCOMMANDS = """
+  More subcommands (not LightningCLI's):
+    export              A run's checkpoint as torch.export and ONNX files: python -m project export --help
+    sweep               Hyperparameter sweeps (Optuna), each trial a fit: python -m project sweep --help"""
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["export"]:
@@ -14,10 +19,15 @@ if __name__ == "__main__":
         from project.engine.export import main as export_main
 
         exit_on_user_error(lambda: export_main(sys.argv[2:]))
-    elif sys.argv[1:2] == ["sweep"]:  # project.engine.run.sweep: Optuna trials, each an ordinary fit
+    elif sys.argv[1:2] == ["sweep"]:
         from project.engine.errors import exit_on_user_error
         from project.engine.run.sweep import main as sweep_main
 
         exit_on_user_error(lambda: sweep_main(sys.argv[2:], cli_main))
+    elif sys.argv[1:] in (["-h"], ["--help"]):  # LightningCLI lists its own subcommands only
+        try:
+            main()
+        finally:
+            print(MORE_SUBCOMMANDS, flush=True)
     else:
         main()

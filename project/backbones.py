@@ -7,6 +7,7 @@ weights, export and the checkpoint checks find the network as `pl_module.network
 (NetworkRunner: channels_last input, a torch.compile'd graph).
 """
 
+import abc
 import difflib
 import re
 from collections import defaultdict
@@ -35,6 +36,20 @@ class HasNetwork(Protocol):
     """
 
     network: nn.Module
+
+
+class Network(abc.ABC):
+    """Any nn.Module, as the type of `model.backbone`: `class_path: my_module.MyNet` (a class taking num_classes).
+
+    jsonargparse's help lists every loaded subclass of an option's class (730 lines for nn.Module); this abstract
+    class has none of its own, and nn.Module is registered as a virtual subclass, so every network is accepted.
+    """
+
+    @abc.abstractmethod
+    def forward(self, *args, **kwargs): ...
+
+
+Network.register(nn.Module)
 
 
 # Every classification builder torchvision registers at the top level of torchvision.models: detection, segmentation,

@@ -20,7 +20,7 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from project.backbones import NetworkRunner, build_network
+from project.backbones import Network, NetworkRunner, build_network
 from project.callbacks.finetuning import FineTuning, FreezeBackbone
 from project.engine.errors import ConfigError
 from project.mixing import Loss
@@ -46,8 +46,8 @@ class ImageClassifier(L.LightningModule):
     def __init__(
         self,
         num_classes: PositiveInt = 1000,
-        arch: str = "resnet50",
-        backbone: Optional[Callable[[int], nn.Module]] = None,
+        arch: Optional[str] = "resnet50",
+        backbone: Optional[Callable[[int], Network]] = None,
         zero_init_residual: bool = False,
         finetune: FineTuning = FineTuning(),
         optim: Optimization = Optimization(),
@@ -62,8 +62,9 @@ class ImageClassifier(L.LightningModule):
         Args:
             num_classes: number of classes; linked from the data module, never set by hand.
             arch: torchvision classification network to build (resnet50, efficientnet_v2_s, convnext_tiny, vit_b_16,
-                ...; an unknown name lists them all).
-            backbone: your own network instead of `arch`: a class called with num_classes (class_path/init_args).
+                ...; an unknown name lists them all); null when `backbone` gives the network.
+            backbone: your own network instead of `arch`: `class_path: my_module.MyNet`, a class called with
+                num_classes, and its `init_args`.
             zero_init_residual: start each residual branch's last BN at zero (ResNets; helps large-batch training).
             finetune: starting from pretrained weights: the weights, epochs with a frozen backbone, the backbone's LR.
             optim: the optimizer and its LR schedule (LR per 256 images, warmup, decay, weight decay).
@@ -81,6 +82,12 @@ class ImageClassifier(L.LightningModule):
         # The command line's values were checked while parsing; these are a Python caller's or a checkpoint's.
         checked = check_arguments(ImageClassifier.__init__, locals(), "model")
         num_classes, batch_size, image_sizes = checked["num_classes"], checked["batch_size"], checked["image_sizes"]
+        if arch is None and backbone is None:
+            raise ConfigError("model.arch is null and there is no model.backbone: name a torchvision network "
+                              "(--model.arch resnet50) or your own (--model.backbone.class_path my_module.MyNet)")
+        if arch is not None and backbone is not None:  # configs written before `arch: null` existed
+            rank_zero_info(f"model.arch {arch} is not built: model.backbone replaces it (`arch: null` beside the "
+                           "backbone says so in the config)")
         if zero_init_residual and backbone is not None:
             raise ConfigError("model.zero_init_residual applies to the torchvision ResNets of model.arch, and "
                               "model.backbone replaces them: drop --model.zero_init_residual")
