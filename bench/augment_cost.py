@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="24 images, 2 rounds: a smoke run")
     parser.add_argument("--images", type=int, default=256, help="generated JPEGs")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per row")
-    parser.add_argument("--data", type=Path, default=Path(os.environ.get("PROJECT_DATA_CACHE", Path.home() / ".cache" / "project"))
+    parser.add_argument("--data", type=Path,
+                        default=Path(os.environ.get("PROJECT_DATA_CACHE", Path.home() / ".cache" / "project"))
                         / "bench-jpegs", help="folder for the generated JPEGs (shared with bench/input_pipeline.py)")
     parser.add_argument("--crop", type=int, default=224)
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -114,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{info['mean_size']}; crop {args.crop}; {rounds} rounds; one thread")
     print("| train preset | img/s per core (CPU time) | ratio vs baseline | extra ms per image |\n|---|---:|---:|---:|")
     for name, row in results.items():
-        print(f"| {name} | {row['img_per_cpu_s']} | {row['ratio_vs_baseline']:.2f}x | {row['extra_ms_per_image']:+.2f} |")
+        print(f"| {name} | {row['img_per_cpu_s']} | {row['ratio_vs_baseline']:.2f}x | "
+              f"{row['extra_ms_per_image']:+.2f} |")
     if args.json:
         args.json.write_text(json.dumps({**info, "results": results}, indent=1))
     return 0

@@ -39,7 +39,8 @@ def _write(job: tuple[str, int, int, int]) -> None:
     fake_photo(seed, width, height).save(path, quality=90)
 
 
-def write_fake_imagenet(root: Path, *, classes: int, train: int, val: int, width: int, height: int, workers: int) -> Path:
+def write_fake_imagenet(root: Path, *, classes: int, train: int, val: int, width: int, height: int,
+                        workers: int) -> Path:
     """root/{train,val}/cNNNN/*.JPEG, images spread evenly over the classes; returns root."""
     jobs = []
     for split, count, offset in (("train", train, 0), ("val", val, 10**9)):
@@ -66,7 +67,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     width, height = (0, 0) if args.size == "mixed" else (int(v) for v in args.size.lower().split("x"))
     if args.train < args.classes or args.val < args.classes:
-        parser.error(f"--train and --val need at least one image per class ({args.classes}), got {args.train}, {args.val}")
+        parser.error(f"--train and --val need at least one image per class ({args.classes}), got "
+                     f"{args.train}, {args.val}")
     write_fake_imagenet(args.root, classes=args.classes, train=args.train, val=args.val, width=width, height=height,
                         workers=args.workers)
     print(f"fake ImageNet: {args.root} ({args.train} train, {args.val} val, {args.classes} classes, {args.size})")

@@ -56,7 +56,8 @@ def run_variant(name: str, data_kind: str, args, workdir: Path, decoder: str = "
                                    batches_per_epoch=args.warmup + args.steps)
     else:
         data = ImageNetDataModule(root=str(args.jpegs), batch_size=args.batch_size, num_workers=args.workers,
-                                  pin_memory=torch.cuda.is_available(), train_crop_size=args.image_size, decoder=decoder)
+                                  pin_memory=torch.cuda.is_available(), train_crop_size=args.image_size,
+                                  decoder=decoder)
     model = ImageClassifier(num_classes=data.num_classes, arch=args.arch, channels_last=channels_last, compile=compile_,
                             batch_size=args.batch_size)
     throughput = ThroughputLogger()
@@ -137,7 +138,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warmup", type=int, default=None, help="steps left out (default 30; 1 with --tiny)")
     parser.add_argument("--steps", type=int, default=None, help="measured steps (default 120; 2 with --tiny)")
     parser.add_argument("--window", type=int, default=None, help="steps per perf/* window (default 10; 1 with --tiny)")
-    parser.add_argument("--workers", type=int, default=None, help="DataLoader workers for the real rows (default: cpus)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="DataLoader workers for the real rows (default: cpus)")
     parser.add_argument("--decoders", default="auto", help="data.decoder of the real rows, comma-separated: one row "
                         "each (auto, torchcodec, torchvision, pil, nvjpeg, torchcodec-cuda)")
     parser.add_argument("--num-classes", type=int, default=1000, help="without --jpegs; else the folders' count")
@@ -153,7 +155,8 @@ def main(argv: list[str]) -> int:
     args.workers = args.workers if args.workers is not None else (1 if tiny else os.cpu_count() or 1)
     args.accelerator = "cpu" if tiny else "auto"
     if args.warmup % args.window or args.steps % args.window:
-        parser.error(f"--warmup ({args.warmup}) and --steps ({args.steps}) must be multiples of --window ({args.window})")
+        parser.error(f"--warmup ({args.warmup}) and --steps ({args.steps}) must be multiples of --window "
+                     f"({args.window})")
     names = args.variants.split(",") if args.variants else (TINY_VARIANTS if tiny else list(VARIANTS))
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
@@ -165,11 +168,14 @@ def main(argv: list[str]) -> int:
     if args.jpegs is not None:  # the same network for both sources: as many classes as the JPEG folders hold
         args.num_classes = sum(1 for p in (args.jpegs / "train").iterdir() if p.is_dir())
     if not tiny and not torch.cuda.is_available():
-        print("gpu_bench: no CUDA device here; this runs on CPU and the figures say nothing about a GPU", file=sys.stderr)
+        print("gpu_bench: no CUDA device here; this runs on CPU and the figures say nothing about a GPU",
+              file=sys.stderr)
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and not tiny else "CPU"
-    print(f"gpu_bench: {device}, torch {torch.__version__}, lightning {L.__version__}; {args.arch} {args.image_size} px, "
-          f"batch {args.batch_size}, {args.warmup} warm-up + {args.steps} measured steps, {args.workers} workers", flush=True)
+    print(f"gpu_bench: {device}, torch {torch.__version__}, lightning {L.__version__}; {args.arch} "
+          f"{args.image_size} px, "
+          f"batch {args.batch_size}, {args.warmup} warm-up + {args.steps} measured steps, {args.workers} workers",
+          flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         runs = [(name, "synthetic", "auto") for name in names]

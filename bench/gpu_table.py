@@ -19,7 +19,8 @@ from read_perf import summary  # noqa: E402
 
 COLUMNS = ["measurement", "setting", "img/s", "MFU", "peak mem (GiB)", "step (ms)", "data wait", "ratio", "goal"]
 SYNTHETIC_GOALS = {"bf16-mixed+cl": 3700, "bf16-mixed+cl+compile": 5000}
-SETTINGS = {"bf16-mixed+cl": "bf16-mixed + channels_last", "bf16-mixed+cl+compile": "bf16-mixed + channels_last + compile",
+SETTINGS = {"bf16-mixed+cl": "bf16-mixed + channels_last",
+            "bf16-mixed+cl+compile": "bf16-mixed + channels_last + compile",
             "16-mixed+cl": "16-mixed + channels_last"}  # also the order of the synthetic rows
 GPU_DECODERS = ("nvjpeg", "torchcodec-cuda")
 
@@ -44,7 +45,8 @@ def throughput_rows(parts: dict, judged: bool) -> list[list[str]]:
     found = [r for part in parts.values() if part is not None for r in part["rows"]]
     order = list(SETTINGS)
     found.sort(key=lambda r: (r["data"] == "real", order.index(r["variant"]) if r["variant"] in order else len(order)))
-    rows = [["throughput", "-", f"not measured: see {name}.log", *[""] * 6] for name, part in parts.items() if part is None]
+    missing = [name for name, part in parts.items() if part is None]
+    rows = [["throughput", "-", f"not measured: see {name}.log", *[""] * 6] for name in missing]
     synthetic = {r["variant"]: r.get("images_per_sec") for r in found if r["data"] == "synthetic"}
     for r in found:
         real = r["data"] == "real"
@@ -122,7 +124,8 @@ def main(argv: list[str]) -> int:
     rows = [*throughput_rows(parts, judged), overhead_row(load(args.out / "overhead.json"), judged),
             *augment_rows(load(args.out / "augment.json")), *fit_rows(args.out)]
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    title = "CPU smoke run (--tiny: resnet18, 32 px, 32-true; the figures mean nothing)" if args.tiny else meta.get("gpu", "?")
+    tiny = "CPU smoke run (--tiny: resnet18, 32 px, 32-true; the figures mean nothing)"
+    title = tiny if args.tiny else meta.get("gpu", "?")
     print(f"# bash bench/gpu_all.sh{' --tiny' if args.tiny else ''}: {title}, {when}\n")
     print(", ".join(f"{key} {value}" for key, value in meta.items() if key != "gpu")
           + (f"; JPEGs generated in {jpegs['jpeg_seconds']} s" if "jpeg_seconds" in jpegs else "") + "\n")

@@ -1,4 +1,4 @@
-"""Input pipeline images/s per core: stock torchvision (PIL + transforms v1) against ours with each decoder, side by side.
+"""Input pipeline images/s per core: stock torchvision (PIL + transforms v1) against ours with each decoder.
 
     python bench/input_pipeline.py              # 256 generated ImageNet-like JPEGs, 5 rounds, ~2 min on 2 cores
     python bench/input_pipeline.py --quick      # 24 images, 2 rounds: the CI smoke run, ~10 s after imports
@@ -120,7 +120,8 @@ def pipelines(crop: int, resize: int, device: str | None = None) -> dict[str, di
                 lambda paths, t=float_presets[preset]: batches(paths, lambda p: t(tv(p))),
         }
         for name in decoders:  # the data module's path with each decoder: uint8 preset in the worker, collated
-            rows[f"ours, decoder={name}"] = lambda paths, t=uint8_preset, d=LOADERS[name]: batches(paths, lambda p: t(d(p)))
+            rows[f"ours, decoder={name}"] = (
+                lambda paths, t=uint8_preset, d=LOADERS[name]: batches(paths, lambda p: t(d(p))))
 
         def run_ours_cpu(paths, t=uint8_preset, norm=normalize_batch, d=LOADERS[decoders[0]]):
             for start in range(0, len(paths), BATCH):
@@ -130,7 +131,8 @@ def pipelines(crop: int, resize: int, device: str | None = None) -> dict[str, di
         if device is not None:
             for name, cpu_name in DEVICE_DECODERS.items():
                 if cpu_name in decoders:
-                    rows[f"{name}: decode + augment on {device}"] = device_run(name, crop, uint8_presets, preset, device)
+                    rows[f"{name}: decode + augment on {device}"] = device_run(name, crop, uint8_presets, preset,
+                                                                               device)
         table[preset] = rows
     return table
 
@@ -147,7 +149,8 @@ def device_run(decoder: str, crop_size: int, presets: dict, preset: str, device:
             chunk = [str(p) for p in paths[start : start + BATCH]]
             loaded = [load_for_device(p, device_pipeline.decoder.cpu_decode) for p in chunk]
             crops = [crop.draw(*size) if crop else None for _, size in loaded]
-            batch = EncodedBatch([payload for payload, _ in loaded], torch.zeros(len(chunk), dtype=torch.long), chunk, crops)
+            batch = EncodedBatch([payload for payload, _ in loaded], torch.zeros(len(chunk), dtype=torch.long), chunk,
+                                 crops)
             images, _ = device_pipeline(batch, torch.device(device), training=preset == "train")
             normalize(images)
         if device.startswith("cuda"):
@@ -198,12 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="24 images, 2 rounds: a smoke run")
     parser.add_argument("--images", type=int, default=256, help="generated JPEGs")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per pipeline")
-    parser.add_argument("--data", type=Path, default=Path(os.environ.get("PROJECT_DATA_CACHE", Path.home() / ".cache" / "project"))
+    parser.add_argument("--data", type=Path,
+                        default=Path(os.environ.get("PROJECT_DATA_CACHE", Path.home() / ".cache" / "project"))
                         / "bench-jpegs", help="folder for the generated JPEGs (reused)")
     parser.add_argument("--crop", type=int, default=224)
     parser.add_argument("--resize", type=int, default=256)
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--device-decode", metavar="DEVICE", help="add the device decoders' path on DEVICE (cuda: nvJPEG); "
+    parser.add_argument("--device-decode", metavar="DEVICE",
+                        help="add the device decoders' path on DEVICE (cuda: nvJPEG); "
                         "its img/s per core counts the CPU work only, the wall figure includes the device's")
     args = parser.parse_args(argv)
     images, rounds = (24, 2) if args.quick else (args.images, args.rounds)
@@ -223,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| preset | pipeline | img/s per core (CPU time) | img/s (wall) | ratio vs stock |\n|---|---|---|---|---|")
     for preset, rows in results.items():
         for name, row in rows.items():
-            print(f"| {preset} | {name} | {row['img_per_cpu_s']} | {row['img_per_wall_s']} | {row['ratio_vs_stock']:.2f}x |")
+            print(f"| {preset} | {name} | {row['img_per_cpu_s']} | {row['img_per_wall_s']} | "
+                  f"{row['ratio_vs_stock']:.2f}x |")
     if args.json:
         args.json.write_text(json.dumps({**info, "results": results}, indent=1))
     return 0

@@ -4,8 +4,9 @@
     python bench/overhead.py --ddp          # 2 gloo processes: DistributedDataParallel, stock strategy="ddp", ours
     python bench/overhead.py --quick        # the CI smoke run (add --ddp for its 2-process variant)
     python bench/overhead.py --progress-bar                 # with a progress bar in both Lightning arms
-    python bench/overhead.py --ddp --check-every 1        # our stop-signal agreement on every step instead of every 10th
+    python bench/overhead.py --ddp --check-every 1        # our stop-signal agreement every step, not every 10th
     python bench/overhead.py --ddp --lightning-sigterm-broadcast    # with Lightning's per-step broadcast kept
+    python bench/overhead.py --lightning-log-move           # with Lightning's no-op move in every self.log kept
     python bench/overhead.py --accelerator gpu --precision bf16-mixed --channels-last --arch resnet50 \
         --image-size 224 --batch-size 256 --block 10 --tolerance 0.05     # one GPU (bash bench/gpu_all.sh runs it)
 
@@ -62,6 +63,7 @@ from project.backbones import build_resnet  # noqa: E402
 from project.data.device_normalize import NormalizeBatch  # noqa: E402
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
 from project.engine.cli import cli_main  # noqa: E402
+from project.engine.compat.log_device_move import skip_same_device_moves  # noqa: E402
 from project.engine.compat.sigterm_broadcast import restore_lightning_sigterm_broadcast  # noqa: E402
 from project.optim import parameter_groups, scaled_lr, warmup_then_decay  # noqa: E402
 from synthetic import ReplayedBatches, SyntheticDataModule, synthetic_batches  # noqa: E402
@@ -249,6 +251,8 @@ def interleaved_run(args, batches, world: int, workdir: Path, classes: Path, arm
     else:
         model, trainer = ours_through_the_cli(args, world, workdir, classes)
         trainer.callbacks.append(interleave)
+        # Until project.engine.cli installs it (a no-op then); --lightning-log-move keeps Lightning's move.
+        skip_same_device_moves(trainer, skip=not args.lightning_log_move)
         if args.lightning_sigterm_broadcast:
             trainer.callbacks.append(StockSigtermBroadcast())
     trainer.fit(model, datamodule=SyntheticDataModule(
@@ -327,6 +331,9 @@ def main(argv: list[str]) -> int:
                              "(default: the callback's, 10); 1 is one all-reduce per step, as Lightning's own check")
     parser.add_argument("--lightning-sigterm-broadcast", action="store_true",
                         help="keep Lightning's per-step SIGTERM broadcast in ours, which the template skips (its cost)")
+    parser.add_argument("--lightning-log-move", action="store_true",
+                        help="keep Lightning's move of each logged value to its own device in ours, which the template "
+                             "skips (project/engine/compat/log_device_move.py; its cost)")
     args = parser.parse_args(argv)
     if args.accelerator == "gpu" and not torch.cuda.is_available():
         parser.error("--accelerator gpu needs a CUDA device; none is visible here")
@@ -387,7 +394,8 @@ def main(argv: list[str]) -> int:
     last = {arm: next(r[arm] for r in reversed(losses) if arm in r) for arm in ("plain", *LIGHTNING_ARMS)}
     result = {
         "variant": f"ddp x{world} (gloo)" if world > 1 else "single process", "check_every": args.check_every,
-        "lightning_sigterm_broadcast": args.lightning_sigterm_broadcast, "progress_bar": args.progress_bar,
+        "lightning_sigterm_broadcast": args.lightning_sigterm_broadcast,
+        "lightning_log_move": args.lightning_log_move, "progress_bar": args.progress_bar,
         "accelerator": args.accelerator, "precision": args.precision, "channels_last": args.channels_last,
         "block": args.block, "ours_images_per_sec": args.batch_size * world / ours["mean_step_s"],
         "arch": args.arch, "image_size": args.image_size, "batch_size": args.batch_size, "steps": args.steps,

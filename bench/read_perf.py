@@ -20,7 +20,8 @@ def perf_scalars(run_dir: Path) -> dict[str, list[float]]:
         return {}
     accumulator = EventAccumulator(str(event_dirs[-1]), size_guidance={"scalars": 0})
     accumulator.Reload()
-    return {tag: [e.value for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"] if tag.startswith("perf/")}
+    tags = [tag for tag in accumulator.Tags()["scalars"] if tag.startswith("perf/")]
+    return {tag: [e.value for e in accumulator.Scalars(tag)] for tag in tags}
 
 
 def summary(run_dir: Path, skip: int) -> dict[str, float]:

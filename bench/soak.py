@@ -87,7 +87,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--every", type=int, default=50, help="sample every this many steps")
-    parser.add_argument("--warmup", type=int, default=None, help="steps before the baseline (default: 10 %% of --steps)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="steps before the baseline (default: 10 %% of --steps)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers (persistent)")
     parser.add_argument("--quick", action="store_true", help="CI smoke run: batch 16, validation on 2 batches")
     parser.add_argument("--max-growth", type=float, default=None, help="exit 1 if RSS grows more than this (0.05)")
@@ -100,7 +101,8 @@ def main(argv: list[str]) -> int:
         output = Path(tmp) / "samples.jsonl"
         sampler = json.dumps({"class_path": "soak.Sampler", "init_args": {"output": str(output), "every": args.every}})
         run = ["fit", "--config", "configs/quickstart.yaml", f"--trainer.max_steps={args.steps}",
-               "--trainer.max_epochs=-1", f"--trainer.default_root_dir={tmp}/run", "--trainer.enable_progress_bar=false",
+               "--trainer.max_epochs=-1", f"--trainer.default_root_dir={tmp}/run",
+               "--trainer.enable_progress_bar=false",
                "--trainer.enable_model_summary=false", f"--data.num_workers={args.workers}",
                "--data.persistent_workers=true", f"--trainer.callbacks+={sampler}"]
         if args.quick:

@@ -1,4 +1,4 @@
-"""SyntheticDataModule: random batches made once and replayed, so a benchmark measures the model and the loop, not JPEGs.
+"""SyntheticDataModule: random batches made once and replayed: a benchmark measures the model and the loop, not JPEGs.
 
 Like ImageNetDataModule's default pipeline the batches are uint8 and normalized on the training device, so the
 host-to-device copy and the normalization cost the same as with real data; only decoding and augmentation are gone.
@@ -31,7 +31,7 @@ def synthetic_batches(
 
 
 class ReplayedBatches(IterableDataset):
-    """Yields `length` batches cycling over a few fixed ones; iterable, so Lightning adds no sampler and never re-batches."""
+    """Yields `length` batches cycling over a few fixed ones; iterable: Lightning adds no sampler, never re-batches."""
 
     def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]], length: int):
         self.batches = batches

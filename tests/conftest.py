@@ -60,7 +60,8 @@ def data_cache(tmp_path_factory) -> Path:
 
 def tiny_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
     """The real quickstart config, shrunk onto `root`, writing into `run_dir`."""
-    return ["--config", str(QUICKSTART), *SHRINK, f"--data.root={root}", f"--trainer.default_root_dir={run_dir}", *extra]
+    return ["--config", str(QUICKSTART), *SHRINK, f"--data.root={root}", f"--trainer.default_root_dir={run_dir}",
+            *extra]
 
 
 def project_env(env: dict | None = None) -> dict:
@@ -70,9 +71,9 @@ def project_env(env: dict | None = None) -> dict:
 
 
 def project_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    """`python -m project ARGS` without a new interpreter: project.engine.cli.main, what project/__main__.py calls for fit,
-    validate, test and predict (config-file check, moved options, a user error's one line and exit 2), on sys.argv as
-    the process has it. (exit code, stdout, stderr) as the process would end; a bug's exception propagates (the
+    """`python -m project ARGS` without a new interpreter: project.engine.cli.main, what project/__main__.py calls for
+    fit, validate, test and predict (config-file check, moved options, a user error's one line and exit 2), on sys.argv
+    as the process has it. (exit code, stdout, stderr) as the process would end; a bug's exception propagates (the
     process would print its traceback and exit 1). os.environ is restored after (the CLI sets PL_GLOBAL_SEED)."""
     from unittest import mock
 
@@ -131,7 +132,8 @@ def tmpfs(tmp_path):
         target.mkdir()
         if os.geteuid() != 0 or shutil.which("mount") is None:
             pytest.skip("mounting a tmpfs needs root")
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)], capture_output=True)
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)],
+                                capture_output=True)
         if result.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
         mounts.append(target)

@@ -2,10 +2,11 @@
 
     python tests/slurm_cluster.py /tmp/slurm-test   # by hand: prints the SLURM_CONF to export; Enter stops it
 
-Debian's slurmd is built with multiple-slurmd support, so two slurmd daemons on one host are two nodes. Everything
-lives in one directory (config, state, spool, logs) and a private munge dir in /tmp; the daemons run in the
-foreground as children of this process and are stopped by PID. The only change outside that directory is one marked /etc/hosts line that maps
-the node names to 127.0.0.1 (Lightning turns SLURM_JOB_NODELIST into MASTER_ADDR); stop() removes exactly that line.
+Debian's slurmd is built with multiple-slurmd support, so two slurmd daemons on one host are two nodes. Everything lives
+in one directory (config, state, spool, logs) and a private munge dir in /tmp; the daemons run in the foreground as
+children of this process and are stopped by PID. The only change outside that directory is one marked /etc/hosts line
+that maps the node names to 127.0.0.1 (Lightning turns SLURM_JOB_NODELIST into MASTER_ADDR); stop() removes exactly that
+line.
 """
 
 import os
@@ -122,7 +123,8 @@ class SlurmCluster:
             time.sleep(0.5)
 
     def wait_until_done(self, job_id: int, timeout: float) -> dict[str, str]:
-        return self.wait_for(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"), timeout)
+        return self.wait_for(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"),
+                             timeout)
 
 
 def _write_munge_dir() -> Path:
@@ -197,7 +199,8 @@ def start(root: Path, *, cpus: int = 4, timeout: float = 30) -> SlurmCluster:
     munge_dir = _write_munge_dir()
     host = socket.gethostname()
     conf = root / "slurm.conf"
-    conf.write_text(SLURM_CONF.format(root=root, munge_dir=munge_dir, host=host, ctld_port=CTLD_PORT, nodes=f"n[1-{len(NODES)}]",
+    conf.write_text(SLURM_CONF.format(root=root, munge_dir=munge_dir, host=host, ctld_port=CTLD_PORT,
+                                      nodes=f"n[1-{len(NODES)}]",
                                       port_lo=SLURMD_PORTS[0], port_hi=SLURMD_PORTS[-1], cpus=cpus))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     cluster = SlurmCluster(root=root, env=env, munge_dir=munge_dir)

@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow  # another process
 def test_quick_benchmark_reports_each_ingredient_against_the_baseline(tmp_path):
     out = tmp_path / "bench.json"
-    command = [sys.executable, "bench/augment_cost.py", "--quick", "--data", str(tmp_path / "jpegs"), "--json", str(out)]
+    command = [sys.executable, "bench/augment_cost.py", "--quick", "--data", str(tmp_path / "jpegs"), "--json",
+               str(out)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())

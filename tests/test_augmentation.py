@@ -57,7 +57,8 @@ def test_unknown_auto_augment_policy_names_the_valid_ones():
 
 @pytest.mark.parametrize("normalize", [False, True], ids=["uint8 workers", "float workers"])
 def test_same_sample_key_gives_the_same_augmentation(normalize):
-    transform = train_preset(crop_size=32, auto_augment="trivialaugment_wide", random_erase_prob=0.5, normalize=normalize)
+    transform = train_preset(crop_size=32, auto_augment="trivialaugment_wide", random_erase_prob=0.5,
+                             normalize=normalize)
     samples = SeededSamples([(photo(i), i) for i in range(2)], run_seed=7, transform_for_epoch=lambda epoch: transform)
     first, again = samples[(1, 3, 0)][0], samples[(1, 3, 0)][0]
     assert torch.equal(first, again)

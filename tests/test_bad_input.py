@@ -59,15 +59,19 @@ CASES = {
     "config with a YAML error": ("fit", ["--config", "{yaml}"], "tiny", "bad.yaml: YAML syntax error at line 3"),
     "run without an end": ("fit", ["--trainer.max_epochs=-1"], "tiny", "the run has no end"),
     "checkpoint missing": ("validate", ["--ckpt_path=/nowhere/last.ckpt"], "tiny", "/nowhere/last.ckpt does not exist"),
-    "a JPEG as checkpoint": ("validate", ["--ckpt_path={jpeg_ckpt}"], "tiny", "is not a checkpoint: a .ckpt file is a torch.save archive"),
-    "checkpoint of other data": ("validate", ["--ckpt_path={other_data_ckpt}"], "tiny", "has 10 classes, the data has 3"),
-    "predict folder missing": ("predict", ["--data.predict_root=/nowhere/photos"], "tiny", "predict root /nowhere/photos is not a folder"),
+    "a JPEG as checkpoint": ("validate", ["--ckpt_path={jpeg_ckpt}"], "tiny",
+                             "is not a checkpoint: a .ckpt file is a torch.save archive"),
+    "checkpoint of other data": ("validate", ["--ckpt_path={other_data_ckpt}"], "tiny",
+                                 "has 10 classes, the data has 3"),
+    "predict folder missing": ("predict", ["--data.predict_root=/nowhere/photos"], "tiny",
+                               "predict root /nowhere/photos is not a folder"),
     "truncated JPEG": ("fit", [], "{truncated_jpeg}", "cannot decode {victim}"),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_is_one_line_exit_2_no_traceback_nothing_written(case, broken, tiny_root, tmp_path, monkeypatch, capsys):
+def test_bad_input_is_one_line_exit_2_no_traceback_nothing_written(case, broken, tiny_root, tmp_path, monkeypatch,
+                                                                   capsys):
     subcommand, extra, root, expected = CASES[case]
     fill = {key: str(value) for key, value in broken.items()}
     run_root = tmp_path / "runs"

@@ -1,4 +1,4 @@
-"""`python -m project` in-process: metrics, checkpoints, saved config, reloads, --print_config, --help, config composition.
+"""`python -m project` in-process: metrics, checkpoints, saved config, reloads, --print_config, --help, composition.
 
     python -m pytest tests/test_cli.py
 """
@@ -91,8 +91,8 @@ def opens_of(path: Path, trace: Path) -> list[str]:
 @pytest.mark.slow  # another process, under strace
 @pytest.mark.parametrize("subcommand", ["validate", "fit"])
 def test_a_start_reads_its_checkpoint_once_and_hands_it_along(run, tmp_path, subcommand):
-    # The plan maps the file once (a memory-mapped, weights-only load: 2 opens); the fit checks, LightningCLI's hyperparameters
-    # and Lightning's restore use that load. Before: 9 opens for `validate --ckpt_path FILE`.
+    # The plan maps the file once (a memory-mapped, weights-only load: 2 opens); the fit checks, LightningCLI's
+    # hyperparameters and Lightning's restore use that load. Before: 9 opens for `validate --ckpt_path FILE`.
     strace = shutil.which("strace")
     # --seccomp-bpf stops the process only at the traced calls (3x faster than stopping at every call; strace >= 5.3)
     tracer = [strace, "--seccomp-bpf", "-f", "-qq", "-e", "trace=open,openat,openat2"]
@@ -163,7 +163,8 @@ def test_a_batch_limit_of_1_is_one_batch_and_1_0_all_of_them(tiny_root, tmp_path
     cli = cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--trainer.limit_train_batches=1", "--config", str(limits))])
     assert cli.trainer.global_step == 1  # 40 images at batch 8 would be 5 steps
     assert cli.trainer.num_val_batches == [1]  # 17 val images at batch 8 would be 3
-    cli = cli_main(tiny_args(tiny_root, tmp_path, "--trainer.limit_train_batches=1.0", "--trainer.limit_val_batches=0.5"),
+    cli = cli_main(tiny_args(tiny_root, tmp_path, "--trainer.limit_train_batches=1.0",
+                             "--trainer.limit_val_batches=0.5"),
                    run=False)
     assert (cli.trainer.limit_train_batches, cli.trainer.limit_val_batches) == (1.0, 0.5)
 

@@ -385,8 +385,8 @@ def test_the_private_method_compat_ckpt_read_once_overrides_is_still_called_by_l
 
 
 def test_the_private_members_registered_beside_their_code_still_exist():
-    # project/optim.py sizes the epoch with fit_loop.setup_data(); project/engine/strategies/dp.py reads _layer_sync, which
-    # Lightning's accelerator connector sets on a strategy that has the attribute.
+    # project/optim.py sizes the epoch with fit_loop.setup_data(); project/engine/strategies/dp.py reads _layer_sync,
+    # which Lightning's accelerator connector sets on a strategy that has the attribute.
     from lightning.pytorch.loops.fit_loop import _FitLoop
     from lightning.pytorch.trainer.connectors import accelerator_connector
 

@@ -72,7 +72,8 @@ def installed_closure() -> dict[str, tuple[Version, list[Requirement]]]:
         try:
             distribution = importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:
-            pytest.fail(f"{name} (needed by the dev extra) is not installed: pip install -e \".[dev]\" -c constraints.txt")
+            pytest.fail(f"{name} (needed by the dev extra) is not installed: pip install -e \".[dev]\" -c "
+                        "constraints.txt")
         versions[name] = Version(distribution.version)
         environments = [{"extra": extra} for extra in extras] or [{"extra": ""}]
         for line in distribution.requires or []:
@@ -110,11 +111,13 @@ def test_constraints_pin_every_package_the_dev_extra_installs_at_the_installed_v
     assert not unpinned, f"constraints.txt lacks {unpinned}, which pip install -e \".[dev]\" installs"
     # CI installs with -c constraints.txt, so what runs the tests is what the file says; and the pins agree with
     # every requirement on the way (lightning's packaging<27, torchvision's torch==, ...).
-    drifted = {name: (str(pinned[name]), str(version)) for name, (version, _) in closure.items() if pinned[name] != version}
+    drifted = {name: (str(pinned[name]), str(version))
+               for name, (version, _) in closure.items() if pinned[name] != version}
     assert not drifted, f"installed versions differ from constraints.txt (pinned, installed): {drifted}"
     for name, (_, requirements) in closure.items():
         for requirement in requirements:
-            assert requirement.specifier.contains(pinned[name], prereleases=True), f"{name}=={pinned[name]} vs {requirement}"
+            assert requirement.specifier.contains(pinned[name], prereleases=True), (
+                f"{name}=={pinned[name]} vs {requirement}")
 
 
 def test_ci_installs_with_the_constraints():

@@ -22,7 +22,8 @@ CPU_DDP = ["--config", str(CONFIGS / "cpu_ddp.yaml")]
 
 
 def assert_ok(result):
-    assert result.returncode == 0, f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-6000:]}"
+    assert result.returncode == 0, (f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n"
+                                    f"{result.stderr[-6000:]}")
 
 
 def in_process(args: list[str]) -> None:
@@ -65,7 +66,8 @@ def test_ddp_two_processes_write_one_run_from_rank_zero(ddp_run):
     scalars = read_scalars(files["versions"][0])
     assert len(scalars["val/acc1"]) == 1  # logged once, by rank 0, after the cross-rank reduction
     # 40 train images over 2 ranks in batches of 8: 20 per rank, 3 steps per epoch (the run counts each step once)
-    checkpoint = torch.load(ddp_run / "lightning_logs/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
+    checkpoint = torch.load(ddp_run / "lightning_logs/version_0/checkpoints/last.ckpt", map_location="cpu",
+                            weights_only=True)
     assert checkpoint["global_step"] == 6
 
 
@@ -120,7 +122,8 @@ def test_ddp_2x_batch_b_with_sync_batchnorm_and_ema_equals_one_process_with_batc
     steps = ["--trainer.limit_train_batches=3", "--trainer.precision=64-true", *NO_AUGMENT,
              "--trainer.callbacks+=project.callbacks.ema.EMA", "--trainer.callbacks.decay=0.5"]
     single = ["fit", *tiny_args(tiny_root, tmp_path / "single"), "--data.batch_size=12", *steps]
-    ddp = ["fit", *tiny_args(tiny_root, tmp_path / "ddp"), *CPU_DDP, "--data.batch_size=6", "--trainer.sync_batchnorm=true", *steps]
+    ddp = ["fit", *tiny_args(tiny_root, tmp_path / "ddp"), *CPU_DDP, "--data.batch_size=6",
+           "--trainer.sync_batchnorm=true", *steps]
     in_process(single)  # the one-process reference runs here; the 2 ranks are real processes
     # 64-true makes float64 torch's default dtype only inside Lightning's contexts: the tests that follow get float32
     leaked = torch.get_default_dtype()

@@ -143,7 +143,8 @@ def test_large_logits_pass_the_check_relative_to_their_scale(tmp_path):
     assert 1e-4 < checked["onnx"]["max_difference"] <= 1e-4 * checked["onnx"]["max_abs_logit"]
     exported, _ = load_exported(tmp_path)
     with torch.no_grad():
-        torch.testing.assert_close(exported(example), network(example), rtol=0, atol=1e-5 * checked["pt2"]["max_abs_logit"])
+        torch.testing.assert_close(exported(example), network(example), rtol=0,
+                                   atol=1e-5 * checked["pt2"]["max_abs_logit"])
 
 
 def test_a_failed_check_leaves_the_output_folder_as_it_was(tmp_path):

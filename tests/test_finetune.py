@@ -31,8 +31,10 @@ def test_finetune_recipe_loads_the_backbone_keeps_it_frozen_for_epoch_0_and_trai
     path.parent.mkdir(parents=True)
     torch.save(saved, path)
     # The digits (10 classes) at 32 px, one shrunk epoch: the epoch in which only the head trains.
-    args = ["fit", "--config", str(QUICKSTART), "--config", str(FINETUNE), *SHRINK, "--model.finetune.weights=IMAGENET1K_V1",
-            "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=1", f"--trainer.default_root_dir={tmp_path}",
+    args = ["fit", "--config", str(QUICKSTART), "--config", str(FINETUNE), *SHRINK,
+            "--model.finetune.weights=IMAGENET1K_V1",
+            "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=1",
+            f"--trainer.default_root_dir={tmp_path}",
             callback("stop_callbacks.HeadAtStart")]
     cli = cli_main(args)
     network = cli.model.network

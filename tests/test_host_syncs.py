@@ -39,7 +39,8 @@ def test_single_process_ordinary_steps_read_nothing_back_from_the_device(tiny_ro
 def test_ddp_ranks_agree_every_k_steps_and_lightnings_per_step_sigterm_broadcast_is_gone(tiny_root, tmp_path):
     # 2 ranks x 20 images in batches of 4: 5 steps; logging at step 4, agreement every 2 steps (after steps 1, 3).
     output = tmp_path / "syncs"
-    result = run_project(["fit", *tiny_args(tiny_root, tmp_path / "run", *SMALL, "--last_checkpoint.check_every_n_steps=2",
+    result = run_project(["fit", *tiny_args(tiny_root, tmp_path / "run", *SMALL,
+                                            "--last_checkpoint.check_every_n_steps=2",
                                             callback("sync_counter.CountHostSyncs", output=str(output))),
                           "--config", str(CONFIGS / "cpu_ddp.yaml")])
     assert result.returncode == 0, result.stderr[-3000:]

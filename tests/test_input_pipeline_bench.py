@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow  # another process
 def test_quick_benchmark_reports_stock_and_ours_with_each_decoder_per_core(tmp_path):
     out = tmp_path / "bench.json"
-    command = [sys.executable, "bench/input_pipeline.py", "--quick", "--data", str(tmp_path / "jpegs"), "--json", str(out),
+    command = [sys.executable, "bench/input_pipeline.py", "--quick", "--data", str(tmp_path / "jpegs"), "--json",
+               str(out),
                "--device-decode", "cpu"]  # the device decoders' code path; on the CPU it only has to run
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -25,7 +26,9 @@ def test_quick_benchmark_reports_stock_and_ours_with_each_decoder_per_core(tmp_p
     assert report["images"] == 24 and len(list((tmp_path / "jpegs").glob("*.JPEG"))) == 24
     width, height = map(int, report["mean_size"].split("x"))
     assert 400 <= width <= 560 and 350 <= height <= 500  # "around 500x375", portrait ones included
-    decoders = ["torchcodec", "torchvision", "pil"] if importlib.util.find_spec("torchcodec") else ["torchvision", "pil"]
+    decoders = ["torchvision", "pil"]
+    if importlib.util.find_spec("torchcodec"):
+        decoders.insert(0, "torchcodec")
     assert list(report["results"]["decode"]) == [f"decode: {name}" for name in ["pil", *decoders[:-1]]]
     for preset in ("train", "eval"):
         rows = report["results"][preset]

@@ -69,7 +69,7 @@ def test_model_config_builds_and_takes_a_training_step(section: dict, tiny_root,
             "--model.compile=false",  # torch.compile takes minutes on CPU; the network is the same without it
             "--model.optim.warmup_epochs=0",  # a recipe's long warmup would make two steps' updates vanish in rounding
             "--model.finetune.weights=null",  # pretrained files are tested in test_finetune.py, offline
-            "--model.finetune.freeze_backbone_epochs=0"]  # a frozen backbone does not move, by design (test_finetune.py)
+            "--model.finetune.freeze_backbone_epochs=0"]  # a frozen backbone does not move by design (test_finetune.py)
     with mock.patch.dict(os.environ):  # the CLI seeds and sets PL_GLOBAL_SEED: keep it out of later tests
         cli = cli_main(args, run=False)
         model = cli.model

@@ -1,4 +1,4 @@
-"""The ImageNet optimisation recipe: LR per 256 scaled by the real global batch, warmup then cosine/step, no-decay groups.
+"""The ImageNet optimisation recipe: LR per 256 scaled by the global batch, warmup then cosine/step, no-decay groups.
 
     python -m pytest tests/test_optim.py
 """
@@ -19,7 +19,8 @@ from project.optim import parameter_groups, scaled_lr, warmup_then_decay
 def _factors(total_steps: int, warmup_steps: int, schedule: str, **kwargs) -> list[float]:
     """The LR factor the scheduler applies at each optimizer step, read from a real SGD optimizer."""
     optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
-    scheduler = warmup_then_decay(optimizer, total_steps=total_steps, warmup_steps=warmup_steps, schedule=schedule, **kwargs)
+    scheduler = warmup_then_decay(optimizer, total_steps=total_steps, warmup_steps=warmup_steps, schedule=schedule,
+                                  **kwargs)
     factors = []
     for _ in range(total_steps):
         factors.append(optimizer.param_groups[0]["lr"])
@@ -164,9 +165,10 @@ def test_a_resume_with_another_optimizer_stops_before_anything_is_logged(tiny_ro
     _fit_tiny(tiny_root, tmp_path / "first")
     path = tmp_path / "first" / "step.ckpt"
     logger = TensorBoardLogger(tmp_path / "logs")
-    with pytest.raises(CheckpointError, match=rf"checkpoint {path} was trained with model.optim.optimizer=sgd, this run "
-                                              rf"asks for adamw: its optimizer state cannot continue; resume with sgd, "
-                                              rf"or start a new run from its weights with --model.finetune.weights {path}"):
+    with pytest.raises(CheckpointError, match=rf"checkpoint {path} was trained with model.optim.optimizer=sgd, "
+                                              rf"this run asks for adamw: its optimizer state cannot continue; resume "
+                                              rf"with sgd, or start a new run from its weights with "
+                                              rf"--model.finetune.weights {path}"):
         _fit_tiny(tiny_root, tmp_path / "second", ckpt_path=path, logger=logger, optim=Optimization(optimizer="adamw"))
     # Lightning opens the logger (an empty event file) before it restores a checkpoint; nothing was logged into it.
     assert not list((tmp_path / "logs").rglob("hparams.yaml"))

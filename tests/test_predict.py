@@ -200,7 +200,8 @@ def test_predict_of_a_wild_folder_writes_every_image_once_and_the_csv_paths_open
     root = wild_folder(tmp_path, jpeg, unreadable=False)
     out = tmp_path / "out" / "predictions.csv"
     code, _, err = project_in_process(["predict", *tiny_args(tiny_root, tmp_path / "run"), f"--ckpt_path={checkpoint}",
-                                       f"--data.predict_root={root}", f"--predictions.output={out}"], monkeypatch, capsys)
+                                       f"--data.predict_root={root}", f"--predictions.output={out}"], monkeypatch,
+                                      capsys)
     assert code == 0, err[-3000:]
     header, *rows = read_csv(out)
     assert relative([row[0] for row in rows], root) == sorted(READABLE)
@@ -235,7 +236,8 @@ def test_predict_with_on_corrupt_skip_writes_the_others_and_names_the_skipped(ti
     out = tmp_path / "predictions.csv"
     with warnings.catch_warnings(record=True) as caught:  # rank_zero_warn: the process prints them on stderr
         warnings.simplefilter("always")
-        code, _, err = project_in_process(["predict", *tiny_args(tiny_root, tmp_path / "run"), f"--ckpt_path={checkpoint}",
+        code, _, err = project_in_process(["predict", *tiny_args(tiny_root, tmp_path / "run"),
+                                           f"--ckpt_path={checkpoint}",
                                            f"--data.predict_root={root}", f"--predictions.output={out}",
                                            "--data.on_corrupt=skip"], monkeypatch, capsys)
     assert code == 0, err[-3000:]
@@ -280,7 +282,8 @@ def test_predictions_that_find_the_disk_full_are_written_to_tmpdir_and_the_error
     monkeypatch.setenv("TMPDIR", str(rescue_dir))
     monkeypatch.setattr(tempfile, "tempdir", None)
     assert tempfile.gettempdir() == str(rescue_dir)
-    code, _, stderr = project_in_process(["predict", *tiny_args(tiny_root, tmp_path / "run"), f"--ckpt_path={checkpoint}",
+    code, _, stderr = project_in_process(["predict", *tiny_args(tiny_root, tmp_path / "run"),
+                                          f"--ckpt_path={checkpoint}",
                                           f"--data.predict_root={image_folder}", f"--predictions.output={out}"],
                                          monkeypatch, capsys)
     assert code == 2, stderr[-3000:]

@@ -46,7 +46,8 @@ def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def write_devkit(path: Path, classes: dict, val_ids: list[int]) -> None:
-    fields = ["ILSVRC2012_ID", "WNID", "words", "gloss", "num_children", "children", "wordnet_height", "num_train_images"]
+    fields = ["ILSVRC2012_ID", "WNID", "words", "gloss", "num_children", "children", "wordnet_height",
+              "num_train_images"]
     synsets = np.zeros((len(classes) + 1,), dtype=[(f, "O") for f in fields])
     for row, (wnid, (ident, words, n_train)) in enumerate(classes.items()):
         synsets[row] = (ident, wnid, words, "a gloss", 0, np.zeros(0), 0, n_train)
@@ -135,7 +136,8 @@ def test_data_module_exposes_human_names_and_keeps_wnids_as_class_names(archives
     module = ImageNetDataModule(str(root), num_workers=0)
     assert module.class_names == sorted(CLASSES) and module.num_classes == 4
     assert module.class_labels == ["tench", "crane", "kit fox", "crane"]
-    assert ImageNetDataModule(str(tiny_root), num_workers=0).class_labels == ["cat", "dog", "fox"]  # no class_index.json
+    # no class_index.json
+    assert ImageNetDataModule(str(tiny_root), num_workers=0).class_labels == ["cat", "dog", "fox"]
 
 
 def test_truncated_train_archive_names_the_file_and_a_rerun_resumes(archives, tmp_path, capsys):

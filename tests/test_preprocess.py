@@ -80,7 +80,8 @@ def test_preprocess_gives_the_eval_presets_pixels_exactly_on_images_of_odd_sizes
 
 def test_preprocess_refuses_what_is_not_a_uint8_rgb_image():
     tool = load_tool()
-    with pytest.raises(ValueError, match=r"expected a 3 x H x W uint8 RGB tensor, got torch.float32 of shape \(3, 8, 8\)"):
+    with pytest.raises(ValueError,
+                       match=r"expected a 3 x H x W uint8 RGB tensor, got torch.float32 of shape \(3, 8, 8\)"):
         tool.preprocess(torch.rand(3, 8, 8), resize=8, crop=8, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
@@ -91,7 +92,8 @@ def test_the_copied_file_runs_an_export_without_this_package_or_lightning(tmp_pa
     with torch.no_grad():
         network.train()(torch.randn(8, 3, 32, 32) * 2 + 1)  # non-trivial BatchNorm statistics: eval mode matters
     network.eval()
-    names, pre = ["cat", "dog", "fox"], {"resize": 36, "crop": 32, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
+    names, pre = ["cat", "dog", "fox"], {"resize": 36, "crop": 32, "mean": list(IMAGENET_MEAN),
+                                         "std": list(IMAGENET_STD)}
     export_network(network, tmp_path / "export", example=torch.randn(2, 3, 32, 32), class_names=names,
                    preprocessing=pre, onnx=False)
     photos = [tmp_path / "wide.jpg", tmp_path / "tall.png"]

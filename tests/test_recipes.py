@@ -31,7 +31,8 @@ def test_recipe_composes_with_the_quickstart_and_trains_one_shrunk_epoch(recipe,
     torch.save(imagenet_resnet18(), path)
     # The recipe after the quickstart, then the shrink flags: its trainer length and batch size give way to them.
     args = ["fit", "--config", str(QUICKSTART), "--config", str(recipe), *SHRINK, f"--data.root={tiny_root}",
-            f"--trainer.default_root_dir={tmp_path}", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+            f"--trainer.default_root_dir={tmp_path}", "--trainer.limit_train_batches=2",
+            "--trainer.limit_val_batches=1"]
     cli = cli_main(args)
     # Every ingredient the file names arrived (the shrink flags only set the batch size and the length).
     settings = yaml.safe_load(recipe.read_text())
@@ -45,7 +46,8 @@ def test_recipe_composes_with_the_quickstart_and_trains_one_shrunk_epoch(recipe,
         if key != "batch_size":
             assert cli.datamodule.hparams[key] == value, key
     for wanted in settings.get("trainer", {}).get("callbacks", []):  # the EMA, with the file's settings
-        (found,) = [c for c in cli.trainer.callbacks if f"{type(c).__module__}.{type(c).__name__}" == wanted["class_path"]]
+        (found,) = [c for c in cli.trainer.callbacks
+                    if f"{type(c).__module__}.{type(c).__name__}" == wanted["class_path"]]
         assert all(getattr(found, name) == value for name, value in wanted.get("init_args", {}).items()), wanted
     assert cli.trainer.global_step == 2
     assert math.isfinite(float(cli.trainer.callback_metrics["train/loss"]))

@@ -37,7 +37,9 @@ LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
 
 def tree(root: Path) -> dict[str, int]:
     """Every file under root with its mtime: what a failed command must leave untouched."""
-    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()} if root.exists() else {}
+    if not root.exists():
+        return {}
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +79,8 @@ def test_kill_9_during_a_checkpoint_rewrite_leaves_the_previous_file_whole(tmp_p
     saver.kill()  # in the middle of rewriting last.ckpt
     saver.wait()
     saved = torch.load(path, weights_only=True)  # the previous checkpoint, whole
-    assert saved["version"] in (0, 1) and torch.equal(saved["weights"], torch.full((24_000_000,), float(saved["version"])))
+    assert saved["version"] in (0, 1) and torch.equal(saved["weights"],
+                                                      torch.full((24_000_000,), float(saved["version"])))
     assert sorted(p.name for p in run.glob("*.ckpt")) == ["last.ckpt"]  # nothing partial under a checkpoint name
     AtomicCheckpointIO().save_checkpoint({"version": -1}, path)
     assert sorted(p.name for p in run.iterdir()) == ["last.ckpt"]  # the dead writer's temp file is cleaned up
@@ -125,7 +128,7 @@ class Payload:
 
 @pytest.fixture
 def crafted(trained, tmp_path, monkeypatch) -> tuple[Path, Path]:
-    """A real checkpoint with a code-running object added; torch.load's default made weights_only=False (torch < 2.6)."""
+    """A real checkpoint with a code-running object added; torch.load's default was weights_only=False (torch < 2.6)."""
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     marker = tmp_path / "pwned"
     checkpoint = torch.load(trained / LAST, weights_only=True)
@@ -169,7 +172,8 @@ def test_export_refuses_a_crafted_checkpoint(crafted, trained, monkeypatch, caps
         exit_on_user_error(lambda: export_main(argv))
     err = capsys.readouterr().err
     assert exited.value.code == 2 and "Traceback" not in err, err[-2000:]
-    assert len(err.strip().splitlines()) == 1 and "not a trusted checkpoint" in err.strip().splitlines()[-1], err[-2000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "not a trusted checkpoint" in lines[-1], err[-2000:]
     assert not marker.exists()
 
 
@@ -200,7 +204,8 @@ def test_a_checkpoint_of_other_data_names_both_class_counts(tiny_root, tmp_path)
     path = tmp_path / "digits.ckpt"
     torch.save({"state_dict": ten.state_dict(), "epoch": 3, "global_step": 90,
                 "hyper_parameters": dict(ten.hparams)}, path)
-    with pytest.raises(CheckpointError, match=rf"checkpoint {path} has 10 classes, the data has 3 \({tiny_root}/train\)"):
+    with pytest.raises(CheckpointError,
+                       match=rf"checkpoint {path} has 10 classes, the data has 3 \({tiny_root}/train\)"):
         cli_main(["validate", *tiny_args(tiny_root, tmp_path / "run"), f"--ckpt_path={path}"])
 
 

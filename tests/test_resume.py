@@ -22,7 +22,8 @@ from project.engine.cli import cli_main
 EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3",
           # the recipe ingredients: all their random draws must come out the same after a resume
           "--model.loss.mixup_alpha=0.2", "--model.loss.cutmix_alpha=1.0",
-          callback("project.callbacks.ema.EMA", decay=0.9, every_n_steps=2, warmup_epochs=0.5),  # the quickstart's warmup
+          callback("project.callbacks.ema.EMA", decay=0.9, every_n_steps=2,
+                   warmup_epochs=0.5),  # the quickstart's warmup
           "--data.auto_augment=trivialaugment_wide", "--data.random_erase_prob=0.5", "--data.ra_reps=2",
           # 24 px in epochs 0-1, 32 px in epoch 2: the kills below land in epoch 1
           "--data.progressive_resizing={start_size: 24, end_size: 32, start_epoch: 1, end_epoch: 2, multiple: 8}"]

@@ -108,7 +108,8 @@ def test_exact_shards_are_lightnings_unpadded_predict_shards_in_every_epoch(size
             assert list(ours) == list(lightnings) == list(range(rank, size, world_size))
             assert len(ours) == len(lightnings) and ours.total_size == lightnings.total_size == size
     # Shuffled (never for evaluation), Lightning's permutation follows the epoch alone: the seed changes nothing.
-    one, other = (UnrepeatedDistributedSampler(Indices(10), num_replicas=2, rank=0, shuffle=True, seed=s) for s in (1, 2))
+    one, other = (UnrepeatedDistributedSampler(Indices(10), num_replicas=2, rank=0, shuffle=True, seed=s)
+                  for s in (1, 2))
     assert list(one) == list(other)
 
 

@@ -1,4 +1,4 @@
-"""slurm/train.sbatch on a real two-node Slurm (tests/slurm_cluster.py): multi-node DDP, preemption -> requeue -> resume.
+"""slurm/train.sbatch on a real two-node Slurm (tests/slurm_cluster.py): multi-node DDP, preemption, requeue, resume.
 
     bash .ci/install_slurm.sh && python -m pytest tests/test_slurm.py --durations=0
 
@@ -92,7 +92,8 @@ def jobs(slurm, tiny_root, tmp_path_factory) -> dict[str, Job]:
         "preempted": (TWO_NODES, tiny_args(tiny_root, out / "preempted", *EPOCHS, "--trainer.enable_progress_bar=true",
                                            callback("stop_callbacks.HoldUntilSignalled", step=7,
                                                     marker=str(out / "preempted.held")))),
-        # Two tasks on the node, but the user pins the Trainer to one device: two independent rank-0 runs, unless stopped.
+        # Two tasks on the node, but the user pins the Trainer to one device: two independent rank-0 runs, unless
+        # stopped.
         "mismatch": (TWO_TASKS, tiny_args(tiny_root, out / "mismatch", "--trainer.devices=1")),
         "no_data": (ONE_NODE, tiny_args(out / "no-such-dir", out / "no_data")),
     }

@@ -99,9 +99,11 @@ def test_dp_trains_like_single_device_and_its_checkpoint_loads_anywhere(tiny_roo
     assert "forward" not in dp.model.__dict__
     # a dp checkpoint validates the same under a single device, and a single-device one under dp
     from_dp = cli_main(["validate", *tiny_args(tiny_root, tmp_path / "v1"), f"--ckpt_path={dp_ckpt}"])
-    under_dp = cli_main(["validate", *tiny_args(tiny_root, tmp_path / "v2"), "--trainer.strategy=dp", f"--ckpt_path={dp_ckpt}"])
+    under_dp = cli_main(["validate", *tiny_args(tiny_root, tmp_path / "v2"), "--trainer.strategy=dp",
+                         f"--ckpt_path={dp_ckpt}"])
     assert from_dp.trainer.callback_metrics["val/acc1"] == under_dp.trainer.callback_metrics["val/acc1"]
-    assert from_dp.trainer.callback_metrics["val/loss"] == pytest.approx(float(under_dp.trainer.callback_metrics["val/loss"]))
+    under_dp_loss = float(under_dp.trainer.callback_metrics["val/loss"])
+    assert from_dp.trainer.callback_metrics["val/loss"] == pytest.approx(under_dp_loss)
 
 
 def test_resume_from_last_ends_with_the_weights_of_an_uninterrupted_run(tiny_root, tmp_path):
@@ -117,10 +119,13 @@ def test_resume_from_last_ends_with_the_weights_of_an_uninterrupted_run(tiny_roo
     straight_ckpt = last_checkpoint(uninterrupted)
     resumed_ckpt = last_checkpoint(resumed)
     assert relative_difference(network_state(resumed_ckpt), network_state(straight_ckpt)) <= 1e-6
-    optimizer_states = [torch.load(p, weights_only=True)["optimizer_states"][0]["state"] for p in (resumed_ckpt, straight_ckpt)]
+    optimizer_states = [torch.load(p, weights_only=True)["optimizer_states"][0]["state"]
+                        for p in (resumed_ckpt, straight_ckpt)]
     for key in optimizer_states[1]:
-        torch.testing.assert_close(optimizer_states[0][key]["momentum_buffer"], optimizer_states[1][key]["momentum_buffer"])
-    lr_states = [torch.load(p, weights_only=True)["lr_schedulers"][0]["last_epoch"] for p in (resumed_ckpt, straight_ckpt)]
+        torch.testing.assert_close(optimizer_states[0][key]["momentum_buffer"],
+                                   optimizer_states[1][key]["momentum_buffer"])
+    lr_states = [torch.load(p, weights_only=True)["lr_schedulers"][0]["last_epoch"]
+                 for p in (resumed_ckpt, straight_ckpt)]
     assert lr_states[0] == lr_states[1] == 15
 
     # the resumed run continued in the same version dir: one run, its curves joined

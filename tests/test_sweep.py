@@ -1,5 +1,5 @@
-"""Sweeps (project/engine/run/sweep.py): workers share one Optuna study through its journal, each trial an ordinary fit in
-its own run dir whose value is the best val/acc1 its TensorBoard events hold; pruned trials stop at the pruning
+"""Sweeps (project/engine/run/sweep.py): workers share one Optuna study through its journal, each trial an ordinary fit
+in its own run dir whose value is the best val/acc1 its TensorBoard events hold; pruned trials stop at the pruning
 validation (under ddp too); a worker killed with -9 leaves its trial to the next worker, which resumes its
 last.ckpt; bad input is one line before any trial. Real `python -m project sweep` processes on
 configs/sweep/quickstart.yaml (3 tiny epochs a trial).
@@ -193,7 +193,8 @@ BAD = {
                                     "its folder /nonexistent/dir does not exist"),
     "unknown fit option": (["--model.optim.lrr=0.1"], "fit options of the sweep: unrecognized arguments"),
     "unknown sweep setting": (["--sweep.trials=4"], "sweep.trials is not a sweep setting"),
-    "sampler that does not exist": (["--sweep.sampler=TPESampla"], "sweep.sampler: cannot build optuna.samplers.TPESampla"),
+    "sampler that does not exist": (["--sweep.sampler=TPESampla"],
+                                    "sweep.sampler: cannot build optuna.samplers.TPESampla"),
     "summary of a study not started": (["--summary"], "no study 'quickstart' yet"),
 }
 
@@ -203,7 +204,8 @@ def test_bad_sweep_input_is_one_line_exit_2_before_anything_is_written(case, tmp
     extra, expected = BAD[case]
     root = tmp_path / "runs"
     with pytest.raises(SystemExit) as exit:
-        exit_on_user_error(lambda: sweep_main(["--config", str(SWEEP), f"--trainer.default_root_dir={root}", *extra], cli_main))
+        exit_on_user_error(lambda: sweep_main(["--config", str(SWEEP), f"--trainer.default_root_dir={root}", *extra],
+                                              cli_main))
     assert exit.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines

@@ -47,7 +47,8 @@ def test_quickstart_logs_perf_keys_that_agree_with_the_batches_trained(tiny_root
     assert all(0 <= w < 1 for w in values["perf/data_wait"])
 
     flops = train_flops_per_image(build_resnet("resnet18", 3), torch.Size((8, 3, 32, 32)))
-    for rate, tflops, mfu in zip(values["perf/images_per_sec"], values["perf/device/tflops"], values["perf/device/mfu"]):
+    for rate, tflops, mfu in zip(values["perf/images_per_sec"], values["perf/device/tflops"],
+                                 values["perf/device/mfu"]):
         assert tflops == pytest.approx(rate * flops / 1e12, rel=1e-4)
         assert mfu == pytest.approx(tflops, rel=1e-4)  # peak_flops=1e12: MFU is TFLOP/s / 1
 

@@ -92,7 +92,8 @@ def _stop_then_resume(tiny_root: Path, root: Path, *extra: str, env: dict | None
 
 def test_tensorboard_and_mlflow_stopped_and_resumed_is_one_mlflow_run_and_one_run_dir(tiny_root, tmp_path,
                                                                                        mlflow_server):
-    stopped, resumed = _stop_then_resume(tiny_root, tmp_path, _loggers(_tensorboard(tmp_path), _mlflow(mlflow_server, "resume")))
+    stopped, resumed = _stop_then_resume(tiny_root, tmp_path,
+                                         _loggers(_tensorboard(tmp_path), _mlflow(mlflow_server, "resume")))
 
     client = mlflow.tracking.MlflowClient(mlflow_server)
     experiment = client.get_experiment_by_name("resume")

@@ -1,7 +1,7 @@
-"""project.engine.run.training_steps answers from public Trainer attributes what Lightning decides privately: which batch ends
-follow an optimizer step, and on which of those it writes step metrics (none with log_every_n_steps=0). Each answer is held against Lightning's own
-(`_logger_connector.should_update_logs`, `fit_loop._should_accumulate`) on a real fit, with and without gradient
-accumulation and with a last, partial accumulation window."""
+"""project.engine.run.training_steps answers from public Trainer attributes what Lightning decides privately: which
+batch ends follow an optimizer step, and on which of those it writes step metrics (none with log_every_n_steps=0). Each
+answer is held against Lightning's own (`_logger_connector.should_update_logs`, `fit_loop._should_accumulate`) on a real
+fit, with and without gradient accumulation and with a last, partial accumulation window."""
 
 import lightning as L
 import pytest

@@ -118,16 +118,20 @@ def test_python_callers_pass_plain_numbers_and_lists(tiny_root):
 # built) or when the data module is built (a combination, or ProgressiveResizing's own checks)).
 DATA_CLI_CASES = {
     "crop size 0": (["--data.train_crop_size=0"], "data.train_crop_size: expected an int >= 1, got 0", "parse"),
-    "batch size not a number": (["--data.batch_size=eight"], "data.batch_size: expected an int >= 1, got eight", "parse"),
+    "batch size not a number": (["--data.batch_size=eight"], "data.batch_size: expected an int >= 1, got eight",
+                                "parse"),
     "optional int": (["--data.prefetch_factor=0"], "data.prefetch_factor: expected an int >= 1, got 0", "parse"),
     "optional choice": (["--data.multiprocessing_context=fok"],
-                        "data.multiprocessing_context: expected one of 'fork', 'forkserver', 'spawn', got fok", "parse"),
+                        "data.multiprocessing_context: expected one of 'fork', 'forkserver', 'spawn', got fok",
+                        "parse"),
     "scale above 1": (["--data.train_crop_scale=[0.5, 1.5]"],
                       "data.train_crop_scale: expected an area fraction in (0, 1], got 1.5", "parse"),
-    "one scale": (["--data.train_crop_scale=[0.5]"], "data.train_crop_scale: Expected a tuple with 2 elements", "parse"),
+    "one scale": (["--data.train_crop_scale=[0.5]"], "data.train_crop_scale: Expected a tuple with 2 elements",
+                  "parse"),
     "probability": (["--data.random_erase_prob=2"], "data.random_erase_prob: expected a probability in [0, 1], got 2",
                     "parse"),
-    "magnitude": (["--data.randaugment_magnitude=-1"], "data.randaugment_magnitude: expected an int in [0, 30]", "parse"),
+    "magnitude": (["--data.randaugment_magnitude=-1"], "data.randaugment_magnitude: expected an int in [0, 30]",
+                  "parse"),
     "bool": (["--data.pin_memory=maybe"], "data.pin_memory: expected bool, got maybe", "parse"),
     "ramp field": (["--data.progressive_resizing={start_size: abc, end_size: 32, start_epoch: 1, end_epoch: 2}"],
                    "data.progressive_resizing.start_size: expected int, got abc", "parse"),
@@ -135,7 +139,8 @@ DATA_CLI_CASES = {
                        "fractions, got [0.9, 0.5]: swap them (--data.train_crop_scale=[0.5, 0.9])", "init"),
     "prefetch without workers": (["--data.prefetch_factor=4"], "set --data.num_workers (>= 1) or drop", "init"),
     "ramp inverted": ([RAMP_INVERTED], "--data.progressive_resizing: expected 0 <= start_epoch <= end_epoch", "init"),
-    "ramp off its multiple": (["--data.progressive_resizing={start_size: 24, end_size: 32, start_epoch: 1, end_epoch: 2}"],
+    "ramp off its multiple": (["--data.progressive_resizing={start_size: 24, end_size: 32, start_epoch: 1, "
+                               "end_epoch: 2}"],
                               "start_size=24 is not a positive multiple of multiple=32", "init"),
 }
 
@@ -200,8 +205,10 @@ MODEL_BAD_VALUES = {
                           "model.image_sizes: expected an int >= 1, got 0"),
     "model.optim.optimizer": (Optimization, {"optimizer": "adam"},
                               "model.optim.optimizer: expected one of 'sgd', 'adamw', 'rmsprop', got 'adam'"),
-    "model.optim.lr_per_256": (Optimization, {"lr_per_256": -1}, "model.optim.lr_per_256: expected a float > 0, got -1"),
-    "model.optim.momentum": (Optimization, {"momentum": 1.0}, "model.optim.momentum: expected a float in [0, 1), got 1.0"),
+    "model.optim.lr_per_256": (Optimization, {"lr_per_256": -1},
+                               "model.optim.lr_per_256: expected a float > 0, got -1"),
+    "model.optim.momentum": (Optimization, {"momentum": 1.0},
+                             "model.optim.momentum: expected a float in [0, 1), got 1.0"),
     "model.optim.nesterov": (Optimization, {"nesterov": True, "momentum": 0.0},
                              "model.optim.nesterov needs a momentum, got model.optim.momentum=0"),
     "model.optim.adamw_betas": (Optimization, {"adamw_betas": (0.9, 1.0)},
@@ -233,7 +240,8 @@ MODEL_BAD_VALUES = {
     "EMA.every_n_steps": (EMA, {"every_n_steps": 0}, "EMA.every_n_steps: expected an int >= 1, got 0"),
     "EMA.warmup_epochs": (EMA, {"warmup_epochs": -1}, "EMA.warmup_epochs: expected a float >= 0, got -1"),
     "EMA.device": (EMA, {"device": "gpu"}, "EMA.device: expected a torch device (cpu, cuda, cuda:1, ...), got 'gpu'"),
-    "throughput.peak_flops": (ThroughputLogger, {"peak_flops": 0}, "throughput.peak_flops: expected a float > 0, got 0"),
+    "throughput.peak_flops": (ThroughputLogger, {"peak_flops": 0},
+                              "throughput.peak_flops: expected a float > 0, got 0"),
     "throughput.count_flops": (ThroughputLogger, {"peak_flops": 4e14, "count_flops": False},
                                "throughput.peak_flops=4e+14 is for MFU, which needs the FLOP count"),
     "FreezeBackbone.unfreeze_at_epoch": (FreezeBackbone, {"unfreeze_at_epoch": -1},
@@ -307,7 +315,8 @@ def test_a_model_value_of_the_wrong_type_from_python_is_one_line_naming_the_opti
 
 
 def test_python_callers_and_checkpoints_pass_plain_numbers_lists_and_numpy_scalars():
-    optim = Optimization(lr_per_256=1, momentum=np.float32(0.5), adamw_betas=[0.9, 0.99], step_milestones=(np.int64(2),),
+    optim = Optimization(lr_per_256=1, momentum=np.float32(0.5), adamw_betas=[0.9, 0.99],
+                         step_milestones=(np.int64(2),),
                          step_gamma=1)
     assert (type(optim.lr_per_256), type(optim.momentum), optim.adamw_betas, optim.step_milestones) == (
         float, float, (0.9, 0.99), [2])
@@ -315,7 +324,8 @@ def test_python_callers_and_checkpoints_pass_plain_numbers_lists_and_numpy_scala
     ema = EMA(decay=1, every_n_steps=np.int64(4), device="cpu")
     assert (type(ema.decay), type(ema.every_n_steps), ema.device) == (float, int, torch.device("cpu"))
     buffer = io.BytesIO()
-    torch.save({"optim": dataclasses.asdict(optim), "loss": dataclasses.asdict(Loss(name="bce", bce_target_threshold=0))},
+    torch.save({"optim": dataclasses.asdict(optim),
+                "loss": dataclasses.asdict(Loss(name="bce", bce_target_threshold=0))},
                buffer)
     buffer.seek(0)
     assert torch.load(buffer, weights_only=True)["optim"]["step_milestones"] == [2]
@@ -327,7 +337,8 @@ EMA_CALLBACK = "--trainer.callbacks+=project.callbacks.ema.EMA"
 MODEL_CLI_CASES = {
     "negative LR": (["--model.optim.lr_per_256=-1"], "model.optim.lr_per_256: expected a float > 0, got -1", "parse"),
     "momentum 1": (["--model.optim.momentum=1"], "model.optim.momentum: expected a float in [0, 1), got 1", "parse"),
-    "a beta of 1": (["--model.optim.adamw_betas=[0.9, 1]"], "model.optim.adamw_betas: expected a float in [0, 1), got 1",
+    "a beta of 1": (["--model.optim.adamw_betas=[0.9, 1]"],
+                    "model.optim.adamw_betas: expected a float in [0, 1), got 1",
                     "parse"),
     "optional eps": (["--model.optim.optimizer=adamw", "--model.optim.eps=0"],
                      "model.optim.eps: expected a float > 0, got 0", "parse"),
@@ -364,7 +375,8 @@ MODEL_CLI_CASES = {
                                      "drop --throughput.peak_flops or set --throughput.count_flops=true", "init"),
     "EMA device": ([EMA_CALLBACK, "--trainer.callbacks.device=gpu"], "EMA.device: expected a torch device", "init"),
     # model.image_sizes, linked from the data module (project.engine.cli): sizes a network cannot take.
-    "an arch too deep for 32 px": (["--model.arch=inception_v3"], "model.arch inception_v3 cannot take the 32 px images "
+    "an arch too deep for 32 px": (["--model.arch=inception_v3"],
+                                   "model.arch inception_v3 cannot take the 32 px images "
                                    "of data.train_crop_size", "init"),
     "a ViT at two sizes": (["--model.arch=vit_b_16", "--data.eval_crop_size=48"], "model.arch vit_b_16 cannot take the "
                            "48 px images of data.eval_crop_size", "init"),
@@ -436,7 +448,8 @@ def test_a_network_too_deep_for_the_crop_size_is_refused_with_the_size_it_takes(
         classifier(arch="inception_v3", image_sizes={"data.train_crop_size": 75, "data.eval_crop_size": 32})
     assert_one_short_line(str(error.value), "model.arch inception_v3 cannot take the 32 px images of "
                                             "data.eval_crop_size (Calculated padded input size per channel")
-    assert str(error.value).endswith("its torchvision weights take 75 px or more: set data.eval_crop_size to at least 75")
+    assert str(error.value).endswith("its torchvision weights take 75 px or more: set data.eval_crop_size "
+                                     "to at least 75")
 
 
 # RegNet builds its stage widths with tensor ops the meta device cannot run: its smallest builds on the CPU.
@@ -481,7 +494,8 @@ def test_a_vit_trains_at_the_quickstart_s_32_px(tiny_root, tmp_path):
 # 32 px", ...), the same CLI parser and message.
 @pytest.mark.slow
 @pytest.mark.parametrize("args, expected", [
-    (["--model.arch=inception_v3"], "error: model.arch inception_v3 cannot take the 32 px images of data.train_crop_size"),
+    (["--model.arch=inception_v3"],
+     "error: model.arch inception_v3 cannot take the 32 px images of data.train_crop_size"),
 ], ids=["image size"])
 def test_python_m_project_stops_on_a_bad_model_value_with_one_line_exit_2_and_nothing_written(args, expected, tiny_root,
                                                                                                tmp_path):

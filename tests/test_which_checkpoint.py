@@ -1,4 +1,5 @@
-"""Which checkpoint wins, and which run dir a run writes into: each row of README "Resume" (project.engine.run.resume), in-process.
+"""Which checkpoint wins, and which run dir a run writes into: each row of README "Resume" (project.engine.run.resume),
+in-process.
 
     python -m pytest tests/test_which_checkpoint.py
 """
@@ -144,7 +145,8 @@ def test_a_tensorboard_logger_with_its_own_save_dir_and_name_is_where_runs_are_f
 def test_a_remote_root_is_refused_in_one_line(tmp_path):
     from project.engine.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="trainer.default_root_dir s3://bucket/runs: runs write to a local or mounted"):
+    with pytest.raises(ConfigError,
+                       match="trainer.default_root_dir s3://bucket/runs: runs write to a local or mounted"):
         plan_run("fit", fit_config("s3://bucket/runs"))
 
 

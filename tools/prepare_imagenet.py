@@ -11,6 +11,7 @@ folder position the data module uses) and torchvision's ROOT/meta.bin, so torchv
 
 import argparse
 import errno
+import functools
 import io
 import json
 import os
@@ -62,7 +63,8 @@ def archive_paths(archives: Path) -> dict[str, Path]:
     if missing:
         raise PrepareError(
             f"{archives} lacks {', '.join(missing)}; expected the three ILSVRC2012 archives "
-            f"({', '.join(p.name for p in paths.values())}) there. Download them from {DOWNLOAD} or pass --archives DIR."
+            f"({', '.join(p.name for p in paths.values())}) there. Download them from {DOWNLOAD} or pass "
+            "--archives DIR."
         )
     return paths
 
@@ -76,7 +78,7 @@ def verify_md5(paths: dict[str, Path]) -> None:
 
 
 def read_devkit(path: Path) -> Devkit:
-    """The same parsing as torchvision's parse_devkit_archive (leaf synsets of meta.mat, ground-truth ids), read in place."""
+    """torchvision's parse_devkit_archive parsing (leaf synsets of meta.mat, ground-truth ids), read in place."""
     import scipy.io  # installed with scikit-learn; only preparation needs it
 
     try:
@@ -84,7 +86,8 @@ def read_devkit(path: Path) -> Devkit:
             meta = io.BytesIO(tar.extractfile(f"{DEVKIT_DATA}/meta.mat").read())
             truth = tar.extractfile(f"{DEVKIT_DATA}/ILSVRC2012_validation_ground_truth.txt").read().decode()
     except KeyError as missing:
-        raise PrepareError(f"{path} has no {missing}: not the ILSVRC2012 devkit ({ARCHIVE_META['devkit'][0]} from {DOWNLOAD})")
+        raise PrepareError(f"{path} has no {missing}: not the ILSVRC2012 devkit ({ARCHIVE_META['devkit'][0]} "
+                           f"from {DOWNLOAD})") from None
     except (tarfile.TarError, EOFError, OSError) as error:
         raise PrepareError(f"{path} is truncated or corrupt ({error}); download it again from {DOWNLOAD}") from error
     synsets = scipy.io.loadmat(meta, squeeze_me=True)["synsets"]
@@ -112,7 +115,8 @@ def write_class_index(root: Path, devkit: Devkit) -> None:
 def check_space(root: Path, needed: int) -> None:
     free = shutil.disk_usage(root).free
     if free < needed:
-        raise PrepareError(f"{root} has {free / 1e9:.2f} GB free but the images still to write need {needed / 1e9:.2f} GB: "
+        raise PrepareError(f"{root} has {free / 1e9:.2f} GB free but the images still to write need "
+                           f"{needed / 1e9:.2f} GB: "
                            "free some space or pass another --out, then rerun (finished classes are kept)")
 
 
@@ -146,7 +150,8 @@ def list_class_tars(train_tar: Path) -> tuple[list[tarfile.TarInfo], bool]:
                 members.append(member)
     except tarfile.ReadError as error:
         if not members:
-            raise PrepareError(f"cannot read {train_tar} ({error}): truncated or not a tar; download it again from {DOWNLOAD}")
+            raise PrepareError(f"cannot read {train_tar} ({error}): truncated or not a tar; download it again "
+                               f"from {DOWNLOAD}") from error
         truncated = True
     size = train_tar.stat().st_size
     whole = [m for m in members if m.isfile() and m.name.endswith(".tar") and m.offset_data + m.size <= size]
@@ -157,7 +162,8 @@ def prepare_train(train_tar: Path, root: Path, devkit: Devkit, workers: int) -> 
     members, truncated = list_class_tars(train_tar)
     unknown = sorted({m.name[:-4] for m in members} - set(devkit.wnids))
     if unknown:
-        raise PrepareError(f"{train_tar} holds classes the devkit does not define ({', '.join(unknown[:5])}...): the devkit "
+        raise PrepareError(f"{train_tar} holds classes the devkit does not define "
+                           f"({', '.join(unknown[:5])}...): the devkit "
                            f"does not match the train archive; use the ILSVRC2012 pair ({ARCHIVE_META['devkit'][0]})")
     (root / "train").mkdir(parents=True, exist_ok=True)
     todo = [m for m in members if not (root / "train" / m.name[:-4]).is_dir()]
@@ -173,7 +179,8 @@ def prepare_train(train_tar: Path, root: Path, devkit: Devkit, workers: int) -> 
                     future.result()
                 except tarfile.TarError as error:
                     raise PrepareError(f"{train_tar} is truncated or corrupt at {member.name} ({error}); download it "
-                                       f"again from {DOWNLOAD} (--verify-md5 checks it) and rerun: finished classes are kept")
+                                       f"again from {DOWNLOAD} (--verify-md5 checks it) and rerun: finished "
+                                       "classes are kept") from error
                 done += 1
                 if done % 50 == 0 or done == len(todo):
                     rate = done / (time.monotonic() - start)
@@ -182,7 +189,8 @@ def prepare_train(train_tar: Path, root: Path, devkit: Devkit, workers: int) -> 
             pool.shutdown(cancel_futures=True)
             raise
     if truncated:
-        raise PrepareError(f"{train_tar} ends after {len(members)} whole class tars (ILSVRC2012 has {NUM_CLASSES}): it is "
+        raise PrepareError(f"{train_tar} ends after {len(members)} whole class tars (ILSVRC2012 has "
+                           f"{NUM_CLASSES}): it is "
                            f"truncated; download it again from {DOWNLOAD} and rerun: the finished classes are kept")
 
 
@@ -200,12 +208,14 @@ def prepare_val(val_tar: Path, root: Path, devkit: Devkit) -> None:
                     continue
                 match = VAL_NAME.fullmatch(os.path.basename(member.name))
                 if match is None:
-                    raise PrepareError(f"{val_tar} holds {member.name}, expected ILSVRC2012_val_NNNNNNNN.JPEG files only: "
+                    raise PrepareError(f"{val_tar} holds {member.name}, expected ILSVRC2012_val_NNNNNNNN.JPEG "
+                                       "files only: "
                                        f"is this {ARCHIVE_META['val'][0]}?")
                 number = int(match.group(1))
                 if not 1 <= number <= len(devkit.val_wnids):
                     raise PrepareError(f"{val_tar}: {member.name} has no ground truth (the devkit lists "
-                                       f"{len(devkit.val_wnids)} val images): the devkit does not match the val archive")
+                                       f"{len(devkit.val_wnids)} val images): the devkit does not match the val "
+                                       "archive")
                 dest = root / "val" / devkit.val_wnids[number - 1] / match.group(0)
                 if dest.is_file() and dest.stat().st_size == member.size:
                     kept += 1
@@ -213,11 +223,12 @@ def prepare_val(val_tar: Path, root: Path, devkit: Devkit) -> None:
                 check_space(root, member.size)
                 source = tar.extractfile(member)
                 # No fsync: 50,000 small files, and a rerun rewrites any that a crash cut short.
-                atomic_write(dest, lambda out: shutil.copyfileobj(source, out, length=1 << 20), fsync=False,
+                atomic_write(dest, functools.partial(shutil.copyfileobj, source, length=1 << 20), fsync=False,
                              fix=DISK_FULL_FIX)
                 written += 1
     except (tarfile.TarError, EOFError) as error:
-        raise PrepareError(f"{val_tar} is truncated or corrupt at {current} ({error}); download it again from {DOWNLOAD} "
+        raise PrepareError(f"{val_tar} is truncated or corrupt at {current} ({error}); download it again "
+                           f"from {DOWNLOAD} "
                            "and rerun: val files already written are kept") from error
     log(f"val: {written} files written, {kept} already there")
 
@@ -227,7 +238,9 @@ def count_report(root: Path, devkit: Devkit, expect_train: int, expect_val: int,
     def count(split: str, wnid: str) -> int:
         folder = root / split / wnid
         # A hidden name is an unfinished write's temp file (atomic_write's), never an image.
-        return sum(1 for e in os.scandir(folder) if e.is_file() and not e.name.startswith(".")) if folder.is_dir() else 0
+        if not folder.is_dir():
+            return 0
+        return sum(1 for e in os.scandir(folder) if e.is_file() and not e.name.startswith("."))
 
     train = {w: count("train", w) for w in devkit.wnids}
     val = {w: count("val", w) for w in devkit.wnids}
@@ -280,9 +293,11 @@ def prepare(archives: Path, root: Path, *, expect_train: int = TRAIN_IMAGES, exp
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.prepare_imagenet", description=__doc__.split("\n")[0])
     parser.add_argument("--archives", type=Path, required=True, help="folder holding the three ILSVRC2012 archives")
-    parser.add_argument("--out", type=Path, required=True, help="data root to fill: ROOT/train/<wnid>/, ROOT/val/<wnid>/")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="data root to fill: ROOT/train/<wnid>/, ROOT/val/<wnid>/")
     parser.add_argument("--workers", type=int, default=4, help="classes extracted in parallel (I/O bound)")
-    parser.add_argument("--verify-md5", action="store_true", help="check the archives' official md5 first (reads ~150 GB)")
+    parser.add_argument("--verify-md5", action="store_true",
+                        help="check the archives' official md5 first (reads ~150 GB)")
     parser.add_argument("--expect-train", type=int, default=TRAIN_IMAGES, help="expected train images")
     parser.add_argument("--expect-val", type=int, default=VAL_IMAGES, help="expected val images")
     parser.add_argument("--expect-classes", type=int, default=NUM_CLASSES, help="expected classes")
@@ -296,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if problems:
         print("prepare_imagenet: incomplete:\n  " + "\n  ".join(problems), file=sys.stderr)
-        print("prepare_imagenet: check the archives (--verify-md5), then rerun the same command to continue", file=sys.stderr)
+        print("prepare_imagenet: check the archives (--verify-md5), then rerun the same command to continue",
+              file=sys.stderr)
         return 1
     log(f"done: {args.out} is complete (--data.root {args.out})")
     return 0
