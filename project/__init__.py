@@ -1,8 +1,13 @@
-"""Image classifiers with PyTorch Lightning: `python -m project fit --config configs/quickstart.yaml`."""
+"""Image classifiers with PyTorch Lightning: `python -m project fit --config configs/quickstart.yaml`.
 
-import project.engine.strategies  # noqa: F401  registers strategy="dp"
-from project.engine.cli import cli_main
+The room (the model, the networks, the data) around the machinery in project/engine/, which gets its defaults here.
+"""
+
 from project.data import ImageNetDataModule
+from project.engine.cli import cli_main, main, use_defaults
 from project.model import ImageClassifier
+from project.weights import apply_weights_eval_sizes
 
-__all__ = ["ImageClassifier", "ImageNetDataModule", "cli_main"]
+use_defaults(ImageClassifier, ImageNetDataModule, config_hooks=[apply_weights_eval_sizes])
+
+__all__ = ["ImageClassifier", "ImageNetDataModule", "cli_main", "main"]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torchvision.models import WeightsEnum, get_model_weights
 
@@ -239,3 +240,20 @@ def eval_sizes(arch: str, weights_name: str) -> tuple[int, int]:
         raise ConfigError(f"{arch} has no torchvision weights {weights_name!r}; expected one of: {_weight_names(arch)}")
     preset = entry.transforms()
     return preset.resize_size[0], preset.crop_size[0]
+
+
+def apply_weights_eval_sizes(config, explicit) -> None:
+    """A config hook (project/__init__.py): with torchvision weights, their evaluation resize and crop become the
+    data's defaults; a value given explicitly wins."""
+    model, data = config.model.get("init_args"), config.data.get("init_args")
+    weights = model.get("finetune.weights") if model is not None else None
+    if not weights or data is None or model.get("backbone") is not None:
+        return
+    arch = model.get("arch")
+    if not arch or torchvision_weights(arch, weights) is None:
+        return
+    given = explicit.get("data.init_args") or {}
+    for key, value in zip(("eval_resize_size", "eval_crop_size"), eval_sizes(arch, weights)):
+        if key in data and given.get(key) is None and data[key] != value:
+            rank_zero_info(f"data.{key}: {value} (the evaluation transform of {arch} {weights})")
+            data[key] = value

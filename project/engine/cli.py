@@ -1,23 +1,20 @@
-"""The command line: LightningCLI over ImageClassifier and ImageNetDataModule, with the run's safety rails.
+"""The command line: LightningCLI over any LightningModule and LightningDataModule, with the run's safety rails.
 
     python -m project fit --config configs/quickstart.yaml
+    python -m project fit --config configs/quickstart.yaml --data.class_path my_data.MyData --data.init_args.x=1
     python -m project validate --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt
-    python -m project fit --print_config
 
-What it adds to LightningCLI, in the order a run meets it: links (the class count, the run seed and the batch size
-flow from the data and the seed into the model; --print_config shows them); the run plan (project.engine.run.start_run:
-which checkpoint, loaded once and handed along, and for `fit` the run dir, created and locked for the length of the
-run before anything is built); explicit values kept over a checkpoint's hyperparameters (project.engine.compat.ckpt_hparams);
-the Trainer's plugins (atomic checkpoint files, Slurm without Lightning's signal-handler requeue, sync BN on gloo) and
-default callbacks; a check that the checkpoint fits the model and the data. A start that fails before training
-removes the run dir it created.
+What it adds to LightningCLI, in the order a run meets it: docs/how-it-works.md.
 """
 
 import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
+import lightning as L
 from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ProgressBar
@@ -26,38 +23,51 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 import project.engine.strategies  # noqa: F401  registers strategy="dp" before any Trainer is built
-from project.backbones import torchvision_weights
+from project.engine import contract
 from project.engine.callbacks.prediction_writer import PredictionCsvWriter
 from project.engine.callbacks.progress_bar import StepProgressBar
 from project.engine.callbacks.throughput import ThroughputLogger
 from project.engine.compat.batch_limits import Trainer
 from project.engine.compat.ckpt_hparams import explicit_values, keep_explicit_model_values
-from project.engine.compat.moved_options import explain_moved_options
 from project.engine.compat.ckpt_read_once import CheckpointReadOnceCLI
 from project.engine.compat.elastic_store import init_attempt_process_group
+from project.engine.compat.moved_options import explain_moved_options
 from project.engine.compat.spawn import trains_in_this_process
-from project.data import ImageNetDataModule
 from project.engine.errors import ConfigError, is_peer_failure, record_rank, user_message
-from project.model import ImageClassifier
 from project.engine.run import RunPlan, start_run
-from project.engine.run.checkpoint_checks import check_checkpoint_fits
+from project.engine.run.checkpoint_checks import CheckpointValues, check_checkpoint_fits
 from project.engine.run.checkpoint_io import AtomicCheckpointIO
 from project.engine.run.last_checkpoint import LastCheckpoint
 from project.engine.run.launchers import check_process_count
 from project.engine.run.saved_config import KeepingSaveConfigCallback
 from project.engine.run.slurm import cluster_environment, slurm_job_id, task_line
 from project.engine.run.trackers import continue_csv_logs, how_to_look
+from project.engine.samplers import ExactLoaders
 from project.engine.strategies.sync_batchnorm import SyncBatchNormAnyBackend
-from project.weights import eval_sizes
+
+ConfigHook = Callable[[Namespace, Namespace], None]
 
 
-def image_sizes(data: ImageNetDataModule) -> dict[str, int]:
-    """model.image_sizes: the side of every image the data module gives the network, by the option that sets it."""
-    ramp = data.hparams.get("progressive_resizing")
-    train = ({"data.progressive_resizing.start_size": ramp["start_size"],
-              "data.progressive_resizing.end_size": ramp["end_size"]} if ramp else
-             {"data.train_crop_size": data.hparams.train_crop_size})
-    return {**train, "data.eval_crop_size": data.hparams.eval_crop_size}
+@dataclass
+class Defaults:
+    """What `python -m project` builds when the config names no class: the room hands these in (project/__init__.py).
+    config_hooks run on the subcommand's config (and the values given explicitly) before anything is built."""
+
+    model: Optional[type] = None
+    data: Optional[type] = None
+    config_hooks: Sequence[ConfigHook] = ()
+
+
+DEFAULTS = Defaults()
+
+
+def use_defaults(model: type, data: type, config_hooks: Sequence[ConfigHook] = ()) -> None:
+    """Make `model` and `data` the classes a config without `class_path` builds."""
+    DEFAULTS.model, DEFAULTS.data, DEFAULTS.config_hooks = model, data, tuple(config_hooks)
+
+
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def run_seed(seed_everything) -> int:
@@ -65,7 +75,7 @@ def run_seed(seed_everything) -> int:
     return seed_everything if isinstance(seed_everything, int) and not isinstance(seed_everything, bool) else 0
 
 
-class ImageClassifierCLI(CheckpointReadOnceCLI):
+class ProjectCLI(CheckpointReadOnceCLI):
     """Defined in the package (not __main__) so ddp_spawn can pickle it."""
 
     plan: Optional[RunPlan] = None
@@ -96,11 +106,15 @@ class ImageClassifierCLI(CheckpointReadOnceCLI):
                 and trains_in_this_process(trainer))
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
-        parser.link_arguments("data", "model.image_sizes", compute_fn=image_sizes, apply_on="instantiate")
-        parser.link_arguments("data.batch_size", "model.batch_size")
-        parser.link_arguments("seed_everything", "data.seed", compute_fn=run_seed)
-        parser.link_arguments("seed_everything", "model.seed", compute_fn=run_seed)
+        # Links reach a class only when it has the argument: any LightningModule / LightningDataModule works.
+        parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
+        parser.link_arguments("data", "model.init_args.image_sizes", compute_fn=contract.image_sizes,
+                              apply_on="instantiate")
+        parser.link_arguments("data.init_args.batch_size", "model.init_args.batch_size")
+        parser.link_arguments("seed_everything", "data.init_args.seed", compute_fn=run_seed)
+        parser.link_arguments("seed_everything", "model.init_args.seed", compute_fn=run_seed)
+        parser.set_defaults({key: {"class_path": class_path(cls)} for key, cls in
+                             (("model", DEFAULTS.model), ("data", DEFAULTS.data)) if cls is not None})
         parser.add_argument("--ddp_timeout_minutes", type=float, default=10.0,
                             help="ddp/ddp_spawn: a rank that stops answering ends the job after this long (torch's "
                                  "default is 30 minutes)")
@@ -142,8 +156,11 @@ class ImageClassifierCLI(CheckpointReadOnceCLI):
         if self.plan and self.plan.hparams:
             for line in keep_explicit_model_values(config, self._explicit, self.plan.hparams):
                 rank_zero_info(line)
-        config.data.seed = config.model.seed = run_seed(config.seed_everything)  # after a random pick (true)
-        apply_weights_eval_sizes(config, self._explicit)
+        for part in (config.model, config.data):  # after a random pick (seed_everything: true)
+            if part.get("init_args") is not None and "seed" in part.init_args:
+                part.init_args.seed = run_seed(config.seed_everything)
+        for hook in DEFAULTS.config_hooks:
+            hook(config, self._explicit)
         job_id = slurm_job_id()
         if job_id is not None and self.subcommand and self.plan is not None:
             print(task_line(job_id, self.plan.run_dir or config.trainer.default_root_dir), flush=True)
@@ -164,7 +181,8 @@ class ImageClassifierCLI(CheckpointReadOnceCLI):
         timeout = timedelta(minutes=self._config_value("ddp_timeout_minutes", 10.0))
         strategy = trainer_config.get("strategy")
         if strategy in ("ddp", "ddp_spawn"):
-            trainer_config["strategy"] = DDPStrategy(timeout=timeout, start_method="spawn" if strategy == "ddp_spawn" else "popen")
+            start_method = "spawn" if strategy == "ddp_spawn" else "popen"
+            trainer_config["strategy"] = DDPStrategy(timeout=timeout, start_method=start_method)
         callbacks = list(trainer_config.get("callbacks") or [])
         own_bar = any(isinstance(c, ProgressBar) for c in callbacks)
         if trainer_config.get("enable_progress_bar", True) is not False and not own_bar:
@@ -177,6 +195,9 @@ class ImageClassifierCLI(CheckpointReadOnceCLI):
             config = self.config_init[self.subcommand] if self.subcommand else self.config_init
             for key in ("checkpoint", "last_checkpoint"):
                 config[key] = Callback()
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        # Any data module's plain loaders: exact evaluation and a resumable training order (project.engine.samplers).
+        callbacks += [ExactLoaders(self.datamodule, run_seed(config.seed_everything)), CheckpointValues()]
         trainer = super().instantiate_trainer(**kwargs)
         if trainer.loggers:  # LearningRateMonitor raises without a logger (Lightning #17159)
             trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))
@@ -192,6 +213,7 @@ class ImageClassifierCLI(CheckpointReadOnceCLI):
 
     def after_instantiate_classes(self) -> None:
         super().after_instantiate_classes()
+        contract.check_data(self.datamodule)
         if self.subcommand and self.plan and self.plan.ckpt_path is not None:
             # The plan's load, checked, then handed to Lightning's restore (the file is not read again).
             checkpoint = self.plan.take_checkpoint()
@@ -222,26 +244,14 @@ def where_the_run_went(trainer, run_dir: Optional[Path] = None) -> str:
     return "; ".join(parts)
 
 
-def apply_weights_eval_sizes(config: Namespace, explicit: Namespace) -> None:
-    """With torchvision weights, their evaluation resize/crop become data's defaults (an explicit value wins)."""
-    model, data = config.model, config.data
-    weights = model.get("finetune.weights")
-    if not weights or model.get("backbone") is not None or torchvision_weights(model.arch, weights) is None:
-        return
-    resize, crop = eval_sizes(model.arch, weights)
-    given = explicit.get("data") or Namespace()
-    for key, value in (("eval_resize_size", resize), ("eval_crop_size", crop)):
-        if given.get(key) is None and data[key] != value:
-            rank_zero_info(f"data.{key}: {value} (the evaluation transform of {model.arch} {weights})")
-            data[key] = value
-
-
-def cli_main(args: Optional[list[str]] = None, *, run: bool = True) -> ImageClassifierCLI:
+def cli_main(args: Optional[list[str]] = None, *, run: bool = True) -> ProjectCLI:
     """Entry point of `python -m project`; tests call it in-process with a list of arguments."""
     record_rank(None)  # this run's Trainer records its own (a process may build several: notebooks, tests)
-    return ImageClassifierCLI(
-        ImageClassifier,
-        ImageNetDataModule,
+    return ProjectCLI(
+        L.LightningModule,
+        L.LightningDataModule,
+        subclass_mode_model=True,  # any module by class_path; the room's are the defaults (use_defaults)
+        subclass_mode_data=True,
         trainer_class=Trainer,  # Lightning's, with `limit_*_batches: 1` meaning one batch (project/engine/compat)
         args=args,
         run=run,

@@ -34,8 +34,8 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from project.engine.errors import UserError
+from project.engine.contract import display_names, eval_preprocessing
+from project.engine.errors import ConfigError, UserError
 from project.engine.run.checkpoint_io import load_trusted_format
 
 PREPROCESSING_KEYS = ("resize", "crop", "mean", "std")
@@ -203,25 +203,25 @@ def load_exported(folder: str | Path) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def export_module(model, datamodule, out_dir: str | Path, *, onnx: bool = True) -> dict[str, Path]:
-    """Export an ImageClassifier's network with the data module's class names and evaluation preprocessing.
-
-    The recommended entry point: the caller builds both (from a run's config and checkpoint, or in a notebook).
-    """
-    from project.engine.callbacks.prediction_writer import class_names_of
-
-    network = model.network
-    crop = datamodule.hparams.eval_crop_size
+    """Export a model's network (its `network`, else the module itself) with the data module's class names and
+    evaluation preprocessing (project.engine.contract). The caller builds both: from a run, or in a notebook."""
+    preprocessing = eval_preprocessing(datamodule)
+    if preprocessing is None:
+        raise ConfigError(f"data module {type(datamodule).__qualname__} offers no eval_preprocessing(): export "
+                          "writes the resize, crop, mean and std into model.json (see project/engine/contract.py)")
+    network = getattr(model, "network", model)
+    hparams = getattr(model, "hparams", {})
     torchvision_net = type(network).__module__.startswith("torchvision.")
     generator = torch.Generator().manual_seed(0)
+    crop = preprocessing.crop
     return export_network(
         network,
         out_dir,
         example=torch.randn(2, 3, crop, crop, generator=generator),  # normalised-image-like values for the check
-        class_names=class_names_of(datamodule, model.hparams.get("num_classes")),
-        preprocessing={"resize": datamodule.hparams.eval_resize_size, "crop": crop, "interpolation": "bilinear",
-                       "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)},
+        class_names=display_names(datamodule, hparams.get("num_classes")),
+        preprocessing=preprocessing.as_dict(),
         onnx=onnx,
-        arch=model.hparams.get("arch") if torchvision_net else None,
+        arch=hparams.get("arch") if torchvision_net else None,
     )
 
 

@@ -6,10 +6,12 @@
 import math
 from typing import Any, Iterator, Optional
 
+import lightning as L
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
 
 from project.engine.seeds import order_seed
 from project.engine.errors import ConfigError
@@ -46,11 +48,13 @@ class ResumableSampler(DistributedSampler):
     what the whole job already trained, whatever its rank.
     """
 
-    def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, seed: int, repeats: int = 1):
+    def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, seed: int, repeats: int = 1,
+                 shuffle: bool = True, keys: bool = True):
         if repeats < 1:
             raise ConfigError(f"data.ra_reps must be >= 1, got {repeats}")
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
         self.repeats = repeats
+        self.keys = keys  # False: plain indices, for a data set that does not seed its own augmentation
         self.num_samples = math.ceil(len(dataset) / num_replicas)  # per rank, whatever `repeats` is
         self.total_size = self.num_samples * num_replicas
         self.position = 0  # global samples of the epoch in progress already handed out as batches
@@ -60,7 +64,8 @@ class ResumableSampler(DistributedSampler):
     def epoch_order(self, epoch: int) -> list[tuple[int, int]]:
         """The global order of `epoch` as (index, repeat), total_size long (wrapped around to fill the last batch)."""
         generator = torch.Generator().manual_seed(order_seed(self.seed, epoch))
-        permutation = torch.randperm(len(self.dataset), generator=generator).tolist()
+        permutation = (torch.randperm(len(self.dataset), generator=generator).tolist() if self.shuffle
+                       else list(range(len(self.dataset))))
         order = [(index, repeat) for index in permutation for repeat in range(self.repeats)]
         while len(order) < self.total_size:  # as DistributedSampler pads: the first samples again
             order += order[: self.total_size - len(order)]
@@ -79,8 +84,10 @@ class ResumableSampler(DistributedSampler):
             if resume_epoch == epoch:
                 start = position
         self.epoch_in_progress, self.position = epoch, start
-        order = self.epoch_order(epoch)[start:]
-        return ((index, epoch, repeat) for index, repeat in order[self.rank :: self.num_replicas])
+        order = self.epoch_order(epoch)[start:][self.rank :: self.num_replicas]
+        if not self.keys:
+            return (index for index, _ in order)
+        return ((index, epoch, repeat) for index, repeat in order)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -134,3 +141,79 @@ def restore_loader_state(sampler: ResumableSampler, batch_size: Optional[int], s
         if "dataset_size" in changed or "seed" in changed or "repeats" in changed:
             return  # another order altogether: start the epoch over rather than skip unrelated samples
     sampler.resume(int(state["epoch"]), int(state["position"]))
+
+
+class ExactLoaders(Callback):
+    """Any data module's plain loaders made exact: evaluation sharded without padding or repeats, the training order
+    drawn from the run seed and resumable mid-epoch. Loaders that already shard themselves are left as they are.
+
+    Installed by the CLI on every data module. A plain loader is a torch DataLoader over a map-style data set with a
+    batch size; others (a custom batch sampler, an IterableDataset) keep Lightning's handling, with a warning under ddp.
+    """
+
+    def __init__(self, datamodule: Any, seed: int):
+        self.seed = seed
+        self.sampler: Optional[ResumableSampler] = None
+        self.batch_size: Optional[int] = None
+        self._resume_state: Optional[dict[str, Any]] = None
+        for name in ("train_dataloader", "val_dataloader", "test_dataloader"):
+            if getattr(type(datamodule), name) is not getattr(L.LightningDataModule, name):
+                setattr(datamodule, name, _LoaderHook(datamodule, name, self))
+
+    def state_dict(self) -> dict[str, Any]:
+        # Saved beside Lightning's own loader state, restored before the first train loader is built (Lightning
+        # #20550 restores the loader's too late when the model reads estimated_stepping_batches: project.engine.compat).
+        return {"train_loader": loader_state(self.sampler, self.batch_size)} if self.sampler else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resume_state = state_dict.get("train_loader")
+
+    def exact(self, loader: Any, name: str, trainer: Any) -> Any:
+        world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        if isinstance(loader, DataLoader) and isinstance(loader.sampler, DistributedSampler):
+            return loader  # it shards itself (ours do)
+        if not _plain(loader):
+            if world_size > 1:
+                rank_zero_warn(f"{name}: not a plain DataLoader over a map-style data set; Lightning shards it (padded "
+                               "evaluation, no mid-epoch resume)")
+            return loader
+        if name != "train_dataloader":
+            return _rebuild(loader, ExactDistributedSampler(loader.dataset, world_size, rank)) if world_size > 1 else loader
+        self.sampler = ResumableSampler(loader.dataset, num_replicas=world_size, rank=rank, seed=self.seed,
+                                        shuffle=isinstance(loader.sampler, RandomSampler), keys=False)
+        self.batch_size = loader.batch_size
+        if self._resume_state is not None:
+            restore_loader_state(self.sampler, loader.batch_size, self._resume_state)
+            self._resume_state = None
+        return _rebuild(loader, self.sampler, ResumableDataLoader)
+
+
+class _LoaderHook:
+    """A data module's loader hook, run through ExactLoaders. Picklable (ddp_spawn); `__wrapped__` lets Lightning's
+    is_overridden see the data module's own method."""
+
+    def __init__(self, datamodule: Any, name: str, loaders: ExactLoaders):
+        self.datamodule, self.name, self.loaders = datamodule, name, loaders
+
+    @property
+    def __wrapped__(self):
+        return getattr(type(self.datamodule), self.name).__get__(self.datamodule)
+
+    def __call__(self):
+        return self.loaders.exact(self.__wrapped__(), self.name, self.datamodule.trainer)
+
+
+def _plain(loader: Any) -> bool:
+    return (type(loader) is DataLoader and loader.batch_size is not None and hasattr(loader.dataset, "__len__")
+            and isinstance(loader.sampler, (RandomSampler, SequentialSampler)))
+
+
+def _rebuild(loader: DataLoader, sampler: Any, cls: type[DataLoader] = DataLoader) -> DataLoader:
+    """`loader` again, with `sampler` (torch's DataLoader cannot swap one in place)."""
+    workers = loader.num_workers
+    return cls(loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=workers,
+               collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+               timeout=loader.timeout, worker_init_fn=loader.worker_init_fn, generator=loader.generator,
+               multiprocessing_context=loader.multiprocessing_context if workers else None,
+               prefetch_factor=loader.prefetch_factor if workers else None,
+               persistent_workers=loader.persistent_workers)

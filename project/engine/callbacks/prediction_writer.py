@@ -24,6 +24,7 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from project.engine.contract import display_names
 from project.engine.errors import ConfigError, DiskFullError, UserError, shown
 from project.engine.run.checkpoint_io import atomic_write
 
@@ -33,19 +34,6 @@ MAX_NAMED = 5  # unpredicted images named in the warning
 
 class PredictionsNotWrittenError(UserError):
     """The predictions CSV could not be written where asked; the message says where the rows went instead."""
-
-
-def class_names_of(datamodule: Any, num_classes: Optional[int]) -> list[str]:
-    """Human-readable `class_labels` when the data module has them, else its `class_names`, else the indices."""
-    names = list(getattr(datamodule, "class_names", None) or [])
-    labels = getattr(datamodule, "class_labels", None)
-    if isinstance(labels, Mapping) and names:
-        names = [str(labels.get(name, name)) for name in names]
-    elif labels:
-        names = [str(label) for label in labels]
-    if num_classes is not None and len(names) != num_classes:
-        names = [str(i) for i in range(num_classes)]
-    return names
 
 
 def gather_rows(pl_module: L.LightningModule, rows: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -113,7 +101,7 @@ class PredictionCsvWriter(BasePredictionWriter):
         dataset = self._dataset
         if dataset is None:
             return
-        names = class_names_of(trainer.datamodule, pl_module.hparams.get("num_classes"))
+        names = display_names(trainer.datamodule, pl_module.hparams.get("num_classes"))
         k = self._probs[0].shape[1] if self._probs else min(5, len(names))
         indices = torch.cat(self._indices) if self._indices else torch.empty(0, dtype=torch.long)
         probs = torch.cat(self._probs) if self._probs else torch.empty(0, k)

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from jsonargparse import ArgumentParser, Namespace, dict_to_namespace
 
 # Sources of the parse-time links (project.engine.cli): a parse without defaults must still see them.
-LINK_SOURCES = ("seed_everything", "data.batch_size")
+LINK_SOURCES = ("seed_everything", "data.init_args.batch_size")
 
 
 def _plain(value: Any) -> Any:
@@ -56,7 +56,7 @@ def keep_explicit_model_values(config: Namespace, explicit: Namespace, checkpoin
 
     Keys are leaves, groups included (`model.optim.lr_per_256`): giving one field of a group keeps the checkpoint's
     other fields."""
-    given = explicit.get("model")
+    given = explicit.get("model.init_args")  # subclass mode: the model's arguments are its init_args
     if not isinstance(given, Namespace):
         return []
     lines = []
@@ -64,6 +64,6 @@ def keep_explicit_model_values(config: Namespace, explicit: Namespace, checkpoin
         found, saved = _lookup(checkpoint_hparams, key)
         if not found or _plain(saved) == _plain(value):
             continue
-        config.model[key] = value
+        config.model.init_args[key] = value
         lines.append(f"model.{key}: {_plain(value)!r} (given) instead of the checkpoint's {_plain(saved)!r}")
     return lines
