@@ -1,11 +1,9 @@
 """ImageClassifier: the LightningModule holding the training logic around a plain nn.Module network.
 
     python -m project fit --config configs/quickstart.yaml
-    python -m project fit --config configs/quickstart.yaml --config configs/recipe/finetune.yaml   # from ImageNet weights
+    python -m project fit --config configs/quickstart.yaml --config configs/recipe/finetune.yaml  # ImageNet weights
 
-The recipe is the constructor: the network (arch or your own backbone), how it starts (finetune), how it learns
-(optim: optimizer and LR schedule) and what it minimises (loss: loss function, label smoothing, MixUp/CutMix).
-`--print_config` shows each group; every option is `model.<group>.<field>`.
+Options come in groups (network, finetune, optim, loss): `--print_config` shows them as `model.<group>.<field>`.
 """
 
 from collections.abc import Callable
@@ -16,24 +14,48 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
-from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.backbones import Network, NetworkRunner, build_network
 from project.callbacks.finetuning import FineTuning, FreezeBackbone
 from project.engine.errors import ConfigError
-from project.mixing import Loss
 from project.engine.options import PositiveInt, check_arguments
-from project.optim import (Optimization, ResumedOptimizerSettings, build_optimization, check_optimizer_state_fits,
-                           scaled_lr)
 from project.engine.seeds import StepSeed, batch_seed
+from project.mixing import Loss
+from project.optim import (
+    Optimization,
+    ResumedOptimizerSettings,
+    build_optimization,
+    check_optimizer_state_fits,
+    scaled_lr,
+)
 from project.weights import fetch_weights, load_pretrained
 
 
 def _group(kind: type, value):
     """A config group as its dataclass; a dict of its fields is taken too (a checkpoint's hparams hold dicts)."""
     return value if isinstance(value, kind) else kind(**value)
+
+
+def _check_network_choice(arch: Optional[str], backbone, zero_init_residual: bool) -> None:
+    if arch is None and backbone is None:
+        raise ConfigError("model.arch is null and there is no model.backbone: name a torchvision network "
+                          "(--model.arch resnet50) or your own (--model.backbone.class_path my_module.MyNet)")
+    if arch is not None and backbone is not None:  # configs written before `arch: null` existed
+        rank_zero_info(f"model.arch {arch} is not built: model.backbone replaces it (`arch: null` beside the "
+                       "backbone says so in the config)")
+    if zero_init_residual and backbone is not None:
+        raise ConfigError("model.zero_init_residual applies to the torchvision ResNets of model.arch, and "
+                          "model.backbone replaces them: drop --model.zero_init_residual")
+
+
+def _evaluation_metrics(num_classes: int) -> tuple[MeanMetric, MulticlassAccuracy, MulticlassAccuracy]:
+    """Loss (a sample-weighted mean), top-1 and top-5 accuracy: sums of counts, exact at any world size."""
+    loss = MeanMetric()
+    loss.set_dtype(torch.float64)  # sums of many float32 losses drift with the summation order, i.e. the world size
+    return (loss, MulticlassAccuracy(num_classes, top_k=1, average="micro"),
+            MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"))
 
 
 class ImageClassifier(L.LightningModule):
@@ -81,18 +103,12 @@ class ImageClassifier(L.LightningModule):
         """
         # The command line's values were checked while parsing; these are a Python caller's or a checkpoint's.
         checked = check_arguments(ImageClassifier.__init__, locals(), "model")
+        # save_hyperparameters reads the locals: they take the checked values
         num_classes, batch_size, image_sizes = checked["num_classes"], checked["batch_size"], checked["image_sizes"]
-        if arch is None and backbone is None:
-            raise ConfigError("model.arch is null and there is no model.backbone: name a torchvision network "
-                              "(--model.arch resnet50) or your own (--model.backbone.class_path my_module.MyNet)")
-        if arch is not None and backbone is not None:  # configs written before `arch: null` existed
-            rank_zero_info(f"model.arch {arch} is not built: model.backbone replaces it (`arch: null` beside the "
-                           "backbone says so in the config)")
-        if zero_init_residual and backbone is not None:
-            raise ConfigError("model.zero_init_residual applies to the torchvision ResNets of model.arch, and "
-                              "model.backbone replaces them: drop --model.zero_init_residual")
+        _check_network_choice(arch, backbone, zero_init_residual)
         super().__init__()
-        self.finetune, self.optim, self.loss = _group(FineTuning, finetune), _group(Optimization, optim), _group(Loss, loss)
+        self.finetune, self.optim = _group(FineTuning, finetune), _group(Optimization, optim)
+        self.loss = _group(Loss, loss)
         # save_hyperparameters reads these locals (the CLI passes its parsed config instead): plain dicts, so that
         # checkpoints load with weights_only=True and their hparams parse back through the CLI.
         finetune, optim, loss = asdict(self.finetune), asdict(self.optim), asdict(self.loss)
@@ -104,15 +120,8 @@ class ImageClassifier(L.LightningModule):
         self._custom_network = backbone is not None
         self.runner = NetworkRunner(channels_last=channels_last, compile=compile)
         self.mixer = self.loss.mixer(num_classes)
-        top5 = min(5, num_classes)
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
-        self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
-        self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
-        for mean in (self.val_loss, self.test_loss):
-            # sums of many float32 losses drift with the summation order, i.e. with the world size
-            mean.set_dtype(torch.float64)
+        self.val_loss, self.val_acc1, self.val_acc5 = _evaluation_metrics(num_classes)
+        self.test_loss, self.test_acc1, self.test_acc5 = _evaluation_metrics(num_classes)
 
     # -- building ------------------------------------------------------------------------------------------------
     def _weights_arch(self) -> Optional[str]:
@@ -165,9 +174,8 @@ class ImageClassifier(L.LightningModule):
         # MixUp/CutMix draws depend on (seed, epoch, batch index): the same after a resume and on every rank.
         images, targets = self.mixer(images, labels, batch_seed(self.hparams.seed, self.current_epoch, batch_idx))
         loss = self.loss(self(images), targets)
-        # Every step, so a callback monitoring train/loss always sees the current value (logging it only on the
-        # steps Lightning writes would save ~0.7 ms per step on a CPU: docs/benchmarks.md, not worth that). Not
-        # prog_bar=True: Lightning would read it on the host every step (project.engine.callbacks.progress_bar).
+        # Every step, so a callback monitoring train/loss always sees the current value (docs/benchmarks.md has the
+        # cost). Not prog_bar=True: Lightning would read it on the host every step (engine/callbacks/progress_bar.py).
         self.log("train/loss", loss)
         return loss
 
@@ -208,7 +216,8 @@ class ImageClassifier(L.LightningModule):
     def configure_optimizers(self):
         global_batch = self.global_batch_size()
         lr = scaled_lr(self.optim.lr_per_256, global_batch)
-        rank_zero_info(f"learning rate {lr:.6g} = lr_per_256 {self.optim.lr_per_256} x global batch {global_batch} / 256")
+        rank_zero_info(f"learning rate {lr:.6g} = lr_per_256 {self.optim.lr_per_256} x global batch {global_batch} "
+                       "/ 256")
         return build_optimization(self.optim, self.network, self.trainer, lr=lr,
                                   backbone_lr_factor=self.finetune.backbone_lr_factor)
 
