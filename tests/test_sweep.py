@@ -21,8 +21,10 @@ import torch
 
 from conftest import CONFIGS, read_scalars, run_project, start_project
 from project.engine.cli import cli_main
-from project.engine.errors import exit_on_user_error
+from project.engine.errors import DiskFullError, exit_on_user_error
+from project.engine.run.sweep import legible_parallel_coordinates
 from project.engine.run.sweep import main as sweep_main
+from project.engine.run.sweep_trials import open_storage
 
 SWEEP = CONFIGS / "sweep" / "quickstart.yaml"
 FAST_HEARTBEAT = ["--sweep.heartbeat_interval=1", "--sweep.grace_period=4"]
@@ -191,11 +193,17 @@ BAD = {
                                       "sweep.storage sqlite:////nonexistent/dir/sweep.db cannot be opened"),
     "journal in a missing folder": (["--sweep.storage=/nonexistent/dir/journal.log"],
                                     "its folder /nonexistent/dir does not exist"),
-    "unknown fit option": (["--model.optim.lrr=0.1"], "fit options of the sweep: unrecognized arguments"),
+    "unknown fit option": (["--model.optim.lrr=0.1"], "fit options of the sweep: "),
     "unknown sweep setting": (["--sweep.trials=4"], "sweep.trials is not a sweep setting"),
     "sampler that does not exist": (["--sweep.sampler=TPESampla"],
                                     "sweep.sampler: cannot build optuna.samplers.TPESampla"),
     "summary of a study not started": (["--summary"], "no study 'quickstart' yet"),
+    "log range with a step": (["--sweep.space.model.optim.lr_per_256={low: 1.0, high: 10.0, log: true, step: 1}"],
+                              "a log range needs low > 0 and no step"),
+    "validation on a batch-size-dependent subset": (["--trainer.limit_val_batches=4"],
+                                                    "trainer.limit_val_batches 4: trials would score on the first"),
+    "grid that misses a parameter": (["--sweep.sampler={class_path: GridSampler, init_args: {search_space: "
+                                      "{model.optim.lr_per_256: [0.1, 0.2]}}}"], "the GridSampler's grid names"),
 }
 
 
@@ -220,3 +228,80 @@ def test_bad_sweep_input_in_a_real_process_is_one_line_on_stderr(tmp_path):
         "error: sweep.metric 'val/acc2' is never logged: a trial's fit logs val/loss, val/acc1, val/acc5 at each "
         "validation"]
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_a_diverged_trial_fails_and_a_used_up_grid_ends_the_sweep_with_its_summary(tmp_path, capsys):
+    # val/acc1 of NaN logits is a number (argmax picks class 0): the diverged trial must fail, not rank. The grid has
+    # 2 points and n_trials is 4: Optuna's GridSampler calls study.stop() after the last one (a RuntimeError outside
+    # study.optimize), and would then repeat points. The worker runs in this process; its trials are processes.
+    args = ["--config", str(SWEEP), f"--trainer.default_root_dir={tmp_path}", "--sweep.n_trials=4",
+            "--trainer.max_epochs=1", "--trainer.limit_train_batches=3",
+            "--sweep.space={model.optim.lr_per_256: {choices: [0.1, 1.0e+6]}}",
+            "--sweep.sampler={class_path: GridSampler, init_args: {search_space: "
+            "{model.optim.lr_per_256: [0.1, 1.0e+6]}}}"]
+    sweep_main(args, cli_main)
+    out = capsys.readouterr().out
+    trials = load_study(tmp_path).trials
+    by_lr = {t.params["model.optim.lr_per_256"]: t for t in trials}
+    assert len(trials) == 2 and set(by_lr) == {0.1, 1.0e6}, out
+    assert by_lr[1.0e6].state.name == "FAIL" and "val/loss nan" in by_lr[1.0e6].user_attrs["diverged"]
+    assert f"sweep: trial {by_lr[1.0e6].number} failed: it diverged (val/loss nan at step 0" in out
+    assert by_lr[0.1].state.name == "COMPLETE"
+    assert out.strip().splitlines()[-1].startswith(f"best trial {by_lr[0.1].number}: val/acc1 ")
+
+
+def test_a_journal_record_cut_short_by_a_kill_is_set_aside_and_the_study_goes_on(tmp_path):
+    journal = tmp_path / "journal.log"
+    study = optuna.create_study(study_name="s", storage=open_storage(str(journal)))
+    study.tell(study.ask(), 1.0)
+    cut = b'{"op_code":5,"worker_id":"w","trial_id":1,"param_na'  # a worker killed while it wrote a record
+    with open(journal, "ab") as file:
+        file.write(cut)
+    study = optuna.load_study(study_name="s", storage=open_storage(str(journal)))  # a partial last record is skipped
+    study.tell(study.ask(), 2.0)  # ...and, with Optuna's own backend, joined to this one: unreadable for good
+    again = optuna.load_study(study_name="s", storage=open_storage(str(journal)))
+    assert [t.value for t in again.trials] == [1.0, 2.0]
+    assert (tmp_path / "journal.log.cut").read_bytes() == cut + b"\n"
+
+
+def test_a_full_disk_under_the_journal_is_one_line_and_the_study_goes_on_once_there_is_space(tmpfs):
+    disk = tmpfs("256k")
+    journal = disk / "journal.log"
+    study = optuna.create_study(study_name="s", storage=open_storage(str(journal)))
+    study.tell(study.ask(), 1.0)
+    before = journal.read_bytes()
+    with open(disk / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
+        while True:
+            filler.write(b"\0" * 4096)
+    with pytest.raises(DiskFullError, match=f"no space left for the study's journal {journal}: nothing of it was"):
+        study.set_user_attr("notes", "x" * 20000)  # a record longer than what is left of the journal's last page
+    assert journal.read_bytes() == before
+    (disk / "filler").unlink()
+    study = optuna.load_study(study_name="s", storage=open_storage(str(journal)))
+    study.tell(study.ask(), 3.0)
+    assert [t.value for t in optuna.load_study(study_name="s", storage=open_storage(str(journal))).trials] == [1.0, 3.0]
+
+
+def test_the_parallel_coordinate_plot_draws_every_trial_dark_enough_with_whole_names():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.collections import LineCollection
+    from optuna.visualization.matplotlib import plot_parallel_coordinate
+
+    study = optuna.create_study(direction="maximize")
+    names = ["model.optim.lr_per_256", "model.loss.label_smoothing"]
+    for lr, smoothing, value in ((0.01, 0.0, 0.1), (0.1, 0.1, 0.5), (1.0, 0.2, 0.9)):
+        study.enqueue_trial({names[0]: lr, names[1]: smoothing})
+        trial = study.ask()
+        trial.suggest_float(names[0], 0.01, 1.0, log=True), trial.suggest_float(names[1], 0.0, 0.2)
+        study.tell(trial, value)
+    axes = plot_parallel_coordinate(study, target_name="val/acc1")
+    legible_parallel_coordinates(axes, names)
+    axes.figure.canvas.draw()
+    lines = next(c for c in axes.collections if isinstance(c, LineCollection))
+    brightness = [0.299 * r + 0.587 * g + 0.114 * b for r, g, b, _ in lines.get_colors()]
+    assert len(brightness) == 3 and max(brightness) < 0.8, brightness  # Optuna's "Blues": the lowest value is white
+    labels = [tick.get_text().replace("\n", "") for tick in axes.get_xticklabels()]
+    assert set(names) <= set(labels), labels  # Optuna cuts them to model.optim.lr_pe...

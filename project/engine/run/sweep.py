@@ -1,19 +1,10 @@
 """Hyperparameter sweeps with Optuna: every trial an ordinary fit in its own run dir, any number of workers per study.
 
     python -m project sweep --config configs/sweep/quickstart.yaml                 # a worker; start more to share it
-    python -m project sweep --config configs/sweep/quickstart.yaml --sweep.n_trials=20 --trainer.max_epochs=4
     python -m project sweep --summary --config configs/sweep/quickstart.yaml       # trials.csv, plots, the best
-    sbatch --array=0-7 slurm/sweep.sbatch --config configs/gpu.yaml --config configs/sweep/finetune.yaml --data.root D
+    python -m project sweep --help                                                 # the sweep settings
 
-A sweep file is a fit config with a `sweep:` section (DEFAULTS below): the study (name, storage, direction,
-metric), n_trials (the study's total, whatever the number of workers), the Optuna sampler and pruner
-(`{class_path, init_args}`), the search space over fit options by their dotted names (`--print_config` shows them),
-and `configs`, fit config files applied where the sweep file stands. Every other key, `--config` and flag is an
-ordinary fit option; `--sweep.KEY=VALUE` overrides the section. The study lives in
-`<default_root_dir>/sweeps/<study>/`: its journal (the default storage: a shared filesystem for several hosts; or an
-RDB URL), the trial_<n>/ run dirs, trials.csv and the plots. How the workers share, retry and prune trials:
-project/engine/run/sweep_trials.py. All is checked before the first trial: a wrong option, range, metric or storage is one
-line (exit 2), and nothing is written.
+A sweep file is a fit config with a `sweep:` section (DEFAULTS below); docs/sweeps.md says how it runs.
 """
 
 import argparse
@@ -21,6 +12,7 @@ import contextlib
 import difflib
 import io
 import json
+import math
 import shlex
 import sys
 import warnings
@@ -31,30 +23,54 @@ import optuna
 import yaml
 
 from project.engine.errors import ConfigError, check_config_files, user_message
-from project.engine.run.sweep_trials import BEST, CHECKPOINT, RUN_DIR, WORKER, Worker, instantiate, open_storage, param_flags
+from project.engine.run.sweep_trials import (
+    BEST,
+    CHECKPOINT,
+    RUN_DIR,
+    WORKER,
+    Worker,
+    instantiate,
+    open_storage,
+    param_flags,
+)
 
 # What ImageClassifier logs at each validation (`<stage>/loss`, `/acc1`, `/acc5` in model._evaluate).
 VAL_METRICS = ("val/loss", "val/acc1", "val/acc5")
-DEFAULTS: dict[str, Any] = {
-    "study": None,  # the sweep file's name
-    "storage": None,  # <study dir>/journal.log; or another journal file, or an RDB URL (sqlite:///x.db, postgresql://)
-    "direction": None,  # minimize a loss, maximize the rest
-    "metric": "val/acc1",
-    "n_trials": 20,
-    "sampler": None,  # optuna.samplers.TPESampler
-    "pruner": None,  # optuna.pruners.MedianPruner
-    "space": {},
-    "configs": [],
-    "heartbeat_interval": 30.0,  # seconds between a worker's heartbeats on its trial
-    "grace_period": 120.0,  # a running trial silent this long is failed and retried
-    "max_retry": 10,  # retries of a trial whose worker died or was preempted; then it stays failed
-    "launcher": None,  # prefix of each trial's command, e.g. "srun --kill-on-bad-exit=1" (slurm/sweep.sbatch)
+SETTINGS: dict[str, tuple[Any, str]] = {  # the `sweep:` section: default, help
+    "study": (None, "the study's name and folder under <default_root_dir>/sweeps/ (default: the sweep file's name)"),
+    "storage": (None, "<study dir>/journal.log by default; another journal file, or an RDB URL (sqlite:///x.db)"),
+    "direction": (None, "maximize or minimize (default: minimize a loss, maximize the rest)"),
+    "metric": ("val/acc1", f"what a trial is scored on, its best over its validations: {', '.join(VAL_METRICS)}"),
+    "n_trials": (20, "the study's number of trials, shared by all its workers"),
+    "sampler": (None, "an Optuna sampler, {class_path: TPESampler, init_args: {...}} (default: TPESampler)"),
+    "pruner": (None, "an Optuna pruner, {class_path: MedianPruner, init_args: {...}} (default: MedianPruner)"),
+    "space": ({}, "fit options by dotted name: {low: 0.01, high: 1.0, log: true} (step: ...) or {choices: [...]}"),
+    "configs": ([], "fit config files applied where the sweep file stands"),
+    "heartbeat_interval": (30.0, "seconds between a worker's heartbeats on its trial"),
+    "grace_period": (120.0, "a running trial silent this long is failed and retried from its last.ckpt"),
+    "max_retry": (10, "retries of a trial whose worker died or was preempted; then it stays failed"),
+    "launcher": (None, "prefix of each trial's command, e.g. \"srun --kill-on-bad-exit=1\" (slurm/sweep.sbatch)"),
 }
+DEFAULTS = {key: default for key, (default, _) in SETTINGS.items()}
+USAGE = "usage: python -m project sweep --config SWEEP_FILE [--sweep.KEY=VALUE ...] [--summary] [FIT OPTIONS ...]"
+
+
+def help_text() -> str:
+    """`python -m project sweep --help`."""
+    lines = [USAGE, "", __doc__.strip().splitlines()[0], "", "sweep settings (the sweep file's `sweep:` section, or "
+             "--sweep.KEY=VALUE):"]
+    lines += [f"  {key:<19}{text}" for key, (_, text) in SETTINGS.items()]
+    return "\n".join([*lines, "", "  --summary          write trials.csv and the plots, print the best trial; run no "
+                       "trial", "", "Every other option is a fit option: python -m project fit --help. Examples: "
+                       "configs/sweep/*.yaml; how it runs: docs/sweeps.md."])
 
 
 def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     """`python -m project sweep ARGV`: check everything, run this worker's share of the study, print the summary.
     `cli_main` is project.engine.cli's, handed in by project/__main__.py (the run wing does not import the CLI above it)."""
+    if {"-h", "--help"} & set(argv):
+        print(help_text())
+        return
     check_config_files(argv)
     sweep, fit_args, summary_only = read_command_line(argv)
     sampler = check_sweep(sweep)
@@ -157,7 +173,19 @@ def check_sweep(sweep: dict):
         check_range(f"sweep.space.{name}", spec)
     if sweep["pruner"] is not None:
         instantiate(sweep["pruner"], "optuna.pruners", "pruner")  # each trial's fit builds its own
-    return instantiate(sweep["sampler"], "optuna.samplers", "sampler") if sweep["sampler"] is not None else None
+    if sweep["sampler"] is None:
+        return None
+    sampler = instantiate(sweep["sampler"], "optuna.samplers", "sampler")
+    if isinstance(sampler, optuna.samplers.GridSampler):
+        grid = sweep["sampler"]["init_args"]["search_space"]
+        if set(grid) != set(space):
+            raise ConfigError(f"sweep.sampler: the GridSampler's grid names {sorted(grid)}, sweep.space names "
+                              f"{sorted(space)}: give the grid one list of values per entry of the space")
+        size = math.prod(len(values) for values in grid.values())
+        if sweep["n_trials"] > size:  # then Optuna repeats points, and its stop() ends the worker with a traceback
+            print(f"sweep: n_trials {sweep['n_trials']} > the grid's {size} points: n_trials {size}", flush=True)
+            sweep["n_trials"] = size
+    return sampler
 
 
 def check_range(where: str, spec: Any) -> None:
@@ -183,8 +211,9 @@ def check_range(where: str, spec: Any) -> None:
     if low == high or (step is not None and high - low < step):
         raise ConfigError(f"{where}: empty range [{low}, {high}]" + (f" with step {step}" if step else "")
                           + "; widen it, or set the option as an ordinary fit option")
-    if log and (low <= 0 or step not in (None, 1)):
-        raise ConfigError(f"{where}: a log range needs low > 0 and no step, got low {low}, step {step}")
+    if log and (low <= 0 or step is not None):  # Optuna refuses a step on a log scale (at the first trial)
+        raise ConfigError(f"{where}: a log range needs low > 0 and no step, got low {low}, step {step}; drop step "
+                          "or log")
 
 
 def print_config(args: list[str], cli_main: Callable[..., Any]) -> dict:
@@ -209,6 +238,8 @@ def option_names(config: dict, prefix: str = "") -> dict[str, Any]:
         names[prefix + key] = value
         if isinstance(value, dict):
             names.update(option_names(value, f"{prefix}{key}."))
+            if isinstance(value.get("init_args"), dict):  # a class by class_path: model.x is model.init_args.x
+                names.update(option_names(value["init_args"], f"{prefix}{key}."))
     return names
 
 
@@ -223,6 +254,10 @@ def resolve_fit_options(fit_args: list[str], space: dict[str, dict], cli_main: C
     for key in ("ckpt_path", "checkpoint.dirpath"):
         if names.get(key):
             raise ConfigError(f"--{key} cannot be given to a sweep: each trial's run dir decides it; leave it out")
+    if names.get("trainer.limit_val_batches") not in (None, 1.0):
+        raise ConfigError(f"trainer.limit_val_batches {names['trainer.limit_val_batches']}: trials would score on the "
+                          "first batches of the validation split, other images for another data.batch_size; sweeps "
+                          "score on the whole split: drop it (or make the split itself smaller)")
     for name in space:
         if name not in names:
             near = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
@@ -304,7 +339,7 @@ def summarize(study: optuna.Study, study_dir: Path, sweep: dict) -> str:
                      f"{(t.datetime_complete - t.datetime_start).total_seconds():.1f}" if ended else "",
                      *(t.params.get(n, "") for n in names)])
     atomic_write(study_dir / "trials.csv", lambda f: csv.writer(f).writerows(rows), mode="w", fsync=False)
-    plots = write_plots(study, study_dir, atomic_write)
+    plots = write_plots(study, study_dir, atomic_write, sweep["metric"])
     states = [t.state.name for t in trials]
     lines = [f"sweep {study.study_name}: {states.count('COMPLETE')} complete, {states.count('PRUNED')} pruned, "
              f"{states.count('FAIL')} failed, {states.count('RUNNING')} running (n_trials {sweep['n_trials']}); "
@@ -316,7 +351,7 @@ def summarize(study: optuna.Study, study_dir: Path, sweep: dict) -> str:
                       f"{' '.join(param_flags(best.params))}; checkpoint {best.user_attrs.get(CHECKPOINT) or '(none)'}"])
 
 
-def write_plots(study: optuna.Study, study_dir: Path, atomic_write) -> list[Path]:
+def write_plots(study: optuna.Study, study_dir: Path, atomic_write, metric: str) -> list[Path]:
     """Optimisation history, parameter importances and parallel coordinates as PNGs (those the trials allow)."""
     import matplotlib
 
@@ -334,9 +369,12 @@ def write_plots(study: optuna.Study, study_dir: Path, atomic_write) -> list[Path
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # an experimental API
-                axes = plot(study)
-            figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
-            figure.set_size_inches(10, 6)
+                axes = plot(study, target_name=metric)
+            axes = axes.flat[0] if hasattr(axes, "flat") else axes
+            figure = axes.figure
+            figure.set_size_inches(11, 6)
+            if name == "parallel_coordinate":
+                legible_parallel_coordinates(axes, [*study.best_trial.params])
             figure.tight_layout()
             written.append(atomic_write(study_dir / f"{name}.png", lambda f: figure.savefig(f, format="png", dpi=100),
                                         fsync=False))
@@ -345,3 +383,21 @@ def write_plots(study: optuna.Study, study_dir: Path, atomic_write) -> list[Path
             continue
     return written
 
+
+def legible_parallel_coordinates(axes, names: list[str]) -> None:
+    """Optuna's plot draws low values white on grey ("Blues") and cuts long names (`model.optim.lr_pe...`): every
+    line in a colour map without a white end, and the whole names, broken at their last dot."""
+    import numpy as np
+    from matplotlib import colormaps
+    from matplotlib.collections import LineCollection
+    from matplotlib.colors import ListedColormap
+
+    dark = ListedColormap(colormaps["viridis"](np.linspace(0.0, 0.85, 256)))  # its pale yellow end cut off
+    for lines in (c for c in axes.collections if isinstance(c, LineCollection)):
+        lines.set(cmap=dark, linewidth=2.5, clip_on=False)  # the best and worst values run along the plot's edges
+    labels = []
+    for tick in axes.get_xticklabels():
+        text = tick.get_text()
+        full = next((n for n in names if text.endswith("...") and n.startswith(text[:-3])), text)
+        labels.append(full[::-1].replace(".", "\n.", 1)[::-1] if "." in full else full)
+    axes.set_xticks(axes.get_xticks(), labels, rotation=0, fontsize=9)

@@ -2,23 +2,13 @@
 
     python -m project sweep --config configs/sweep/quickstart.yaml      # one worker; start more, anywhere, to share
 
-A trial is `python -m project fit <the sweep's fit options> <its parameters>` in a subprocess (it may be a ddp job; a
-crash stays in the trial) writing into `<study dir>/trial_<n>/`: checkpoints/, config.yaml, TensorBoard events,
-fit.log. Inside the fit, SweepReporter reports the metric at each validation and stops a trial the pruner prunes
-(rank zero decides, every rank stops). The workers share only the study's storage:
-- n_trials is the study's total: a worker starts a trial only while finished + running < n_trials (counted under a
-  lock in the study dir), and waits while the others' trials run, in case one of them dies;
-- a worker records a heartbeat on its trial every heartbeat_interval s (Optuna 5.0's JournalStorage has no heartbeat
-  of its own; RDBStorage's works only inside study.optimize); a running trial silent for grace_period s is failed and
-  retried (Optuna's RetryHeartbeatStaleTrialCallback): the retry runs in the original trial's run dir with
-  `--ckpt_path last`, so it continues from that run's last.ckpt (project.engine.run.resume);
-- a preempted worker (SIGTERM, SIGINT, SIGUSR1) passes the signal to its fit, which saves last.ckpt and stops; the
-  trial is retried the same way at once. A fit whose worker dies (kill -9) gets a SIGTERM from the kernel: the same.
+How workers share, count, retry and prune trials: docs/sweeps.md.
 """
 
 import errno
 import fcntl
 import json
+import math
 import os
 import signal
 import subprocess
@@ -36,13 +26,14 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
 from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.storages.journal import JournalFileSymlinkLock
 from optuna.trial import TrialState
 
-from project.engine.errors import ConfigError
+from project.engine.errors import ConfigError, DiskFullError
 
 # Trial attributes in the storage: the run dir, who runs it, and what the fit said about itself.
 RUN_DIR, WORKER, HEARTBEAT = "run_dir", "worker", "heartbeat"
-PRUNED_AT, FINISHED, CHECKPOINT, BEST = "pruned_at_step", "finished_at_step", "checkpoint", "best"
+PRUNED_AT, FINISHED, CHECKPOINT, BEST, DIVERGED = "pruned_at_step", "finished_at_step", "checkpoint", "best", "diverged"
 FIT_LOG = "fit.log"
 LOGGERS_IN_RUN_DIR = ("TensorBoardLogger", "CSVLogger")
 
@@ -51,7 +42,74 @@ def open_storage(storage: str):
     """An RDB URL (`sqlite:///x.db`, `postgresql://...`) or a journal file (a path; shared filesystem for many hosts)."""
     if "://" in storage:
         return optuna.storages.RDBStorage(storage)
-    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage))
+    return optuna.storages.JournalStorage(JournalFile(storage))
+
+
+class JournalFile(optuna.storages.journal.JournalFileBackend):
+    """Optuna's journal file, kept readable when a write is cut short (kill -9, full disk). Optuna skips a partial
+    last record when reading, but appends after it, and the joined line then fails to parse: the study is lost.
+    Here a partial last record is moved to `<journal>.cut` before the next append, and a failed append is undone."""
+
+    def __init__(self, path: str):
+        self.path, self.lock = path, JournalFileSymlinkLock(path)
+        super().__init__(path, lock_obj=self.lock)
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        data = "".join(json.dumps(log, separators=(",", ":")) + "\n" for log in logs).encode()
+        try:
+            self.lock.acquire()
+            try:
+                self._append(data)
+            finally:
+                self.lock.release()
+        except OSError as error:
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(f"no space left for the study's journal {self.path}: nothing of it was lost; "
+                                    "free some space and start the worker again") from None
+            raise
+
+    def _append(self, data: bytes) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND)  # after a partial record is cut off, too
+        try:
+            end = self._set_aside_partial_record(fd)
+            try:
+                written = 0
+                while written < len(data):
+                    written += os.write(fd, data[written:])
+                os.fsync(fd)
+            except OSError:
+                os.ftruncate(fd, end)  # no half record left for the next append to join
+                raise
+        finally:
+            os.close(fd)
+
+    def _set_aside_partial_record(self, fd: int) -> int:
+        """Where the journal's last whole record ends; a partial one after it is moved to `<journal>.cut`."""
+        end = os.lseek(fd, 0, os.SEEK_END)
+        if end == 0 or os.pread(fd, 1, end - 1) == b"\n":
+            return end
+        start = max(0, end - (1 << 20))
+        tail = os.pread(fd, end - start, start)
+        while b"\n" not in tail and start > 0:
+            start = max(0, start - (1 << 20))
+            tail = os.pread(fd, end - start, start)
+        whole = start + tail.rfind(b"\n") + 1
+        with open(f"{self.path}.cut", "ab") as cut:
+            cut.write(os.pread(fd, end - whole, whole) + b"\n")
+        os.ftruncate(fd, whole)
+        print(f"sweep: {self.path} ended in a record cut short (a worker killed while writing): moved to "
+              f"{self.path}.cut", flush=True)
+        return whole
+
+
+def tell(study: optuna.Study, trial, *args, **kwargs) -> None:
+    """study.tell; GridSampler calls study.stop() once its grid is used up, which raises outside study.optimize
+    (optuna 5.0), after the trial was stored (optuna/study/_tell.py): the sweep counts trials itself."""
+    try:
+        study.tell(trial, *args, **kwargs)
+    except RuntimeError as error:
+        if "Study.stop" not in str(error):
+            raise
 
 
 def instantiate(spec: Any, module: str, what: str):
@@ -105,20 +163,31 @@ class SweepReporter(Callback):
         # One validation per epoch (the usual case): the step is the epoch, so a pruner's warm-up counts epochs.
         per_epoch = isinstance(trainer.val_check_interval, float) and trainer.val_check_interval == 1.0
         step = trainer.current_epoch if per_epoch else trainer.global_step
-        pruned, value = False, trainer.callback_metrics.get(self.metric)
+        value, stop = trainer.callback_metrics.get(self.metric), False
         if self._trial is not None and value is not None:
             try:
-                self._trial.report(float(value), step)  # a validation re-run after a resume: its step is ignored
-                pruned = self._trial.should_prune()
-                if pruned:
-                    self._trial.set_user_attr(PRUNED_AT, step)
-                    rank_zero_info(f"sweep: trial {self.trial} pruned at step {step} ({self.metric} {float(value):.4f})")
+                stop = self._report(trainer, float(value), step)
             except UpdateFinishedTrialError:  # the study gave the trial up: its worker stops this fit
                 self._trial = None
         if trainer.world_size > 1:
-            pruned = trainer.strategy.broadcast(pruned, src=0)  # once per validation, not per step
-        if pruned:
+            stop = trainer.strategy.broadcast(stop, src=0)  # once per validation, not per step
+        if stop:
             trainer.should_stop = True
+
+    def _report(self, trainer: L.Trainer, value: float, step: int) -> bool:
+        """Report the metric; True when the trial should stop (pruned, or diverged: a loss that is not finite)."""
+        losses = {k: float(v) for k, v in trainer.callback_metrics.items() if k.endswith("loss") and v.numel() == 1}
+        bad = next((f"{k} {v}" for k, v in ((self.metric, value), *losses.items()) if not math.isfinite(v)), None)
+        if bad is not None:  # a diverged trial fails; its accuracy (argmax of NaN logits) must not rank it
+            self._trial.set_user_attr(DIVERGED, f"{bad} at step {step}")
+            rank_zero_info(f"sweep: trial {self.trial} diverged: {bad} at step {step}")
+            return True
+        self._trial.report(value, step)  # a validation re-run after a resume: its step is ignored
+        if self._trial.should_prune():
+            self._trial.set_user_attr(PRUNED_AT, step)
+            rank_zero_info(f"sweep: trial {self.trial} pruned at step {step} ({self.metric} {value:.4f})")
+            return True
+        return False
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Not reached when the fit stops on a signal (project.engine.run.last_checkpoint raises): the worker retries it then.
@@ -212,7 +281,7 @@ class Worker:
 
     def _fail_and_retry(self, frozen) -> None:
         try:
-            self.study.tell(frozen.number, state=TrialState.FAIL)
+            tell(self.study, frozen.number, state=TrialState.FAIL)
         except (ValueError, RuntimeError, UpdateFinishedTrialError):
             return  # finished meanwhile, by its worker or by another one
         with warnings.catch_warnings():
@@ -235,20 +304,23 @@ class Worker:
             print(f"sweep: trial {trial.number} ({' '.join(param_flags(params))}) in {run_dir}"
                   + (f", retrying trial {retried} from its last.ckpt" if retried is not None else ""), flush=True)
             code = self._fit(trial, run_dir, params, resume=retried is not None)
-        frozen = self._latest(trial.number)
+        return self._tell(trial, code, run_dir)
+
+    def _tell(self, trial: optuna.trial.Trial, code: Optional[int], run_dir: Path) -> Optional[int]:
+        frozen, log = self._latest(trial.number), run_dir / FIT_LOG
         best = best_of(frozen.intermediate_values, self.study.direction.name.lower())
         if best is not None:
             trial.set_user_attr(BEST, best)
-        if PRUNED_AT in frozen.user_attrs:
-            self.study.tell(trial, state=TrialState.PRUNED)
-            print(f"sweep: trial {trial.number} pruned ({self.metric} {best:.4f} at best)", flush=True)
-        elif FINISHED in frozen.user_attrs and best is not None:
-            self.study.tell(trial, best)
-            print(f"sweep: trial {trial.number} complete: {self.metric} {best:.4f}", flush=True)
-        elif FINISHED in frozen.user_attrs:
-            self.study.tell(trial, state=TrialState.FAIL)
-            print(f"sweep: trial {trial.number} failed: its fit never logged {self.metric} (validation off? "
-                  f"trainer.limit_val_batches, trainer.check_val_every_n_epoch); log {run_dir / FIT_LOG}", flush=True)
+        said, state = frozen.user_attrs, TrialState.FAIL
+        if DIVERGED in said:
+            line = f"failed: it diverged ({said[DIVERGED]}; a smaller learning rate?); log {log}"
+        elif PRUNED_AT in said:
+            line, state = f"pruned ({self.metric} {best:.4f} at best)", TrialState.PRUNED
+        elif FINISHED in said and best is not None:
+            line, state = f"complete: {self.metric} {best:.4f}", TrialState.COMPLETE
+        elif FINISHED in said:
+            line = (f"failed: its fit never logged {self.metric} (validation off? trainer.check_val_every_n_epoch); "
+                    f"log {log}")
         elif self.signal or code is None or code in (0, 130, 143) or code < 0:
             # Stopped from outside (preempted, killed, a Slurm requeue): whichever worker takes it next continues it.
             self._fail_and_retry(frozen)
@@ -256,13 +328,15 @@ class Worker:
                   f"{run_dir / 'checkpoints' / 'last.ckpt'}", flush=True)
             if code == 0 and not self.signal:  # its fit requeued this Slurm job: this worker ends with the job
                 self.signal = signal.SIGUSR1
+            return None
         else:
-            self.study.tell(trial, state=TrialState.FAIL)
-            where = f"{last_line(run_dir / FIT_LOG)} (log {run_dir / FIT_LOG})"
-            if code == 2:  # bad input, which every trial would stop on
-                print(f"error: trial {trial.number} stopped on bad input: {where}", file=sys.stderr, flush=True)
-                return 2
-            print(f"sweep: trial {trial.number} failed (fit exit {code}): {where}", flush=True)
+            line = f"failed (fit exit {code}): {last_line(log)} (log {log})"
+        tell(self.study, trial, best if state == TrialState.COMPLETE else None, state=state)
+        if code == 2 and FINISHED not in said:  # bad input, which every trial would stop on
+            print(f"error: trial {trial.number} stopped on bad input: {last_line(log)} (log {log})", file=sys.stderr,
+                  flush=True)
+            return 2
+        print(f"sweep: trial {trial.number} {line}", flush=True)
         return None
 
     def _fit(self, trial: optuna.trial.Trial, run_dir: Path, params: dict, *, resume: bool) -> Optional[int]:
