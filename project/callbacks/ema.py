@@ -3,26 +3,8 @@
     python -m project fit ... --trainer.callbacks+=project.callbacks.ema.EMA --trainer.callbacks.decay=0.99998 \
         --trainer.callbacks.every_n_steps=32 --trainer.callbacks.warmup_epochs=5 --trainer.callbacks.adjust_decay=true
 
-Validation during fit runs on the averaged weights (swapped in for the validation epoch), and training ends with the
-averaged weights in the module, so test/predict after fit use them too.
-
-Which weights a checkpoint holds (every checkpoint written while this callback trains, `last.ckpt` and the best one
-included), in the layout of Lightning's WeightAveraging:
-    checkpoint["state_dict"]           the AVERAGED weights: what validation measured, so the best checkpoint's score
-                                       is theirs; `validate/test/predict --ckpt_path` and load_from_checkpoint use them.
-    checkpoint["current_model_state"]  the raw (trained) weights, same keys.
-    checkpoint["averaging_state"]      {"n_averaged": updates so far}.
-`fit --ckpt_path` with this callback restores both sets (and the update counter): the resume is exact. To load either
-set by hand: `ckpt = torch.load(path, weights_only=True)`, then `model.load_state_dict(ckpt["state_dict"])` (EMA) or
-`model.load_state_dict(ckpt["current_model_state"])` (raw). A resume *without* the callback starts from the averaged
-weights.
-
-Why not Lightning's EMAWeightAveraging: it averages the whole LightningModule after calling configure_model
-(torch.compile, channels_last, torchmetrics objects copied), and torch's AveragedModel.update_parameters reads its
-device-side counter on the host (two syncs per update). This one averages `pl_module.network` (HasNetwork; the whole
-module when there is none), updates with one foreach lerp per device and dtype reading nothing back, can derive the
-decay as torchvision does (interval, global batch, run length), and during the LR warmup is a copy of the weights, as
-torchvision resets it then.
+Which weights validation, checkpoints and a resume see, and why not Lightning's EMAWeightAveraging:
+docs/how-it-works.md#what-a-checkpoint-holds.
 """
 
 import copy
@@ -43,17 +25,11 @@ from project.engine.options import NonNegativeFloat, PositiveInt, UnitInterval, 
 
 
 def torchvision_ema_decay(decay: float, images_per_update: int, epochs: float) -> float:
-    """The per-update decay torchvision derives from --model-ema-decay (references/classification/train.py).
-
-    torchvision: adjust = world_size * batch_size * model_ema_steps / epochs; alpha = min(1, (1 - decay) * adjust).
-    A run over N images makes U = N * epochs / images_per_update updates, so alpha = (1 - decay) * N / U: the EMA's
-    horizon, 1 / alpha updates, is the fixed fraction 1 / ((1 - decay) * N) of the run whatever the batch size,
-    interval or epoch count. For ImageNet (N = 1.28 M) torchvision's 0.99998 averages over ~1/25.6 = 3.9 % of the run
-    (~23 of 600 epochs); with batch 1024 and an update every 32 steps that is 0.998908 per update.
-    """
+    """The per-update decay torchvision derives from --model-ema-decay (references/classification/train.py):
+    adjust = world_size * batch_size * model_ema_steps / epochs; alpha = min(1, (1 - decay) * adjust)."""
     if not 0.0 <= decay <= 1.0 or images_per_update < 1 or epochs <= 0:
         raise ConfigError(f"expected 0 <= decay <= 1, images_per_update >= 1, epochs > 0; got {decay}, "
-                         f"{images_per_update}, {epochs}")
+                          f"{images_per_update}, {epochs}")
     return 1.0 - min(1.0, (1.0 - decay) * images_per_update / epochs)
 
 
@@ -152,7 +128,8 @@ class EMA(L.Callback):
             batch_size = getattr(trainer.train_dataloader, "batch_size", None)
             if not batch_size:
                 raise ConfigError("EMA adjust_decay needs the train DataLoader's batch_size (it has none): set "
-                                 "adjust_decay=false and pass the per-update decay (project.callbacks.ema.torchvision_ema_decay)")
+                                  "adjust_decay=false and pass the per-update decay "
+                                  "(project.callbacks.ema.torchvision_ema_decay)")
             images_per_step = batch_size * trainer.world_size * trainer.accumulate_grad_batches
             epochs = trainer.estimated_stepping_batches / steps_per_epoch
             decay = torchvision_ema_decay(self.decay, images_per_step * self.every_n_steps, epochs)
@@ -230,10 +207,11 @@ class EMA(L.Callback):
         module_state = checkpoint["state_dict"]
         held = {self._prefix + name: value for name, value in self.average.state_dict().items()}
         # Keys outside the network (if any) are not averaged: both sets carry the module's own.
-        if self._holds_average:  # after training: the module holds the average (rounded to its dtype: the stash has it whole)
+        if self._holds_average:  # after training: the module holds the average, rounded to its dtype; the stash, whole
             root = _averaged_root(pl_module)[0]
             names = [self._prefix + n for n, _ in (*root.named_parameters(), *root.named_buffers())]
-            whole = {name: value for name, value in zip(names, self._stash) if value is not None and name in module_state}
+            whole = {name: value for name, value in zip(names, self._stash)
+                     if value is not None and name in module_state}
             averaged, raw = {**module_state, **whole}, {**module_state, **held}
         else:
             averaged, raw = {**module_state, **held}, module_state
@@ -245,7 +223,8 @@ class EMA(L.Callback):
         if self.average is None:
             return  # validate/test/predict: the checkpoint's state_dict already is the averaged weights
         prefix = self._prefix
-        averaged = {name[len(prefix):]: value for name, value in checkpoint["state_dict"].items() if name.startswith(prefix)}
+        averaged = {name[len(prefix):]: value for name, value in checkpoint["state_dict"].items()
+                    if name.startswith(prefix)}
         self.average.load_state_dict(averaged)
         if "current_model_state" in checkpoint and "averaging_state" in checkpoint:
             self.n_averaged.copy_(checkpoint["averaging_state"]["n_averaged"])
