@@ -3,11 +3,7 @@
     python -m project fit --config configs/quickstart.yaml --data.root /nowhere    # error: data root /nowhere ...
     PROJECT_DEBUG=1 python -m project fit ...                                       # the same, with the traceback
 
-Every mistake a user can make (config, data, checkpoint, launcher, a run dir in use) raises a UserError subclass or
-one of the exceptions `user_message` recognises. `python -m project` prints it as `error: ...` (`error (rank N): ...`
-under ddp, so the failing rank names itself) and exits 2. A rank that fails only because another one died (a broken
-collective) prints one short line saying so, then the failing rank's line (report_and_exit): the last line is the one
-to read.
+What each mistake prints, under ddp too: docs/reliability.md#bad-input.
 """
 
 import os
@@ -17,17 +13,14 @@ import sys
 import time
 from typing import Callable, Optional
 
-
 DEBUG_ENV = "PROJECT_DEBUG"
 _STARTED = time.time()  # notes left by ranks of an earlier job are older than this process
 EXIT_USER_ERROR = 2
 
 
-# This process's rank as the launcher's environment says, before any process group exists: the error line names
-# the rank; the run-dir lock and the resume plan need it at start-up.
 def env_global_rank() -> int:
-    """This process's global rank as the launcher set it (torchrun RANK, Slurm SLURM_PROCID, Lightning's children
-    NODE_RANK/LOCAL_RANK); 0 for a process started by hand, which is where Lightning's ddp launcher starts rank 0."""
+    """This process's global rank as the launcher set it, before any process group exists (torchrun RANK, Slurm
+    SLURM_PROCID, Lightning's children NODE_RANK/LOCAL_RANK); 0 for a process started by hand: Lightning's rank 0."""
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
     env = os.environ
@@ -88,8 +81,8 @@ class UnreadableImageError(OSError):
 
 
 # Messages of torch.distributed when a *peer* died or stopped answering: this rank is a victim, not the culprit.
-_PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
-                 "has exited", "recvBytes", "Socket Timeout", "Timed out waiting",
+_PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                 "NCCL communicator was aborted", "has exited", "recvBytes", "Socket Timeout", "Timed out waiting",
                  "Application timeout caused pair closure")  # the last: gloo when the peer is stopped (SIGSTOP)
 
 
@@ -156,7 +149,8 @@ def untrusted_checkpoint_message(error: BaseException, path: object = None) -> O
     """The one line for torch.load(weights_only=True) refusing a file's pickled objects; None for any other error.
     (project.engine.run.checkpoint_io.load_trusted_format and user_message both say it with these words.)"""
     text = str(error)
-    if not isinstance(error, pickle.UnpicklingError) or not ("Weights only load failed" in text or "WeightsUnpickler" in text):
+    if not isinstance(error, pickle.UnpicklingError) or not ("Weights only load failed" in text
+                                                             or "WeightsUnpickler" in text):
         return None
     found = re.search(r"Unsupported (global|operand)[^.\n]*", text)
     what = f" ({found.group(0).strip()})" if found else ""
@@ -199,12 +193,9 @@ def exit_on_user_error(run: Callable[[], object]) -> None:
 def report_and_exit(error: BaseException) -> None:
     """Print a user error as one line and exit 2; print one line for a peer failure and exit 1; else re-raise.
 
-    Under ddp the failing rank prints its line at once (a launcher that sees another rank fail may kill it a moment
-    later: Lightning's kills its children), leaves it in a note for the others, and only then closes its process
-    group, so the others stop now rather than at their timeout. A rank that stops because a peer failed prints its own
-    short line, then the culprit's from the note (on one node): the last line is the one to read, under any load.
-    (Lightning's launcher, seeing a child rank exit, may add its own line naming the child's pid and exit code, after
-    these or, killing this rank first, instead of them.)"""
+    Under ddp the failing rank prints at once (Lightning's launcher may kill it a moment later), leaves its line in a
+    note for the others, then closes its process group so they stop now, not at their timeout; they print their own
+    short line, then the culprit's: the last line is the one to read."""
     if debugging():
         raise error
     message = user_message(error)
@@ -281,10 +272,8 @@ def _close_process_group() -> None:
 
 
 def check_config_files(argv: list[str]) -> None:
-    """Every `--config FILE` exists and is valid YAML; else a ConfigError naming the file, line and column.
-
-    (jsonargparse reports a YAML syntax error as `in "<unicode string>", line 2`, without the file's name.)
-    """
+    """Every `--config FILE` exists and is valid YAML; else a ConfigError naming the file, line and column
+    (jsonargparse reports a YAML syntax error as `in "<unicode string>", line 2`, without the file's name)."""
     import yaml
 
     files = [arg.split("=", 1)[1] for arg in argv if arg.startswith(("--config=", "-c="))]
@@ -292,7 +281,8 @@ def check_config_files(argv: list[str]) -> None:
     for name in files:
         path = os.path.expanduser(name)
         if not os.path.isfile(path):
-            raise ConfigError(f"config file {name} does not exist (--config takes a YAML file, e.g. configs/quickstart.yaml)")
+            raise ConfigError(f"config file {name} does not exist (--config takes a YAML file, e.g. "
+                              "configs/quickstart.yaml)")
         try:
             with open(path) as file:
                 yaml.safe_load(file)
