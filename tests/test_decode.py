@@ -21,7 +21,8 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from project.data.datamodule import ImageNetDataModule
 from project.data.decoders import image_loader, main, resolve_decoder
-from project.data.image_folders import DecodedImageFolder, collate_readable
+from project.data.image_folders import DecodedImages, collate_readable
+from project.data.layout import folder_samples
 from project.engine.errors import UnreadableImageError
 
 HAS_TORCHCODEC = importlib.util.find_spec("torchcodec") is not None
@@ -133,7 +134,7 @@ def folder_with_a_broken_file(tiny_root, tmp_path):
 @pytest.mark.parametrize("decoder", CPU_DECODERS)
 def test_skip_mode_leaves_the_file_out_and_counts_it(folder_with_a_broken_file, caplog, decoder):
     root, victim = folder_with_a_broken_file
-    dataset = DecodedImageFolder(str(root / "train"), transform=pil_to_tensor if decoder == "pil" else None,
+    dataset = DecodedImages(folder_samples(root / "train"), transform=pil_to_tensor if decoder == "pil" else None,
                                  decoder=decoder, on_corrupt="skip")
     with caplog.at_level(logging.WARNING, logger="project.data.image_folders"):
         batches = list(DataLoader(dataset, batch_size=8, collate_fn=collate_readable))
@@ -147,7 +148,7 @@ def test_skip_mode_leaves_the_file_out_and_counts_it(folder_with_a_broken_file, 
 @pytest.mark.parametrize("decoder", CPU_DECODERS)
 def test_error_mode_stops_the_loader_with_the_file_name(folder_with_a_broken_file, decoder):
     root, victim = folder_with_a_broken_file
-    dataset = DecodedImageFolder(str(root / "train"), transform=pil_to_tensor if decoder == "pil" else None,
+    dataset = DecodedImages(folder_samples(root / "train"), transform=pil_to_tensor if decoder == "pil" else None,
                                  decoder=decoder)
     with pytest.raises(UnreadableImageError, match=str(victim)):
         list(DataLoader(dataset, batch_size=8, num_workers=1))  # the worker's error reaches the main process
@@ -168,7 +169,7 @@ def test_auto_takes_the_first_available_and_unknown_names_are_refused():
     assert resolve_decoder("nvjpeg") == "nvjpeg"
     with pytest.raises(ValueError, match="data.decoder must be one of auto, torchcodec, torchvision, pil, nvjpeg, "
                                          "torchcodec-cuda; got 'turbojpeg'"):
-        DecodedImageFolder(".", decoder="turbojpeg")
+        DecodedImages([], decoder="turbojpeg")
 
 
 REMOVED_TORCHVISION_IO = """

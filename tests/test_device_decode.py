@@ -22,7 +22,8 @@ from project.data.decoders import decode_torchvision
 from project.data.device_augment import Crop, TrainCrop, eval_batch, resized_crops
 from project.data.device_decode import jpeg_frame, load_for_device
 from project.data.device_pipeline import DevicePipeline
-from project.data.image_folders import DecodedImageFolder, EncodedBatch, EncodedImageFolder, collate_encoded
+from project.data.image_folders import DecodedImages, EncodedBatch, EncodedImages, collate_encoded
+from project.data.layout import folder_samples
 from project.data.training_samples import SeededSamples
 from project.data.transforms import eval_preset, train_preset
 from project.engine.errors import ConfigError
@@ -62,10 +63,10 @@ def train_set(root, decoder: str, run_seed: int = 7):
     """The training set as the data module builds it, keyed by (index, epoch, repeat), and its device crop (or None)."""
     if decoder in DEVICE_DECODER_NAMES:
         crop = TrainCrop.for_options(crop_size=24)
-        folder = EncodedImageFolder(str(root / "train"), crop=crop, decoder=decoder)
+        folder = EncodedImages(folder_samples(root / "train"), crop=crop, decoder=decoder)
     else:
         crop, transform = None, train_preset(crop_size=24, normalize=False)
-        folder = DecodedImageFolder(str(root / "train"), transform=transform, decoder=decoder)
+        folder = DecodedImages(folder_samples(root / "train"), transform=transform, decoder=decoder)
     return SeededSamples(folder, run_seed), crop
 
 
@@ -213,7 +214,7 @@ def test_batch_wise_augmentation_does_not_launch_more_ops_for_more_images(split)
 def test_device_decoder_reads_no_tensor_back_to_the_host(mixed_root, monkeypatch, decoder, training):
     dataset, crop = train_set(mixed_root, decoder)
     samples = [dataset[(i, 0, 0)] for i in range(12)] if training else [
-        EncodedImageFolder(str(mixed_root / "val"), decoder=decoder)[i] for i in range(8)]
+        EncodedImages(folder_samples(mixed_root / "val"), decoder=decoder)[i] for i in range(8)]
     batch = collate_encoded(samples)
     pipeline = DevicePipeline(crop, EVAL_PRESET, decoder=decoder)
     reads = []
@@ -237,7 +238,6 @@ def test_fit_with_device_decode_skips_a_broken_jpeg(tiny_root, tmp_path, caplog,
     import shutil
 
     from conftest import tiny_args
-
     from project.engine.cli import cli_main
 
     root = tmp_path / "data"
@@ -266,7 +266,7 @@ def test_gpu_decode_matches_the_cpu_batches_within_idct_differences(mixed_root, 
     assert on_gpu.is_cuda and on_gpu.dtype == torch.uint8 and on_gpu.shape == on_cpu.shape and targets.is_cuda
     # nvJPEG's IDCT and the CUDA kernels round differently from libjpeg-turbo and the CPU ones: small differences.
     assert (on_gpu.cpu().float() - on_cpu.float()).abs().mean() < 2.0
-    val = collate_encoded([EncodedImageFolder(str(mixed_root / "val"), decoder=decoder)[i] for i in range(8)])
+    val = collate_encoded([EncodedImages(folder_samples(mixed_root / "val"), decoder=decoder)[i] for i in range(8)])
     gpu_eval, _ = pipeline(val, torch.device("cuda"), training=False)
     cpu_eval, _ = pipeline(val, torch.device("cpu"), training=False)
     assert (gpu_eval.cpu().float() - cpu_eval.float()).abs().mean() < 2.0

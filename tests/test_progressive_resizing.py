@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from project.data.image_folders import DecodedImageFolder
+from project.data.image_folders import DecodedImages
+from project.data.layout import folder_samples
 from project.data.progressive_resizing import ProgressiveResizing, TrainPresetPerEpoch
 from project.data.training_samples import SeededSamples
 
@@ -87,7 +88,7 @@ class EpochKeys:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_dataloader_batches_take_the_size_of_the_epoch_in_their_keys(tiny_root, workers):
     schedule = ProgressiveResizing(start_size=16, end_size=32, start_epoch=1, end_epoch=3, multiple=8)
-    folder = DecodedImageFolder(str(tiny_root / "train"))  # no transform of its own: uint8 images of 32 px
+    folder = DecodedImages(folder_samples(tiny_root / "train"))  # no transform of its own: uint8 images of 32 px
     samples = SeededSamples(folder, run_seed=0, transform_for_epoch=TrainPresetPerEpoch(schedule, normalize=False))
     keys = EpochKeys(len(samples))
     loader = DataLoader(samples, batch_size=8, sampler=keys, num_workers=workers, persistent_workers=workers > 0,

@@ -21,6 +21,7 @@ from project import ImageNetDataModule
 from project.backbones import FAMILIES, build_network, family_of, image_size_problem
 from project.callbacks.ema import EMA
 from project.callbacks.finetuning import FineTuning, FreezeBackbone
+from project.data.image_data import ImageDataModule
 from project.data.progressive_resizing import ProgressiveResizing
 from project.engine.callbacks.throughput import ThroughputLogger
 from project.engine.cli import cli_main
@@ -48,7 +49,7 @@ def assert_one_short_line(message, expected: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Data options: ImageNetDataModule.__init__ (types in project/data/options.py) and ProgressiveResizing
+# Data options: ImageNetDataModule.__init__ and its base's (types in project/engine/options.py), ProgressiveResizing
 # ------------------------------------------------------------------------------------------------------------------
 
 RAMP_INVERTED = "--data.progressive_resizing={start_size: 64, end_size: 32, start_epoch: 5, end_epoch: 2}"
@@ -71,6 +72,8 @@ DATA_BAD_VALUES = {
                              "has one train crop size: drop data.progressive_resizing"),
     "eval_resize_size": ({"eval_resize_size": 0}, "data.eval_resize_size: expected an int >= 1, got 0"),
     "eval_crop_size": ({"eval_crop_size": -32}, "data.eval_crop_size: expected an int >= 1, got -32"),
+    "mean": ({"mean": (0.5, 0.5)}, "data.mean: expected 3 values, got (0.5, 0.5)"),
+    "std": ({"std": (0.2, 0.0, 0.2)}, "data.std: expected a float > 0, got 0.0"),
     "predict_root": ({"predict_root": "/nowhere/photos"}, "predict root /nowhere/photos is not a folder"),
     "decoder": ({"decoder": "nvjpg"}, "data.decoder: expected one of 'auto', 'torchcodec'"),
     "normalize_on_device": ({"normalize_on_device": False, "decoder": "nvjpeg"}, "set data.normalize_on_device=true"),
@@ -81,13 +84,15 @@ DATA_BAD_VALUES = {
 # Options whose every value of the right type works: the parser refuses another type (--data.pin_memory=maybe).
 DATA_TYPE_ONLY = {
     "pin_memory": "bool",
+    "drop_last": "bool",
     "persistent_workers": "bool (off by itself with num_workers=0, as the quickstart runs)",
     "seed": "int, linked from seed_everything (every int hashes to a seed)",
 }
 
 
 def test_every_data_option_is_checked():
-    options = set(inspect.signature(ImageNetDataModule.__init__).parameters) - {"self"}
+    options = {*inspect.signature(ImageNetDataModule.__init__).parameters,  # root, and the options every module has
+               *inspect.signature(ImageDataModule.__init__).parameters} - {"self", "options"}
     assert options == set(DATA_BAD_VALUES) | set(DATA_TYPE_ONLY)
 
 

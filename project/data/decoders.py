@@ -4,7 +4,7 @@
 
 Decoders: "torchcodec" (TorchCodec: libjpeg-turbo, libpng, libwebp; `pip install -e ".[torchcodec]"`), "torchvision"
 (torchvision.io, deprecated since torchvision 0.29 in favour of TorchCodec) and "pil" (the stock loader). "auto", the
-default, is the first of torchcodec, torchvision, pil that this environment has, logged once; any other name is an error.
+default, is the first of torchcodec, torchvision, pil that this environment has, logged once; another name is an error.
 The three give the same pixels for JPEGs (all libjpeg-turbo), except that TorchCodec applies a file's EXIF orientation
 (0.17 has no switch) where torchvision.io and PIL, as used here, do not.
 ImageNet's train set holds a PNG saved as .JPEG, 22 CMYK JPEGs and grayscale JPEGs: the tensor decoders read the real
@@ -124,8 +124,9 @@ def unavailable(decoder: str) -> Optional[str]:
     if decoder == "torchvision" and decode_image is None:
         import torchvision
 
-        return (f"data.decoder=torchvision needs torchvision.io.decode_image, which torchvision {torchvision.__version__} "
-                'no longer has: pip install -e ".[torchcodec]" and set data.decoder=torchcodec (or auto), or use pil')
+        return (f"data.decoder=torchvision needs torchvision.io.decode_image, which torchvision "
+                f'{torchvision.__version__} no longer has: pip install -e ".[torchcodec]" and set '
+                "data.decoder=torchcodec (or auto), or use pil")
     return None
 
 
@@ -173,7 +174,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     decoder = resolve_decoder(args.decoder)
     decoder = DEVICE_DECODERS.get(decoder, decoder)
-    paths = sorted(str(Path(d) / f) for d, _, files in os.walk(args.root) for f in files if f.lower().endswith(IMG_EXTENSIONS))
+    paths = sorted(str(Path(d) / f) for d, _, files in os.walk(args.root) for f in files
+                   if f.lower().endswith(IMG_EXTENSIONS))
     with Pool(args.workers) as pool:
         failures = [reason for reason in pool.imap(_check, [(p, decoder) for p in paths], chunksize=64) if reason]
     for reason in failures:

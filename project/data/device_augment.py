@@ -61,8 +61,8 @@ class TrainCrop(NamedTuple):
             raise ConfigError(
                 "a device decoder (data.decoder=nvjpeg/torchcodec-cuda) runs RandomResizedCrop (bilinear) + "
                 f"RandomHorizontalFlip on the device, got data.auto_augment={auto_augment}, data.random_erase_prob="
-                f"{random_erase_prob}: turn the other augmentations off (data.auto_augment=null, data.random_erase_prob=0) "
-                "or decode in the workers (data.decoder=auto)"
+                f"{random_erase_prob}: turn the other augmentations off (data.auto_augment=null, "
+                "data.random_erase_prob=0) or decode in the workers (data.decoder=auto)"
             )
         return cls((crop_size, crop_size), tuple(scale), CROP_RATIO, hflip_prob)
 

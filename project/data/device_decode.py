@@ -7,7 +7,7 @@
 (nvJPEG too; the optional extra), each a whole batch in one call. nvJPEG decodes baseline and progressive JPEGs with 1
 or 3 components. Everything else (CMYK, PNG named .JPEG, lossless or arithmetic JPEGs) is decoded on the CPU in the
 worker with the matching CPU decoder (torchvision, torchcodec), so the device only ever sees what it handles.
-The data set that reads the bytes is image_folders.EncodedImageFolder; device_pipeline.DevicePipeline decodes its
+The data set that reads the bytes is image_folders.EncodedImages; device_pipeline.DevicePipeline decodes its
 batches with DeviceDecoder, then runs the presets on them batch-wise (device_augment.py).
 
 Overlap with the previous step: the decode runs in on_before_batch_transfer, on the host thread that queues the
@@ -69,7 +69,7 @@ def jpeg_frame(data: bytes) -> Optional[JpegFrame]:
 
 
 def load_for_device(path: str, decode: Callable[[str], torch.Tensor]) -> tuple[torch.Tensor, tuple[int, int]]:
-    """(the file's bytes, 1-D uint8, when nvJPEG can decode them, else the image `decode` made of it; its height, width)."""
+    """(the file's bytes, 1-D uint8, when nvJPEG can decode them, else the image `decode` made of it; its size)."""
     with open(path, "rb") as file:
         data = file.read()
     frame = jpeg_frame(data)
@@ -127,9 +127,11 @@ class DeviceDecoder:
                 logger.warning("skipped unreadable %s (%s) [device decode]", error.path, error.reason)
                 return None
 
-    def __call__(self, payloads: list[torch.Tensor], paths: list[str], device: torch.device) -> list[Optional[torch.Tensor]]:
+    def __call__(self, payloads: list[torch.Tensor], paths: list[str],
+                 device: torch.device) -> list[Optional[torch.Tensor]]:
         """load_for_device's payloads (bytes or decoded images) as images on `device`; None for a file skipped."""
-        images: list[Optional[torch.Tensor]] = [p.to(device, non_blocking=True) if p.dim() == 3 else None for p in payloads]
+        images: list[Optional[torch.Tensor]] = [p.to(device, non_blocking=True) if p.dim() == 3 else None
+                                                for p in payloads]
         encoded = [i for i, p in enumerate(payloads) if p.dim() == 1]
         if encoded:
             try:

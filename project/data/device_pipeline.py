@@ -2,7 +2,7 @@
 
     python -m project fit --config configs/gpu.yaml --data.root /datasets/imagenet --data.decoder nvjpeg
 
-The workers (image_folders.EncodedImageFolder) read the bytes and draw each training crop; here the batch is decoded
+The workers (image_folders.EncodedImages) read the bytes and draw each training crop; here the batch is decoded
 in one call (device_decode.py) and the presets run batch-wise (device_augment.py): the training crops and flips the
 workers drew, or the uint8 eval preset. ImageNetDataModule.on_before_batch_transfer calls it; NormalizeBatch then
 normalizes the result as it does the workers' uint8 batches.
@@ -43,5 +43,5 @@ class DevicePipeline:
         crops = [batch.crops[i] for i in keep]
         if self.train_crop is None or None in crops:
             raise ValueError("a training batch without crop boxes: build the training set as "
-                             "EncodedImageFolder(root, crop=TrainCrop.for_options(...))")
+                             "EncodedImages(samples, crop=TrainCrop.for_options(...))")
         return resized_crops(kept, crops, self.train_crop.size), targets.to(device, non_blocking=True)

@@ -32,7 +32,8 @@ def resolve_root(root: str) -> Path:
         return Path(root).expanduser()
     name = root[len(EMBEDDED_PREFIX):]
     if name not in EMBEDDED_SETS:
-        raise ConfigError(f"unknown embedded data set {root!r}; available: {', '.join(EMBEDDED_PREFIX + n for n in EMBEDDED_SETS)}")
+        available = ", ".join(EMBEDDED_PREFIX + n for n in EMBEDDED_SETS)
+        raise ConfigError(f"unknown embedded data set {root!r}; available: {available}")
     return materialize_digits(cache_dir() / f"digits-{DIGITS_SIZE}px-{DIGITS_VERSION}")
 
 

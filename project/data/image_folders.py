@@ -1,72 +1,84 @@
-"""The training and evaluation data sets: ImageFolder layouts decoded in the workers, or read as bytes for the device.
+"""The training and evaluation data sets over (path, label) samples: decoded in the workers, or read as bytes for the
+device. The data module says where the samples come from (class folders, a manifest).
 
-DecodedImageFolder decodes with the CPU decoder named by `data.decoder` (decoders.py) and runs its preset in the
-worker. EncodedImageFolder (data.decoder=nvjpeg or torchcodec-cuda) only reads each JPEG's bytes and, for training,
-draws its crop box; device_pipeline.DevicePipeline decodes and augments the collated EncodedBatch on the device.
+DecodedImages decodes with the CPU decoder named by `data.decoder` (decoders.py) and runs its preset in the worker.
+EncodedImages (data.decoder=nvjpeg or torchcodec-cuda) only reads each JPEG's bytes and, for training, draws its crop
+box; device_pipeline.DevicePipeline decodes and augments the collated EncodedBatch on the device.
 An unreadable file stops with its path (on_corrupt="error") or is left out of its batch and counted ("skip").
 """
 
 import functools
 import logging
+from collections.abc import Sequence
 from typing import Callable, NamedTuple, Optional
 
 import torch
-from torch.utils.data import default_collate, get_worker_info
-from torchvision.datasets import ImageFolder
+from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from project.data.decoders import DEVICE_DECODERS, Decoder, OnCorrupt, image_loader
 from project.data.device_augment import Crop, TrainCrop
 from project.data.device_decode import load_for_device
-from project.engine.errors import ConfigError, UnreadableImageError
+from project.engine.errors import UnreadableImageError, shown
 
 logger = logging.getLogger(__name__)
 
 
-class DecodedImageFolder(ImageFolder):
-    """ImageFolder with the decoder chosen by name; unreadable files stop with their path, or are skipped and counted."""
+class DecodedImages(Dataset):
+    """(image, label) of each (path, label) sample, with the decoder chosen by name; a file that cannot be read
+    (corrupt, vanished, a dangling link, no permission) stops with its path, or is skipped (None) and counted."""
 
-    def __init__(self, root: str, transform: Optional[Callable] = None, *, decoder: Decoder = "auto",
-                 on_corrupt: OnCorrupt = "error"):
-        if on_corrupt not in ("error", "skip"):
-            raise ConfigError(f"on_corrupt must be 'error' or 'skip', got {on_corrupt!r}")
-        super().__init__(root, transform=transform, loader=image_loader(decoder))
+    def __init__(self, samples: Sequence[tuple[str, int]], transform: Optional[Callable] = None, *,
+                 decoder: Decoder = "auto", on_corrupt: OnCorrupt = "error"):
+        self.samples, self.transform, self.loader = list(samples), transform, image_loader(decoder)
         self.on_corrupt = on_corrupt
         self.skipped = 0  # per process: each DataLoader worker counts its own
 
+    def __len__(self) -> int:
+        return len(self.samples)
+
     def __getitem__(self, index: int):
+        path, target = self.samples[index]
         try:
-            return super().__getitem__(index)
-        except UnreadableImageError as error:
+            image = self.loader(path)
+        except OSError as error:
+            if not isinstance(error, UnreadableImageError):  # the decoders report bad bytes; this is a missing file
+                reason = error.strerror or str(error)
+                error = UnreadableImageError(f"cannot read {shown(path)} ({reason}); fix or delete it, or set "
+                                             "data.on_corrupt=skip")
+                error.path, error.reason = str(path), reason
             if self.on_corrupt == "error":
-                raise
+                raise error
             self.skipped += 1
             worker = get_worker_info()
             where = f"DataLoader worker {worker.id}" if worker is not None else "the main process"
-            logger.warning("skipped unreadable %s (%s) [%d skipped so far by %s]", error.path, error.reason, self.skipped, where)
+            logger.warning("skipped unreadable %s (%s) [%d skipped so far by %s]", shown(error.path), error.reason,
+                           self.skipped, where)
             return None
+        return (self.transform(image) if self.transform is not None else image), target
 
 
 def collate_readable(batch: list):
-    """default_collate over the samples that decoded (DecodedImageFolder returns None for skipped ones)."""
+    """default_collate over the samples that decoded (DecodedImages returns None for skipped ones)."""
     readable = [sample for sample in batch if sample is not None]
     if not readable:
-        raise UnreadableImageError(f"all {len(batch)} images of a batch were unreadable (see the warnings naming them): "
+        raise UnreadableImageError(f"all {len(batch)} images of a batch were unreadable (see the warnings naming them):"
+                                   " "
                                    "the data set is damaged; check it with python -m project.data.decoders ROOT")
     return default_collate(readable)
 
 
-class EncodedImageFolder(DecodedImageFolder):
+class EncodedImages(DecodedImages):
     """Samples are (JPEG bytes or an image the worker decoded, target, path, Crop or None): DevicePipeline's input.
 
     With `crop` (the training set) each sample's box and flip are drawn here, in the worker, where SeededSamples has
     seeded the generator from the sample's key (index, epoch, repeat): the key reaches the device as its draws.
     """
 
-    def __init__(self, root: str, *, crop: Optional[TrainCrop] = None, decoder: str = "nvjpeg",
-                 on_corrupt: str = "error"):
+    def __init__(self, samples: Sequence[tuple[str, int]], *, crop: Optional[TrainCrop] = None,
+                 decoder: str = "nvjpeg", on_corrupt: OnCorrupt = "error"):
         if decoder not in DEVICE_DECODERS:
-            raise ValueError(f"EncodedImageFolder serves a device decoder ({', '.join(DEVICE_DECODERS)}), got {decoder!r}")
-        super().__init__(root, decoder=decoder, on_corrupt=on_corrupt)  # self.loader: the CPU stand-in
+            raise ValueError(f"EncodedImages serves a device decoder ({', '.join(DEVICE_DECODERS)}), got {decoder!r}")
+        super().__init__(samples, decoder=decoder, on_corrupt=on_corrupt)  # self.loader: the CPU stand-in
         self.loader = functools.partial(load_for_device, decode=self.loader)
         self.crop = crop
 
@@ -87,7 +99,7 @@ class EncodedBatch(NamedTuple):
 
 
 def collate_encoded(batch: list) -> EncodedBatch:
-    """Samples of EncodedImageFolder as one EncodedBatch; samples a worker skipped (None) are left out."""
+    """Samples of EncodedImages as one EncodedBatch; samples a worker skipped (None) are left out."""
     readable = [sample for sample in batch if sample is not None]
     payloads, targets, paths, crops = zip(*readable) if readable else ((), (), (), ())
     return EncodedBatch(list(payloads), torch.tensor(targets, dtype=torch.long), list(paths), list(crops))

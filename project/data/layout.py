@@ -5,8 +5,9 @@ the fix), and their human-readable names from ROOT/class_index.json (written by 
 import json
 import os
 from pathlib import Path
+from typing import Optional
 
-from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
 from project.engine.errors import ConfigError
 
@@ -59,16 +60,27 @@ def check_layout(root: str | os.PathLike) -> list[str]:
             "or use --data.root embedded:digits for the built-in quickstart data"
         )
     train_classes = check_split(root, "train")
-    val_classes = check_split(root, "val")
-    if train_classes != val_classes:
-        only_train = sorted(set(train_classes) - set(val_classes))
-        only_val = sorted(set(val_classes) - set(train_classes))
-        raise DataLayoutError(
-            f"class folders of {root / 'train'} and {root / 'val'} differ: "
-            f"only in train/: {only_train[:20] or 'none'}; only in val/: {only_val[:20] or 'none'}. "
-            "Both splits must hold the same class folders (the class index is the folder's sorted position)."
-        )
+    _check_known(root / "val", check_split(root, "val"), train_classes)
     return train_classes
+
+
+def _check_known(split_dir: Path, classes: list[str], train_classes: list[str]) -> None:
+    # A split may lack classes (labelled by name, below); a class that train/ lacks has no label at all.
+    unknown = sorted(set(classes) - set(train_classes))
+    if unknown:
+        raise DataLayoutError(f"{split_dir} holds class folders that {split_dir.parent / 'train'} lacks: "
+                              f"{unknown[:20]}; every class needs its train/ folder (a label is the folder's sorted "
+                              "position in train/)")
+
+
+def folder_samples(split_dir: Path, class_names: Optional[list[str]] = None) -> list[tuple[str, int]]:
+    """(path, label) of every image in split_dir/<class>/, the label being the class's position in `class_names`
+    (the split's own folders when None), so a split lacking some classes is labelled by name."""
+    present = _class_dirs(split_dir)
+    class_names = present if class_names is None else class_names
+    _check_known(split_dir, present, class_names)
+    return make_dataset(str(split_dir), {name: i for i, name in enumerate(class_names)}, IMG_EXTENSIONS,
+                        allow_empty=True)
 
 
 def read_class_labels(root: Path, class_names: list[str]) -> list[str]:

@@ -14,20 +14,16 @@ subset would be worse. Names need not be UTF-8: paths stay exactly what the file
 the name's bytes), and the CSV writes those bytes (prediction_writer.py).
 """
 
-import logging
 import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from torch.utils.data import Dataset, get_worker_info
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from project.data.decoders import Decoder, OnCorrupt, image_loader
-from project.engine.errors import ConfigError, MissingInputError, UnreadableImageError, shown
-
-logger = logging.getLogger(__name__)
+from project.data.decoders import Decoder, OnCorrupt
+from project.data.image_folders import DecodedImages
+from project.engine.errors import MissingInputError, shown
 
 
 def _is_listed_file(entry: os.DirEntry) -> bool:
@@ -91,49 +87,18 @@ def list_images(root: str | os.PathLike) -> list[Path]:
     return sorted(found, key=lambda path: path.relative_to(root).as_posix())
 
 
-class ImagePathDataset(Dataset):
+class ImagePathDataset(DecodedImages):
     """Yields (image, index); `paths[index]` names the file, so predictions can be written back under its path.
 
     decoder: as the data module's `data.decoder`. A device decoder ("nvjpeg", "torchcodec-cuda") decodes with its CPU
-    counterpart here (torchvision, torchcodec: project.data.decoders.image_loader), on purpose: predict batches are
-    decoded and transformed in the workers, so the eval preset runs exactly as the CPU pipeline runs it.
-    on_corrupt: as `data.on_corrupt`: a file that cannot be read (corrupt, vanished, a dangling link, no permission)
-    stops the run with its path ("error"), or yields None and a warning naming it ("skip"; collate_readable drops it,
-    and the predictions CSV leaves it out and names it).
+    counterpart here (project.data.decoders.image_loader), on purpose: predict batches are decoded and transformed in
+    the workers, so the eval preset runs exactly as the CPU pipeline runs it. on_corrupt: as `data.on_corrupt` (with
+    "skip", collate_readable drops the image and the predictions CSV leaves it out and names it).
     """
 
-    def __init__(self, root: str | os.PathLike, transform: Callable | None = None, *, decoder: Decoder = "auto",
-                 on_corrupt: OnCorrupt = "error"):
-        if on_corrupt not in ("error", "skip"):
-            raise ConfigError(f"on_corrupt must be 'error' or 'skip', got {on_corrupt!r}")
-        self.root = Path(root).expanduser()
-        self.paths = list_images(self.root)
-        self.transform = transform
-        self.loader: Callable[[str], Any] = image_loader(decoder)
-        self.on_corrupt = on_corrupt
-        self.skipped = 0  # per process: each DataLoader worker counts its own
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int) -> tuple[Any, int] | None:
-        path = self.paths[index]
-        try:
-            image = self.loader(str(path))
-        except OSError as error:
-            if not isinstance(error, UnreadableImageError):  # the decoders report bad bytes; this is a missing file
-                reason = error.strerror or str(error)
-                error = UnreadableImageError(f"cannot read {shown(path)} ({reason}); fix or delete it, or set "
-                                             "data.on_corrupt=skip")
-                error.path, error.reason = str(path), reason
-            if self.on_corrupt == "error":
-                raise error
-            self.skipped += 1
-            worker = get_worker_info()
-            where = f"DataLoader worker {worker.id}" if worker is not None else "the main process"
-            logger.warning("skipped unreadable %s (%s) [%d skipped so far by %s]", shown(error.path), error.reason,
-                           self.skipped, where)
-            return None
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, index
+    def __init__(self, root: str | os.PathLike | list[Path], transform: Callable | None = None, *,
+                 decoder: Decoder = "auto", on_corrupt: OnCorrupt = "error"):
+        # A folder (every image below it), or the paths themselves (a manifest's, in its order).
+        self.paths = list(root) if isinstance(root, list) else list_images(Path(root).expanduser())
+        super().__init__([(str(path), index) for index, path in enumerate(self.paths)], transform, decoder=decoder,
+                         on_corrupt=on_corrupt)

@@ -1,6 +1,7 @@
 """Progressive resizing: the train crop size follows a schedule in epochs (FFCV's rule), switched at epoch boundaries.
 
-    python -m project fit ... --data.progressive_resizing '{start_size: 160, end_size: 192, start_epoch: 65, end_epoch: 76}'
+    python -m project fit ... --data.progressive_resizing '{start_size: 160, end_size: 192, start_epoch: 65,
+        end_epoch: 76}'
 
 FFCV (ffcv-imagenet train_imagenet.py, get_resolution): `start_size` up to and including `start_epoch`, `end_size`
 from `end_epoch` on, in between the linear interpolation rounded to the nearest multiple of `multiple` (32: a
@@ -70,7 +71,7 @@ torch.serialization.add_safe_globals([ProgressiveResizing])
 class TrainPresetPerEpoch:
     """transform_for_epoch of SeededSamples: the train preset at each epoch's scheduled size, built once per size.
 
-    `preset_kwargs` are train_preset's (crop_size excluded; normalize=False for uint8 presets, normalized on the device).
+    `preset_kwargs` are train_preset's (crop_size excluded; normalize=False for uint8 presets, normalized on device).
     Plain data, so it pickles into spawned DataLoader workers; each worker builds its own presets.
     """
 

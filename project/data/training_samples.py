@@ -19,7 +19,7 @@ Transform = Callable[[Any], Any]
 
 
 class SeededSamples(Dataset):
-    """Wraps a map-style data set of (image, target, ...) samples; keyed by (index, epoch, repeat) from ResumableSampler.
+    """Wraps a map-style data set of (image, target, ...) samples, keyed (index, epoch, repeat) by ResumableSampler.
 
     `transform_for_epoch(epoch)` gives the transform of that epoch (None: the wrapped data set transforms itself).
     A sample the wrapped data set skipped (None, data.on_corrupt=skip) stays None.

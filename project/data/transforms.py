@@ -12,6 +12,7 @@ import torch
 from torchvision.transforms import v2
 
 from project.engine.errors import ConfigError
+from project.engine.options import number_type
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -20,6 +21,9 @@ CROP_RATIO = (3 / 4, 4 / 3)
 
 AutoAugmentName = Literal["trivialaugment_wide", "randaugment", "autoaugment"]  # the data module's option type
 AUTO_AUGMENT_POLICIES = ("trivialaugment_wide", "randaugment", "autoaugment")
+# torchvision's RandAugment indexes 31 magnitude bins: 31 raises IndexError in a worker, -1 silently means 30.
+RandAugmentMagnitude = number_type("RandAugmentMagnitude", int, "an int in [0, 30] (RandAugment's 31 bins)",
+                                   lambda v: 0 <= v <= 30)
 
 
 def auto_augment_transform(policy: str, *, num_ops: int = 2, magnitude: int = 9) -> v2.Transform:
@@ -32,7 +36,8 @@ def auto_augment_transform(policy: str, *, num_ops: int = 2, magnitude: int = 9)
         return v2.RandAugment(num_ops=num_ops, magnitude=magnitude, interpolation=interpolation)
     if policy == "autoaugment":
         return v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET, interpolation=interpolation)
-    raise ConfigError(f"unknown auto_augment policy {policy!r}: expected one of {', '.join(AUTO_AUGMENT_POLICIES)} or None")
+    raise ConfigError(f"unknown auto_augment policy {policy!r}: expected one of {', '.join(AUTO_AUGMENT_POLICIES)} "
+                      "or None")
 
 
 def uint8_mean_colour(mean: Sequence[float]) -> list[float]:
@@ -62,8 +67,6 @@ def train_preset(
     normalize=False: uint8 out (no ToDtype/Normalize), the same random draws, erasing with the uint8 mean colour.
     Every random draw comes from torch's global CPU generator, which SeededSamples seeds per image.
     """
-    if not 0.0 <= random_erase_prob <= 1.0:
-        raise ConfigError(f"random_erase_prob must be in [0, 1], got {random_erase_prob}")
     steps = [v2.ToImage(), v2.RandomResizedCrop(crop_size, scale=scale, ratio=CROP_RATIO, antialias=True)]
     if hflip_prob > 0:
         steps.append(v2.RandomHorizontalFlip(hflip_prob))

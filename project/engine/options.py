@@ -61,6 +61,10 @@ UnitInterval = number_type("UnitInterval", float, "a float in [0, 1]", lambda v:
 BelowOne = number_type("BelowOne", float, "a float in [0, 1)", lambda v: 0 <= v < 1)
 # A factor that shrinks (the step schedule's gamma): 0 would stop training at the first milestone.
 ShrinkFactor = number_type("ShrinkFactor", float, "a float in (0, 1]", lambda v: 0 < v <= 1)
+Probability = number_type("Probability", float, "a probability in [0, 1]", lambda v: 0 <= v <= 1)
+# RandomResizedCrop's area fraction: a crop of no area, or of more than the image, is never drawn (torchvision
+# falls back to the whole image, silently).
+AreaFraction = number_type("AreaFraction", float, "an area fraction in (0, 1]", lambda v: 0 < v <= 1)
 
 
 def _plain(annotation: Any, value: Any) -> Any:
