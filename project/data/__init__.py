@@ -1,3 +1,4 @@
 from project.data.datamodule import ImageNetDataModule
+from project.data.manifest import ManifestDataModule
 
-__all__ = ["ImageNetDataModule"]
+__all__ = ["ImageNetDataModule", "ManifestDataModule"]
