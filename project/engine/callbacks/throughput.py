@@ -2,15 +2,7 @@
 
     python -m project fit --config configs/quickstart.yaml      # on by default; tensorboard --logdir runs/quickstart
 
-Keys, each the mean over the steps since the previous log line (`trainer.log_every_n_steps`):
-    perf/images_per_sec          all devices together
-    perf/device/images_per_sec   per device (a GPU under dp, a process under ddp)
-    perf/step_time               seconds per optimizer step, data loading included
-    perf/data_wait               share of that time the training loop spent waiting for the next batch
-    perf/device/tflops           model FLOP/s achieved per device (FLOPs counted once with torch.utils.flop_counter)
-    perf/device/mfu              tflops / the device's dense peak (GPU table below, or `peak_flops`)
-The progress bar (project.engine.callbacks.progress_bar) shows `img/s` and `wait` from the last window. Configure it as a group: `--throughput.peak_flops 4.0e14` (the dense peak
-of a GPU missing from PEAK_FLOPS), `--throughput.count_flops false`.
+The keys and what they measure: docs/how-it-works.md#performance-you-can-see.
 """
 
 import copy
@@ -25,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from project.engine.errors import ConfigError
 from project.engine.options import PositiveFloat, check_arguments
-from project.engine.run.training_steps import is_logging_step, logged_step, after_optimizer_step
+from project.engine.run.training_steps import after_optimizer_step, is_logging_step, logged_step
 
 # Dense (no sparsity) peak FLOP/s per GPU from NVIDIA's datasheets, by a substring of torch.cuda.get_device_name().
 # Lightning's own table lists the H200 with its sparse figures and does not match the name "NVIDIA H200".
@@ -73,12 +65,8 @@ def train_flops_per_image(network: torch.nn.Module, batch_shape: torch.Size) -> 
 
 
 class ThroughputLogger(L.Callback):
-    """Logs training speed under perf/ and shows it in the progress bar; on by default in every `python -m project` run.
-
-    Lightning's ThroughputMonitor synchronizes CUDA after every batch, waits for a 100-batch window, reads FLOPs from
-    the module and has no data-wait share; this callback synchronizes only when it logs and counts FLOPs itself.
-    The CLI adds one as the `throughput` group (`--throughput.peak_flops 4.0e14`).
-    """
+    """Logs training speed under perf/ and shows it in the progress bar; the CLI adds one as the `throughput` group
+    (`--throughput.peak_flops 4.0e14`, `--throughput.count_flops false`)."""
 
     def __init__(self, peak_flops: Optional[PositiveFloat] = None, count_flops: bool = True):
         """
@@ -163,7 +151,8 @@ class ThroughputLogger(L.Callback):
         except Exception as error:  # a custom network with an op the meta device lacks must not stop training
             rank_zero_warn(f"ThroughputLogger: counting FLOPs failed ({error!r}); logging without tflops/MFU")
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx):
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         images = batch[0] if isinstance(batch, (list, tuple)) else batch
         self._images += len(images)
         self._last_end = time.perf_counter()
@@ -192,8 +181,8 @@ class ThroughputLogger(L.Callback):
             if self.device_peak_flops:
                 metrics["perf/device/mfu"] = device_flops / self.device_peak_flops
         self.windows.append({**metrics, "steps": self._steps, "images": self._images})
-        # Straight to the loggers, as Lightning's ThroughputMonitor does: each self.log costs ~0.5 ms of bookkeeping
-        # on a CPU. The step is the one Lightning writes train/loss at right after this hook (and flushes then).
+        # Straight to the loggers, as Lightning's ThroughputMonitor does, without self.log's bookkeeping. The step is
+        # the one Lightning writes train/loss at right after this hook (and flushes then).
         step = logged_step(trainer)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
