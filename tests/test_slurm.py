@@ -211,3 +211,26 @@ def test_a_requeued_job_resumes_from_its_own_newest_checkpoint_not_ckpt_path_nor
     assert requeued.ckpt_path == newest and config.ckpt_path == str(newest)  # not --ckpt_path, not job 6's
     assert requeued.reason == f"Slurm job 7 (restart 1): resuming from {newest} instead of --ckpt_path {given}"
     assert other_job.exists()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_sweep_sbatch_runs_a_study_whose_trials_are_job_steps(slurm, tmp_path):
+    """slurm/sweep.sbatch as the README submits it: a worker per array task, each trial an `srun` step."""
+    import optuna
+
+    root, log = tmp_path / "runs", tmp_path / "sweep-%a.out"
+    args = ["--config", "configs/sweep/quickstart.yaml", f"--trainer.default_root_dir={root}", "--sweep.n_trials=1",
+            "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"]
+    job_id = slurm.sbatch("--array=0", *ONE_NODE, f"--output={log}", str(REPO / "slurm" / "sweep.sbatch"), *args,
+                          cwd=REPO)
+    record = slurm.wait_until_done(f"{job_id}_0", JOB_TIMEOUT)
+    text = (tmp_path / "sweep-0.out").read_text(errors="replace")
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", text
+    assert "--sweep.launcher=srun --kill-on-bad-exit=1 --trainer.num_nodes=1 --trainer.devices=1" in text
+    assert text.strip().splitlines()[-1].startswith("best trial 0: val/acc1 "), text[-2000:]
+    journal = optuna.storages.journal.JournalFileBackend(str(root / "sweeps" / "quickstart" / "journal.log"))
+    trial = optuna.load_study(study_name="quickstart", storage=optuna.storages.JournalStorage(journal)).trials[0]
+    assert trial.state.name == "COMPLETE"
+    fit_log = (Path(trial.user_attrs["run_dir"]) / "fit.log").read_text()
+    assert f"Slurm job {job_id}_0: task 0 of 1 on node n1, run dir {trial.user_attrs['run_dir']}" in fit_log
