@@ -1,16 +1,7 @@
-"""Image loading for the data module: one CPU decoder per `data.decoder` name, always 3-channel uint8 RGB.
+"""Image loading for the data module: one CPU decoder per `data.decoder` name, always 3-channel uint8 RGB; a file
+that cannot be decoded raises UnreadableImageError naming it (why each decoder: docs/imagenet.md).
 
     python -m project.data.decoders /datasets/imagenet        # list the files training would fail on, before a long run
-
-Decoders: "torchcodec" (TorchCodec: libjpeg-turbo, libpng, libwebp; `pip install -e ".[torchcodec]"`), "torchvision"
-(torchvision.io, deprecated since torchvision 0.29 in favour of TorchCodec) and "pil" (the stock loader). "auto", the
-default, is the first of torchcodec, torchvision, pil that this environment has, logged once; another name is an error.
-The three give the same pixels for JPEGs (all libjpeg-turbo), except that TorchCodec applies a file's EXIF orientation
-(0.17 has no switch) where torchvision.io and PIL, as used here, do not.
-ImageNet's train set holds a PNG saved as .JPEG, 22 CMYK JPEGs and grayscale JPEGs: the tensor decoders read the real
-format from the bytes (not the name) and convert CMYK (Adobe-inverted included) and gray to RGB; formats they do not
-read (BMP, TIFF, ...) go to PIL. A truncated or corrupt file raises UnreadableImageError naming it (the data sets in
-image_folders.py stop on it or, with on_corrupt="skip", leave it out of its batch and count it in a warning).
 """
 
 import argparse

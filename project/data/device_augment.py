@@ -1,19 +1,5 @@
 """The uint8 presets batch-wise on the training device, for decoded images of different sizes (decoder=nvjpeg and
-decoder=torchcodec-cuda): a handful of kernel launches per batch where running the preset image by image costs ~10 per
-image plus transforms v2's Python overhead.
-
-Train (RandomResizedCrop + horizontal flip): the crop box and the flip of each image are drawn on the CPU, in the
-DataLoader worker, from the sample's seed (TrainCrop.draw inside SeededSamples), with torchvision's own parameter
-function: the same box and flip the CPU pipeline draws for that sample. On the device, all images are concatenated
-into one flat buffer; crops of similar size are gathered from it into one padded batch per bucket (edge pixels
-repeated, so the padding is never read), resized by one torchvision.ops.roi_align per bucket (bilinear; sampling
-ceil(crop/output) points per output pixel and averaging them, an area filter when shrinking) and flipped in one op.
-Launches per batch: ~5 + ~12 per bucket; a bucket holds up to BUCKET_PIXELS padded pixels (1-3 buckets for 256
-ImageNet-sized crops). Not bit-equal to the CPU path's antialiased resize (a different filter), same geometry.
-Eval (Resize + CenterCrop): images of equal size are stacked and go through the eval preset together, so the result
-is exactly the CPU path's, image for image; launches grow with the number of distinct sizes in the batch (never more
-than image by image: a size seen once costs what it did), not with the images.
-Nothing here reads a device tensor back to the host: sizes come from tensor shapes, boxes from the workers.
+decoder=torchcodec-cuda): crops drawn in the workers, resized per size bucket (how and why: docs/imagenet.md).
 """
 
 from collections import defaultdict

@@ -1,22 +1,7 @@
-"""Device decoders: the workers only read JPEG bytes (load_for_device); the batch is decoded on the training device.
+"""Device decoders: the workers only read JPEG bytes (load_for_device); the batch is decoded on the training device
+(what nvJPEG takes, how the decode overlaps the previous step: docs/imagenet.md).
 
     python -m project fit --config configs/gpu.yaml --data.root /datasets/imagenet --data.decoder nvjpeg
-    python -m project fit --config configs/gpu.yaml --data.root /datasets/imagenet --data.decoder torchcodec-cuda
-
-"nvjpeg" decodes with torchvision.io.decode_jpeg (nvJPEG), "torchcodec-cuda" with torchcodec.decoders.decode_jpeg
-(nvJPEG too; the optional extra), each a whole batch in one call. nvJPEG decodes baseline and progressive JPEGs with 1
-or 3 components. Everything else (CMYK, PNG named .JPEG, lossless or arithmetic JPEGs) is decoded on the CPU in the
-worker with the matching CPU decoder (torchvision, torchcodec), so the device only ever sees what it handles.
-The data set that reads the bytes is image_folders.EncodedImages; device_pipeline.DevicePipeline decodes its
-batches with DeviceDecoder, then runs the presets on them batch-wise (device_augment.py).
-
-Overlap with the previous step: the decode runs in on_before_batch_transfer, on the host thread that queues the
-training kernels, and reads nothing back from the device, so the host queues this batch's decode and augmentation
-while the GPU still runs the previous step's backward and optimizer kernels. torchvision's nvJPEG decode runs on its
-own CUDA stream and makes the training stream wait on an event; torchcodec 0.17 synchronizes the *current* stream
-before and after decoding (an nvJPEG hardware-engine workaround), so it is called on a side stream here, which holds
-no training work: the host waits for the decode alone, never for the previous step. Decoding batch k+1 during step
-k on a side stream would overlap more, but Lightning keeps its prefetched batch inside its private data fetcher.
 """
 
 import logging

@@ -1,11 +1,6 @@
 """The device decoders' half of the input pipeline: an EncodedBatch becomes (uint8 images, targets) on the device.
 
     python -m project fit --config configs/gpu.yaml --data.root /datasets/imagenet --data.decoder nvjpeg
-
-The workers (image_folders.EncodedImages) read the bytes and draw each training crop; here the batch is decoded
-in one call (device_decode.py) and the presets run batch-wise (device_augment.py): the training crops and flips the
-workers drew, or the uint8 eval preset. ImageNetDataModule.on_before_batch_transfer calls it; NormalizeBatch then
-normalizes the result as it does the workers' uint8 batches.
 """
 
 from typing import Optional

@@ -1,17 +1,8 @@
-"""The images to predict: every image file under a folder (searched recursively), each once, in sorted path order.
+"""The images to predict: every image file under a folder (searched recursively), each once, in sorted path order
+(what counts as an image file, links, names that are not UTF-8: docs/imagenet.md).
 
-    python -m project predict --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt \
+    python -m project predict --config configs/quickstart.yaml --ckpt_path RUN/checkpoints/last.ckpt \\
         --data.predict_root path/to/images
-
-What counts as an image file: a name ending in an image extension (torchvision's IMG_EXTENSIONS, any case: .JPG too)
-that is a regular file, or a symlink to one, at any depth. Skipped: names starting with "." (hidden files and folders:
-.thumbnails/, macOS' ._photo.jpg), other extensions, FIFOs, sockets and devices (opening a FIFO would block).
-Symlinked folders are followed, each real folder once (a link back to a parent is not a loop); a file reached by
-several paths (symlinks, hard links) is listed once, under the path met first in the sorted walk. A dangling symlink
-with an image name is listed and, like a corrupt file, stops the run naming it (data.on_corrupt=error) or is skipped
-(data.on_corrupt=skip). A folder that cannot be listed (no permission) is an error naming it: predicting a silent
-subset would be worse. Names need not be UTF-8: paths stay exactly what the filesystem holds (os.fsencode(path) is
-the name's bytes), and the CSV writes those bytes (prediction_writer.py).
 """
 
 import os

@@ -1,13 +1,7 @@
-"""Progressive resizing: the train crop size follows a schedule in epochs (FFCV's rule), switched at epoch boundaries.
+"""Progressive resizing: the train crop size follows a schedule in epochs (FFCV's rule), switched at epoch boundaries
+in every worker and rank (docs/imagenet.md).
 
-    python -m project fit ... --data.progressive_resizing '{start_size: 160, end_size: 192, start_epoch: 65,
-        end_epoch: 76}'
-
-FFCV (ffcv-imagenet train_imagenet.py, get_resolution): `start_size` up to and including `start_epoch`, `end_size`
-from `end_epoch` on, in between the linear interpolation rounded to the nearest multiple of `multiple` (32: a
-ResNet's total stride). The size is a pure function of the epoch and each sample's key carries its epoch
-(SeededSamples), so every DataLoader worker (persistent ones included) and every rank switches at the same boundary
-without being told, and a run resumed inside the ramp continues at the right size.
+    python -m project fit ... --data.progressive_resizing '{start_size: 160, end_size: 192, start_epoch: 65, ...}'
 """
 
 from collections.abc import Callable

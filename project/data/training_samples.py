@@ -1,10 +1,5 @@
-"""The training set as the sampler keys it: each image's augmentation seeded from (run seed, epoch, index, repeat).
-
-So a run resumed at any batch, or split over any number of processes or DataLoader workers, augments every image
-exactly as an uninterrupted single-process run does. (Reseeding the global RNG once per epoch is not enough: the
-workers prefetch across the boundary, and Lightning creates an epoch's iterator before on_train_epoch_start.)
-The transform may depend on the epoch (progressive resizing): it is looked up from the key, so persistent workers
-and every rank switch at the same epoch boundary without being told.
+"""The training set as the sampler keys it: each image's augmentation seeded from (run seed, epoch, index, repeat), so
+a resumed or distributed run augments every image as an uninterrupted one does (docs/imagenet.md).
 """
 
 from collections.abc import Callable
