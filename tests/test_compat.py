@@ -395,3 +395,48 @@ def test_the_private_members_registered_beside_their_code_still_exist():
     assert callable(getattr(_FitLoop, "setup_data", None))
     assert "self.strategy._layer_sync = self._layer_sync" in inspect.getsource(accelerator_connector)
     assert hasattr(DataParallelStrategy(), "_layer_sync")
+
+
+def rebuilds_a_metric_already_on_the_device(results) -> bool:
+    """Whether a second training-step log of a CPU tensor, its metric already on the CPU, rebuilt the metric's state
+    (Lightning's `_ResultMetric.to` through apply_to_collection deep-copies `meta`; a skipped move keeps it)."""
+    results.log("training_step", "probe", torch.tensor(1.0), on_step=True, on_epoch=False)
+    metric = results["training_step.probe"]
+    meta = metric.meta
+    results.log("training_step", "probe", torch.tensor(2.0), on_step=True, on_epoch=False)
+    return metric.meta is not meta
+
+
+@canary("test_canary_stock_self_log_moves_the_metric_to_the_device_it_is_already_on")
+def test_canary_stock_self_log_moves_the_metric_to_the_device_it_is_already_on():
+    from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection
+
+    assert not rebuilds_a_metric_already_on_the_device(_ResultCollection(training=True))
+
+
+def test_skipping_the_same_device_move_logs_train_loss_on_the_same_steps_with_the_same_values(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    from project.engine.compat.log_device_move import skip_same_device_moves
+
+    class CallbackMetrics(L.Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.seen.append(trainer.callback_metrics["train_loss"].item())
+
+    def fit(name: str, skip: bool) -> tuple[list, list]:
+        torch.manual_seed(0)
+        model, spy = Tiny(), CallbackMetrics()
+        run = trainer(tmp_path, logger=CSVLogger(tmp_path, name=name), log_every_n_steps=2, limit_val_batches=0,
+                      callbacks=[spy])
+        assert skip_same_device_moves(run, skip) is skip and skip_same_device_moves(run, skip) is False
+        run.fit(model)
+        assert rebuilds_a_metric_already_on_the_device(run.fit_loop.epoch_loop._results) is not skip
+        rows = csv.DictReader((tmp_path / name / "version_0" / "metrics.csv").open(newline=""))
+        return [(r["step"], r["train_loss"]) for r in rows], spy.seen
+
+    stock, ours = fit("stock", skip=False), fit("ours", skip=True)
+    assert [step for step, _ in ours[0]] == ["1", "3", "5"]  # 6 steps, written every 2nd
+    assert ours == stock and len(ours[1]) == 6

@@ -7,10 +7,11 @@ xfail(strict=True): when an upgrade fixes the bug the canary passes, the suite t
 it names) can be deleted. docs/workarounds.md is this table (`python -m project.engine.compat --write docs/workarounds.md`).
 Code that exists for one of these lives in this package, or says so in its docstring and is listed here with its
 place. The package also holds, behind one function each, the uses of Lightning's private API that have no public
-counterpart (spawn.py; the flag taken over in sigterm_broadcast.py; LightningCLI._parse_ckpt_path fed the plan's one
-read of the checkpoint in ckpt_read_once.py): an upgrade that moves them breaks there, in one place. Two more stay
-beside the code that needs them, registered here: `trainer.fit_loop.setup_data()` in project/optim.py (sizing the
-epoch when only max_steps is given, for warmup in epochs) and `Strategy._layer_sync` in project/engine/strategies/dp.py
+counterpart (spawn.py; the flag taken over in sigterm_broadcast.py; the training results' class swapped in
+log_device_move.py; LightningCLI._parse_ckpt_path fed the plan's one read of the checkpoint in ckpt_read_once.py): an
+upgrade that moves them breaks there, in one place. Two more stay beside the code that needs them, registered here:
+`trainer.fit_loop.setup_data()` in project/optim.py (sizing the epoch when only max_steps is given, for warmup in
+epochs) and `Strategy._layer_sync` in project/engine/strategies/dp.py
 (whether sync_batchnorm was asked, which dp refuses). tests/test_compat.py checks that each still exists.
 """
 
@@ -116,6 +117,18 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         seen="lightning 2.6.6",
         delete_when="stock self.log(prog_bar=True) no longer converts to a Python number on every batch",
         canary="test_canary_stock_prog_bar_logging_reads_the_tensor_every_step",
+    ),
+    Workaround(
+        name="every self.log moves the logged metric to the value's device, rebuilding (and deep-copying) its 47 "
+             "attributes even when it is already there: ~0.15 ms a call hot, ~0.6 ms in a ResNet-18 CPU step",
+        where="project/engine/compat/log_device_move.py skip_same_device_moves (training steps; called from "
+              "bench/overhead.py until project/engine/cli.py calls it)",
+        upstream="no upstream issue found (#17988 is on_epoch syncing). Proposed: `_ResultMetric.to` returns self when "
+                 "is_tensor and `self.value.device == device` (all its tensors move together), or "
+                 "`_ResultCollection.log` calls it only when `self[key].value.device != value.device`",
+        seen="lightning 2.0-2.6.6 (result.py `self[key].to(value.device)`)",
+        delete_when="a stock self.log of a tensor already on the metric's device leaves the metric as it is",
+        canary="test_canary_stock_self_log_moves_the_metric_to_the_device_it_is_already_on",
     ),
     Workaround(
         name="CSVLogger deletes the run dir's metrics.csv when a resumed fit starts again there",
