@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tiny_args, write_image_folder
+from conftest import project_in_process, tiny_args, write_image_folder
 from project import ImageNetDataModule
 from project.data.embedded import materialize_digits, resolve_root
 from project.data.layout import DataLayoutError
-from project.engine.cli import cli_main
 from project.engine.contract import EvalPreprocessing
 from project.engine.errors import ConfigError
 
@@ -161,10 +160,10 @@ def test_eval_preprocessing_and_image_sizes_follow_the_options(tiny_root):
         _datamodule(tiny_root, mean=(0.5, 0.5))
 
 
-def test_bad_root_on_the_command_line_fails_with_the_same_message(tmp_path):
+def test_bad_root_on_the_command_line_fails_with_the_same_message(tmp_path, monkeypatch, capsys):
     missing = tmp_path / "nowhere"
-    with pytest.raises(DataLayoutError, match=f"data root {re.escape(str(missing))} does not exist"):
-        cli_main(["fit", *tiny_args(missing, tmp_path / "run")])
+    code, _, err = project_in_process(["fit", *tiny_args(missing, tmp_path / "run")], monkeypatch, capsys)
+    assert code == 2 and f"data root {missing} does not exist" in err.strip().splitlines()[-1]
     assert not (tmp_path / "run").exists()
 
 
