@@ -2,9 +2,8 @@
 
     python -c "from project.backbones import ARCHS; print(ARCHS)"
 
-Also the contract between a LightningModule and the code around it (HasNetwork: EMA, backbone freezing, pretrained
-weights, export and the checkpoint checks find the network as `pl_module.network`), and how the model runs it
-(NetworkRunner: channels_last input, a torch.compile'd graph).
+Also HasNetwork (EMA, freezing, weights, export and the checks find the network as `pl_module.network`) and
+NetworkRunner (channels_last input, a torch.compile'd graph).
 """
 
 import abc

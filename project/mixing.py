@@ -2,16 +2,7 @@
 
     python -m project fit --config configs/quickstart.yaml --model.loss.mixup_alpha=0.2 --model.loss.label_smoothing=0.1
 
-`Loss` is the `model.loss` group of the config. The model calls them in training_step, on the device, on the
-normalized batch:
-
-    images, targets = self.mixer(images, targets, batch_seed(run_seed, epoch, batch_idx))
-    loss = self.loss(self(images), targets)    # Loss: soft_target_loss with the configured options
-
-Each batch's draws (MixUp's lambda, CutMix's lambda and box, which of the two) come from torch's CPU generator seeded
-with batch_seed, so a resumed run draws what an uninterrupted one draws, and every rank draws the same lambda and box
-at the same batch index. Images are paired with their neighbour in the batch (v2's roll by one), within each rank's
-own batch, as in torchvision's reference, where the mixing runs in each process's collate function.
+`Loss` is the `model.loss` group; how its draws are seeded: docs/how-it-works.md#seeds.
 """
 
 from dataclasses import dataclass
@@ -34,7 +25,8 @@ class BatchMixer:
 
     def __init__(self, num_classes: int, mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0):
         if mixup_alpha < 0 or cutmix_alpha < 0:
-            raise ConfigError(f"mixup_alpha and cutmix_alpha must be >= 0 (0 disables), got {mixup_alpha}, {cutmix_alpha}")
+            raise ConfigError(f"mixup_alpha and cutmix_alpha must be >= 0 (0 disables), got {mixup_alpha}, "
+                              f"{cutmix_alpha}")
         choices = []
         if mixup_alpha > 0:
             choices.append(v2.MixUp(alpha=mixup_alpha, num_classes=num_classes))
@@ -68,9 +60,10 @@ def soft_target_loss(
     cross_entropy: F.cross_entropy with label_smoothing, which smooths probability targets too, as torchvision's
         reference does after MixUp/CutMix (target * (1 - s) + s / C).
     bce: binary cross-entropy with logits per class, the "ResNet strikes back" loss (timm BinaryCrossEntropy):
-        smoothing turns a one-hot target into off = s / C and on = 1 - s + s / C, i.e. the same target * (1 - s) + s / C,
-        which for mixed targets equals timm's smoothing of each one-hot before mixing; bce_target_threshold (RSB A1:
-        0.2) then binarizes the targets (> threshold -> 1). Mean over batch and classes, as timm.
+        smoothing turns a one-hot target into off = s / C and on = 1 - s + s / C, i.e. the same
+        target * (1 - s) + s / C, which for mixed targets equals timm's smoothing of each one-hot before mixing;
+        bce_target_threshold (RSB A1: 0.2) then binarizes the targets (> threshold -> 1). Mean over batch and classes,
+        as timm.
     """
     if loss == "cross_entropy":
         return F.cross_entropy(logits, targets, label_smoothing=label_smoothing)

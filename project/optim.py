@@ -1,10 +1,6 @@
-"""The optimisation recipe: parameter groups, LR scaled by the global batch, the optimizer, warmup then decay.
+"""The optimisation recipe (the `model.optim` group): parameter groups, LR scaled by the global batch, warmup, decay.
 
     python -m project fit --config configs/quickstart.yaml --model.optim.optimizer=adamw --model.optim.lr_per_256=1e-3
-
-`Optimization` is the `model.optim` group of the config; `build_optimization` turns it into what
-configure_optimizers returns. For a resume: `check_optimizer_state_fits` refuses a checkpoint whose optimizer state
-cannot continue, and the `ResumedOptimizerSettings` callback puts this run's settings over the restored ones.
 """
 
 import math
@@ -19,8 +15,7 @@ from torch import nn
 
 from project.backbones import classifier_head
 from project.engine.errors import CheckpointError, ConfigError
-from project.engine.options import (BelowOne, NonNegativeFloat, NonNegativeInt, PositiveFloat, ShrinkFactor,
-                                  check_fields)
+from project.engine.options import BelowOne, NonNegativeFloat, NonNegativeInt, PositiveFloat, ShrinkFactor, check_fields
 
 
 @dataclass(frozen=True)
@@ -187,7 +182,7 @@ def build_optimization(optim: Optimization, network: nn.Module, trainer: L.Train
 
 def check_optimizer_state_fits(path, checkpoint: dict, network: nn.Module, optim: Optimization,
                                backbone_lr_factor: float) -> None:
-    """A resumed fit restores the optimizer's state: the same optimizer, with the same parameter groups; else one line."""
+    """A resumed fit restores the optimizer's state: the same optimizer, same parameter groups; else one line."""
     states = checkpoint.get("optimizer_states") or []
     if not states:
         return
@@ -196,14 +191,15 @@ def check_optimizer_state_fits(path, checkpoint: dict, network: nn.Module, optim
     before = before_optim.get("optimizer", "sgd")
     if before != optim.optimizer:
         raise CheckpointError(f"checkpoint {path} was trained with model.optim.optimizer={before}, this run asks for "
-                              f"{optim.optimizer}: its optimizer state cannot continue; resume with {before}, or start a "
-                              f"new run from its weights with --model.finetune.weights {path}")
+                              f"{optim.optimizer}: its optimizer state cannot continue; resume with {before}, or "
+                              f"start a new run from its weights with --model.finetune.weights {path}")
     expected = [len(g["params"]) for g in parameter_groups(network, optim.weight_decay, lr=1.0,
                                                           decay_norm_and_bias=optim.decay_norm_and_bias,
                                                           backbone_lr_factor=backbone_lr_factor)]
     saved = [len(g["params"]) for g in states[0].get("param_groups", [])]
     if saved != expected:
-        now = {"optim.decay_norm_and_bias": optim.decay_norm_and_bias, "finetune.backbone_lr_factor": backbone_lr_factor}
+        now = {"optim.decay_norm_and_bias": optim.decay_norm_and_bias,
+               "finetune.backbone_lr_factor": backbone_lr_factor}
         then = {"optim.decay_norm_and_bias": before_optim.get("decay_norm_and_bias"),
                 "finetune.backbone_lr_factor": before_finetune.get("backbone_lr_factor")}
         what = ", ".join(f"model.{k} {then[k]} -> {now[k]}" for k in now if then[k] is not None and then[k] != now[k])

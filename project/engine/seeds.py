@@ -1,12 +1,8 @@
 """Every random draw of a run derives from the run seed and *where* it happens, never from how far a process got.
 
-    sample_seed(seed, epoch, index, repeat)   one image's augmentation (crop, flip, auto-augment, erasing)
-    batch_seed(seed, epoch, batch_index)      a batch's MixUp/CutMix draw, the same on every rank
-    step_seed(seed, epoch, batch, rank)       the model's own randomness (dropout, stochastic depth) for one batch
+    python -m project fit --config configs/quickstart.yaml --seed_everything 7    # the run seed
 
-So a run resumed at any batch, or split over any number of processes or DataLoader workers, draws what an
-uninterrupted run draws. The run seed is `seed_everything` of the CLI (default 42), linked into the data module and
-the model (`--seed_everything` sets it). The StepSeed callback (ImageClassifier adds it) applies step_seed.
+Which draw takes which seed: docs/how-it-works.md#seeds.
 """
 
 import lightning as L

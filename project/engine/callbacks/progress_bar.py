@@ -2,10 +2,7 @@
 
     python -m project fit --config configs/quickstart.yaml        # refreshes every trainer.log_every_n_steps steps
 
-Lightning converts every value logged with `prog_bar=True` to a Python number at the end of *every* batch (its
-logger connector's on_batch_end), whatever the bar's refresh rate: one GPU-to-host synchronisation per step and key.
-So nothing here is logged with prog_bar=True; this bar reads the values itself when it refreshes: the loss from
-trainer.callback_metrics, the speed from the ThroughputLogger's last window.
+Why nothing is logged with prog_bar=True: docs/how-it-works.md#performance-you-can-see.
 """
 
 from typing import Any

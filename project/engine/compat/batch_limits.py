@@ -1,10 +1,7 @@
 """Trainer: Lightning's own, with the batch limits typed so that an integer from YAML or the command line stays one.
 
-Workaround for LightningCLI parsing `--trainer.limit_val_batches=1` as 1.0 (100 %): see project.engine.compat.WORKAROUNDS.
-Lightning annotates limit_{train,val,test,predict}_batches and overfit_batches as Union[float, int]. The CLI's parser tries the types in
-order, so `--trainer.limit_val_batches=1` (or `limit_val_batches: 1` in YAML) arrived as 1.0, which Lightning reads
-as "100 % of the batches" instead of "one batch". Here the integer type comes first: 1 is one batch, 1.0 or 0.25 a
-fraction, as Lightning documents them.
+LightningCLI tries Union[float, int] in order, so `--trainer.limit_val_batches=1` arrived as 1.0 (100 %) (Lightning
+#21259, docs/workarounds.md); int first: 1 is one batch, 1.0 or 0.25 a fraction, as Lightning documents them.
 """
 
 from typing import Optional, Union

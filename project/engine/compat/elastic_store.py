@@ -1,17 +1,11 @@
 """Under torchrun, the process group of each restart in a namespace of its own in the agent's store.
 
-    torchrun --nproc_per_node=2 --max-restarts=3 -m project fit --config configs/quickstart.yaml --config configs/cpu_ddp.yaml
+    torchrun --nproc_per_node=2 --max-restarts=3 -m project fit --config configs/quickstart.yaml \
+        --config configs/cpu_ddp.yaml
 
-torchrun's agent hosts one TCPStore for the whole job (static rendezvous; c10d since torch 2.5, PR #128096) and
-hands it to every attempt's workers, which no longer prefix their keys by attempt (PR #135957 dropped the prefix,
-assuming a new store per retry; the agent creates it once). A restarted rank then reads the previous attempt's gloo
-addresses (`default_pg/0//cpu//0/<rank>`) if it looks before its peer has rewritten them: "Gloo connectFullMesh
-failed ... Connection refused", or a hang at "Initializing distributed". Here the default process group is created
-before Lightning's (which then leaves it be) on a PrefixStore named after TORCHELASTIC_RESTART_COUNT.
-
-TORCHELASTIC_RESTART_COUNT is counted by each agent: on several nodes it can differ between nodes (torch #135712,
-#108158), so the namespace is only used with one node; several nodes need TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and
-the c10d rendezvous (a new store per rendezvous round), which also turns this off (TORCHELASTIC_USE_AGENT_STORE=False).
+The agent's one TCPStore (PR #128096) keeps the previous attempt's gloo keys (PR #135957 dropped the per-attempt
+prefix): the default group is created before Lightning's on a PrefixStore named after TORCHELASTIC_RESTART_COUNT,
+one node only (torch #135712, #108158): docs/reliability.md#what-can-go-wrong-and-what-you-see.
 """
 
 import os

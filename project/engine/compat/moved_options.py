@@ -2,11 +2,6 @@
 
     python -m project fit --config configs/quickstart.yaml --model.lr_per_256=0.2
     # error: model.lr_per_256: moved to model.optim.lr_per_256; ...
-
-Not an upstream workaround: our own compatibility with the configs, command lines and checkpoints users have. The parse
-error jsonargparse raises for an unknown key (`unrecognized arguments: --model.lr_per_256=0.2`, `Group 'model' does
-not accept option 'lr_per_256'`, the same for a checkpoint's hyperparameters) becomes that line: `python -m project`
-runs the CLI through explain_moved_options.
 """
 
 import argparse
@@ -37,6 +32,7 @@ MOVED: dict[str, str] = {
 _PATTERNS = (re.compile(r"Group 'model' does not accept option '(\w+)'"),
              # subclass mode (the model by class_path): the same key, reported for its class
              re.compile(r"Parser key \"model\":.*? class_path '[\w.]+': Option '(\w+)' is not accepted"),
+             re.compile(r"Parser key \"model\":.*? class_path '[\w.]+':\s*Parser key \"(loss)\": Unable to load"),
              re.compile(r"does not accept option 'model\.(\w+)'"),
              re.compile(r'Parser key "model\.(loss)": Unable to load config'),
              re.compile(r"--model\.(\w+)(?![.\w])"))

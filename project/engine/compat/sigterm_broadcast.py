@@ -1,14 +1,8 @@
-"""Take SIGTERM over from Lightning: its flag, and its per-step broadcast of it (a blocking collective and a
-GPU-to-host read on every DDP step).
+"""Take SIGTERM over from Lightning: its flag, and its per-step broadcast of it under DDP (Lightning PR #20825).
 
-Lightning 2.5.2-2.6.6 (PR #20825) broadcasts a "SIGTERM received" flag from rank 0 at the start of every training
-step under DDP and reads it with .item() (training_epoch_loop._broadcast_sigterm_tensor; its cost is Lightning #21487;
-PR #21640, open, would make it every n steps). Our LastCheckpoint replaces Lightning's SIGTERM handler, so that flag
-is never set, and agrees on stop signals itself every `check_every_n_steps` steps: the broadcast is pure cost here.
-A SIGTERM that arrived before our handler replaced Lightning's (the moment between Lightning installing its own and
-the sanity check) set Lightning's flag, which would make it stop at the next batch end with exit code 0 and no
-checkpoint (Lightning #19916): the flag is moved over to ours. Delete when Lightning no longer broadcasts every step
-by default and exits non-zero on SIGTERM (canaries: tests/test_compat.py).
+Our LastCheckpoint agrees on stop signals every `check_every_n_steps` steps, so the broadcast is pure cost; a SIGTERM
+that set Lightning's flag before our handler replaced Lightning's is moved over to ours (else: exit 0, no checkpoint,
+Lightning #19916). Issue numbers, versions and canaries: docs/workarounds.md.
 """
 
 import lightning as L

@@ -1,17 +1,9 @@
 """Files that survive kill -9, a full disk and any $TMPDIR, and checkpoints that load without running code.
 
     python -m project fit --config configs/quickstart.yaml      # AtomicCheckpointIO is installed for every run
-    from project.engine.run.checkpoint_io import atomic_write          # any other file: atomic_write(path, write)
+    from project.engine.run.checkpoint_io import atomic_write   # any other file: atomic_write(path, write)
 
-Saving (`atomic_write`, used by every checkpoint save): the file is written to a temporary file in the destination
-directory, flushed, fsynced, optionally checked, then renamed over the old file, and the directory is fsynced: a
-write that fails (an exception, ENOSPC, kill -9) leaves the previous file intact and nothing partial under its name.
-Lightning's own save writes its temporary file in $TMPDIR and moves it: across filesystems (local /tmp, runs on NFS
-or Lustre) the move is a copy in place, and kill -9 during it left a 0-byte last.ckpt (project.engine.compat lists it).
-Loading (`load_trusted_format`): always `torch.load(weights_only=True)`, whatever the torch version's default or the
-caller asks: our checkpoints hold tensors and plain values only, and a crafted one is refused with one line naming
-the file. The run plan loads its checkpoint once and hands it to AtomicCheckpointIO (`hand_over`), so Lightning's
-restore does not read the file again.
+How a save and a load go: docs/how-it-works.md#what-a-checkpoint-holds.
 """
 
 import errno

@@ -1,9 +1,7 @@
 """What started this process: torchrun, srun, Lightning's own ddp launcher, or a person; and whether the count fits.
 
-Read from the environment, before any process group exists (this process's own rank: project.engine.errors.env_global_rank).
-`check_process_count` refuses to run when an external launcher started a different number of processes
-than the Trainer expects (seen here: `torchrun --nproc_per_node=2` with devices left at auto on CPU ran two
-independent rank-0 jobs).
+`check_process_count` refuses a launcher that started another number of processes than the Trainer expects (torchrun
+with devices left at auto on CPU ran independent rank-0 jobs): docs/reliability.md#bad-input.
 """
 
 import os
@@ -26,10 +24,11 @@ def launched_process_count() -> Optional[tuple[int, str]]:
     if "TORCHELASTIC_RUN_ID" in env and "WORLD_SIZE" in env:
         return int(env["WORLD_SIZE"]), "torchrun"
     # Inside an srun step (not the batch script itself, which runs once per job whatever --ntasks says). Seen on
-    # Slurm 22.05: SLURM_STEP_NUM_TASKS exists only in a step; SLURM_PROCID and SLURM_NTASKS exist in the batch script too.
+    # Slurm 22.05: SLURM_STEP_NUM_TASKS exists only in a step; SLURM_PROCID and SLURM_NTASKS in the batch script too.
     # DDP under srun takes its world size from SLURM_NTASKS, so there Lightning's own SLURMEnvironment.validate_settings
     # is what catches --ntasks-per-node != devices; this catches the single-device case, which it does not check.
-    if "SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+    interactive = env.get("SLURM_JOB_NAME") in ("bash", "interactive")
+    if "SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env and not interactive:
         return int(env["SLURM_STEP_NUM_TASKS"]), "srun"
     return None
 
@@ -44,7 +43,8 @@ def check_process_count(world_size: int, num_devices: int, num_nodes: int) -> No
         raise LauncherError(
             f"{launcher} started {count} processes but the Trainer expects {world_size} "
             f"(trainer.devices={num_devices} x trainer.num_nodes={num_nodes}). Make them agree: e.g. "
-            f"--trainer.devices={max(1, count // max(1, num_nodes))} --trainer.num_nodes={num_nodes} with a distributed "
+            f"--trainer.devices={max(1, count // max(1, num_nodes))} --trainer.num_nodes={num_nodes} with a "
+            "distributed "
             f"strategy (--trainer.strategy=ddp), or start {world_size} process(es)."
             + (" Under slurm/train.sbatch, leave --trainer.devices/--trainer.num_nodes out: it sets them from"
                " the allocation (--ntasks-per-node, --nodes)." if launcher == "srun" else "")

@@ -2,13 +2,7 @@
 
     sbatch slurm/train.sbatch --config configs/quickstart.yaml   # then: scancel --signal=USR1 <job id>
 
-Inside a Slurm job (Lightning's SLURMEnvironment: launched by srun, job name not bash/interactive) a run writes to
-<default_root_dir>/lightning_logs/slurm-<job id>/, which a requeued job (same id) finds again: project.engine.run.resume picks the
-job's own newest checkpoint there. On SIGUSR1 (`#SBATCH --signal=SIGUSR1@90`, or `scancel --signal=USR1`) every
-rank saves last.ckpt at the next agreed batch end, then the job requeues itself (project.engine.run.last_checkpoint
-calls `requeue`). Lightning's own auto-requeue is switched off (`SLURMEnvironment(auto_requeue=False)`): it saves
-from inside the signal handler, and a signal that reached one rank while the other waited in a DDP collective
-deadlocked both here (Lightning #21406).
+Run dirs, preemption and why Lightning's auto-requeue is off (Lightning #21406): docs/slurm.md.
 """
 
 import os

@@ -1,8 +1,7 @@
 """Which batch ends follow an optimizer step, and which of those Lightning writes its step metrics at.
 
-From public Trainer attributes only (automatic optimization, one optimizer, as ImageClassifier has): Lightning's own
-answers (`fit_loop._should_accumulate`, `_logger_connector.should_update_logs`) are private and moved between
-releases. Call them from on_train_batch_end.
+From public Trainer attributes only (Lightning's own answers are private and moved between releases); call them from
+on_train_batch_end.
 """
 
 import lightning as L

@@ -2,11 +2,7 @@
 
     python -m project fit --config configs/dp_8gpu.yaml --data.root /datasets/imagenet
 
-One process. Only the LightningModule's forward is data-parallel: each batch is scattered over the GPUs, every
-replica runs forward (and, through autograd, backward) on its slice, and the outputs are gathered on the first GPU.
-training_step, the loss and the torchmetrics run once, in the main process, on the gathered outputs, so no state
-is lost on replicas (what made Lightning 1.x's DP wrong) and checkpoints carry plain parameter names.
-On a machine without CUDA it runs one replica, as torch's DataParallel does.
+What runs where: docs/how-it-works.md#what-stays-the-same-whichever-strategy-you-pick.
 """
 
 from typing import Any, Optional

@@ -1,10 +1,6 @@
 """`sync_batchnorm: true` that also works on CPU (gloo), where torch's SyncBatchNorm refuses to run.
 
     python -m project fit --config configs/quickstart.yaml --config configs/cpu_ddp.yaml --trainer.sync_batchnorm=true
-
-On NCCL it is torch's SyncBatchNorm, as Lightning does. On gloo every BatchNorm becomes GlooSyncBatchNorm: per-rank
-counts, means and squared deviations are exchanged with a differentiable all-reduce and combined exactly (Chan et
-al.), so training normalizes with the statistics of the global batch, as one process with the whole batch would.
 """
 
 import torch
@@ -32,7 +28,8 @@ class GlooSyncBatchNorm(nn.BatchNorm2d):
         m2 = (input - mean.view(1, -1, *([1] * (input.dim() - 2)))).pow(2).sum(dims)
         # An all-gather made of an all-reduce of one filled row per rank: differentiable, and gloo supports it.
         rows = input.new_zeros(dist.get_world_size(), 1 + 2 * channels)
-        rows = rows.index_copy(0, torch.tensor([dist.get_rank()], device=input.device), torch.cat([count, mean, m2])[None])
+        rows = rows.index_copy(0, torch.tensor([dist.get_rank()], device=input.device),
+                               torch.cat([count, mean, m2])[None])
         rows = all_reduce(rows)
         counts, means, m2s = rows[:, :1], rows[:, 1 : 1 + channels], rows[:, 1 + channels :]
         total = counts.sum()
@@ -66,7 +63,9 @@ def _move_state(source: nn.Module, target: nn.Module) -> nn.Module:
 
 def _convert(module: nn.Module) -> nn.Module:
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, GlooSyncBatchNorm):
-        return _move_state(module, GlooSyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats))
+        return _move_state(module,
+                           GlooSyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
+                                             module.track_running_stats))
     for name, child in module.named_children():
         module.add_module(name, _convert(child))
     return module
@@ -74,7 +73,9 @@ def _convert(module: nn.Module) -> nn.Module:
 
 def _revert(module: nn.Module) -> nn.Module:
     if isinstance(module, GlooSyncBatchNorm):
-        return _move_state(module, nn.BatchNorm2d(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats))
+        return _move_state(module,
+                           nn.BatchNorm2d(module.num_features, module.eps, module.momentum, module.affine,
+                                          module.track_running_stats))
     for name, child in module.named_children():
         module.add_module(name, _revert(child))
     return module
