@@ -59,7 +59,7 @@ def test_fit_keeps_last_and_best_by_val_acc1_checkpoints_and_the_config(run):
     assert names == sorted(["last.ckpt", best])
     saved = yaml.safe_load((run.version_dir / "config.yaml").read_text())
     assert saved["checkpoint"]["monitor"] == "val/acc1" and saved["checkpoint"]["mode"] == "max"
-    assert saved["model"]["arch"] == "resnet18" and saved["data"]["batch_size"] == 8
+    assert saved["model"]["init_args"]["arch"] == "resnet18" and saved["data"]["init_args"]["batch_size"] == 8
 
 
 def test_test_subcommand_logs_test_metrics_equal_to_val(run, tmp_path):

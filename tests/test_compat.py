@@ -24,7 +24,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from conftest import REPO
+from conftest import QUICKSTART, REPO
 from project.engine.compat import WORKAROUNDS
 
 
@@ -440,3 +440,22 @@ def test_skipping_the_same_device_move_logs_train_loss_on_the_same_steps_with_th
     stock, ours = fit("stock", skip=False), fit("ours", skip=True)
     assert [step for step, _ in ours[0]] == ["1", "3", "5"]  # 6 steps, written every 2nd
     assert ours == stock and len(ours[1]) == 6
+
+
+@canary("test_canary_stock_subclass_mode_parses_a_null_dataclass_field_as_the_string_none")
+def test_canary_stock_subclass_mode_parses_a_null_dataclass_field_as_the_string_none():
+    from lightning.pytorch.cli import LightningCLI
+
+    from project.data import ImageNetDataModule
+
+    cli = LightningCLI(L.LightningModule, ImageNetDataModule, subclass_mode_model=True, run=False,
+                       args=["--model.class_path=project.ImageClassifier", "--model.finetune.weights=null",
+                             "--data.root=embedded:digits"])
+    assert cli.config.model.init_args.finetune.weights is None
+
+
+def test_null_given_for_a_dataclass_field_of_the_model_is_none_in_our_cli():
+    from project import cli_main
+
+    cli = cli_main(["--config", str(QUICKSTART), "--model.finetune.weights=null"], run=False)
+    assert cli.config.model.init_args.finetune.weights is None

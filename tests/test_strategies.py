@@ -18,10 +18,12 @@ STRATEGY_CONFIGS = sorted(p.name for p in CONFIGS.glob("*.yaml") if not p.name.s
 
 
 def leaves(tree: dict, prefix: tuple = ()) -> dict[tuple, object]:
-    """{("trainer", "devices"): 8, ...}: every value of a nested config by its path."""
+    """{("trainer", "devices"): 8, ...}: every value of a nested config by its path (a class's init_args as its
+    own keys, as a config file may write them)."""
     out = {}
     for key, value in tree.items():
-        out.update(leaves(value, (*prefix, key)) if isinstance(value, dict) else {(*prefix, key): value})
+        path = prefix if key == "init_args" else (*prefix, key)
+        out.update(leaves(value, path) if isinstance(value, dict) else {path: value})
     return out
 
 

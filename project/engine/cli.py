@@ -33,11 +33,12 @@ from project.engine.compat.ckpt_read_once import CheckpointReadOnceCLI
 from project.engine.compat.elastic_store import init_attempt_process_group
 from project.engine.compat.moved_options import explain_moved_options
 from project.engine.compat.spawn import trains_in_this_process
+from project.engine.compat.subclass_nulls import restore_nulls
 from project.engine.errors import ConfigError, is_peer_failure, record_rank, user_message
 from project.engine.run import RunPlan, start_run
 from project.engine.run.checkpoint_checks import CheckpointValues, check_checkpoint_fits
 from project.engine.run.checkpoint_io import AtomicCheckpointIO
-from project.engine.run.last_checkpoint import LastCheckpoint
+from project.engine.run.last_checkpoint import LastCheckpoint, stops_reach_spawned_ranks
 from project.engine.run.launchers import check_process_count
 from project.engine.run.saved_config import KeepingSaveConfigCallback
 from project.engine.run.slurm import cluster_environment, slurm_job_id, task_line
@@ -135,6 +136,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
+        if not isinstance(args, (dict, Namespace)):
+            restore_nulls(self.config[subcommand] if subcommand else self.config, sys.argv[1:] if args is None else args)
         self._explicit = explicit_values(parser, args, self.config, subcommand)
         if subcommand:
             self.plan = start_run(subcommand, self.config[subcommand])
@@ -224,7 +227,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
                 self._checkpoint_io.hand_over(self.plan.ckpt_path, checkpoint)
 
     def fit(self, model, datamodule=None, **kwargs) -> None:
-        self.trainer.fit(model, datamodule=datamodule, **kwargs)
+        with stops_reach_spawned_ranks(self.trainer):  # ddp_spawn: this process only waits for the ranks
+            self.trainer.fit(model, datamodule=datamodule, **kwargs)
         rank_zero_info(where_the_run_went(self.trainer, self.plan.run_dir if self.plan else None))
 
 

@@ -137,10 +137,15 @@ def readable_parse_error(text: str) -> str:
     text = re.sub(r'Parser key "([\w.]+)": Problem with given class_path \'[\w.]+\': Parser key "(\w+)":',
                   r'Parser key "\1.\2":', text)
     text = re.sub(r'Parser key "([\w.]+)":( Not of type \w+:)?', r"\1:", text)
+    # A class given by class_path (the model, the data): its key and the option's, as one dotted key.
+    nested = re.fullmatch(r"NestedArg\(key='[\w.]+', val='?(.*?)'?\)", given or "")
+    text = re.sub(r"([\w.]+): Problem with given class_path '[\w.]+': Option '([\w.]+)' is not accepted",
+                  lambda m: f"unrecognized arguments: --{m[1]}.{m[2]}" + (f"={nested[1]}" if nested else ""), text)
+    text = re.sub(r"([\w.]+): Problem with given class_path '[\w.]+': ([\w.]+):", r"\1.\2:", text)
     text = re.sub(r"Expected an? <class '([\w.]+)'>", r"expected \1", text)
     text = re.sub(r"Expected an? typing\.Literal\[(.*?)\]", r"expected one of \1", text)
     text = text.replace(". Got value: ", ", got ")
-    if given is not None and "got " not in text and given not in text and not given.startswith("{"):
+    if given is not None and "got " not in text and given not in text and not given.startswith(("{", "NestedArg")):
         text += f", got {given}"
     return text
 

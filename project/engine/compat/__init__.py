@@ -30,6 +30,16 @@ class Workaround:
 
 WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
+        name="jsonargparse parses `null` on the command line as the string 'None' for an Optional[str] field of a "
+             "dataclass argument of a class given by class_path (`--model.finetune.weights=null`)",
+        where="project/engine/compat/subclass_nulls.py restore_nulls (called from project/engine/cli.py "
+              "parse_arguments)",
+        upstream="no upstream issue found (jsonargparse's issues searched 2026-12-03); to report with the canary's case",
+        seen="jsonargparse 4.53.0, lightning 2.6.6",
+        delete_when="a stock LightningCLI in subclass mode parses `--model.finetune.weights=null` as None",
+        canary="test_canary_stock_subclass_mode_parses_a_null_dataclass_field_as_the_string_none",
+    ),
+    Workaround(
         name="LightningCLI parses `--trainer.limit_val_batches=1` as 1.0 (100 %)",
         where="project/engine/compat/batch_limits.py: Trainer with int-first limit_*_batches and overfit_batches",
         upstream="Lightning #21259 (typing's Union cache puts float first)",
