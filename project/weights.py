@@ -129,10 +129,8 @@ def _from_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def fetch_weights(weights: str, *, arch: Optional[str]) -> Optional[Path]:
-    """Bring a torchvision weights file into the hub cache (a no-op when it is there); None for a file path.
-
-    For LightningModule.prepare_data: Lightning runs it on one process per node, before the others read the cache.
-    """
+    """Bring a torchvision weights file into the hub cache (a no-op when it is there); None for a file path. For
+    prepare_data: Lightning runs it on one process per node, before the others read the cache."""
     entry = torchvision_weights(arch, weights) if arch is not None else None
     if entry is None:
         return None
@@ -150,8 +148,8 @@ def read_weights(weights: str, *, arch: Optional[str]) -> tuple[dict[str, torch.
         return _from_file(path), str(path)
     if arch is None:
         raise ConfigError(
-            f"--model.finetune.weights {weights!r} is not a file: with --model.backbone it takes the path of a state_dict or "
-            ".ckpt file (torchvision weights names need a torchvision --model.arch)"
+            f"--model.finetune.weights {weights!r} is not a file: with --model.backbone it takes the path of a "
+            "state_dict or .ckpt file (torchvision weights names need a torchvision --model.arch)"
         )
     raise ConfigError(
         f"--model.finetune.weights {weights!r} is neither a file nor a torchvision weights name of {arch} "
@@ -224,11 +222,8 @@ def load_state(network: nn.Module, state: Mapping[str, torch.Tensor], *, source:
 
 
 def load_pretrained(network: nn.Module, weights: str, *, arch: Optional[str], num_classes: int) -> LoadReport:
-    """Load `weights` into network: a torchvision weights name of arch (IMAGENET1K_V1, DEFAULT, ...) or a file path.
-
-    A name is fetched through torchvision's weights API into the torch hub cache, and read from there without network
-    when the file is already in it. Files load with weights_only=True. arch is None for a custom --model.backbone.
-    """
+    """Load `weights` into network: a torchvision weights name of arch (IMAGENET1K_V1, DEFAULT, ...), read from the
+    torch hub cache (fetched there first if missing), or a file path; arch is None for a custom --model.backbone."""
     state, source = read_weights(weights, arch=arch)
     return load_state(network, state, source=source, num_classes=num_classes)
 
