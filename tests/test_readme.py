@@ -159,7 +159,7 @@ def test_the_readmes_commands_run_the_cli_and_the_table_generator():
     parsed = subprocess.run([sys.executable, *fit[1:], "--print_config"], cwd=REPO, capture_output=True, text=True,
                             timeout=300)
     assert parsed.returncode == 0, parsed.stderr[-2000:]
-    assert yaml.safe_load(parsed.stdout)["data"]["root"] == "embedded:digits"  # the no-download data it promises
+    assert yaml.safe_load(parsed.stdout)["data"]["init_args"]["root"] == "embedded:digits"  # the no-download data
 
     printed = subprocess.run([sys.executable, "-m", "project.engine.compat"], cwd=REPO, capture_output=True, text=True,
                              timeout=300)

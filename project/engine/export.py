@@ -1,18 +1,9 @@
 """Export a trained network for inference without this package: model.pt2 (torch.export), model.onnx, model.json.
 
-    python -m project.engine.export --ckpt_path RUN/checkpoints/best.ckpt [--config RUN/config.yaml] [--out_dir DIR]
+    python -m project export --ckpt_path RUN/checkpoints/last.ckpt [--config RUN/config.yaml] [--out_dir DIR]
     python tools/preprocess.py RUN/export cat.jpg        # run it: torch, torchvision and Pillow only
 
-tools/preprocess.py is standalone (copy it next to the export): it preprocesses images exactly as the evaluation
-transform of training does and prints their top classes. Any batch size works (the batch dimension is dynamic).
-model.onnx takes the same input ("images", float32 NCHW) in onnxruntime:
-`onnxruntime.InferenceSession("model.onnx").run(None, {"images": x.numpy()})[0]`; its weights are in
-model.onnx.data, which must stay beside it.
-
-Each file's logits are checked against the eager network's on an example batch, relative to the logits' scale (a
-diverged network's logits reach 1e7, where float32 rounding alone moves them by ~1). The files are written into a
-temporary folder inside the output folder and renamed into place only once every check passed, model.json last: a
-failed export leaves the output folder as it was, and a folder with model.json holds one complete export.
+How each file is checked and published: docs/how-it-works.md#export.
 """
 
 import argparse

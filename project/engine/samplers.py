@@ -18,13 +18,8 @@ from project.engine.errors import ConfigError
 
 
 class ExactDistributedSampler(UnrepeatedDistributedSampler):
-    """Shard rank::world_size without padding: every sample is seen exactly once over all ranks.
-
-    Lightning's default sampler pads the last shard with duplicates so ranks get equal batch counts, which makes
-    validation accuracy depend on the world size. This is Lightning's own unpadded sampler (its predict sampler, the
-    same shards: tests/test_samplers.py), with shuffle off and an empty shard refused on every rank with one line,
-    where Lightning's raises a bare AssertionError on the empty rank only. A DistributedSampler, so Lightning keeps it.
-    """
+    """Shard rank::world_size without padding: every sample once over all ranks (Lightning's predict sampler with
+    shuffle off; an empty shard refused on every rank in one line). docs/how-it-works.md#exact-evaluation."""
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int):
         if len(dataset) < num_replicas:
@@ -39,14 +34,8 @@ Key = tuple[int, int, int]  # (index, epoch, repeat): what a training sample's a
 
 class ResumableSampler(DistributedSampler):
     """The training order: a shuffle drawn from (seed, epoch), sharded rank::world_size, resumable at any position.
-
-    Yields keys (index, epoch, repeat) for SeededSamples, which seeds each image's augmentation from them. With
-    `repeats` > 1 (repeated augmentation, as torchvision's RASampler and DeiT) each drawn image appears `repeats` times
-    in a row of the global order, so the copies land on different ranks, each with its own augmentation; the epoch
-    keeps the data set's length (it then holds len/repeats distinct images). The position of an epoch in progress
-    (global samples consumed) is counted by ResumableDataLoader and restored with `resume`: every rank then skips
-    what the whole job already trained, whatever its rank.
-    """
+    Yields keys (index, epoch, repeat) for SeededSamples (plain indices with keys=False); `repeats` > 1 is repeated
+    augmentation. docs/how-it-works.md#resumable-order."""
 
     def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, seed: int, repeats: int = 1,
                  shuffle: bool = True, keys: bool = True):
@@ -94,14 +83,8 @@ class ResumableSampler(DistributedSampler):
 
 
 class ResumableDataLoader(DataLoader):
-    """The training DataLoader, with Lightning's stateful-loader protocol (state_dict / load_state_dict).
-
-    The state says how far the epoch in progress got, in global samples, counted when a batch is handed to the
-    training loop (not when a worker prefetches it), so a checkpoint taken after batch k resumes at batch k + 1 on
-    every rank. Iteration starts lazily, at the first batch: Lightning creates the epoch's iterator before it sets the
-    sampler's epoch and, on a resume, before it restores a checkpoint's loader state (Lightning #20550, see
-    project.engine.compat), and the order must be drawn after both.
-    """
+    """The training DataLoader, with Lightning's stateful-loader protocol: its state counts the global samples
+    handed to the training loop, and iteration starts lazily (Lightning #20550, project.engine.compat)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -144,12 +127,9 @@ def restore_loader_state(sampler: ResumableSampler, batch_size: Optional[int], s
 
 
 class ExactLoaders(Callback):
-    """Any data module's plain loaders made exact: evaluation sharded without padding or repeats, the training order
-    drawn from the run seed and resumable mid-epoch. Loaders that already shard themselves are left as they are.
-
-    Installed by the CLI on every data module. A plain loader is a torch DataLoader over a map-style data set with a
-    batch size; others (a custom batch sampler, an IterableDataset) keep Lightning's handling, with a warning under ddp.
-    """
+    """Any data module's plain loaders made exact: evaluation sharded without padding, the training order drawn from
+    the run seed and resumable mid-epoch. A plain loader: a DataLoader over a map-style data set with a batch size;
+    loaders that shard themselves, and others, are left to Lightning (with a warning under ddp)."""
 
     def __init__(self, datamodule: Any, seed: int):
         self.seed = seed

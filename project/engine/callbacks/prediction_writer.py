@@ -3,12 +3,7 @@
     python -m project predict --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt \
         --data.predict_root path/to/images [--predictions.output predictions.csv]
 
-Under ddp each rank predicts its shard; the rows are gathered and global rank 0 alone writes the file.
-The output is checked to be writable before the first image is predicted, and the file is written all or nothing
-(atomic_write); should that write still fail (a full disk), the rows go to $TMPDIR and the error line says where:
-predictions are never lost once computed. Paths are the files' exact names: a name that is not UTF-8 (legal on Linux)
-is written as its raw bytes, so read the CSV with errors="surrogateescape" (pandas: encoding_errors=) and every
-path opens as it is; UTF-8 names, nearly all, read as plain text anywhere.
+Under ddp, global rank 0 alone writes every rank's rows; how the file is kept whole: docs/how-it-works.md#predict.
 """
 
 import csv
