@@ -49,12 +49,8 @@ class FineTuning:
 class FreezeBackbone(L.Callback):
     """Freeze all of `pl_module.network` (HasNetwork) but its classifier head until epoch `unfreeze_at_epoch`.
 
-    Unlike Lightning's BackboneFinetuning this adds no parameter group: the optimizer holds every parameter from the
-    start and a frozen one simply gets no gradient, which SGD and AdamW skip (no update, no weight decay, no momentum).
-    So the LR schedule drives every group and the optimizer state resumes as saved. Freezing happens at train start,
-    after the optimizer and DDP wrapper exist, so both know every parameter (BaseFinetuning freezes in setup, before
-    them: Lightning#20340); its static helpers do the freezing.
-    """
+    Unlike Lightning's BackboneFinetuning it adds no parameter group and freezes at train start, after the optimizer
+    and the DDP wrapper exist (Lightning #20340): docs/fine-tuning.md."""
 
     def __init__(self, unfreeze_at_epoch: NonNegativeInt, train_bn: bool = True) -> None:
         """
@@ -64,9 +60,7 @@ class FreezeBackbone(L.Callback):
                 statistics), Lightning's default; False freezes them too and stops their running-statistics updates.
         """
         checked = check_arguments(FreezeBackbone.__init__, locals(), "FreezeBackbone")
-        unfreeze_at_epoch, train_bn = checked["unfreeze_at_epoch"], checked["train_bn"]
-        self.unfreeze_at_epoch = unfreeze_at_epoch
-        self.train_bn = train_bn
+        self.unfreeze_at_epoch, self.train_bn = checked["unfreeze_at_epoch"], checked["train_bn"]
         self._frozen: list[nn.Module] = []  # what this process froze, and so what it gives back
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

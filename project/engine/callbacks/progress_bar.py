@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 
 from project.engine.callbacks.throughput import ThroughputLogger
 
-SHOWN = {"train/loss": "train/loss", "val/loss": "val/loss", "val/acc1": "val/acc1"}
+SHOWN = ("train/loss", "val/loss", "val/acc1")
 
 
 class StepProgressBar(TQDMProgressBar):
@@ -21,9 +21,9 @@ class StepProgressBar(TQDMProgressBar):
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         items = super().get_metrics(trainer, pl_module)
         metrics = trainer.callback_metrics
-        for key, label in SHOWN.items():
+        for key in SHOWN:
             if key in metrics:
-                items[label] = round(float(metrics[key]), 4)  # the host reads it here, at a refresh only
+                items[key] = round(float(metrics[key]), 4)  # the host reads it here, at a refresh only
         for callback in trainer.callbacks:
             if isinstance(callback, ThroughputLogger) and callback.windows:
                 window = callback.windows[-1]
