@@ -61,23 +61,13 @@ def _move_state(source: nn.Module, target: nn.Module) -> nn.Module:
     return target
 
 
-def _convert(module: nn.Module) -> nn.Module:
-    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, GlooSyncBatchNorm):
-        return _move_state(module,
-                           GlooSyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
-                                             module.track_running_stats))
+def _replace(module: nn.Module, found: type, made: type) -> nn.Module:
+    """Every `found` norm layer in module (not already a `made` one) replaced by a `made` one with its state."""
+    if isinstance(module, found) and type(module) is not made:
+        options = (module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
+        return _move_state(module, made(*options))
     for name, child in module.named_children():
-        module.add_module(name, _convert(child))
-    return module
-
-
-def _revert(module: nn.Module) -> nn.Module:
-    if isinstance(module, GlooSyncBatchNorm):
-        return _move_state(module,
-                           nn.BatchNorm2d(module.num_features, module.eps, module.momentum, module.affine,
-                                          module.track_running_stats))
-    for name, child in module.named_children():
-        module.add_module(name, _revert(child))
+        module.add_module(name, _replace(child, found, made))
     return module
 
 
@@ -86,8 +76,8 @@ class SyncBatchNormAnyBackend(TorchSyncBatchNorm):
 
     def apply(self, model: nn.Module) -> nn.Module:
         if dist.is_initialized() and dist.get_backend() == "gloo":
-            return _convert(model)
+            return _replace(model, nn.modules.batchnorm._BatchNorm, GlooSyncBatchNorm)
         return super().apply(model)
 
     def revert(self, model: nn.Module) -> nn.Module:
-        return _revert(super().revert(model))
+        return _replace(super().revert(model), GlooSyncBatchNorm, nn.BatchNorm2d)
