@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import IO, Any, Callable, Optional
 
 import torch
-from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from project.engine.errors import CheckpointError, DiskFullError, untrusted_checkpoint_message
@@ -58,8 +57,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, under another user
+        pass
     return True
 
 
@@ -160,7 +159,7 @@ def _why_it_did_not_load(path: Path, error: BaseException) -> str:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's CheckpointIO with same-directory, fsynced, atomic saves and weights_only loading (see module doc)."""
+    """Lightning's CheckpointIO with same-directory, fsynced, atomic saves and weights_only loading."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -184,11 +183,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             checkpoint, self._handed = self._handed[1], None  # given once: the run does not keep it alive
             return checkpoint
         return load_trusted_format(local, map_location)
-
-    def remove_checkpoint(self, path: Any) -> None:
-        fs = get_filesystem(path)
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
 
     def __getstate__(self) -> dict[str, Any]:
         # ddp_spawn pickles the Trainer for its processes: they read the file themselves rather than receive a copy.
