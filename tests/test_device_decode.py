@@ -220,7 +220,8 @@ def test_device_decoder_reads_no_tensor_back_to_the_host(mixed_root, monkeypatch
     reads = []
     for name in ("item", "tolist", "__bool__", "__int__", "__float__", "cpu", "numpy"):
         original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name, **k: reads.append(_n) or _o(self, *a, **k))
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _o=original, _n=name, **k: reads.append(_n) or _o(self, *a, **k))
     images, _ = pipeline(batch, torch.device("cpu"), training=training)
     monkeypatch.undo()
     assert reads == [] and images.shape[1:] == (3, 24, 24)
@@ -230,7 +231,8 @@ def test_device_decoder_reads_no_tensor_back_to_the_host(mixed_root, monkeypatch
 def test_a_device_decoder_with_other_augmentations_is_refused_with_the_fix(tiny_root, option):
     with pytest.raises(ConfigError, match=r"turn the other augmentations off .* or decode in the workers") as error:
         ImageNetDataModule(str(tiny_root), decoder="nvjpeg", **option)
-    assert "\n" not in str(error.value) and f"data.{next(iter(option))}={next(iter(option.values()))}" in str(error.value)
+    (key, value), = option.items()
+    assert "\n" not in str(error.value) and f"data.{key}={value}" in str(error.value)
 
 
 @pytest.mark.parametrize("decoder", DEVICE_DECODERS)
