@@ -1,4 +1,5 @@
 from project.data.datamodule import ImageNetDataModule
+from project.data.image_data import ImageDataModule
 from project.data.manifest import ManifestDataModule
 
-__all__ = ["ImageNetDataModule", "ManifestDataModule"]
+__all__ = ["ImageDataModule", "ImageNetDataModule", "ManifestDataModule"]
