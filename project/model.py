@@ -224,6 +224,9 @@ class ImageClassifier(L.LightningModule):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
                              weights_only: bool = True, **kwargs):
-        """Lightning's, but weights_only=True by default whatever torch's default is: checkpoints are untrusted."""
+        """Lightning's, but weights_only=True by default whatever torch's default is: checkpoints are untrusted.
+        They carry values, the caller names classes: the checkpoint's `_instantiator` (jsonargparse, which imports and
+        builds any class_path in the hparams, GHSA-qqmf-gpg7-g8gw) and `backbone` are never used; pass backbone=..."""
+        kwargs = {"backbone": None, **kwargs, "_instantiator": None}
         return super().load_from_checkpoint(checkpoint_path, map_location=map_location, hparams_file=hparams_file,
                                             strict=strict, weights_only=weights_only, **kwargs)

@@ -1,5 +1,5 @@
 """LightningCLI reads `--ckpt_path`'s hyperparameters with a torch.load of its own; here they come from the run
-plan's load (project.engine.run.resume), so a start reads its checkpoint once.
+plan's load (project.engine.run.resume), so a start reads its checkpoint once, and they are values only.
 
     python -m project validate --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt
 
@@ -8,12 +8,59 @@ LightningCLI.__init__ calls its private `_parse_ckpt_path` right after `parse_ar
 project.engine.compat.ckpt_hparams then corrects). This class overrides that one method with the same parse, fed the
 dictionary `loaded_checkpoint()` returns. Written against lightning 2.6.6; if an upgrade renames the method, the
 override is dead and the file is read again: tests/test_cli.py counts the opens of the checkpoint.
+
+Checkpoints carry values, the config names classes. Stock LightningCLI takes the class from the checkpoint's
+`_class_path` and parses every value: a crafted `backbone: {class_path: x.Y}` (or "x.Y") makes jsonargparse import x,
+and build x.Y with `init_args` (GHSA-qqmf-gpg7-g8gw's fix in 2.6.6 covers load_from_checkpoint's top level only). Here
+the config's class takes only arguments typed as plain values, and no value naming code.
 """
 
+import dataclasses
+import importlib
 import sys
-from typing import Any, Optional
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, Optional, Union
 
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
+
+CODE_KEYS = {"class_path", "_class_path", "init_args", "dict_kwargs", "_instantiator"}  # what jsonargparse builds from
+CONTAINERS = (list, tuple, dict, Union, types.UnionType)
+
+
+def names_code(value: Any) -> bool:
+    """A mapping with class_path / init_args / _instantiator keys at any depth."""
+    if isinstance(value, Mapping):
+        return bool(CODE_KEYS & set(value)) or any(names_code(item) for item in value.values())
+    return isinstance(value, (list, tuple)) and any(names_code(item) for item in value)
+
+
+def holds_values(annotation: Any) -> bool:
+    """Whether jsonargparse parses this annotation into plain values, never importing what a string names."""
+    if annotation is type(None) or isinstance(annotation, type) and issubclass(annotation, (int, float, str)):
+        return True  # bool is an int; project.engine.options' number types subclass int and float
+    if dataclasses.is_dataclass(annotation):
+        hints = typing.get_type_hints(annotation)
+        return all(holds_values(hints[field.name]) for field in dataclasses.fields(annotation))
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return True
+    return origin in CONTAINERS and all(holds_values(arg) for arg in typing.get_args(annotation) if arg is not ...)
+
+
+def checkpoint_values(model_class: type, hparams: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(the hyperparameters the config's model class may take from a checkpoint, the others' names): none that
+    names code, none for an argument whose type could (a class, a callable)."""
+    try:
+        hints = typing.get_type_hints(model_class.__init__)
+    except Exception:  # an annotation that does not resolve: take nothing, the config stands
+        hints = {}
+    # A key the class lacks goes on to the parse, which refuses it (a moved option's line: compat.moved_options).
+    taken = {key: value for key, value in hparams.items()
+             if (key not in hints or holds_values(hints[key])) and not names_code(value) and key not in CODE_KEYS}
+    return taken, [key for key in hparams if key not in taken and key not in ("_class_path", "_instantiator")]
 
 
 class CheckpointReadOnceCLI(LightningCLI):
@@ -22,17 +69,25 @@ class CheckpointReadOnceCLI(LightningCLI):
         return None
 
     def _parse_ckpt_path(self) -> None:
-        # lightning 2.6.6 LightningCLI._parse_ckpt_path, minus its torch.load
+        # lightning 2.6.6 LightningCLI._parse_ckpt_path, minus its torch.load, its `_class_path` and code-naming values
         subcommand = self.config.get("subcommand")
         checkpoint = self.loaded_checkpoint() if subcommand else None
         if checkpoint is None:
             return
-        hparams = dict(checkpoint.get("hyper_parameters") or {})  # a copy: the checkpoint goes on to be restored
-        hparams.pop("_instantiator", None)
+        model = self.config[subcommand].model
+        class_path = model.get("class_path") if self.subclass_mode_model else None
+        model_class = self._model_class
+        if class_path:  # the config's class (already imported by the parse), never the checkpoint's
+            module, _, name = class_path.rpartition(".")
+            model_class = getattr(importlib.import_module(module), name)
+        hparams, dropped = checkpoint_values(model_class, checkpoint.get("hyper_parameters") or {})
+        if dropped:
+            rank_zero_info(f"checkpoint hyperparameters not used (checkpoints carry values, the config names classes): "
+                           f"{', '.join(f'model.{key}' for key in dropped)}")
         if not hparams:
             return
-        if "_class_path" in hparams:
-            hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+        if class_path:
+            hparams = {"class_path": class_path, "init_args": hparams}
         try:
             self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
         except SystemExit:
