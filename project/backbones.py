@@ -25,14 +25,10 @@ NETWORK = "network"  # the attribute of HasNetwork; its tensors are `network.*` 
 
 @runtime_checkable
 class HasNetwork(Protocol):
-    """A LightningModule whose whole network is one plain nn.Module in `self.network` (ImageClassifier is one).
-
-    The network is what is averaged (project.callbacks.ema), frozen but for its head (project.callbacks.finetuning),
-    loaded from pretrained weights and read from checkpoints (`network.` keys, project.weights), exported
-    (project.engine.export) and grouped for the optimizer (project.optim): plain torch, no Lightning, no metrics. Its
-    classifier head is the last nn.Linear or nn.Conv2d it registers (classifier_head). A module of your own works
-    with all of them by holding its network there; `isinstance(module, HasNetwork)` tells whether it does.
-    """
+    """A LightningModule whose whole network is one plain nn.Module in `self.network` (ImageClassifier is one): what
+    EMA averages, FreezeBackbone freezes but for its head (the last nn.Linear or nn.Conv2d it registers), the weights,
+    the checkpoints (`network.` keys), export and the optimizer's groups read. A module of your own that holds its
+    network there works with all of them."""
 
     network: nn.Module
 
@@ -118,14 +114,9 @@ def build_network(
     arch: str, num_classes: int, *, zero_init_residual: bool = False, weights: Optional[str] = None,
     image_sizes: Optional[Mapping[str, int]] = None,
 ) -> nn.Module:
-    """Build a randomly initialised torchvision classifier by name.
-
-    `weights`, when it names a torchvision weights entry of arch, shapes the network the way those weights need
-    (ViT's image size, GoogLeNet's input transform); the weights themselves are loaded by project.weights. A path or
-    None changes nothing. `image_sizes`, the side of every image the network will see keyed by the option that sets
-    it ({"data.train_crop_size": 32, ...}), builds a ViT for that size (torchvision's `image_size`; weights that fix
-    one win) and refuses, naming the option, a size the network cannot take (check_image_sizes).
-    """
+    """Build a randomly initialised torchvision classifier by name, shaped as torchvision weights named by `weights`
+    need (ViT's image size, GoogLeNet's input transform; project.weights loads them). `image_sizes` ({option: side})
+    builds a ViT for that size and refuses, naming the option, a size the network cannot take (check_image_sizes)."""
     if arch not in ARCHS:
         raise ConfigError(unknown_arch_message(arch))
     if num_classes < 1:
@@ -166,12 +157,9 @@ def _multiple(side: int, patch: int) -> int:
 
 
 def image_size_problem(network: nn.Module, side: int) -> Optional[str]:
-    """Why `network` cannot take a batch of side x side images (the first line of its own error), or None if it can.
-
-    One training-mode forward with the network's tensors swapped for meta ones (torch.func.functional_call): shapes
-    only, no compute, no copy of the weights, the network's own tensors untouched. Every torchvision classifier runs
-    on the meta device; a network of your own may use an op that does not, which is why the model probes only these.
-    """
+    """Why `network` cannot take a batch of side x side images (the first line of its own error), or None if it can:
+    one training-mode forward on meta tensors (torch.func.functional_call), shapes only, the network untouched. Every
+    torchvision classifier runs on the meta device; a network of your own may not, so only those are probed."""
     tensors = {name: torch.empty_like(tensor, device="meta")
                for name, tensor in (*network.named_parameters(), *network.named_buffers())}
     images = torch.empty(2, 3, side, side, device="meta")  # 2: BatchNorm refuses one value per channel in training

@@ -211,12 +211,8 @@ def check_optimizer_state_fits(path, checkpoint: dict, network: nn.Module, optim
 
 class ResumedOptimizerSettings(L.Callback):
     """After a resume: this run's optimizer settings (explicit flags, a new global batch) over the checkpoint's,
-    keeping its state (momentum, Adam moments) and the schedule's position. A no-op when nothing changed.
-
-    Lightning restores the checkpoint's optimizer, hyperparameters included, between on_fit_start (the optimizer as
-    this run built it) and on_train_start (as restored): what this run configured is read at the first, put back at
-    the second. ImageClassifier returns it from configure_callbacks.
-    """
+    keeping its state (momentum, Adam moments) and the schedule's position. Lightning restores the checkpoint's
+    optimizer, hyperparameters included, between on_fit_start (read here) and on_train_start (put back here)."""
 
     def __init__(self) -> None:
         self._configured: list[dict] = []
