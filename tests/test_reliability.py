@@ -205,8 +205,47 @@ def test_a_checkpoint_of_other_data_names_both_class_counts(tiny_root, tmp_path)
     torch.save({"state_dict": ten.state_dict(), "epoch": 3, "global_step": 90,
                 "hyper_parameters": dict(ten.hparams)}, path)
     with pytest.raises(CheckpointError,
-                       match=rf"checkpoint {path} has 10 classes, the data has 3 \({tiny_root}/train\)"):
+                       match=rf"checkpoint {path} has 10 classes, the data has 3: "):
         cli_main(["validate", *tiny_args(tiny_root, tmp_path / "run"), f"--ckpt_path={path}"])
+
+
+def _copy_of(trained: Path, root: Path) -> Path:
+    """A copy of the trained run; its config.yaml names the copy (the logger's save_dir, the root), not the original."""
+    import shutil
+
+    shutil.copytree(trained, root)
+    config = root / "lightning_logs" / "version_0" / "config.yaml"
+    config.write_text(config.read_text().replace(str(trained), str(root)))
+    return root
+
+
+def test_predict_with_the_runs_config_leaves_its_config_yaml_for_export_and_the_readme_names_a_real_checkpoint(
+        trained, tmp_path, monkeypatch, capsys):
+    import re
+
+    run = _copy_of(trained, tmp_path / "run") / "lightning_logs" / "version_0"
+    before = (run / "config.yaml").read_bytes()
+    args = ["predict", f"--config={run / 'config.yaml'}", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
+            f"--predictions.output={tmp_path / 'predictions.csv'}"]
+    code, _, err = project_in_process(args, monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    # only fit writes the run's config.yaml: export rebuilds the network from it (it refused predict's keys)
+    assert (run / "config.yaml").read_bytes() == before and not list(run.glob("config.*.yaml"))
+    readme = (REPO / "README.md").read_text()
+    (name,) = re.findall(r"python -m project export --ckpt_path RUN/checkpoints/(\S+)", readme)
+    assert (run / "checkpoints" / name).is_file(), sorted(p.name for p in (run / "checkpoints").iterdir())
+
+
+def test_a_resume_refused_by_the_optimizer_check_leaves_the_run_dir_as_it_was(trained, tiny_root, tmp_path,
+                                                                               monkeypatch, capsys):
+    root = _copy_of(trained, tmp_path / "run")
+    run = root / "lightning_logs" / "version_0"
+    before = {name: mtime for name, mtime in tree(run).items() if name != ".lock"}
+    args = ["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=3", "--model.optim.optimizer=adamw"),
+            "--ckpt_path=last"]
+    code, _, err = project_in_process(args, monkeypatch, capsys)
+    assert code == 2 and "model.optim.optimizer=sgd, this run asks for adamw" in err, err[-3000:]
+    assert {name: mtime for name, mtime in tree(run).items() if name != ".lock"} == before  # no empty event file
 
 
 # -- one writer per run dir -------------------------------------------------------------------------------------------

@@ -127,6 +127,10 @@ def test_sigint_saves_and_exits_130_in_process(tiny_root, tmp_path):
     assert stopped.value.code == 130
     saved = torch.load(tmp_path / LAST, map_location="cpu", weights_only=True)
     assert saved["global_step"] == 3  # the signal came before step 3; that step's end saved and stopped
+    from conftest import read_scalars
+
+    logged = [step for step, _ in read_scalars(tmp_path / "lightning_logs" / "version_0")["train/loss"]]
+    assert logged == [0, 1, 2]  # the stop step's train/loss too
     # every handler is back as it was before fit (not Lightning's, not ours): left behind, a SIGTERM handler
     # would keep a later multiprocessing.Pool.terminate() waiting forever
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
@@ -176,3 +180,39 @@ def test_ctrl_c_to_a_ddp_job_saves_once_on_every_rank_and_exits_130(tiny_root, t
     assert job.returncode == 130, err[-3000:]
     assert "stopped by SIGINT at epoch 0, global step 2" in out + err and "Traceback" not in err
     assert torch.load(tmp_path / LAST, map_location="cpu", weights_only=True)["global_step"] == 2
+
+
+@pytest.mark.slow
+def test_ddp_spawn_sigterm_to_the_main_process_saves_exits_143_and_the_resume_keeps_one_metrics_csv(tiny_root,
+                                                                                                    tmp_path):
+    import csv
+    import json
+    import time
+
+    from conftest import read_scalars
+
+    # Under ddp_spawn the training runs in processes the main one spawned; `kill PID` reaches the main one alone.
+    loggers = "--trainer.logger=" + json.dumps([
+        {"class_path": f"lightning.pytorch.loggers.{kind}", "init_args": {"save_dir": str(tmp_path)}}
+        for kind in ("TensorBoardLogger", "CSVLogger")])
+    spawn = [*CPU_DDP, "--trainer.strategy=ddp_spawn"]
+    args = [*tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=2", loggers), *spawn]
+    marker = tmp_path / "holding"
+    job = start_project(["fit", *args, callback("stop_callbacks.HoldUntilSignalled", step=1, marker=str(marker))])
+    deadline = time.monotonic() + 240
+    while not marker.exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    job.send_signal(signal.SIGTERM)
+    out, err = job.communicate(timeout=240)
+    assert job.returncode == 143, err[-3000:]
+    assert f"stopped by SIGTERM at epoch 0, global step 2; last checkpoint: {tmp_path / LAST}" in out + err, err[-3000:]
+    assert "Traceback" not in err
+    ok(run_project(["fit", *args, "--ckpt_path=last"]))
+    steps = torch.load(tmp_path / LAST, map_location="cpu", weights_only=True)["global_step"]
+    # continue_csv_logs under ddp_spawn: one metrics.csv, each step once, the steps TensorBoard holds
+    run_dir = tmp_path / "lightning_logs" / "version_0"
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open(newline="")))
+    scalars = read_scalars(run_dir)
+    for name in ("train/loss", "val/acc1"):
+        assert [int(r["step"]) for r in rows if r.get(name)] == [step for step, _ in scalars[name]], name
+    assert [step for step, _ in scalars["train/loss"]] == list(range(steps))

@@ -199,3 +199,103 @@ def test_a_missing_tracker_package_is_one_line_naming_the_extra(tiny_root, tmp_p
     _one_line_error(result, "mlflow", '.[tracking]')
     assert not (tmp_path / "run").exists()
 
+
+
+# -- trackers at start-up and on resume: one line before anything is written, or a new tracked run said so ----------
+
+def test_a_tracking_uri_with_a_password_is_used_and_never_printed(tiny_root, tmp_path, mlflow_server, capsys,
+                                                                  monkeypatch):
+    from jsonargparse import Namespace
+
+    from project.engine.run.trackers import check_trackers, redact
+
+    with_password = mlflow_server.replace("http://", "http://ann:s3cret@")  # basic auth, as MLflow's client takes it
+    entry = Namespace(class_path="lightning.pytorch.loggers.MLFlowLogger",
+                      init_args=Namespace(tracking_uri=with_password))
+    check_trackers(Namespace(logger=[entry]))  # the server answers: no refusal as an unknown host
+    assert redact(with_password) == mlflow_server.replace("http://", "http://ann:***@")
+    nobody = f"http://ann:s3cret@127.0.0.1:{_free_port()}"
+    args = ["fit", *tiny_args(tiny_root, tmp_path, _loggers(_mlflow(nobody, "x")))]
+    code, out, err = project_in_process(args, monkeypatch, capsys)
+    assert code == 2 and err.strip().splitlines() == [err.strip()], err[-3000:]
+    assert "http://ann:***@127.0.0.1" in err and "does not answer" in err and "s3cret" not in out + err
+    assert not (tmp_path / "lightning_logs").exists()
+
+
+def _resume_plan(root: Path, uri: str, experiment: str, recorded: dict):
+    """The run plan of `fit --ckpt_path last` into a run dir whose trackers.json holds `recorded`."""
+    import torch
+    from jsonargparse import Namespace
+
+    from project.engine.run.resume import plan_run
+
+    run_dir = root / "lightning_logs" / "version_0"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    torch.save({"state_dict": {}, "epoch": 0, "global_step": 5}, run_dir / "checkpoints" / "last.ckpt")
+    (run_dir / "trackers.json").write_text(json.dumps(recorded))
+    entry = Namespace(class_path="lightning.pytorch.loggers.MLFlowLogger",
+                      init_args=Namespace(tracking_uri=uri, experiment_name=experiment))
+    config = Namespace(trainer=Namespace(default_root_dir=str(root), logger=[entry]), ckpt_path="last",
+                       checkpoint=Namespace(dirpath=None))
+    return plan_run("fit", config), entry.init_args
+
+
+@pytest.mark.parametrize("case", ["run deleted", "experiment deleted", "another tracking uri"])
+def test_a_resume_whose_mlflow_run_cannot_continue_starts_a_new_one_said_or_stops_in_one_line(tmp_path, mlflow_server,
+                                                                                                case):
+    from project.engine.errors import ConfigError
+
+    client = mlflow.tracking.MlflowClient(mlflow_server)
+    experiment = f"gone-{case.replace(' ', '-')}"
+    experiment_id = client.create_experiment(experiment)
+    run_id = client.create_run(experiment_id).info.run_id
+    recorded = {"mlflow": run_id, "mlflow_tracking_uri": mlflow_server}
+    if case == "run deleted":
+        client.delete_run(run_id)
+    elif case == "experiment deleted":
+        client.delete_experiment(experiment_id)
+        with pytest.raises(ConfigError, match=rf"MLflow experiment '{experiment}' is deleted on .*mlflow experiments "
+                                              rf"restore --experiment-id {experiment_id}"):
+            _resume_plan(tmp_path, mlflow_server, experiment, recorded)
+        return
+    else:
+        recorded["mlflow_tracking_uri"] = "http://elsewhere:5000"
+    with pytest.warns(UserWarning, match=rf"MLflow run {run_id} cannot continue \(.*\): a new MLflow run starts"):
+        plan, args = _resume_plan(tmp_path, mlflow_server, experiment, recorded)
+    assert plan.ckpt_path is not None and args.get("run_id") is None  # the logger starts a new run
+
+
+def test_wandb_online_without_a_network_is_one_line_at_once(tiny_root, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{_free_port()}")  # nothing listens: as no network
+    wandb_logger = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"project": "x"}}
+    started = time.monotonic()
+    _one_line_error_in_process(capsys, monkeypatch, ["fit", *tiny_args(tiny_root, tmp_path, _loggers(wandb_logger))],
+                               "W&B (online)", "cannot be reached", "WANDB_MODE=offline")
+    assert time.monotonic() - started < 60 and not (tmp_path / "lightning_logs").exists()
+
+
+def test_an_explicit_wandb_save_dir_is_said_to_move_into_the_run_dir(tmp_path):
+    from jsonargparse import Namespace
+
+    from project.engine.run.trackers import point_trackers
+
+    entry = Namespace(class_path="lightning.pytorch.loggers.WandbLogger",
+                      init_args=Namespace(project="x", save_dir=str(tmp_path / "mine")))
+    run_dir = tmp_path / "lightning_logs" / "version_0"
+    with pytest.warns(UserWarning, match=rf"save_dir {tmp_path / 'mine'}: W&B's local files go into the run dir "
+                                         rf"{run_dir} instead"):
+        point_trackers(Namespace(logger=[entry]), run_dir, resuming=False)
+    assert entry.init_args.save_dir == str(run_dir)
+
+
+def test_tracked_parameters_are_named_as_the_cli_spells_them_without_init_args():
+    from project.engine.run.trackers import flat_config
+
+    config = {"model": {"class_path": "project.ImageClassifier", "init_args": {"arch": "resnet18",
+                                                                              "optim": {"lr_per_256": 0.2}}},
+              "trainer": {"max_epochs": 2, "logger": [{"class_path": "x.Y"}]}}
+    assert flat_config(config) == {"model.class_path": "project.ImageClassifier", "model.arch": "resnet18",
+                                   "model.optim.lr_per_256": 0.2, "trainer.max_epochs": 2,
+                                   "trainer.logger": [{"class_path": "x.Y"}]}

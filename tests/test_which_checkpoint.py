@@ -119,12 +119,14 @@ def test_validate_with_last_and_no_checkpoint_is_an_error_not_random_weights(tmp
 
 @pytest.mark.parametrize("logger", [
     Namespace(class_path="lightning.pytorch.loggers.WandbLogger", init_args=Namespace(project="x")), False])
-def test_with_a_logger_that_writes_elsewhere_or_none_the_checkpoints_still_go_to_the_planned_run_dir(tmp_path, logger):
+def test_with_a_logger_that_writes_elsewhere_or_none_the_checkpoints_still_go_to_the_planned_run_dir(tmp_path, logger,
+                                                                                                       monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")  # online, W&B's server must answer at start-up
     config = fit_config(tmp_path, logger=logger)
     plan = plan_run("fit", config)
     assert config.trainer.logger is logger  # left as configured
     assert plan.run_dir == tmp_path / "lightning_logs" / "version_0"
-    assert config.checkpoint.dirpath == str(plan.run_dir / "checkpoints")  # where `last` and the lock look
+    assert config.checkpoint.dirpath is None  # placed at set-up: config.yaml names no run dir (a rerun is new)
     write_checkpoint(plan.run_dir / "checkpoints" / "last.ckpt", 5)
     again = fit_config(tmp_path, "last", logger=logger)
     assert plan_run("fit", again).ckpt_path == plan.run_dir / "checkpoints" / "last.ckpt"
@@ -188,3 +190,16 @@ def test_fits_started_at_the_same_moment_each_claim_their_own_version_dir(tmp_pa
         for run in runs:
             run.join(60)
     assert [run.exitcode for run in runs] == [0, 0, 0, 0]
+
+
+def test_a_rerun_of_a_run_without_file_loggers_from_its_config_yaml_is_a_new_run(tiny_root, tmp_path):
+    from conftest import tiny_args
+    from project.engine.cli import cli_main
+
+    short = ["--trainer.logger=false", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+    first = cli_main(["fit", *tiny_args(tiny_root, tmp_path, *short)])
+    run = tmp_path / "lightning_logs" / "version_0"
+    assert first.plan.run_dir == run and (run / "checkpoints" / "last.ckpt").is_file()
+    cli_main(["fit", f"--config={run / 'config.yaml'}", "--trainer.max_epochs=1"])  # no --ckpt_path: a new run
+    assert (tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt").is_file()
+    assert sorted(p.name for p in run.glob("config*.yaml")) == ["config.yaml"]  # the first run's, untouched

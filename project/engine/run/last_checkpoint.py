@@ -1,29 +1,16 @@
-"""last.ckpt, the one file a run resumes from: rewritten every few minutes of training, at every epoch end, and when
-a stop signal arrives (SIGTERM, SIGHUP, SIGINT, Slurm's SIGUSR1), after which the run stops with an honest exit code.
+"""last.ckpt, the one file a run resumes from: rewritten every few minutes, at every epoch end and on a stop signal
+(SIGTERM, SIGHUP, SIGINT, Slurm's SIGUSR1), after which the run stops with an honest exit code.
 
-    python -m project fit --config configs/quickstart.yaml --last_checkpoint.every_minutes 5
     python -m project fit --config configs/quickstart.yaml --ckpt_path last      # continues at the next batch
 
-What a stop costs with the defaults (every_minutes 10, check_every_n_steps 10):
-    kill -9, node failure      the training since the last save: at most 10 minutes (plus the epoch's validation)
-    SIGTERM, SIGINT (Ctrl+C)   nothing: saved within 10 steps (1 step on one process), exit 143 / 130
-    SIGHUP (terminal closed)   as SIGTERM: saved, exit 143
-    SIGUSR1 in a Slurm job     nothing: saved the same way, then `scontrol requeue`, exit 0 (1 if the requeue failed)
-A signal that arrives during validation is acted on at the first agreed batch end after it, or at the epoch's end.
-No save (timed, every_n_steps or on a signal) happens at a batch end right before a validation: a run resumed from
-there would skip it (Lightning fast-forwards a validation that was due); such saves wait for the next batch end or
-the epoch's end, which always saves and agrees on signals.
-
-Under ddp the ranks agree on a stop (any rank signalled) and on the time (rank 0's clock) with one small all-reduce
-every `check_every_n_steps` optimizer steps, so all of them save at the same step and nothing synchronises the GPU
-with the host on the other steps. Saves happen only right after an optimizer step (never inside a gradient-
-accumulation window), so the checkpoint, the data order position and the optimizer agree. One rolling file: the
-best-by-metric checkpoints are ModelCheckpoint's (`--checkpoint.*`).
+What a stop costs, when the ranks agree and why no save comes right before a validation: docs/reliability.md.
 """
 
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,8 +18,10 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.multiprocessing import ProcessExitedException
 
 from project.engine.compat.sigterm_broadcast import take_over_lightning_sigterm
+from project.engine.compat.spawn import trains_in_this_process
 from project.engine.errors import CheckpointError, ConfigError
 from project.engine.run.run_dirs import CHECKPOINTS, version_name
 from project.engine.run.signals import STOP_SIGNALS, StopRequests, as_requested
@@ -80,14 +69,15 @@ class LastCheckpoint(Checkpoint):
         self.path: Optional[Path] = None
         self.saved_at_step: Optional[int] = None
         self._stops: Optional[StopRequests] = None
+        self._stopping: Optional[RunStopped] = None  # saved and said: raised once this step's metrics are logged
         self._last_save_time = 0.0
 
     # -- life cycle ----------------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        # Every rank chose its checkpoint itself (project.engine.run.resume); they must have chosen the same one, or their
-        # steps, and so their collectives, would disagree.
+        # Every rank chose its checkpoint itself (project.engine.run.resume); they must have chosen the same one, or
+        # their steps, and so their collectives, would disagree.
         chosen = trainer.strategy.broadcast(str(trainer.ckpt_path))
         if chosen != str(trainer.ckpt_path):
             raise CheckpointError(f"rank {trainer.global_rank} chose checkpoint {trainer.ckpt_path} but rank 0 chose "
@@ -134,18 +124,27 @@ class LastCheckpoint(Checkpoint):
         self._restore_handlers()
 
     # -- triggers ------------------------------------------------------------------------------------------------
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        # Lightning logs a step's metrics after its on_train_batch_end: a stop raised there lost the step's train/loss.
+        if self._stopping is not None:
+            raise self._stopping
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         # Not right before a validation: a run resumed from a checkpoint saved there would skip that validation
         # (Lightning fast-forwards it), so such saves and stops wait for the next batch or the epoch's end.
-        if self._stops is None or not after_optimizer_step(trainer, batch_idx) or validation_follows(trainer, batch_idx):
+        if self._stops is None or not after_optimizer_step(trainer, batch_idx):
+            return
+        if validation_follows(trainer, batch_idx):
             return
         step = trainer.global_step
         distributed = trainer.world_size > 1
         if not distributed or step % self.check_every_n_steps == 0:
             signum, time_due = self._agree(trainer, distributed)
             if signum:
-                self._stop(trainer, signum)
+                self._stopping = self._stop(trainer, signum)
+                return
             if time_due:
                 self._save(trainer, "every_minutes")
                 return
@@ -154,6 +153,8 @@ class LastCheckpoint(Checkpoint):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After the epoch's validation and ModelCheckpoint's save (Checkpoint callbacks run last, in list order).
+        if self._stopping is not None:  # the stop step was the epoch's last
+            raise self._stopping
         if self._stops is None:
             return
         # The epoch's sync_dist metrics are reduced by whoever reads them first: on rank 0 the progress bar did, just
@@ -161,9 +162,10 @@ class LastCheckpoint(Checkpoint):
         # collectives below on all of them; else rank 0 waits in _agree while the others wait in the metric's reduce.
         trainer.callback_metrics  # noqa: B018
         self._save(trainer, "epoch end")
-        signum, _ = self._agree(trainer, trainer.world_size > 1)  # a signal that came during the last steps or validation
+        # A signal that came during the last steps or the validation:
+        signum, _ = self._agree(trainer, trainer.world_size > 1)
         if signum:
-            self._stop(trainer, signum)
+            raise self._stop(trainer, signum)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore_handlers()
@@ -188,7 +190,8 @@ class LastCheckpoint(Checkpoint):
         self._last_save_time = time.monotonic()
         return self.path
 
-    def _stop(self, trainer: L.Trainer, signum: int) -> None:
+    def _stop(self, trainer: L.Trainer, signum: int) -> RunStopped:
+        """Save, requeue or say so; the exit to raise."""
         path = self._save(trainer, "signal")
         name = signal.Signals(signum).name
         where = f"epoch {trainer.current_epoch}, global step {trainer.global_step}"
@@ -203,11 +206,30 @@ class LastCheckpoint(Checkpoint):
                     code = 1
                     rank_zero_warn(f"Slurm job {job_id}: {name} at {where}; saved {path}, but scontrol requeue failed "
                                    f"({why}): submit again with --ckpt_path {path}")
-            raise RunStopped(code)
+            return RunStopped(code)
         as_term = " (as SIGTERM)" if signum != as_requested(signum) else ""
         say(trainer, f"stopped by {name}{as_term} at {where}; last checkpoint: {path} "
                      f"(continue with the same command and --ckpt_path last)")
-        raise RunStopped(128 + as_requested(signum))
+        return RunStopped(128 + as_requested(signum))
+
+
+@contextmanager
+def stops_reach_spawned_ranks(trainer: L.Trainer) -> Iterator[None]:
+    """Around trainer.fit: under ddp_spawn this process only waits for the ranks it spawned, so a stop signal sent to
+    it (docker stop, kill PID) is passed on to them (they save and stop as above) and it exits with their code."""
+    if trains_in_this_process(trainer):
+        yield
+        return
+    stops = StopRequests(STOP_SIGNALS)
+    stops.install(forward=trainer.strategy.launcher.kill, forwarded=(signal.SIGTERM, signal.SIGHUP))
+    try:
+        yield
+    except ProcessExitedException as exited:
+        if stops.received and exited.exit_code in (128 + signal.SIGTERM, 128 + signal.SIGINT):
+            raise RunStopped(exited.exit_code) from None  # the ranks saved and said so
+        raise
+    finally:
+        stops.restore()
 
 
 def say(trainer: L.Trainer, line: str) -> None:

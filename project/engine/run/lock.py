@@ -1,15 +1,8 @@
-"""One run dir, one writer: a live run holds a lock on its run dir; a second process that would write there stops.
+"""One run dir, one writer: a live run holds a POSIX record lock on <run dir>/.lock; a second writer stops.
 
-    python -m project fit --config configs/quickstart.yaml --ckpt_path last &
     python -m project fit --config configs/quickstart.yaml --ckpt_path last   # error: run dir ... is in use by pid ...
 
-Global rank 0 (the only rank that writes) takes the lock as the run is planned (project.engine.run.resume.start_run) and
-holds it until the run ends; the other ranks of the job write nothing and rely on it. The lock is a POSIX record lock
-(fcntl.lockf) on <run dir>/.lock: it belongs to the process that took it, the kernel drops it when that process
-dies, and processes forked after it (DataLoader workers, which outlive a kill -9 of their parent by seconds) do not
-inherit it, as they did an flock. So a crashed run leaves no stale lock; the file stays, naming the last holder.
-(A record lock is also dropped when its process closes *any* descriptor of the file: nothing else here opens it.)
-A new version dir is created exclusively while its number is chosen: two runs started at the same moment get two.
+Why a record lock (not flock), and what a failed start removes: docs/reliability.md ("One writer per run dir").
 """
 
 import errno
@@ -34,6 +27,7 @@ from project.engine.run.run_dirs import CHECKPOINTS, LOCK_FILE, next_version, ve
 class RunLock:
     run_dir: Path
     created: list[Path] = field(default_factory=list)  # the dirs this process created for the run, outermost first
+    found: set[str] = field(default_factory=set)  # the run dir's entries when it was claimed (a resume's)
     _fd: Optional[int] = None
 
     def release(self) -> None:
@@ -47,8 +41,19 @@ class RunLock:
     def remove_failed_start(self) -> None:
         """After a start that failed before its first optimizer step: delete what this process created for the run
         (the run dir holds only what that start wrote: the lock, perhaps config.yaml, hparams.yaml, an event file)."""
+        held = self._fd is not None
         self.release()
-        if self.run_dir not in self.created or any(self.run_dir.glob(f"{CHECKPOINTS}/*.ckpt")):
+        if self.run_dir not in self.created:
+            # A resume's run dir: only what this start added (an event file, hparams.yaml), and only while it held
+            # the lock (else the files are another run's).
+            added = [p for p in self.run_dir.iterdir() if p.name not in (*self.found, LOCK_FILE, CHECKPOINTS)]
+            for path in added if held else []:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            return
+        if any(self.run_dir.glob(f"{CHECKPOINTS}/*.ckpt")):
             return
         shutil.rmtree(self.run_dir, ignore_errors=True)
         for parent in reversed(self.created[:-1]):  # e.g. <root>/lightning_logs, if this start made it
@@ -102,7 +107,8 @@ def claim_new_version(logs: Path) -> RunLock:
 
 def claim(run_dir: Path) -> RunLock:
     """Create the run dir if it is missing, and lock it; RunDirInUse if a live process holds it."""
-    return _lock(RunLock(run_dir, _make_dirs(run_dir)))
+    created = _make_dirs(run_dir)
+    return _lock(RunLock(run_dir, created, set() if created else {p.name for p in run_dir.iterdir()}))
 
 
 def _holder(lock_file: Path) -> str:

@@ -2,24 +2,8 @@
 
     python -m project fit --config configs/quickstart.yaml --ckpt_path last
 
-`start_run` is the one entry: the CLI calls it once, after parsing and before anything is built. It decides, and
-hands along: the checkpoint, loaded once (weights_only, memory-mapped; the fit checks and Lightning's restore use that
-load, not the file), and the run dir `<default_root_dir>/lightning_logs/<version>/` (checkpoints/, config.yaml, the
-TensorBoard/CSV logger pinned to it), already created and locked by global rank 0 of a fit (project.engine.run.lock): the
-version is chosen while it is claimed. Every checkpoint it considers is loaded before it is chosen; one that does
-not load is skipped with a line saying why (for `last` and restarts) or stops the run (an explicit path).
-
-| fit with                          | continues from                                     | writes into            |
-|-----------------------------------|----------------------------------------------------|------------------------|
-| no --ckpt_path                    | nothing (a new run)                                | the next version_N     |
-| --ckpt_path last                  | the newest loadable *.ckpt under <root> (mtime)    | that checkpoint's run  |
-| --ckpt_path FILE                  | FILE                                               | FILE's run, if under <root>; else a new one |
-| a requeued Slurm job (restart>=1) | its own newest loadable checkpoint, over --ckpt_path | slurm-<job id>      |
-| a Slurm job's first run           | --ckpt_path as above                               | slurm-<job id>         |
-| a torchrun restart (restart>=1)   | as --ckpt_path last                                | that checkpoint's run  |
-
-last.ckpt is rewritten at every epoch end, every few minutes of training and on SIGTERM/SIGINT/SIGUSR1 (project
-.callbacks.last_checkpoint), so it is the newest checkpoint of its run; the best-by-metric ones are older fallbacks.
+`start_run` is the CLI's one call: the checkpoint loaded once, and for a fit the run dir created and locked.
+Which checkpoint wins, and why: docs/reliability.md ("Which checkpoint wins").
 """
 
 import os
@@ -37,7 +21,6 @@ from project.engine.run.run_dirs import CHECKPOINTS, LOGS, logger_version, next_
 from project.engine.run.slurm import slurm_job_id, slurm_restart_count
 from project.engine.run.trackers import check_trackers, kind_of, logger_entries, point_trackers
 
-# Loggers whose directory is save_dir/name/version, so pinning `version` pins the directory.
 REQUIRED_KEYS = ("state_dict", "epoch", "global_step")
 
 
@@ -118,13 +101,6 @@ def logs_dir(trainer: Namespace, root: Path) -> Path:
     return root / LOGS
 
 
-def pinnable(trainer: Namespace) -> bool:
-    """True when the run's first logger writes to save_dir/name/<version> (the default one, TensorBoard, CSV), so
-    Lightning puts the checkpoints into the run dir by itself."""
-    entries = logger_entries(trainer)
-    return trainer.logger in (None, True) or bool(entries) and kind_of(entries[0]) in ("tensorboard", "csv")
-
-
 def pin_logger_version(trainer: Namespace, save_dir: Path, version: int | str) -> None:
     """Make the run log into its version dir (edits the parsed trainer config in place).
 
@@ -177,21 +153,39 @@ def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False)
     if subcommand == "fit":
         check_trackers(trainer)  # a missing package, MLflow's file store, a server that does not answer: one line
     logs = logs_dir(trainer, root)
-    checkpoint_group = config.get("checkpoint")
-    given_dir = Path(checkpoint_group.dirpath) if checkpoint_group is not None and checkpoint_group.get("dirpath") else None
-    extra = (root / CHECKPOINTS, *((given_dir,) if given_dir else ()))
-    requested = config.get("ckpt_path")
-    plan = RunPlan()
-    chosen: Optional[tuple[Path, dict]] = None
-
+    group = config.get("checkpoint")
+    given_dir = Path(group.dirpath) if group is not None and group.get("dirpath") else None
     job_id = slurm_job_id() if subcommand == "fit" else None
     job_dir = logs / f"slurm-{job_id}" if job_id else None
+    plan = RunPlan()
+    requested = config.get("ckpt_path")
+    chosen = _choose_checkpoint(plan, subcommand, requested, logs, (root / CHECKPOINTS, *filter(None, [given_dir])),
+                                given_dir, job_dir)
+    if chosen is not None:
+        plan.ckpt_path, plan.checkpoint = chosen
+        plan.hparams = dict(plan.checkpoint.get("hyper_parameters") or {})
+        config.ckpt_path = str(plan.ckpt_path)
+    elif requested == "last":
+        config.ckpt_path = None
+        if subcommand != "fit":
+            raise CheckpointError(f"--ckpt_path last: no loadable checkpoint under {logs}{_skipped_note(plan)}; "
+                                  "pass the checkpoint's path instead")
+    if subcommand == "fit":
+        _place_run(plan, trainer, root, logs, given_dir, job_dir, claim_run_dir)
+    return plan
+
+
+def _choose_checkpoint(plan: RunPlan, subcommand: str, requested: Optional[str], logs: Path, extra: tuple[Path, ...],
+                       given_dir: Optional[Path], job_dir: Optional[Path]) -> Optional[tuple[Path, dict]]:
+    """The checkpoint to continue from (the table in docs/reliability.md), loaded; plan.reason says why."""
+    chosen: Optional[tuple[Path, dict]] = None
     restarted = subcommand == "fit" and (torchelastic_restart() or 0) > 0
     if job_dir is not None and slurm_restart_count() > 0:
         chosen = first_loadable(checkpoint_files(given_dir or job_dir / CHECKPOINTS), plan)
         if chosen:
             given = f" instead of --ckpt_path {requested}" if requested else ""
-            plan.reason = f"Slurm job {job_id} (restart {slurm_restart_count()}): resuming from {chosen[0]}{given}"
+            restart = f"Slurm job {slurm_job_id()} (restart {slurm_restart_count()})"
+            plan.reason = f"{restart}: resuming from {chosen[0]}{given}"
     elif restarted and requested not in (None, "last"):
         # A restarted attempt has the first one's command line: its own newer checkpoints win over the given one.
         own = run_dir_of(Path(requested).expanduser(), logs)
@@ -209,19 +203,12 @@ def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False)
         chosen = _resolve_explicit(requested, plan)
         plan.reason = f"resuming from {chosen[0]}" if subcommand == "fit" else f"checkpoint {chosen[0]}"
     plan.reason += _skipped_note(plan)
+    return chosen
 
-    if chosen is not None:
-        plan.ckpt_path, plan.checkpoint = chosen
-        plan.hparams = dict(plan.checkpoint.get("hyper_parameters") or {})
-        config.ckpt_path = str(plan.ckpt_path)
-    elif requested == "last":
-        config.ckpt_path = None
-        if subcommand != "fit":
-            raise CheckpointError(f"--ckpt_path last: no loadable checkpoint under {logs}{_skipped_note(plan)}; "
-                                  "pass the checkpoint's path instead")
-    if subcommand != "fit":
-        return plan
 
+def _place_run(plan: RunPlan, trainer: Namespace, root: Path, logs: Path, given_dir: Optional[Path],
+               job_dir: Optional[Path], claim_run_dir: bool) -> None:
+    """The fit's run dir (claimed and locked when asked), with the loggers pointed at it."""
     if given_dir is not None:  # the user chose where checkpoints go: that folder's parent is the run dir
         plan.run_dir, plan.fresh = given_dir.parent, False
     elif job_dir is not None:
@@ -235,11 +222,7 @@ def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False)
     elif plan.run_dir is None:
         plan.run_dir = logs / version_name(next_version(logs))
     point_trackers(trainer, plan.run_dir, resuming=not plan.fresh)
-    if given_dir is not None:
-        return plan
-    pin_logger_version(trainer, root, logger_version(plan.run_dir.name))
-    if not pinnable(trainer) and checkpoint_group is not None:
-        # A logger that writes elsewhere (W&B, MLflow, none): checkpoints still go to the run dir this plan locks
-        # and a resume searches.
-        checkpoint_group.dirpath = str(plan.run_dir / CHECKPOINTS)
-    return plan
+    if given_dir is None:
+        # Checkpoints of a run whose loggers write elsewhere (W&B, MLflow, none) go to the run dir too: placed by
+        # project.engine.run.saved_config, not written into the config.
+        pin_logger_version(trainer, root, logger_version(plan.run_dir.name))

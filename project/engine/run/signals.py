@@ -1,15 +1,8 @@
 """Stop requests: SIGTERM, SIGHUP, SIGINT and (in a Slurm job) SIGUSR1 only set a flag; the training loop acts on it.
 
-    kill -TERM <pid>      # or docker stop, a Kubernetes eviction, scancel, Ctrl+C: checkpoint at the next batch end
-    kill -HUP <pid>       # a closed terminal or ssh session: the same as SIGTERM (save, exit 143)
+    kill -TERM <pid>      # or docker stop, scancel, Ctrl+C: checkpoint at the next agreed batch end, exit 143
 
-Anything more inside a signal handler can deadlock a distributed job: the handler interrupts the main thread wherever
-it is, possibly inside a collective (Lightning's handlers broadcast and save from there, Lightning #20825, #21406).
-Here the handler records the signal and passes a SIGTERM on to the ranks Lightning started itself (they may not have
-received it: `docker stop` signals PID 1 only); project.engine.run.last_checkpoint then has all ranks agree on it at a
-batch end, save, and stop. A second Ctrl+C stops at once (SIGINT is not passed on: a terminal sends it to every
-process of the job already, and a passed-on copy would look like a second one). DataLoader workers ignore these
-signals (their process group may receive them too): the main process ends them when it stops.
+Why a handler does nothing more (a collective it interrupts could deadlock): docs/reliability.md ("Stop signals").
 """
 
 import signal

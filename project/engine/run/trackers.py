@@ -1,25 +1,24 @@
 """Experiment trackers (TensorBoard, CSV, MLflow, W&B; one or a list): one run dir, one tracked run per run.
 
-    python -m project fit --config configs/quickstart.yaml --config configs/tracking/mlflow.yaml
     python -m project fit --config configs/quickstart.yaml --config configs/tracking/mlflow.yaml --ckpt_path last
 
-Whatever `trainer.logger` holds, the run dir (chosen by project.engine.run.resume) keeps the checkpoints, config.yaml and
-every file-based logger's output (TensorBoard and CSV pinned to it, W&B's local files in it). A tracker's own store
-(an MLflow server or database, W&B's servers) is written only through its API. The ids of the tracked runs are kept
-in `<run dir>/trackers.json`: a resume into the run dir (`--ckpt_path last`, a Slurm requeue, a torchrun restart)
-continues the same MLflow run and W&B run, at the steps the checkpoint restores; a new run dir gets new tracked runs.
-Each tracker is checked at start-up, before anything is written: its package, MLflow's file store, a reachable server.
+Each tracker is checked at start-up, before anything is written; a resume continues the tracked runs recorded in
+`<run dir>/trackers.json`. How and why: docs/reliability.md ("Trackers").
 """
 
+import base64
 import json
 import os
+import re
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
 from jsonargparse import Namespace
+from lightning.pytorch.utilities import rank_zero_warn
 
 from project.engine.errors import ConfigError
 
@@ -68,10 +67,41 @@ def check_trackers(trainer: Namespace) -> None:
                               f"pip install -e \".[tracking]\" (or pip install {package})") from None
         if kind == "mlflow":
             _check_mlflow(_init_args(entry))
+        elif kind == "wandb":
+            _check_wandb(entry)
+
+
+def redact(text: str) -> str:
+    """A URI's password as `***` (http://user:***@host): what may be printed or sent to a tracker."""
+    return re.sub(r"(\b[a-zA-Z][\w+.-]*://[^/@\s:]*):[^/@\s]*@", r"\1:***@", text)
+
+
+def _mlflow_uri(args: Namespace) -> Optional[str]:
+    return args.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
+
+
+def _check_reachable(url: str, what: str, fix: str) -> None:
+    """ConfigError unless a TCP connection to `url`'s host opens within 5 s (W&B alone waits ~2 minutes)."""
+    import socket
+
+    parts = urllib.parse.urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)), 5).close()
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{what} {redact(url)} cannot be reached ({error}): {fix}") from None
+
+
+def _check_wandb(entry: Namespace) -> None:
+    args, kwargs = _init_args(entry), entry.get("dict_kwargs") or {}
+    mode = os.environ.get("WANDB_MODE") or kwargs.get("mode") or ""
+    if args.get("offline") or mode in ("offline", "dryrun", "disabled"):
+        return
+    _check_reachable(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai", "W&B (online) at",
+                     "check the network, or run offline with WANDB_MODE=offline and `wandb sync` the run later")
 
 
 def _check_mlflow(args: Namespace) -> None:
-    uri = args.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
+    uri = _mlflow_uri(args)
     allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true")
     if _is_file_store(uri) and not allowed:
         where = uri or f"file store {args.get('save_dir') or './mlruns'}"
@@ -79,13 +109,19 @@ def _check_mlflow(args: Namespace) -> None:
                           "database (sqlite:///runs/mlflow.db) or a server (http://127.0.0.1:5000, started with "
                           "`mlflow server --backend-store-uri sqlite:///mlflow.db`), or MLFLOW_ALLOW_FILE_STORE=true")
     if uri and uri.startswith(("http://", "https://")):
+        parts = urllib.parse.urlsplit(uri)  # user:password@host is MLflow's basic auth; urllib takes it as a header
+        request = urllib.request.Request(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]).geturl().rstrip("/")
+                                         + "/health")
+        if parts.username is not None:
+            token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
         try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=10) as answer:
+            with urllib.request.urlopen(request, timeout=10) as answer:
                 answer.read()
         except (urllib.error.URLError, OSError, ValueError) as error:
-            reason = getattr(error, "reason", error)
-            raise ConfigError(f"the MLflow tracking server {uri} does not answer ({reason}): start it (mlflow server "
-                              "--backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000) or fix "
+            reason = redact(str(getattr(error, "reason", error)))
+            raise ConfigError(f"the MLflow tracking server {redact(uri)} does not answer ({reason}): start it (mlflow "
+                              "server --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000) or fix "
                               "trainer.logger's tracking_uri") from None
 
 
@@ -120,16 +156,57 @@ def point_trackers(trainer: Namespace, run_dir: Path, *, resuming: bool) -> None
     for entry in logger_entries(trainer):
         kind, args = kind_of(entry), _init_args(entry)
         if kind == "mlflow":
-            if ids.get("mlflow"):
+            if ids.get("mlflow") and _mlflow_run_continues(args, ids):
                 args.run_id = ids["mlflow"]
             if commit:
                 args.tags = {**(args.get("tags") or {}), "git_commit": commit}
         elif kind == "wandb":
+            given = args.get("save_dir")
+            if given and Path(given).resolve().parent != run_dir.resolve().parent:  # not a run dir of these logs
+                rank_zero_warn(f"trainer.logger WandbLogger save_dir {given}: W&B's local files go into the run dir "
+                               f"{run_dir} instead, beside its checkpoints and config.yaml")
             args.save_dir = str(run_dir)
             args.id = args.get("id") or ids.get("wandb") or _new_wandb_id()
             # dict_kwargs (the **kwargs of WandbLogger) are passed to wandb.init
             if commit:
                 entry.dict_kwargs = {**(entry.get("dict_kwargs") or {}), "config": {"git_commit": commit}}
+
+
+def _tracking_uri(given: Optional[str]) -> str:
+    """The URI MLflow uses: the given one, else its own default (MLflow's logger sets it as current)."""
+    import mlflow
+
+    return given or mlflow.get_tracking_uri()
+
+
+def _mlflow_run_continues(args: Namespace, ids: dict[str, str]) -> bool:
+    """True when the run dir's MLflow run can go on here; else a line says a new one starts (never a traceback
+    after the checkpoint was restored). A deleted experiment is one line: MLflow cannot create a run in it."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    uri, was = _tracking_uri(_mlflow_uri(args)), ids.get("mlflow_tracking_uri")
+    client = MlflowClient(uri)
+    why = None
+    if was is not None and was != redact(uri):
+        why = f"it was tracked at {was}, this run tracks at {redact(uri)}"
+    else:
+        try:
+            run = client.get_run(ids["mlflow"])
+            experiment = client.get_experiment(run.info.experiment_id)
+            if "deleted" in (run.info.lifecycle_stage, experiment.lifecycle_stage):
+                why = "it was deleted" if run.info.lifecycle_stage == "deleted" else "its experiment was deleted"
+        except MlflowException as error:
+            why = f"the tracking server does not have it ({redact(str(error)).splitlines()[0][:120]})"
+    name = args.get("experiment_name") or "lightning_logs"
+    found = client.get_experiment_by_name(name)
+    if found is not None and found.lifecycle_stage == "deleted":
+        raise ConfigError(f"the MLflow experiment {name!r} is deleted on {redact(uri)}: restore it (mlflow "
+                          f"experiments restore --experiment-id {found.experiment_id}) or set trainer.logger's "
+                          "experiment_name to another one")
+    if why:
+        rank_zero_warn(f"the run dir's MLflow run {ids['mlflow']} cannot continue ({why}): a new MLflow run starts")
+    return why is None
 
 
 def _new_wandb_id() -> str:
@@ -148,6 +225,7 @@ def record_tracked_runs(loggers: list, run_dir: Path) -> None:
         if kind == "mlflow":
             ids["mlflow"] = logger.run_id
             ids["mlflow_experiment_id"] = logger.experiment_id
+            ids["mlflow_tracking_uri"] = redact(_tracking_uri(None))  # a resume elsewhere starts a new run
         elif kind == "wandb":
             ids["wandb"] = logger.experiment.id
     if ids:
@@ -160,7 +238,10 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict) and value and "class_path" not in value:
+        if isinstance(value, dict) and "class_path" in value:  # a part chosen by class: its options as the CLI
+            flat[f"{name}.class_path"] = value["class_path"]   # spells them (--model.arch), without init_args
+            flat.update(flat_config(value.get("init_args") or {}, name + "."))
+        elif isinstance(value, dict) and value:
             flat.update(flat_config(value, name + "."))
         else:
             flat[name] = value
@@ -172,7 +253,8 @@ def log_config(loggers: list, config: dict[str, Any], config_file: Path) -> None
 
     A resumed MLflow run already holds its first start's parameters, which MLflow does not let change: only keys it
     lacks are logged then (each start's config.yaml stays in the run dir: config.<n>.yaml)."""
-    params = {k: (v if isinstance(v, (int, float, str, bool)) or v is None else json.dumps(v, default=str))
+    params = {k: (v if isinstance(v, (int, float, bool)) or v is None else redact(v if isinstance(v, str) else
+                                                                                   json.dumps(v, default=str)))
               for k, v in flat_config(config).items()}
     for logger in loggers:
         kind = _KINDS.get(type(logger).__name__)
@@ -202,7 +284,7 @@ def how_to_look(loggers: list, run_dir: Path) -> list[str]:
         elif kind == "mlflow":
             import mlflow
 
-            uri = mlflow.get_tracking_uri()  # the logger set it when it started its run
+            uri = redact(mlflow.get_tracking_uri())  # the logger set it when it started its run
             where = f"experiments/{logger.experiment_id}/runs/{logger.run_id}"
             if uri.startswith(("http://", "https://")):
                 parts.append(f"MLflow {uri.rstrip('/')}/#/{where}")
@@ -255,6 +337,6 @@ def continue_csv_logs(loggers: list, resume_step: int) -> None:
             table = csv.DictWriter(text, fieldnames=header)
             table.writeheader()
             table.writerows(rows)
-            atomic_write(path, lambda file: file.write(text.getvalue().encode()))
+            atomic_write(path, lambda file, text=text: file.write(text.getvalue().encode()))
             writer.metrics_keys = header  # Lightning's writer appends under the keys it holds
         os.remove(aside)
