@@ -137,7 +137,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         if not isinstance(args, (dict, Namespace)):
-            restore_nulls(self.config[subcommand] if subcommand else self.config, sys.argv[1:] if args is None else args)
+            given = sys.argv[1:] if args is None else args
+            restore_nulls(self.config[subcommand] if subcommand else self.config, given)
         self._explicit = explicit_values(parser, args, self.config, subcommand)
         if subcommand:
             self.plan = start_run(subcommand, self.config[subcommand])
@@ -148,7 +149,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
                 rank_zero_warn(f"skipped checkpoint {path}: {why}")
 
     def loaded_checkpoint(self) -> Optional[dict]:
-        """For the checkpoint's hyperparameters (project.engine.compat.ckpt_read_once): the plan's load, not a new one."""
+        """For the checkpoint's hyperparameters (compat/ckpt_read_once.py): the plan's load, not a new one."""
         return self.plan.checkpoint if self.plan is not None else None
 
     def before_instantiate_classes(self) -> None:
@@ -169,7 +170,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
             print(task_line(job_id, self.plan.run_dir or config.trainer.default_root_dir), flush=True)
 
     def instantiate_trainer(self, **kwargs):
-        trainer_config = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
+        trainer_config = (self.config_init[self.subcommand] if self.subcommand else self.config_init)["trainer"]
         plugins = trainer_config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
@@ -206,7 +207,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
             trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))
         check_process_count(trainer.world_size, trainer.num_devices, trainer.num_nodes)
         record_rank(trainer.global_rank, trainer.world_size)
-        init_attempt_process_group(trainer.strategy, timeout)  # a torchrun restart must not meet the last attempt's keys
+        # A torchrun restart must not meet the last attempt's keys.
+        init_attempt_process_group(trainer.strategy, timeout)
         return trainer
 
     def _config_value(self, key: str, default):
@@ -240,7 +242,8 @@ def where_the_run_went(trainer, run_dir: Optional[Path] = None) -> str:
     run_dir = Path(run_dir or trainer.log_dir or trainer.default_root_dir)
     parts = [f"run dir {run_dir}"]
     if best:
-        parts.append(f"best checkpoint {best}" + (f" ({trainer.checkpoint_callback.monitor} {float(score):.4f})" if score is not None else ""))
+        monitored = f" ({trainer.checkpoint_callback.monitor} {float(score):.4f})" if score is not None else ""
+        parts.append(f"best checkpoint {best}{monitored}")
     if last:
         parts.append(f"last {last}")
     if looks := how_to_look(trainer.loggers, run_dir):

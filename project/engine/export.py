@@ -74,7 +74,7 @@ def _worst(checks: Sequence[dict[str, float]]) -> dict[str, float]:
 
 def _export_onnx(program: torch.export.ExportedProgram, example: torch.Tensor, path: Path, eager: nn.Module,
                  rtol: float, out_dir: Path) -> Optional[dict[str, float]]:
-    """Write model.onnx (and its model.onnx.data) from the exported program; check it with onnxruntime when installed."""
+    """Write model.onnx (and model.onnx.data) from the exported program; check it in onnxruntime when installed."""
     torch.onnx.export(program, (example,), str(path), dynamo=True, input_names=["images"], output_names=["logits"],
                       verbose=False)
     if not _importable("onnxruntime"):
@@ -101,6 +101,42 @@ def _publish(staging: Path, out_dir: Path) -> None:
         os.replace(file, out_dir / file.name)
 
 
+def _eager_reference(network: nn.Module, example: torch.Tensor, preprocessing: dict[str, Any],
+                     num_classes: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The network as a CPU float32 copy in eval mode (the caller's keeps its device and mode), the example batch
+    (at least 2: torch.export specialises a batch of 1) and its logits, each checked."""
+    missing = [key for key in PREPROCESSING_KEYS if key not in preprocessing]
+    if missing:
+        raise ValueError(f"preprocessing lacks {missing}: expected the keys {list(PREPROCESSING_KEYS)}")
+    if example.ndim != 4 or example.shape[1] != 3:
+        raise ValueError(f"example must be an N x 3 x H x W batch, got shape {tuple(example.shape)}")
+    eager = copy.deepcopy(network).cpu().float().eval()
+    example = example.detach().cpu().float()
+    if example.shape[0] < 2:
+        example = example.expand(2, -1, -1, -1).contiguous()
+    with torch.no_grad():
+        expected = eager(example)
+    if expected.ndim != 2 or expected.shape[1] != num_classes:
+        raise ValueError(f"the network gives logits of shape {tuple(expected.shape)} for {num_classes} class names")
+    if not torch.isfinite(expected).all():
+        raise ExportCheckError("the network's logits are not finite (inf or nan) on an ordinary input: its weights "
+                               "diverged; export a checkpoint from before the loss did (RUN/checkpoints/)")
+    return eager, example, expected
+
+
+def _export_pt2(eager: nn.Module, example: torch.Tensor, expected: torch.Tensor, staging: Path, rtol: float,
+                out_dir: Path) -> tuple[torch.export.ExportedProgram, dict[str, Any]]:
+    """model.pt2 written into `staging` and checked at the example's batch size and at 1."""
+    program = torch.export.export(eager, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    torch.export.save(program, staging / "model.pt2")
+    reloaded = torch.export.load(staging / "model.pt2").module()
+    with torch.no_grad():
+        return program, {"pt2": _worst([
+            _check_close("model.pt2", reloaded(example), expected, rtol, out_dir),
+            _check_close("model.pt2 (at batch 1)", reloaded(example[:1]), eager(example[:1]), rtol, out_dir),
+        ])}
+
+
 def export_network(
     network: nn.Module,
     out_dir: str | Path,
@@ -121,45 +157,19 @@ def export_network(
     rtol, onnx_rtol: the largest difference allowed between the program's (ONNX's) logits and the eager ones, as a
         fraction of the largest eager logit (of 1 when all are smaller).
     """
-    missing = [key for key in PREPROCESSING_KEYS if key not in preprocessing]
-    if missing:
-        raise ValueError(f"preprocessing lacks {missing}: expected the keys {list(PREPROCESSING_KEYS)}")
-    if example.ndim != 4 or example.shape[1] != 3:
-        raise ValueError(f"example must be an N x 3 x H x W batch, got shape {tuple(example.shape)}")
     out_dir = Path(out_dir)
-    # A CPU float32 copy in eval mode: the caller's network keeps its device and mode, the program runs anywhere.
-    eager = copy.deepcopy(network).cpu().float().eval()
-    example = example.detach().cpu().float()
-    if example.shape[0] < 2:
-        example = example.expand(2, -1, -1, -1).contiguous()  # torch.export specialises a batch of 1
-    with torch.no_grad():
-        expected = eager(example)
-    if expected.ndim != 2 or expected.shape[1] != len(class_names):
-        raise ValueError(
-            f"the network gives logits of shape {tuple(expected.shape)} for {len(class_names)} class names"
-        )
-    if not torch.isfinite(expected).all():
-        raise ExportCheckError("the network's logits are not finite (inf or nan) on an ordinary input: its weights "
-                               "diverged; export a checkpoint from before the loss did (RUN/checkpoints/)")
-
+    eager, example, expected = _eager_reference(network, example, preprocessing, len(class_names))
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".export-", suffix=".partial", dir=out_dir))
     try:
-        program = torch.export.export(eager, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
-        torch.export.save(program, staging / "model.pt2")
-        reloaded = torch.export.load(staging / "model.pt2").module()
-        with torch.no_grad():
-            checked = {"pt2": _worst([
-                _check_close("model.pt2", reloaded(example), expected, rtol, out_dir),
-                _check_close("model.pt2 (at batch 1)", reloaded(example[:1]), eager(example[:1]), rtol, out_dir),
-            ])}
+        program, checked = _export_pt2(eager, example, expected, staging, rtol, out_dir)
 
         checked["onnx"] = None
         if onnx and onnx_available():
             checked["onnx"] = _export_onnx(program, example, staging / "model.onnx", eager, onnx_rtol, out_dir)
         elif onnx:
-            rank_zero_info("model.onnx skipped: `pip install onnx onnxscript` (and onnxruntime to check it) to write it")
+            rank_zero_info("model.onnx skipped: `pip install onnx onnxscript` (and onnxruntime to check it)")
 
         written = {kind: name for kind, name in EXPORT_FILES.items() if (staging / name).exists()}
         (staging / "model.json").write_text(json.dumps({

@@ -13,8 +13,8 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
 
-from project.engine.seeds import order_seed
 from project.engine.errors import ConfigError
+from project.engine.seeds import order_seed
 
 
 class ExactDistributedSampler(UnrepeatedDistributedSampler):
@@ -158,7 +158,8 @@ class ExactLoaders(Callback):
                                "evaluation, no mid-epoch resume)")
             return loader
         if name != "train_dataloader":
-            return _rebuild(loader, ExactDistributedSampler(loader.dataset, world_size, rank)) if world_size > 1 else loader
+            exact = ExactDistributedSampler(loader.dataset, world_size, rank) if world_size > 1 else None
+            return _rebuild(loader, exact) if exact else loader
         self.sampler = ResumableSampler(loader.dataset, num_replicas=world_size, rank=rank, seed=self.seed,
                                         shuffle=isinstance(loader.sampler, RandomSampler), keys=False)
         self.batch_size = loader.batch_size

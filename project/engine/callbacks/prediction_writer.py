@@ -69,7 +69,8 @@ class PredictionCsvWriter(BasePredictionWriter):
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # log_dir is agreed on by a collective call, so every rank computes it, not only rank 0.
-        self._output = Path(self.output) if self.output else Path(trainer.log_dir or trainer.default_root_dir) / DEFAULT_NAME
+        run_dir = Path(trainer.log_dir or trainer.default_root_dir)
+        self._output = Path(self.output) if self.output else run_dir / DEFAULT_NAME
         if trainer.is_global_zero:
             _check_writable(self._output)  # before any image is predicted, not after all of them
 

@@ -1,18 +1,8 @@
-"""Workarounds for bugs and gaps in Lightning, torch and jsonargparse, each with its upstream issue and when to delete it.
+"""Workarounds for bugs and gaps in Lightning, torch and jsonargparse: each with its upstream issue and its end.
 
-    python -c "from project.engine.compat import WORKAROUNDS; print(*(w.name for w in WORKAROUNDS), sep='\\n')"
+    python -m project.engine.compat --write docs/workarounds.md     # the table, from this registry
 
-Every entry has a canary in tests/test_compat.py that runs the stock library on the same case, marked
-xfail(strict=True): when an upgrade fixes the bug the canary passes, the suite turns red, and the entry (and the code
-it names) can be deleted. docs/workarounds.md is this table (`python -m project.engine.compat --write docs/workarounds.md`).
-Code that exists for one of these lives in this package, or says so in its docstring and is listed here with its
-place. The package also holds, behind one function each, the uses of Lightning's private API that have no public
-counterpart (spawn.py; the flag taken over in sigterm_broadcast.py; the training results' class swapped in
-log_device_move.py; LightningCLI._parse_ckpt_path fed the plan's one read of the checkpoint in ckpt_read_once.py): an
-upgrade that moves them breaks there, in one place. Two more stay beside the code that needs them, registered here:
-`trainer.fit_loop.setup_data()` in project/optim.py (sizing the epoch when only max_steps is given, for warmup in
-epochs) and `Strategy._layer_sync` in project/engine/strategies/dp.py
-(whether sync_batchnorm was asked, which dp refuses). tests/test_compat.py checks that each still exists.
+Every entry has a strict-xfail canary in tests/test_compat.py; how the registry works: docs/workarounds.md.
 """
 
 from dataclasses import dataclass
@@ -34,7 +24,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
              "dataclass argument of a class given by class_path (`--model.finetune.weights=null`)",
         where="project/engine/compat/subclass_nulls.py restore_nulls (called from project/engine/cli.py "
               "parse_arguments)",
-        upstream="no upstream issue found (jsonargparse's issues searched 2026-12-03); to report with the canary's case",
+        upstream="no upstream issue found (jsonargparse's issues searched 2026-12-03); to report with the canary's "
+                 "case",
         seen="jsonargparse 4.53.0, lightning 2.6.6",
         delete_when="a stock LightningCLI in subclass mode parses `--model.finetune.weights=null` as None",
         canary="test_canary_stock_subclass_mode_parses_a_null_dataclass_field_as_the_string_none",
@@ -49,7 +40,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="LightningCLI's --ckpt_path replaces explicit --model values with the checkpoint's",
-        where="project/engine/compat/ckpt_hparams.py (explicit values restored, one line each; called from project/engine/cli.py)",
+        where="project/engine/compat/ckpt_hparams.py (explicit values restored, one line each; called from "
+              "project/engine/cli.py)",
         upstream="introduced by Lightning PR #21116 (2.5.5); fix proposed in PR #21455 (open)",
         seen="lightning 2.5.5-2.6.6",
         delete_when="a stock LightningCLI keeps `--model.x` given next to `--ckpt_path`",
@@ -78,7 +70,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="`fit --ckpt_path last` looks only in the new run's empty version dir: it starts from scratch",
-        where="project/engine/run/resume.py (the newest loadable checkpoint under the root; the run continues in its dir)",
+        where="project/engine/run/resume.py (the newest loadable checkpoint under the root; the run continues in its "
+              "dir)",
         upstream="Lightning #18524 (open), #2735",
         seen="lightning 2.0-2.6.6",
         delete_when="a stock LightningCLI `fit --ckpt_path last` resumes the previous run",
@@ -121,7 +114,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="values logged with prog_bar=True are read on the host at every batch end, whatever the bar's "
              "refresh rate",
-        where="project/engine/callbacks/progress_bar.py (the bar reads its values when it refreshes); nothing is logged "
+        where="project/engine/callbacks/progress_bar.py (the bar reads its values when it refreshes); nothing is "
+              "logged "
               "with prog_bar=True",
         upstream="no upstream issue found; seen in _LoggerConnector.on_batch_end -> _ResultCollection.metrics",
         seen="lightning 2.6.6",
@@ -142,7 +136,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="CSVLogger deletes the run dir's metrics.csv when a resumed fit starts again there",
-        where="project/engine/run/trackers.py continue_csv_logs (called from project/engine/cli.py after_instantiate_classes): "
+        where="project/engine/run/trackers.py continue_csv_logs (called from project/engine/cli.py "
+              "after_instantiate_classes): "
               "the rows before the checkpoint's step are written back and appended to",
         upstream="introduced by Lightning PR #19446 (2.2.1, for #19432: appending under another header); no "
                  "upstream issue found that asks to keep the rows on a resume",

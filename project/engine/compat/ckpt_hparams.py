@@ -1,7 +1,8 @@
 """With `--ckpt_path`, values the user gave explicitly win over the checkpoint's hyperparameters, and each is shown.
 
 LightningCLI (since Lightning 2.5.5, PR #21116) re-parses the checkpoint's hyperparameters over the parsed config, so
-`--model.optim.lr_per_256=0.8` with a checkpoint trained at 0.2 silently ran at 0.2, and `validate --model.arch resnet50`
+`--model.optim.lr_per_256=0.8` with a checkpoint trained at 0.2 silently ran at 0.2, and
+`validate --model.arch resnet50`
 evaluated the checkpoint's resnet18 (fix proposed upstream in PR #21455, open). Here the values given on the command
 line or in a config file are put back afterwards, with one line per difference; values the user did not give still
 come from the checkpoint (so `validate --ckpt_path X` alone rebuilds X's model). Delete when a stock LightningCLI

@@ -71,7 +71,8 @@ def check_checkpoint_fits(path: Path, checkpoint: dict[str, Any], model: L.Light
     if not (missing or unexpected) and saved_classes is not None and classes is not None and saved_classes != classes:
         raise CheckpointError(
             f"checkpoint {path} has {saved_classes} classes, the data has {classes}{where}: use a checkpoint trained "
-            f"on these classes, or start from its weights with a new head: --model.finetune.weights {path} (no --ckpt_path)"
+            f"on these classes, or start from its weights with a new head: --model.finetune.weights {path} "
+            "(no --ckpt_path)"
         )
     network = f" (its model.arch is {hparams['arch']!r}, this model's is {model.hparams.get('arch')!r})" \
         if "arch" in hparams and hasattr(model, "hparams") and hparams.get("arch") != model.hparams.get("arch") else ""
@@ -81,7 +82,8 @@ def check_checkpoint_fits(path: Path, checkpoint: dict[str, Any], model: L.Light
     elif missing:
         detail = f"it lacks {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
     else:
-        detail = f"it has {unexpected[0]} that this model lacks" + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else "")
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        detail = f"it has {unexpected[0]} that this model lacks{more}"
     raise CheckpointError(
         f"checkpoint {path} holds another network{network}: {detail}. Build the same model (its run's config.yaml: "
         f"--config <run>/config.yaml), or start from its weights with --model.finetune.weights {path}"
