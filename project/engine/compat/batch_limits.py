@@ -20,21 +20,10 @@ def _plain(limit: Optional[Union[int, float]]) -> Optional[Union[int, float]]:
 
 
 class Trainer(L.Trainer):
-    def __init__(
-        self,
-        *,
-        limit_train_batches: BatchLimit = None,
-        limit_val_batches: BatchLimit = None,
-        limit_test_batches: BatchLimit = None,
-        limit_predict_batches: BatchLimit = None,
-        overfit_batches: Union[int, NonNegativeFloat] = 0.0,
-        **kwargs,
-    ):
-        super().__init__(
-            limit_train_batches=_plain(limit_train_batches),
-            limit_val_batches=_plain(limit_val_batches),
-            limit_test_batches=_plain(limit_test_batches),
-            limit_predict_batches=_plain(limit_predict_batches),
-            overfit_batches=_plain(overfit_batches),
-            **kwargs,
-        )
+    def __init__(self, *, limit_train_batches: BatchLimit = None, limit_val_batches: BatchLimit = None,
+                 limit_test_batches: BatchLimit = None, limit_predict_batches: BatchLimit = None,
+                 overfit_batches: Union[int, NonNegativeFloat] = 0.0, **kwargs):
+        super().__init__(limit_train_batches=_plain(limit_train_batches), limit_val_batches=_plain(limit_val_batches),
+                         limit_test_batches=_plain(limit_test_batches),
+                         limit_predict_batches=_plain(limit_predict_batches), overfit_batches=_plain(overfit_batches),
+                         **kwargs)

@@ -1,12 +1,8 @@
 """With `--ckpt_path`, values the user gave explicitly win over the checkpoint's hyperparameters, and each is shown.
 
-LightningCLI (since Lightning 2.5.5, PR #21116) re-parses the checkpoint's hyperparameters over the parsed config, so
-`--model.optim.lr_per_256=0.8` with a checkpoint trained at 0.2 silently ran at 0.2, and
-`validate --model.arch resnet50`
-evaluated the checkpoint's resnet18 (fix proposed upstream in PR #21455, open). Here the values given on the command
-line or in a config file are put back afterwards, with one line per difference; values the user did not give still
-come from the checkpoint (so `validate --ckpt_path X` alone rebuilds X's model). Delete when a stock LightningCLI
-keeps explicit values (canary: tests/test_compat.py).
+LightningCLI (2.5.5+, PR #21116; fix proposed in PR #21455) re-parses the checkpoint's hyperparameters over the parsed
+config, so `--model.optim.lr_per_256=0.8` ran at the checkpoint's 0.2. Values the user did not give still come from
+the checkpoint (`validate --ckpt_path X` alone rebuilds X's model). Canary: tests/test_compat.py.
 """
 
 import sys
@@ -53,10 +49,8 @@ def _lookup(hparams: Mapping, dotted: str) -> tuple[bool, Any]:
 
 
 def keep_explicit_model_values(config: Namespace, explicit: Namespace, checkpoint_hparams: Mapping) -> list[str]:
-    """Put the user's explicit `model.*` values back into `config` where the checkpoint's differ; one line each.
-
-    Keys are leaves, groups included (`model.optim.lr_per_256`): giving one field of a group keeps the checkpoint's
-    other fields."""
+    """Put the user's explicit `model.*` values back into `config` where the checkpoint's differ; one line each. Keys
+    are leaves (`model.optim.lr_per_256`): one field given keeps the checkpoint's other fields of its group."""
     given = explicit.get("model.init_args")  # subclass mode: the model's arguments are its init_args
     if not isinstance(given, Namespace):
         return []

@@ -3,9 +3,8 @@
     torchrun --nproc_per_node=2 --max-restarts=3 -m project fit --config configs/quickstart.yaml \
         --config configs/cpu_ddp.yaml
 
-The agent's one TCPStore (PR #128096) keeps the previous attempt's gloo keys (PR #135957 dropped the per-attempt
-prefix): the default group is created before Lightning's on a PrefixStore named after TORCHELASTIC_RESTART_COUNT,
-one node only (torch #135712, #108158): docs/reliability.md#what-can-go-wrong-and-what-you-see.
+The agent's store keeps the previous attempt's keys: the default group is made first, on a PrefixStore named after
+TORCHELASTIC_RESTART_COUNT, one node only (torch #135712, #108158; the PRs: docs/workarounds.md).
 """
 
 import os

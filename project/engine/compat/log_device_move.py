@@ -1,10 +1,7 @@
 """`self.log` in training steps without Lightning's move of the logged metric to the device it is already on.
 
-Lightning 2.6.6 `_ResultCollection.log` calls `_ResultMetric.to(value.device)` on every `self.log`; that `to` rebuilds
-the metric's whole `__dict__` through apply_to_collection (deep-copying its metadata) even when nothing moves: ~0.15 ms
-a call hot, ~0.6 ms in a real step (docs/benchmarks.md). Only that no-op is skipped: what is logged, where and when is
-Lightning's. Per Trainer (a stock one beside it keeps the move): `skip_same_device_moves(trainer)` once it is built.
-Registered in project.engine.compat.WORKAROUNDS with its canary.
+Lightning 2.6.6's `_ResultMetric.to` rebuilds (and deep-copies) the metric even when nothing moves; only that no-op is
+skipped, per Trainer. Cost, versions and canary: docs/workarounds.md.
 """
 
 import lightning as L

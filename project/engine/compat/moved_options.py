@@ -29,8 +29,7 @@ MOVED: dict[str, str] = {
 
 # The key in jsonargparse's messages: a key under `model:` (a config file's or a checkpoint's hyperparameters), the
 # old `model.loss: bce` (now a group), a command-line flag (not a group's field: --model.loss.name).
-_PATTERNS = (re.compile(r"Group 'model' does not accept option '(\w+)'"),
-             # subclass mode (the model by class_path): the same key, reported for its class
+_PATTERNS = (re.compile(r"Group 'model' does not accept option '(\w+)'"),  # then subclass mode's (class_path)
              re.compile(r"Parser key \"model\":.*? class_path '[\w.]+': Option '(\w+)' is not accepted"),
              re.compile(r"Parser key \"model\":.*? class_path '[\w.]+':\s*Parser key \"(loss)\": Unable to load"),
              re.compile(r"does not accept option 'model\.(\w+)'"),

@@ -1,8 +1,6 @@
 """`--model.finetune.weights=null` sets None, as it did before the model came by class_path.
 
-jsonargparse parses `null` given on the command line for an Optional[str] field of a dataclass argument of a class in
-subclass mode as the string 'None'. Here every `--key=null` (or `--key null`) of the command line whose parsed value
-came out as 'None' is set back to None.
+jsonargparse parses a command-line `null` for an Optional[str] dataclass field of a class in subclass mode as 'None'.
 """
 
 from collections.abc import Sequence

@@ -43,29 +43,10 @@ class DataParallelStrategy(ParallelStrategy):
         return self.parallel_devices[0]
 
     # One process, whatever the cluster environment says.
-    @property
-    def global_rank(self) -> int:
-        return 0
-
-    @property
-    def local_rank(self) -> int:
-        return 0
-
-    @property
-    def node_rank(self) -> int:
-        return 0
-
-    @property
-    def world_size(self) -> int:
-        return 1
-
-    @property
-    def is_distributed(self) -> bool:
-        return False  # Lightning then adds no DistributedSampler: the one process loads the global batch
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        return {"num_replicas": 1, "rank": 0}
+    global_rank = local_rank = node_rank = property(lambda self: 0)
+    world_size = property(lambda self: 1)
+    is_distributed = property(lambda self: False)  # so Lightning adds no DistributedSampler: one process, global batch
+    distributed_sampler_kwargs = property(lambda self: {"num_replicas": 1, "rank": 0})
 
     @property
     def device_ids(self) -> list[int]:
@@ -73,10 +54,8 @@ class DataParallelStrategy(ParallelStrategy):
 
     def setup_environment(self) -> None:
         if self._layer_sync is not None:
-            raise ConfigError(
-                "dp does not support sync_batchnorm: torch's SyncBatchNorm needs one process per GPU. "
-                "Use --trainer.strategy=ddp, or set --trainer.sync_batchnorm=false."
-            )
+            raise ConfigError("dp does not support sync_batchnorm: torch's SyncBatchNorm needs one process per GPU. "
+                              "Use --trainer.strategy=ddp, or set --trainer.sync_batchnorm=false.")
         if self.num_nodes > 1:
             raise ConfigError("dp runs on one node: use --trainer.strategy=ddp for several nodes.")
         super().setup_environment()
