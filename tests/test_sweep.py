@@ -1,10 +1,8 @@
-"""Sweeps (project/engine/run/sweep.py): workers share one Optuna study through its journal, each trial an ordinary fit
-in its own run dir whose value is the best val/acc1 its TensorBoard events hold; pruned trials stop at the pruning
-validation (under ddp too); a worker killed with -9 leaves its trial to the next worker, which resumes its
-last.ckpt; bad input is one line before any trial. Real `python -m project sweep` processes on
-configs/sweep/quickstart.yaml (3 tiny epochs a trial).
+"""Sweeps (project/engine/run/sweep.py) on configs/sweep/quickstart.yaml: workers share a study, each trial a real fit
+whose value is the best val/acc1 its TensorBoard events hold; pruned, diverged, preempted and killed trials; bad input
+is one line before any trial; the journal survives a record cut short and a full disk.
 
-    python -m pytest tests/test_sweep.py -m "not slow"      # the bad inputs, in-process
+    python -m pytest tests/test_sweep.py -m "not slow"      # bad input, the journal, the plot: in-process
     python -m pytest tests/test_sweep.py --durations=0
 """
 
@@ -71,7 +69,7 @@ def assert_value_is_the_logs_best(trial, row: dict) -> list[tuple[int, float]]:
 @pytest.mark.slow
 def test_two_workers_share_a_study_of_4_trials_none_run_twice_values_are_the_logs_best(tmp_path, capsys):
     # A worker whose trial ended waits for the other's with a nap of min(heartbeat_interval, 5 s): 1 s here.
-    args = sweep_args(tmp_path, "--sweep.n_trials=4", "--sweep.heartbeat_interval=1")
+    args = sweep_args(tmp_path, "--sweep.n_trials=4", "--sweep.heartbeat_interval=1", "--trainer.max_epochs=2")
     workers = [start_project(args) for _ in range(2)]
     outputs = [worker.communicate(timeout=1800) for worker in workers]
     for worker, (out, err) in zip(workers, outputs):

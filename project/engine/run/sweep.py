@@ -13,7 +13,6 @@ import difflib
 import io
 import json
 import math
-import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -67,7 +66,7 @@ def help_text() -> str:
 
 def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     """`python -m project sweep ARGV`: check everything, run this worker's share of the study, print the summary.
-    `cli_main` is project.engine.cli's, handed in by project/__main__.py (the run wing does not import the CLI above it)."""
+    `cli_main`: project.engine.cli's, handed in by project/__main__.py (the run wing does not import the CLI)."""
     if {"-h", "--help"} & set(argv):
         print(help_text())
         return
@@ -81,9 +80,7 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     code = 0
     if not summary_only:
         study_dir.mkdir(parents=True, exist_ok=True)  # with an RDB storage too: the trials' run dirs, the summary
-        code = Worker(study, storage, study_dir, fit_args, sweep["space"], sweep["metric"], sweep["pruner"],
-                      sweep["n_trials"], float(sweep["heartbeat_interval"]), float(sweep["grace_period"]),
-                      sweep["max_retry"], resolved["trainer"].get("logger"), shlex.split(sweep["launcher"] or "")).run()
+        code = Worker(study, storage, study_dir, fit_args, sweep, resolved["trainer"].get("logger")).run()
         if code == 2:  # a trial's bad input: its error stays the last line
             sys.exit(code)
     print(summarize(study, study_dir, sweep), flush=True)
@@ -114,7 +111,8 @@ def read_command_line(argv: list[str]) -> tuple[dict, list[str], bool]:
             section = content.pop("sweep") or {}
             configs = section.get("configs") or [] if isinstance(section, dict) else None
             if not isinstance(section, dict) or not isinstance(configs, list):
-                raise ConfigError(f"{path}: `sweep:` must be a mapping of {', '.join(DEFAULTS)}; `configs` a list of files")
+                raise ConfigError(f"{path}: `sweep:` must be a mapping of {', '.join(DEFAULTS)}; `configs` a list of "
+                                  "files")
             section.setdefault("study", Path(path).stem)
             check_config_files([f"--config={c}" for c in configs])
             fit_args += [a for c in configs for a in ("--config", c)]
@@ -128,7 +126,8 @@ def read_command_line(argv: list[str]) -> tuple[dict, list[str], bool]:
             fit_args.append(arg)
         i += 1
     if section is None:
-        raise ConfigError("no sweep file: pass --config configs/sweep/<name>.yaml (a YAML file with a `sweep:` section)")
+        raise ConfigError("no sweep file: pass --config configs/sweep/<name>.yaml (a YAML file with a `sweep:` "
+                          "section)")
     sweep = {**DEFAULTS, **section}
     for key, value in overrides.items():
         if key.startswith("space."):
@@ -197,10 +196,12 @@ def check_range(where: str, spec: Any) -> None:
             raise ConfigError(f"{where}: {len(choices)} choice(s) is an empty search; give two or more, or set the "
                               "option as an ordinary fit option")
         if any(c is not None and not isinstance(c, (bool, int, float, str)) for c in choices):
-            raise ConfigError(f"{where}: choices must be plain values (null, numbers, strings, booleans), got {choices!r}")
+            raise ConfigError(f"{where}: choices must be plain values (null, numbers, strings, booleans), got "
+                              f"{choices!r}")
         return
     if not ({"low", "high"} <= keys <= {"low", "high", "log", "step"}):
-        raise ConfigError(f"{where}: expected {{low: ..., high: ...}} (and log, step) or {{choices: [...]}}, got {spec!r}")
+        raise ConfigError(f"{where}: expected {{low: ..., high: ...}} (and log, step) or {{choices: [...]}}, got "
+                          f"{spec!r}")
     low, high, step, log = spec["low"], spec["high"], spec.get("step"), spec.get("log", False)
     if not (_number(low) and _number(high)):
         raise ConfigError(f"{where}: low and high must be numbers, got {low!r} and {high!r}")
@@ -261,16 +262,17 @@ def resolve_fit_options(fit_args: list[str], space: dict[str, dict], cli_main: C
     for name in space:
         if name not in names:
             near = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
-            raise ConfigError(f"sweep.space.{name} is not a fit option" + (f" (did you mean {near[0]}?)" if near else "")
-                              + "; `python -m project fit --print_config` lists them")
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise ConfigError(f"sweep.space.{name} is not a fit option{hint}; `python -m project fit --print_config` "
+                              "lists them")
         if isinstance(names[name], dict):
             raise ConfigError(f"sweep.space.{name} is a group of options: sweep one of them, e.g. "
                               f"{next(iter(option_names(names[name], name + '.')), name)}")
     # Every value the space can give goes through the parser: the ends of the ranges and every choice, several at once.
-    values = {name: spec["choices"] if "choices" in spec else [spec["low"], spec["high"]] for name, spec in space.items()}
+    values = {name: spec.get("choices") or [spec["low"], spec["high"]] for name, spec in space.items()}
     for k in range(max(len(v) for v in values.values())):
         try:
-            print_config([*fit_args, *param_flags({name: v[min(k, len(v) - 1)] for name, v in values.items()})], cli_main)
+            print_config([*fit_args, *param_flags({n: v[min(k, len(v) - 1)] for n, v in values.items()})], cli_main)
         except ConfigError:
             for name, value in ((name, value) for name, v in values.items() for value in v):
                 try:
@@ -294,8 +296,8 @@ def open_study(sweep: dict, storage: str, study_dir: Path, sampler, *, create: b
             made = [p for p in (study_dir, *study_dir.parents) if not p.exists()]
             study_dir.mkdir(parents=True, exist_ok=True)
         elif not journal.parent.is_dir():
-            raise ConfigError(f"sweep.storage {storage}: its folder {journal.parent} does not exist; create it, or give "
-                              "an RDB URL (sqlite:///sweep.db)")
+            raise ConfigError(f"sweep.storage {storage}: its folder {journal.parent} does not exist; create it, or "
+                              "give an RDB URL (sqlite:///sweep.db)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         opened = open_storage(storage)
@@ -334,8 +336,9 @@ def summarize(study: optuna.Study, study_dir: Path, sweep: dict) -> str:
     for t in trials:
         ended = t.datetime_complete and t.datetime_start
         value = t.user_attrs.get(BEST, t.value) if t.state.name in ("COMPLETE", "PRUNED") else ""  # best validation
-        rows.append([t.number, t.state.name, value, t.user_attrs.get(RUN_DIR, ""), t.system_attrs.get("failed_trial", ""),
-                     t.user_attrs.get(CHECKPOINT, ""), t.user_attrs.get(WORKER, ""),
+        attrs = [t.user_attrs.get(RUN_DIR, ""), t.system_attrs.get("failed_trial", ""),
+                 t.user_attrs.get(CHECKPOINT, ""), t.user_attrs.get(WORKER, "")]
+        rows.append([t.number, t.state.name, value, *attrs,
                      f"{(t.datetime_complete - t.datetime_start).total_seconds():.1f}" if ended else "",
                      *(t.params.get(n, "") for n in names)])
     atomic_write(study_dir / "trials.csv", lambda f: csv.writer(f).writerows(rows), mode="w", fsync=False)
@@ -347,8 +350,9 @@ def summarize(study: optuna.Study, study_dir: Path, sweep: dict) -> str:
     if "COMPLETE" not in states:
         return "\n".join([*lines, f"sweep {study.study_name}: no complete trial yet"])
     best = study.best_trial
+    checkpoint = best.user_attrs.get(CHECKPOINT) or "(none)"
     return "\n".join([*lines, f"best trial {best.number}: {sweep['metric']} {best.value:.4f} with "
-                      f"{' '.join(param_flags(best.params))}; checkpoint {best.user_attrs.get(CHECKPOINT) or '(none)'}"])
+                      f"{' '.join(param_flags(best.params))}; checkpoint {checkpoint}"])
 
 
 def write_plots(study: optuna.Study, study_dir: Path, atomic_write, metric: str) -> list[Path]:
@@ -376,8 +380,8 @@ def write_plots(study: optuna.Study, study_dir: Path, atomic_write, metric: str)
             if name == "parallel_coordinate":
                 legible_parallel_coordinates(axes, [*study.best_trial.params])
             figure.tight_layout()
-            written.append(atomic_write(study_dir / f"{name}.png", lambda f: figure.savefig(f, format="png", dpi=100),
-                                        fsync=False))
+            written.append(atomic_write(study_dir / f"{name}.png", lambda f, figure=figure: figure.savefig(
+                f, format="png", dpi=100), fsync=False))
             plt.close(figure)
         except (ImportError, ValueError, RuntimeError, ZeroDivisionError, IndexError):  # importances: scikit-learn
             continue

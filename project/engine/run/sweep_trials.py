@@ -10,6 +10,7 @@ import fcntl
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -39,16 +40,16 @@ LOGGERS_IN_RUN_DIR = ("TensorBoardLogger", "CSVLogger")
 
 
 def open_storage(storage: str):
-    """An RDB URL (`sqlite:///x.db`, `postgresql://...`) or a journal file (a path; shared filesystem for many hosts)."""
+    """An RDB URL (`sqlite:///x.db`, `postgresql://...`) or a journal file (shared filesystem for many hosts)."""
     if "://" in storage:
         return optuna.storages.RDBStorage(storage)
     return optuna.storages.JournalStorage(JournalFile(storage))
 
 
 class JournalFile(optuna.storages.journal.JournalFileBackend):
-    """Optuna's journal file, kept readable when a write is cut short (kill -9, full disk). Optuna skips a partial
-    last record when reading, but appends after it, and the joined line then fails to parse: the study is lost.
-    Here a partial last record is moved to `<journal>.cut` before the next append, and a failed append is undone."""
+    """Optuna's journal file, readable after a write cut short (kill -9, full disk): Optuna skips a partial last
+    record but appends after it, and the joined line never parses again. Here a partial last record is moved to
+    `<journal>.cut` before the next append, and a failed append is undone."""
 
     def __init__(self, path: str):
         self.path, self.lock = path, JournalFileSymlinkLock(path)
@@ -59,7 +60,11 @@ class JournalFile(optuna.storages.journal.JournalFileBackend):
         try:
             self.lock.acquire()
             try:
-                self._append(data)
+                fd = os.open(self.path, os.O_RDWR | os.O_APPEND)  # O_APPEND: after a cut record is truncated, too
+                try:
+                    self._write(fd, data)
+                finally:
+                    os.close(fd)
             finally:
                 self.lock.release()
         except OSError as error:
@@ -68,34 +73,27 @@ class JournalFile(optuna.storages.journal.JournalFileBackend):
                                     "free some space and start the worker again") from None
             raise
 
-    def _append(self, data: bytes) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND)  # after a partial record is cut off, too
+    def _write(self, fd: int, data: bytes) -> None:
+        end = self._set_aside_partial_record(fd)
         try:
-            end = self._set_aside_partial_record(fd)
-            try:
-                written = 0
-                while written < len(data):
-                    written += os.write(fd, data[written:])
-                os.fsync(fd)
-            except OSError:
-                os.ftruncate(fd, end)  # no half record left for the next append to join
-                raise
-        finally:
-            os.close(fd)
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        except OSError:
+            os.ftruncate(fd, end)  # no half record left for the next append to join
+            raise
 
     def _set_aside_partial_record(self, fd: int) -> int:
         """Where the journal's last whole record ends; a partial one after it is moved to `<journal>.cut`."""
         end = os.lseek(fd, 0, os.SEEK_END)
-        if end == 0 or os.pread(fd, 1, end - 1) == b"\n":
+        tail = os.pread(fd, min(end, 1 << 16), end - min(end, 1 << 16))
+        if not tail or tail.endswith(b"\n"):
             return end
-        start = max(0, end - (1 << 20))
-        tail = os.pread(fd, end - start, start)
-        while b"\n" not in tail and start > 0:
-            start = max(0, start - (1 << 20))
-            tail = os.pread(fd, end - start, start)
-        whole = start + tail.rfind(b"\n") + 1
+        if b"\n" not in tail:
+            tail = os.pread(fd, end, 0)
+        whole = end - len(tail) + tail.rfind(b"\n") + 1
         with open(f"{self.path}.cut", "ab") as cut:
-            cut.write(os.pread(fd, end - whole, whole) + b"\n")
+            cut.write(tail[whole - end + len(tail):] + b"\n")
         os.ftruncate(fd, whole)
         print(f"sweep: {self.path} ended in a record cut short (a worker killed while writing): moved to "
               f"{self.path}.cut", flush=True)
@@ -117,8 +115,10 @@ def instantiate(spec: Any, module: str, what: str):
     import importlib
 
     spec = {"class_path": spec} if isinstance(spec, str) else spec
-    if not isinstance(spec, dict) or not isinstance(spec.get("class_path"), str) or set(spec) - {"class_path", "init_args"}:
-        raise ConfigError(f"sweep.{what}: expected a class name or {{class_path: ..., init_args: {{...}}}}, got {spec!r}")
+    keys = set(spec) if isinstance(spec, dict) else {"?"}
+    if keys - {"class_path", "init_args"} or not isinstance(spec.get("class_path"), str):
+        raise ConfigError(f"sweep.{what}: expected a class name or {{class_path: ..., init_args: {{...}}}}, got "
+                          f"{spec!r}")
     path = spec["class_path"] if "." in spec["class_path"] else f"{module}.{spec['class_path']}"
     owner, _, name = path.rpartition(".")
     try:
@@ -154,7 +154,8 @@ class SweepReporter(Callback):
         pruner = instantiate(self.pruner, "optuna.pruners", "pruner") if self.pruner else None
         study = optuna.load_study(study_name=self.study, storage=storage, pruner=pruner,
                                   sampler=optuna.samplers.RandomSampler())  # samples nothing here
-        trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(self.study), self.trial)
+        study_id = storage.get_study_id_from_name(self.study)
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, self.trial)
         self._trial = optuna.trial.Trial(study, trial_id)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -190,10 +191,11 @@ class SweepReporter(Callback):
         return False
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Not reached when the fit stops on a signal (project.engine.run.last_checkpoint raises): the worker retries it then.
+        # Not reached when the fit stops on a signal (run/last_checkpoint.py raises): the worker retries it then.
         if self._trial is None:
             return
-        best = [c.best_model_path for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.monitor == self.metric]
+        best = [c.best_model_path for c in trainer.callbacks
+                if isinstance(c, ModelCheckpoint) and c.monitor == self.metric]
         last = Path(trainer.default_root_dir, "checkpoints", "last.ckpt")
         try:
             self._trial.set_user_attr(CHECKPOINT, (best[0] if best else "") or (str(last) if last.is_file() else ""))
@@ -211,21 +213,17 @@ class Worker:
     storage: str
     study_dir: Path
     fit_args: list[str]
-    space: dict[str, dict]
-    metric: str
-    pruner: Optional[dict]
-    n_trials: int
-    heartbeat_interval: float
-    grace_period: float
-    max_retry: Optional[int]
+    sweep: dict  # the checked `sweep:` section (project.engine.run.sweep.SETTINGS)
     loggers: Any  # the resolved trainer.logger, pointed at each trial's run dir
-    launcher: list[str]
 
     def __post_init__(self):
         self.name, self.signal, self.child = f"{os.uname().nodename}:{os.getpid()}", 0, None
+        self.metric, self.grace_period = self.sweep["metric"], float(self.sweep["grace_period"])
+        self.launcher = shlex.split(self.sweep["launcher"] or "")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)  # unchanged since optuna 2.8
-            self.retry = RetryHeartbeatStaleTrialCallback(max_retry=self.max_retry, inherit_intermediate_values=True)
+            self.retry = RetryHeartbeatStaleTrialCallback(max_retry=self.sweep["max_retry"],
+                                                          inherit_intermediate_values=True)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.signal = self.signal or signum
@@ -245,7 +243,7 @@ class Worker:
                 if trial is None:
                     break
                 if trial is False:  # the other workers' trials fill the study: wait, in case one of them dies
-                    time.sleep(min(self.heartbeat_interval, 5.0))
+                    time.sleep(min(self.sweep["heartbeat_interval"], 5.0))
                 elif (code := self._run(trial)) is not None:
                     return code
             return 0 if self.signal in (0, signal.SIGUSR1) else 128 + self.signal
@@ -270,8 +268,8 @@ class Worker:
                     self._fail_and_retry(frozen)
             trials = self.study.get_trials(deepcopy=False)
             done, running = len(counted(trials)), sum(t.state == TrialState.RUNNING for t in trials)
-            if done >= self.n_trials or done + running >= self.n_trials:
-                return None if done >= self.n_trials else False
+            if done + running >= self.sweep["n_trials"]:
+                return None if done >= self.sweep["n_trials"] else False
             trial = self.study.ask()
             trial.set_user_attr(HEARTBEAT, time.time())
             trial.set_user_attr(WORKER, self.name)
@@ -296,7 +294,7 @@ class Worker:
         """Run one trial and tell its result; an exit code when this worker must stop (bad input), else None."""
         frozen = self._latest(trial.number)
         run_dir, retried = Path(frozen.user_attrs[RUN_DIR]), frozen.system_attrs.get("failed_trial")
-        params = {name: suggest(trial, name, spec) for name, spec in self.space.items()}
+        params = {name: suggest(trial, name, spec) for name, spec in self.sweep["space"].items()}
         code = 0
         if self.signal:
             code = None
@@ -343,7 +341,7 @@ class Worker:
         """The fit's exit code; None when it could not start (its run dir still in use)."""
         reporter = {"class_path": f"{__name__}.SweepReporter",
                     "init_args": {"storage": self.storage, "study": self.study.study_name, "trial": trial.number,
-                                  "metric": self.metric, "pruner": json.dumps(self.pruner) if self.pruner else None}}
+                                  "metric": self.metric, "pruner": json.dumps(self.sweep["pruner"])}}
         pinned = pin_loggers(self.loggers, run_dir)
         args = [*self.fit_args, *param_flags(params), f"--trainer.default_root_dir={run_dir}",
                 f"--checkpoint.dirpath={run_dir / 'checkpoints'}",
@@ -357,7 +355,7 @@ class Worker:
             self.child = subprocess.Popen([*self.launcher, sys.executable, "-m", "project", "fit", *args],
                                           stdout=log, stderr=subprocess.STDOUT, preexec_fn=_stop_with_parent,
                                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        heartbeat = Heartbeat(trial, self.heartbeat_interval, self.child)
+        heartbeat = Heartbeat(trial, self.sweep["heartbeat_interval"], self.child)
         heartbeat.start()
         try:
             if self.signal and self.signal != signal.SIGINT:  # it came while the fit was starting
@@ -404,7 +402,8 @@ def suggest(trial: optuna.trial.Trial, name: str, spec: dict) -> Any:
     if "choices" in spec:
         return trial.suggest_categorical(name, spec["choices"])
     if is_int_range(spec):
-        return trial.suggest_int(name, spec["low"], spec["high"], step=spec.get("step") or 1, log=spec.get("log", False))
+        return trial.suggest_int(name, spec["low"], spec["high"], step=spec.get("step") or 1,
+                                 log=spec.get("log", False))
     return trial.suggest_float(name, spec["low"], spec["high"], step=spec.get("step"), log=spec.get("log", False))
 
 
@@ -432,7 +431,8 @@ def pin_loggers(loggers: Any, run_dir: Path) -> Any:
     items = loggers if isinstance(loggers, list) else [loggers]
     if not any(ours(item) for item in items):
         return None
-    pinned = [{**item, "init_args": {**(item.get("init_args") or {}), **here}} if ours(item) else item for item in items]
+    pinned = [{**item, "init_args": {**(item.get("init_args") or {}), **here}} if ours(item) else item
+              for item in items]
     return pinned if isinstance(loggers, list) else pinned[0]
 
 
