@@ -18,7 +18,8 @@ import torch
 from conftest import CONFIGS, REPO, callback, project_env, run_project, start_project, tiny_args
 from project.engine.cli import cli_main
 
-# 40 images in batches of 8: 5 steps per epoch on one process, 3 per rank (20 images each) under ddp x2.
+# 40 images in batches of 8: 5 steps per epoch on one process, 2 per rank under ddp x2 (20 images each, the
+# incomplete last batch dropped: data.drop_last).
 EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3",
           # the recipe ingredients: all their random draws must come out the same after a resume
           "--model.loss.mixup_alpha=0.2", "--model.loss.cutmix_alpha=1.0",
@@ -31,6 +32,29 @@ WORKERS = ["--data.num_workers=2", "--data.persistent_workers=true"]
 EVERY_STEP = ["--last_checkpoint.every_n_steps=1"]
 CPU_DDP = ["--config", str(CONFIGS / "cpu_ddp.yaml")]
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
+
+
+def with_csv(root: Path) -> str:
+    """TensorBoard and CSV, both in the run dir (the CSV rows are what a kill -9 and a resume must keep)."""
+    import json
+
+    return "--trainer.logger=" + json.dumps([
+        {"class_path": f"lightning.pytorch.loggers.{kind}", "init_args": {"save_dir": str(root)}}
+        for kind in ("TensorBoardLogger", "CSVLogger")])
+
+
+def assert_each_step_logged_once(root: Path, steps: int) -> None:
+    """metrics.csv holds every step's train/loss once, as TensorBoard does, and the validations TensorBoard has."""
+    import csv
+
+    from conftest import read_scalars
+
+    run_dir = root / "lightning_logs" / "version_0"
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open(newline="")))
+    scalars = read_scalars(run_dir)
+    for name in ("train/loss", "val/acc1"):
+        assert [int(r["step"]) for r in rows if r.get(name)] == [step for step, _ in scalars[name]], name
+    assert [step for step, _ in scalars["train/loss"]] == list(range(steps))
 
 
 def final_state(path: Path) -> dict:
@@ -69,7 +93,7 @@ def reference(tiny_root, tmp_path_factory) -> dict:
 
 @pytest.mark.slow
 def test_kill_9_in_epoch_1_of_3_then_resume_ends_as_the_uninterrupted_run(tiny_root, tmp_path, reference):
-    args = tiny_args(tiny_root, tmp_path, *EPOCHS, *WORKERS)
+    args = tiny_args(tiny_root, tmp_path, *EPOCHS, *WORKERS, with_csv(tmp_path))
     # last.ckpt after every step; kill -9 when step 8 starts: epoch 1, its 3rd batch, checkpoint at step 7.
     killed = run_project(["fit", *args, *EVERY_STEP, callback("stop_callbacks.SignalAtStep", step=7)])
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
@@ -80,6 +104,7 @@ def test_kill_9_in_epoch_1_of_3_then_resume_ends_as_the_uninterrupted_run(tiny_r
         cli_main(["fit", *args, "--ckpt_path=last"])
     assert not [w for w in caught if "resuming from a checkpoint that ended before the epoch ended" in str(w.message)]
     assert_same_training(final_state(tmp_path), reference)
+    assert_each_step_logged_once(tmp_path, 15)  # Lightning writes each logged row at once: a kill -9 loses none
 
 
 @pytest.mark.slow
@@ -145,14 +170,15 @@ def ddp_reference(tiny_root, tmp_path_factory) -> dict:
 
 @pytest.mark.slow
 def test_ddp_kill_9_mid_epoch_then_resume_ends_as_the_uninterrupted_run(tiny_root, tmp_path, ddp_reference):
-    args = [*tiny_args(tiny_root, tmp_path, *EPOCHS, *WORKERS), *CPU_DDP]
-    killed = run_project(["fit", *args, *EVERY_STEP, callback("stop_callbacks.SignalAtStep", step=4)])
+    args = [*tiny_args(tiny_root, tmp_path, *EPOCHS, *WORKERS, with_csv(tmp_path)), *CPU_DDP]
+    killed = run_project(["fit", *args, *EVERY_STEP, callback("stop_callbacks.SignalAtStep", step=3)])
     assert killed.returncode != 0
     stopped = torch.load(tmp_path / LAST, map_location="cpu", weights_only=True)
-    assert (stopped["global_step"], stopped["epoch"]) == (4, 1)  # 3 steps per epoch: epoch 1, after its 1st batch
+    assert (stopped["global_step"], stopped["epoch"]) == (3, 1)  # 2 steps per epoch: epoch 1, after its 1st batch
     ok(run_project(["fit", *args, "--ckpt_path=last"]))
-    assert ddp_reference["step"] == 9
+    assert ddp_reference["step"] == 6
     assert_same_training(final_state(tmp_path), ddp_reference)
+    assert_each_step_logged_once(tmp_path, 6)  # continue_csv_logs under ddp
 
 
 def test_a_stop_signal_right_before_a_validation_waits_for_it_and_the_resumed_run_skips_nothing(tiny_root, tmp_path):
@@ -185,18 +211,11 @@ def test_ctrl_c_to_a_ddp_job_saves_once_on_every_rank_and_exits_130(tiny_root, t
 @pytest.mark.slow
 def test_ddp_spawn_sigterm_to_the_main_process_saves_exits_143_and_the_resume_keeps_one_metrics_csv(tiny_root,
                                                                                                     tmp_path):
-    import csv
-    import json
     import time
 
-    from conftest import read_scalars
-
     # Under ddp_spawn the training runs in processes the main one spawned; `kill PID` reaches the main one alone.
-    loggers = "--trainer.logger=" + json.dumps([
-        {"class_path": f"lightning.pytorch.loggers.{kind}", "init_args": {"save_dir": str(tmp_path)}}
-        for kind in ("TensorBoardLogger", "CSVLogger")])
     spawn = [*CPU_DDP, "--trainer.strategy=ddp_spawn"]
-    args = [*tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=2", loggers), *spawn]
+    args = [*tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=2", with_csv(tmp_path)), *spawn]
     marker = tmp_path / "holding"
     job = start_project(["fit", *args, callback("stop_callbacks.HoldUntilSignalled", step=1, marker=str(marker))])
     deadline = time.monotonic() + 240
@@ -208,11 +227,5 @@ def test_ddp_spawn_sigterm_to_the_main_process_saves_exits_143_and_the_resume_ke
     assert f"stopped by SIGTERM at epoch 0, global step 2; last checkpoint: {tmp_path / LAST}" in out + err, err[-3000:]
     assert "Traceback" not in err
     ok(run_project(["fit", *args, "--ckpt_path=last"]))
-    steps = torch.load(tmp_path / LAST, map_location="cpu", weights_only=True)["global_step"]
     # continue_csv_logs under ddp_spawn: one metrics.csv, each step once, the steps TensorBoard holds
-    run_dir = tmp_path / "lightning_logs" / "version_0"
-    rows = list(csv.DictReader((run_dir / "metrics.csv").open(newline="")))
-    scalars = read_scalars(run_dir)
-    for name in ("train/loss", "val/acc1"):
-        assert [int(r["step"]) for r in rows if r.get(name)] == [step for step, _ in scalars[name]], name
-    assert [step for step, _ in scalars["train/loss"]] == list(range(steps))
+    assert_each_step_logged_once(tmp_path, torch.load(tmp_path / LAST, weights_only=True)["global_step"])

@@ -102,8 +102,8 @@ def test_tensorboard_and_mlflow_stopped_and_resumed_is_one_mlflow_run_and_one_ru
     run = runs[0]
     run_dir = tmp_path / "lightning_logs" / "version_0"
     tensorboard = read_scalars(run_dir)
-    # 2 epochs of 5 steps; the step the stop was taken at is trained but not logged (by TensorBoard neither)
-    for name, count in (("val/acc1", 2), ("train/loss", 9)):
+    # 2 epochs of 5 steps, each logged once (the step the stop was taken at too)
+    for name, count in (("val/acc1", 2), ("train/loss", 10)):
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, name))
         assert len(steps) == len(set(steps)) == count, (name, steps)  # each step once: one run, no counter restart
         assert steps == sorted(step for step, _ in tensorboard[name]), (name, steps)  # TensorBoard's steps
@@ -119,6 +119,7 @@ def test_tensorboard_and_mlflow_stopped_and_resumed_is_one_mlflow_run_and_one_ru
     assert (run_dir / "checkpoints" / "last.ckpt").is_file() and (run_dir / "config.yaml").is_file()
     assert list(run_dir.glob("events.out.tfevents.*"))
     assert json.loads((run_dir / "trackers.json").read_text())["mlflow"] == run.info.run_id
+    assert f"run_id: {run.info.run_id}" not in (run_dir / "config.yaml").read_text()  # a rerun from it is a new run
     last_line = [line for line in (resumed.stdout + resumed.stderr).splitlines() if line.startswith("run dir ")][-1]
     assert f"MLflow {mlflow_server}/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}" in last_line
     assert f"tensorboard --logdir {tmp_path / 'lightning_logs'}" in last_line
@@ -151,6 +152,12 @@ def test_wandb_offline_and_csv_stopped_and_resumed_keep_one_run_id_and_one_run_d
         steps = [int(row["step"]) for row in rows if row.get(name)]
         assert steps == sorted(step for step, _ in tensorboard[name]), (name, steps)
     assert not (run_dir / "metrics.csv.resume").exists()
+    # config.yaml keeps settings, not the run's identity: a new run from it gets its own W&B run and run dir
+    import yaml
+
+    (saved,) = [e for e in yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]["logger"]
+                if e["class_path"].endswith("WandbLogger")]
+    assert saved["init_args"]["id"] is None and saved["init_args"]["save_dir"] is None, saved
 
 
 def _one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:

@@ -15,7 +15,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 
 from project.engine.run.checkpoint_io import atomic_write
 from project.engine.run.run_dirs import CHECKPOINTS
-from project.engine.run.trackers import log_config, record_tracked_runs
+from project.engine.run.trackers import kind_of, log_config, logger_entries, record_tracked_runs
 
 
 def keep_previous(path: Path) -> None:
@@ -56,9 +56,15 @@ class KeepingSaveConfigCallback(SaveConfigCallback):
     def save_config(self, trainer, pl_module, stage: str) -> None:
         path = self.run_dir / self.config_filename
         keep_previous(path)
-        text = self.parser.dump(self.config, skip_none=False)
+        config = self.config.clone()
+        for entry in logger_entries(config.trainer):
+            # The tracked run's identity (trackers.json keeps it for a resume), not a setting: a new run from this
+            # config.yaml must not continue this run's MLflow or W&B run, nor write into its dir.
+            for key in {"mlflow": ("run_id",), "wandb": ("id", "save_dir")}.get(kind_of(entry), ()):
+                entry.init_args[key] = None
+        text = self.parser.dump(config, skip_none=False)
         if self.multifile:
-            self.parser.save(self.config, str(path), skip_none=False, overwrite=True, multifile=True)
+            self.parser.save(config, str(path), skip_none=False, overwrite=True, multifile=True)
         else:
             atomic_write(path, lambda file: file.write(text), mode="w")
         # The trackers (MLflow, W&B, ...) get the same config, and their run ids are kept for a resume.

@@ -148,9 +148,8 @@ def git_commit() -> Optional[str]:
 
 
 def point_trackers(trainer: Namespace, run_dir: Path, *, resuming: bool) -> None:
-    """Make the trackers continue this run dir's tracked runs (MLflow run_id, W&B id) when resuming into it and keep
-    W&B's local files in it; tags carry the git commit. Edits the parsed config in place. (TensorBoard and CSV are
-    pinned to the run dir by project.engine.run.resume.)"""
+    """Point the parsed config's trackers at this run dir's tracked runs when resuming, W&B's files into it, and tag
+    the git commit (TensorBoard and CSV are pinned by project.engine.run.resume)."""
     ids = read_tracked_runs(run_dir) if resuming else {}
     commit = git_commit()
     for entry in logger_entries(trainer):
@@ -249,10 +248,8 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def log_config(loggers: list, config: dict[str, Any], config_file: Path) -> None:
-    """Send the resolved config to each tracker: its options as parameters, config.yaml as an artifact.
-
-    A resumed MLflow run already holds its first start's parameters, which MLflow does not let change: only keys it
-    lacks are logged then (each start's config.yaml stays in the run dir: config.<n>.yaml)."""
+    """Send the resolved config to each tracker: its options as parameters, config.yaml as an artifact (a resumed
+    MLflow run gets only the keys it lacks: MLflow does not let a parameter change)."""
     params = {k: (v if isinstance(v, (int, float, bool)) or v is None else redact(v if isinstance(v, str) else
                                                                                    json.dumps(v, default=str)))
               for k, v in flat_config(config).items()}
@@ -300,14 +297,9 @@ def how_to_look(loggers: list, run_dir: Path) -> list[str]:
 
 
 def continue_csv_logs(loggers: list, resume_step: int) -> None:
-    """A fit resuming into its run dir keeps metrics.csv: each CSVLogger's rows logged before `resume_step` (the
-    checkpoint's global_step; those at or after it are the stopped run's, which the resumed one logs again).
-
-    Lightning's CSVLogger deletes metrics.csv when it starts in a run dir that has one (Lightning PR #19446; listed in
-    project.engine.compat). Called once the Trainer exists and before it first touches its loggers: metrics.csv is moved
-    aside, Lightning's writer is created (it finds nothing to delete), the kept rows are written back and the writer
-    takes their header, so Lightning's own save() appends (or rewrites with a wider header when a key is new). A crash
-    in between leaves the rows in metrics.csv.resume, which the next resume takes up."""
+    """A resumed fit keeps each CSVLogger's rows logged before `resume_step` (Lightning's deletes metrics.csv, PR
+    #19446, project.engine.compat). Called before the Trainer first touches its loggers: the file is moved aside, the
+    writer created (nothing to delete), the rows written back under its header; a crash leaves metrics.csv.resume."""
     import csv
     import io
 
