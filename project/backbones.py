@@ -25,20 +25,15 @@ NETWORK = "network"  # the attribute of HasNetwork; its tensors are `network.*` 
 
 @runtime_checkable
 class HasNetwork(Protocol):
-    """A LightningModule whose whole network is one plain nn.Module in `self.network` (ImageClassifier is one): what
-    EMA averages, FreezeBackbone freezes but for its head (the last nn.Linear or nn.Conv2d it registers), the weights,
-    the checkpoints (`network.` keys), export and the optimizer's groups read. A module of your own that holds its
-    network there works with all of them."""
+    """A LightningModule whose whole network is the plain nn.Module `self.network`: what EMA, FreezeBackbone, the
+    weights, the checkpoints (`network.` keys), export and the optimizer's groups work on. Yours can be one too."""
 
     network: nn.Module
 
 
 class Network(abc.ABC):
     """Any nn.Module, as the type of `model.backbone`: `class_path: my_module.MyNet` (a class taking num_classes).
-
-    jsonargparse's help lists every loaded subclass of an option's class (730 lines for nn.Module); this abstract
-    class has none of its own, and nn.Module is registered as a virtual subclass, so every network is accepted.
-    """
+    An abstract class with nn.Module as a virtual subclass: --help lists no subclasses (730 lines for nn.Module)."""
 
     @abc.abstractmethod
     def forward(self, *args, **kwargs): ...
@@ -57,14 +52,10 @@ def family_of(arch: str) -> str:
     return models.get_model_builder(arch).__module__.rsplit(".", 1)[-1]
 
 
-def _natural(name: str) -> list:
-    """resnet18 before resnet101: digit runs compare as numbers."""
-    return [int(run) if run.isdigit() else run for run in re.split(r"(\d+)", name)]
-
-
 def _by_family() -> dict[str, list[str]]:
     families: dict[str, list[str]] = defaultdict(list)
-    for arch in sorted(ARCHS, key=_natural):
+    # Digit runs compare as numbers: resnet18 before resnet101.
+    for arch in sorted(ARCHS, key=lambda n: [int(run) if run.isdigit() else run for run in re.split(r"(\d+)", n)]):
         families[family_of(arch)].append(arch)
     # ResNets first: the family the template's configs and README are written around.
     return dict(sorted(families.items(), key=lambda item: (item[0] != "resnet", item[0])))
@@ -76,10 +67,7 @@ RESNET_ARCHS: tuple[str, ...] = tuple(FAMILIES["resnet"])
 
 # Not weights-dependent: auxiliary classifiers return a tuple in training mode, which the loss cannot take, and an
 # explicit init_weights silences GoogLeNet's and Inception's "default will change" warning.
-_FIXED_OPTIONS = {
-    "googlenet": {"aux_logits": False, "init_weights": True},
-    "inception_v3": {"aux_logits": False, "init_weights": True},
-}
+_FIXED_OPTIONS = dict.fromkeys(("googlenet", "inception_v3"), {"aux_logits": False, "init_weights": True})
 
 
 def unknown_arch_message(arch: str) -> str:
@@ -87,10 +75,8 @@ def unknown_arch_message(arch: str) -> str:
     close = difflib.get_close_matches(arch, ARCHS, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     families = "; ".join(", ".join(names) for names in FAMILIES.values())
-    return (
-        f"unknown arch {arch!r}{hint}; expected one of: {families} "
-        "(or pass your own network with --model.backbone, see README 'Add your model')"
-    )
+    return (f"unknown arch {arch!r}{hint}; expected one of: {families} "
+            "(or pass your own network with --model.backbone, see README 'Add your model')")
 
 
 def torchvision_weights(arch: str, name: str) -> Optional[WeightsEnum]:
@@ -124,10 +110,8 @@ def build_network(
     options = dict(_FIXED_OPTIONS.get(arch, {}))
     if zero_init_residual:
         if arch not in RESNET_ARCHS:
-            raise ConfigError(
-                f"zero_init_residual applies to the ResNet family ({', '.join(RESNET_ARCHS)}), not to arch {arch!r} "
-                f"({family_of(arch)}): drop --model.zero_init_residual"
-            )
+            raise ConfigError(f"zero_init_residual applies to the ResNet family ({', '.join(RESNET_ARCHS)}), not to "
+                              f"arch {arch!r} ({family_of(arch)}): drop --model.zero_init_residual")
         options["zero_init_residual"] = True
     entry = torchvision_weights(arch, weights) if weights is not None else None
     if entry is not None:
@@ -139,7 +123,7 @@ def build_network(
         patch = vit_patch_size(arch)
         if side % patch:
             raise ConfigError(f"model.arch {arch} cuts images into {patch} px patches: {key}={side} is not a multiple "
-                              f"of {patch}; set {_options(sizes)} to one such size (e.g. {_multiple(side, patch)})")
+                              f"of {patch}; set {_options(sizes)} to one such size (e.g. {-(-side // patch) * patch})")
         options["image_size"] = side
     network = models.get_model(arch, weights=None, num_classes=num_classes, **options)
     check_image_sizes(network, sizes, arch=arch, weights=weights)
@@ -152,14 +136,9 @@ def vit_patch_size(arch: str) -> int:
         return models.get_model(arch, weights=None).patch_size
 
 
-def _multiple(side: int, patch: int) -> int:
-    return -(-side // patch) * patch  # the next one up
-
-
 def image_size_problem(network: nn.Module, side: int) -> Optional[str]:
     """Why `network` cannot take a batch of side x side images (the first line of its own error), or None if it can:
-    one training-mode forward on meta tensors (torch.func.functional_call), shapes only, the network untouched. Every
-    torchvision classifier runs on the meta device; a network of your own may not, so only those are probed."""
+    one training-mode forward on meta tensors, shapes only. Only torchvision's are probed: yours may not run on meta."""
     tensors = {name: torch.empty_like(tensor, device="meta")
                for name, tensor in (*network.named_parameters(), *network.named_buffers())}
     images = torch.empty(2, 3, side, side, device="meta")  # 2: BatchNorm refuses one value per channel in training
@@ -204,20 +183,15 @@ def build_resnet(arch: str, num_classes: int, *, zero_init_residual: bool = Fals
 
 
 def classifier_head(network: nn.Module) -> tuple[str, nn.Module]:
-    """The qualified name and module of the layer producing the logits: the last nn.Linear or nn.Conv2d registered.
-
-    Every torchvision classifier registers its head last (fc, classifier.1, classifier.3, heads.head, head, ...);
-    a custom backbone must do the same for head replacement and backbone freezing to find it.
-    """
+    """The qualified name and module of the layer producing the logits: the last nn.Linear or nn.Conv2d registered
+    (as every torchvision classifier does: fc, classifier.1, heads.head, ...; a custom backbone must do the same)."""
     found: Optional[tuple[str, nn.Module]] = None
     for name, module in network.named_modules():
         if isinstance(module, (nn.Linear, nn.Conv2d)):
             found = (name, module)
     if found is None:
-        raise ConfigError(
-            f"{type(network).__name__} has no nn.Linear or nn.Conv2d layer: cannot find its classifier head "
-            "(the last such layer registered in __init__)"
-        )
+        raise ConfigError(f"{type(network).__name__} has no nn.Linear or nn.Conv2d layer: cannot find its classifier "
+                          "head (the last such layer registered in __init__)")
     return found
 
 
@@ -227,16 +201,11 @@ def head_outputs(head: nn.Module) -> int:
 
 
 class NetworkRunner:
-    """Runs a network as configured: NHWC input (channels_last) and a torch.compile'd graph (compile).
-
-    Not an nn.Module, so the compiled wrapper never enters the module tree: state_dict keys stay free of
-    `_orig_mod.`, and a checkpoint of a compiled run loads into a plain one. DataParallel's replicas share this object
-    (it sits in the module's __dict__) but hold copies of the network: only the network it compiled runs compiled.
-    """
+    """Runs a network as configured: NHWC input (channels_last) and a torch.compile'd graph (compile). Not an
+    nn.Module, so state_dict keys stay free of `_orig_mod.`; DataParallel's replicas share it but run uncompiled."""
 
     def __init__(self, *, channels_last: bool = False, compile: bool = False) -> None:
-        self.channels_last = channels_last
-        self.compile = compile
+        self.channels_last, self.compile = channels_last, compile
         self.compiled: Optional[nn.Module] = None
         self._compiled_from: Optional[nn.Module] = None
 

@@ -17,11 +17,8 @@ from project.engine.options import BelowOne, NonNegativeFloat, UnitInterval, che
 
 
 class BatchMixer:
-    """MixUp (mixup_alpha > 0) and/or CutMix (cutmix_alpha > 0), one of the two per batch when both are on.
-
-    Returns soft targets (batch, num_classes) that sum to one; with both alphas 0 the batch passes unchanged.
-    All random draws are on the CPU and the device work reads no tensor back: no host-device sync per batch.
-    """
+    """MixUp and/or CutMix (one per batch when both are on): soft targets (batch, num_classes); alphas 0: unchanged.
+    The draws are on the CPU and nothing is read back from the device: no host-device sync per batch."""
 
     def __init__(self, num_classes: int, mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0):
         if mixup_alpha < 0 or cutmix_alpha < 0:
@@ -33,9 +30,7 @@ class BatchMixer:
         if cutmix_alpha > 0:
             choices.append(v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes))
         # Both on: torchvision's reference picks one per batch with equal odds (v2.RandomChoice).
-        self.transform: Optional[v2.Transform] = (
-            None if not choices else choices[0] if len(choices) == 1 else v2.RandomChoice(choices)
-        )
+        self.transform = None if not choices else choices[0] if len(choices) == 1 else v2.RandomChoice(choices)
 
     def __call__(self, images: torch.Tensor, targets: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.transform is None:
@@ -47,24 +42,12 @@ class BatchMixer:
             return self.transform(images, targets)
 
 
-def soft_target_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    loss: Literal["cross_entropy", "bce"] = "cross_entropy",
-    label_smoothing: float = 0.0,
-    bce_target_threshold: Optional[float] = None,
-) -> torch.Tensor:
-    """The training loss on hard (N,) or soft (N, C) targets, label smoothing applied on top of either.
-
-    cross_entropy: F.cross_entropy with label_smoothing, which smooths probability targets too, as torchvision's
-        reference does after MixUp/CutMix (target * (1 - s) + s / C).
-    bce: binary cross-entropy with logits per class, the "ResNet strikes back" loss (timm BinaryCrossEntropy):
-        smoothing turns a one-hot target into off = s / C and on = 1 - s + s / C, i.e. the same
-        target * (1 - s) + s / C, which for mixed targets equals timm's smoothing of each one-hot before mixing;
-        bce_target_threshold (RSB A1: 0.2) then binarizes the targets (> threshold -> 1). Mean over batch and classes,
-        as timm.
-    """
+def soft_target_loss(logits: torch.Tensor, targets: torch.Tensor, *,
+                     loss: Literal["cross_entropy", "bce"] = "cross_entropy", label_smoothing: float = 0.0,
+                     bce_target_threshold: Optional[float] = None) -> torch.Tensor:
+    """The training loss on hard (N,) or soft (N, C) targets, both smoothed as target * (1 - s) + s / C (torchvision's
+    reference after MixUp/CutMix; for bce, timm's BinaryCrossEntropy of "ResNet strikes back", smoothing each one-hot
+    before mixing, the same). bce: per class, mean over batch and classes, targets > bce_target_threshold -> 1."""
     if loss == "cross_entropy":
         return F.cross_entropy(logits, targets, label_smoothing=label_smoothing)
     if loss != "bce":
@@ -88,8 +71,7 @@ class Loss:
     Args:
         name: "cross_entropy", or "bce" (binary cross-entropy per class, the "ResNet strikes back" recipe).
         label_smoothing: label smoothing of the training loss, in [0, 1) (combined with MixUp/CutMix targets).
-        bce_target_threshold: with name "bce", binarize the (mixed, smoothed) targets above this, in [0, 1] (RSB A1:
-            0.2).
+        bce_target_threshold: with name "bce", binarize the mixed, smoothed targets above this, in [0, 1] (RSB A1 0.2).
         mixup_alpha: MixUp's Beta(alpha, alpha) on the training batch, >= 0 (0 disables).
         cutmix_alpha: CutMix's alpha, >= 0 (0 disables); with both on, one of the two per batch.
     """

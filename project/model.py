@@ -59,27 +59,14 @@ def _evaluation_metrics(num_classes: int) -> tuple[MeanMetric, MulticlassAccurac
 
 
 class ImageClassifier(L.LightningModule):
-    """Supervised image classification with the ImageNet recipe as defaults (SGD, warmup + cosine, LR per 256).
+    """Supervised image classification with the ImageNet recipe as defaults (SGD, warmup + cosine, LR per 256); the
+    whole network is the plain nn.Module `self.network` (project.backbones.HasNetwork)."""
 
-    `self.network` is the whole network, a plain nn.Module (project.backbones.HasNetwork): EMA, backbone freezing,
-    pretrained weights, export and the checkpoint checks all work on it.
-    """
-
-    def __init__(
-        self,
-        num_classes: PositiveInt = 1000,
-        arch: Optional[str] = "resnet50",
-        backbone: Optional[Callable[[int], Network]] = None,
-        zero_init_residual: bool = False,
-        finetune: FineTuning = FineTuning(),
-        optim: Optimization = Optimization(),
-        loss: Loss = Loss(),
-        channels_last: bool = False,
-        compile: bool = False,
-        batch_size: Optional[PositiveInt] = None,
-        seed: int = 0,
-        image_sizes: Optional[dict[str, PositiveInt]] = None,
-    ):
+    def __init__(self, num_classes: PositiveInt = 1000, arch: Optional[str] = "resnet50",
+                 backbone: Optional[Callable[[int], Network]] = None, zero_init_residual: bool = False,
+                 finetune: FineTuning = FineTuning(), optim: Optimization = Optimization(), loss: Loss = Loss(),
+                 channels_last: bool = False, compile: bool = False, batch_size: Optional[PositiveInt] = None,
+                 seed: int = 0, image_sizes: Optional[dict[str, PositiveInt]] = None):
         """
         Args:
             num_classes: number of classes; linked from the data module, never set by hand.
@@ -93,30 +80,25 @@ class ImageClassifier(L.LightningModule):
             loss: the training loss: cross-entropy or BCE, label smoothing, MixUp/CutMix.
             channels_last: run the network in NHWC memory format (faster convolutions with AMP on GPUs).
             compile: torch.compile the network (checkpoints keep the plain module's parameter names).
-            batch_size: images per batch per process (dp: the whole batch); linked from data.batch_size, it scales
-                the LR with the global batch.
-            seed: the run seed, linked from seed_everything: the model's random stream at each step and the
-                MixUp/CutMix draws of each batch derive from it.
-            image_sizes: the side of every image the network will see, by the option that sets it
-                ({"data.train_crop_size": 32, "data.eval_crop_size": 32}); linked from the data module, never set by
-                hand. A ViT is built for that size; an `arch` that cannot take one is refused at once.
+            batch_size: images per batch per process (dp: the whole batch); linked from data.batch_size, scales the LR.
+            seed: the run seed, linked from seed_everything: each step's random stream and MixUp/CutMix draws.
+            image_sizes: the side of every image the network will see, by the option that sets it; linked from the
+                data module. A ViT is built for that size; an `arch` that cannot take one is refused at once.
         """
-        # The command line's values were checked while parsing; these are a Python caller's or a checkpoint's.
+        # A Python caller's or a checkpoint's values (the command line's were checked while parsing), checked into the
+        # locals that save_hyperparameters reads.
         checked = check_arguments(ImageClassifier.__init__, locals(), "model")
-        # save_hyperparameters reads the locals: they take the checked values
         num_classes, batch_size, image_sizes = checked["num_classes"], checked["batch_size"], checked["image_sizes"]
         _check_network_choice(arch, backbone, zero_init_residual)
         super().__init__()
         self.finetune, self.optim = _group(FineTuning, finetune), _group(Optimization, optim)
         self.loss = _group(Loss, loss)
-        # save_hyperparameters reads these locals (the CLI passes its parsed config instead): plain dicts, so that
-        # checkpoints load with weights_only=True and their hparams parse back through the CLI.
+        # Plain dicts in the hparams: checkpoints load with weights_only=True and parse back through the CLI.
         finetune, optim, loss = asdict(self.finetune), asdict(self.optim), asdict(self.loss)
         self.save_hyperparameters(ignore=["backbone"], logger=False)  # the trackers get the whole config instead
         self.network = backbone(num_classes) if backbone is not None else build_network(
             arch, num_classes, zero_init_residual=zero_init_residual, weights=self.finetune.weights,
-            image_sizes=image_sizes,
-        )
+            image_sizes=image_sizes)
         self._custom_network = backbone is not None
         self.runner = NetworkRunner(channels_last=channels_last, compile=compile)
         self.mixer = self.loss.mixer(num_classes)
@@ -124,8 +106,7 @@ class ImageClassifier(L.LightningModule):
         self.test_loss, self.test_acc1, self.test_acc5 = _evaluation_metrics(num_classes)
 
     # -- building ------------------------------------------------------------------------------------------------
-    def _weights_arch(self) -> Optional[str]:
-        """The torchvision arch whose weights names `weights` may use; None for a custom backbone (files only)."""
+    def _weights_arch(self) -> Optional[str]:  # whose torchvision weights names apply; None: a file only
         return None if self._custom_network else self.hparams.arch
 
     def prepare_data(self) -> None:

@@ -76,10 +76,8 @@ def scaled_lr(lr_per_256: float, global_batch_size: int) -> float:
 
 def parameter_groups(network: nn.Module, weight_decay: float, *, decay_norm_and_bias: bool, lr: Optional[float] = None,
                      backbone_lr_factor: float = 1.0) -> list[dict]:
-    """Groups by weight decay (norm weights and biases apart unless decay_norm_and_bias) and, when backbone_lr_factor
-    is not 1, by LR (the classifier head at `lr`, the rest at lr x factor). Every parameter is in a group, frozen ones
-    too (they get no gradient, so no update): unfreezing later needs no new group. Named for LearningRateMonitor
-    (train/lr/<name>) when there are several; one group is plain train/lr."""
+    """Groups by weight decay (norm weights and biases apart unless decay_norm_and_bias) and by LR (the head at `lr`,
+    the rest at lr x backbone_lr_factor); frozen ones too, so unfreezing needs no new group. Named when several."""
     if backbone_lr_factor <= 0:
         raise ConfigError(f"model.finetune.backbone_lr_factor must be > 0, got {backbone_lr_factor}")
     head_name = classifier_head(network)[0] + "." if backbone_lr_factor != 1.0 else None
@@ -115,15 +113,8 @@ def build_optimizer(name: str, groups: list[dict], *, lr: float, momentum: float
     raise ConfigError(f"model.optim.optimizer must be 'sgd', 'adamw' or 'rmsprop', got {name!r}")
 
 
-def warmup_then_decay(
-    optimizer: torch.optim.Optimizer,
-    *,
-    total_steps: int,
-    warmup_steps: int,
-    schedule: str,
-    milestones: Sequence[int] = (),
-    gamma: float = 0.1,
-) -> torch.optim.lr_scheduler.LambdaLR:
+def warmup_then_decay(optimizer: torch.optim.Optimizer, *, total_steps: int, warmup_steps: int, schedule: str,
+                      milestones: Sequence[int] = (), gamma: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
     """LR factor per optimizer step: linear warmup from 1/warmup_steps to 1, then cosine or linear to 0, or steps."""
     if schedule not in ("cosine", "step", "linear"):
         raise ConfigError(f"schedule must be 'cosine', 'linear' or 'step', got {schedule!r} (model.optim.schedule)")
@@ -148,23 +139,16 @@ def build_schedule(optimizer: torch.optim.Optimizer, trainer: L.Trainer, *, warm
     """warmup_then_decay sized from the trainer: warmup and milestones in epochs, the run's length in steps."""
     total_steps = trainer.estimated_stepping_batches
     if math.isinf(total_steps):
-        raise ConfigError(
-            "the LR schedule needs a known length, got trainer.max_epochs=-1 and trainer.max_steps=-1 (no end): "
-            "set --trainer.max_epochs or --trainer.max_steps"
-        )
+        raise ConfigError("the LR schedule needs a known length, got trainer.max_epochs=-1 and trainer.max_steps=-1 "
+                          "(no end): set --trainer.max_epochs or --trainer.max_steps")
     if math.isinf(trainer.num_training_batches):
         # Given max_steps alone Lightning does not size the epoch, but warmup and milestones are counted in epochs.
         trainer.fit_loop.setup_data()
     # Rounded up as Lightning counts: an epoch's last, partial accumulation window still steps the optimizer.
     steps_per_epoch = max(1, math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches))
-    return warmup_then_decay(
-        optimizer,
-        total_steps=int(total_steps),
-        warmup_steps=round(warmup_epochs * steps_per_epoch),
-        schedule=schedule,
-        milestones=[m * steps_per_epoch for m in milestones],
-        gamma=gamma,
-    )
+    return warmup_then_decay(optimizer, total_steps=int(total_steps), schedule=schedule, gamma=gamma,
+                             warmup_steps=round(warmup_epochs * steps_per_epoch),
+                             milestones=[m * steps_per_epoch for m in milestones])
 
 
 def build_optimization(optim: Optimization, network: nn.Module, trainer: L.Trainer, *, lr: float,
@@ -193,9 +177,9 @@ def check_optimizer_state_fits(path, checkpoint: dict, network: nn.Module, optim
         raise CheckpointError(f"checkpoint {path} was trained with model.optim.optimizer={before}, this run asks for "
                               f"{optim.optimizer}: its optimizer state cannot continue; resume with {before}, or "
                               f"start a new run from its weights with --model.finetune.weights {path}")
-    expected = [len(g["params"]) for g in parameter_groups(network, optim.weight_decay, lr=1.0,
-                                                          decay_norm_and_bias=optim.decay_norm_and_bias,
-                                                          backbone_lr_factor=backbone_lr_factor)]
+    groups = parameter_groups(network, optim.weight_decay, decay_norm_and_bias=optim.decay_norm_and_bias,
+                              backbone_lr_factor=backbone_lr_factor)
+    expected = [len(g["params"]) for g in groups]
     saved = [len(g["params"]) for g in states[0].get("param_groups", [])]
     if saved != expected:
         now = {"optim.decay_norm_and_bias": optim.decay_norm_and_bias,
@@ -211,8 +195,7 @@ def check_optimizer_state_fits(path, checkpoint: dict, network: nn.Module, optim
 
 class ResumedOptimizerSettings(L.Callback):
     """After a resume: this run's optimizer settings (explicit flags, a new global batch) over the checkpoint's,
-    keeping its state (momentum, Adam moments) and the schedule's position. Lightning restores the checkpoint's
-    optimizer, hyperparameters included, between on_fit_start (read here) and on_train_start (put back here)."""
+    keeping its state and the schedule's position (Lightning restores between on_fit_start and on_train_start)."""
 
     def __init__(self) -> None:
         self._configured: list[dict] = []

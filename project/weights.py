@@ -37,8 +37,7 @@ class LoadReport:
     dropped: tuple[str, ...] = ()  # file tensors of parts the network was built without (GoogLeNet's aux heads)
     head_change: str = ""  # e.g. "1000 -> 10 classes"
 
-    def summary(self) -> str:
-        """One log line."""
+    def summary(self) -> str:  # one log line
         line = f"pretrained weights: loaded {self.loaded} tensors from {self.source}"
         if self.new:
             line += f"; newly initialised ({self.head_change}): {', '.join(self.new)}"
@@ -63,10 +62,6 @@ def _copy_with_metadata(state: Mapping, rename: Callable[[str], Optional[str]] =
     return copy
 
 
-def _strip_prefix(key: str) -> Optional[str]:
-    return key[len(CKPT_PREFIX):] if key.startswith(CKPT_PREFIX) else None
-
-
 def hub_file(entry: WeightsEnum) -> Path:
     """Where torch.hub keeps (and looks for) the file of a torchvision weights entry."""
     return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urllib.parse.urlparse(entry.url).path)
@@ -84,10 +79,8 @@ def _from_hub(arch: str, name: str, entry: WeightsEnum) -> dict[str, torch.Tenso
         state = entry.get_state_dict(progress=True, check_hash=True, weights_only=True, map_location="cpu")
     except Exception as error:
         if cached:
-            raise ConfigError(
-                f"could not read {path} ({type(error).__name__}: {error}): delete it and run again to download "
-                f"{arch} {name} afresh"
-            ) from error
+            raise ConfigError(f"could not read {path} ({type(error).__name__}: {error}): delete it and run again to "
+                              f"download {arch} {name} afresh") from error
         raise MissingInputError(
             f"could not download {arch} weights {name} from {entry.url} ({type(error).__name__}: {error}); "
             f"on a machine without network, download that URL elsewhere and put {path.name} into {path.parent} "
@@ -112,20 +105,18 @@ def _from_file(path: Path) -> dict[str, torch.Tensor]:
     if isinstance(content, Mapping) and isinstance(content.get("state_dict"), Mapping):
         # One of our Lightning checkpoints: the LightningModule's state (with EMA, the averaged weights) under
         # `state_dict`, the network's part prefixed `network.`.
-        state = _copy_with_metadata(content["state_dict"], _strip_prefix)
+        state = _copy_with_metadata(content["state_dict"],
+                                    lambda key: key.removeprefix(CKPT_PREFIX) if key.startswith(CKPT_PREFIX) else None)
         if not state:
             first = next(iter(content["state_dict"]), "<none>")
-            raise ConfigError(
-                f"{path} is a Lightning checkpoint without `{CKPT_PREFIX}` weights (first key {first!r}): "
-                "expected a checkpoint of this project's ImageClassifier, or a plain state_dict file"
-            )
+            raise ConfigError(f"{path} is a Lightning checkpoint without `{CKPT_PREFIX}` weights (first key "
+                              f"{first!r}): expected a checkpoint of this project's ImageClassifier, or a plain "
+                              "state_dict file")
         return state
     if isinstance(content, Mapping) and content and all(isinstance(v, torch.Tensor) for v in content.values()):
         return content
-    raise ConfigError(
-        f"{path} holds a {type(content).__name__}, not a state_dict (name -> tensor) nor a Lightning .ckpt: "
-        "save one with torch.save(network.state_dict(), path)"
-    )
+    raise ConfigError(f"{path} holds a {type(content).__name__}, not a state_dict (name -> tensor) nor a Lightning "
+                      ".ckpt: save one with torch.save(network.state_dict(), path)")
 
 
 def fetch_weights(weights: str, *, arch: Optional[str]) -> Optional[Path]:
@@ -147,14 +138,12 @@ def read_weights(weights: str, *, arch: Optional[str]) -> tuple[dict[str, torch.
     if path.is_file():
         return _from_file(path), str(path)
     if arch is None:
-        raise ConfigError(
-            f"--model.finetune.weights {weights!r} is not a file: with --model.backbone it takes the path of a "
-            "state_dict or .ckpt file (torchvision weights names need a torchvision --model.arch)"
-        )
-    raise ConfigError(
-        f"--model.finetune.weights {weights!r} is neither a file nor a torchvision weights name of {arch} "
-        f"(one of: {_weight_names(arch)}): give one of those names, or the path of a state_dict or .ckpt file"
-    )
+        raise ConfigError(f"--model.finetune.weights {weights!r} is not a file: with --model.backbone it takes the "
+                          "path of a state_dict or .ckpt file (torchvision weights names need a torchvision "
+                          "--model.arch)")
+    raise ConfigError(f"--model.finetune.weights {weights!r} is neither a file nor a torchvision weights name of "
+                      f"{arch} (one of: {_weight_names(arch)}): give one of those names, or the path of a state_dict "
+                      "or .ckpt file")
 
 
 def _absent_part(network: nn.Module, key: str) -> bool:
@@ -170,17 +159,13 @@ def _absent_part(network: nn.Module, key: str) -> bool:
 
 
 def load_state(network: nn.Module, state: Mapping[str, torch.Tensor], *, source: str, num_classes: int) -> LoadReport:
-    """Copy `state` into network; the classifier head keeps its fresh init when the class count differs.
-
-    Every other tensor must match in name and shape: the first that does not is one ValueError. The keys go through
-    nn.Module.load_state_dict, so the version hooks of torchvision modules (MNASNet, ViT, BatchNorm) still apply.
-    """
+    """Copy `state` into network; the classifier head keeps its fresh init when the class count differs. Any other
+    tensor that differs is one ConfigError; load_state_dict runs torchvision's version hooks (MNASNet, ViT, ...)."""
     head_name, head = classifier_head(network)
     if head_outputs(head) != num_classes:
-        raise ConfigError(
-            f"the last Linear/Conv2d of {type(network).__name__}, {head_name!r}, gives {head_outputs(head)} outputs, "
-            f"not num_classes={num_classes}: a network must register its classifier head last"
-        )
+        raise ConfigError(f"the last Linear/Conv2d of {type(network).__name__}, {head_name!r}, gives "
+                          f"{head_outputs(head)} outputs, not num_classes={num_classes}: a network must register its "
+                          "classifier head last")
     own = network.state_dict()
     state = _copy_with_metadata(state)
     head_keys = [key for key in own if key.startswith(head_name + ".")]
@@ -193,10 +178,9 @@ def load_state(network: nn.Module, state: Mapping[str, torch.Tensor], *, source:
             file_classes = tensor.shape[0]
     for key, tensor in state.items():  # checked here for one line naming the first; torch lists them all
         if key in own and tensor.shape != own[key].shape:
-            raise ConfigError(
-                f"{source}: {key!r} has shape {tuple(tensor.shape)} in the file but {tuple(own[key].shape)} in the "
-                "network: the file is for another architecture (check --model.arch)"
-            )
+            raise ConfigError(f"{source}: {key!r} has shape {tuple(tensor.shape)} in the file but "
+                              f"{tuple(own[key].shape)} in the network: the file is for another architecture (check "
+                              "--model.arch)")
     try:
         result = network.load_state_dict(state, strict=False)
     except RuntimeError as error:  # a shape mismatch behind a key a version hook renamed
@@ -206,17 +190,15 @@ def load_state(network: nn.Module, state: Mapping[str, torch.Tensor], *, source:
     new = [key for key in result.missing_keys if key in head_keys]
     missing = [key for key in result.missing_keys if key not in head_keys]
     if missing:
-        raise ConfigError(
-            f"{source} has no tensor {missing[0]!r} (shape {tuple(own[missing[0]].shape)} in the network; "
-            f"{len(missing)} missing in all): the file is for another architecture, or its keys carry a prefix"
-        )
+        raise ConfigError(f"{source} has no tensor {missing[0]!r} (shape {tuple(own[missing[0]].shape)} in the "
+                          f"network; {len(missing)} missing in all): the file is for another architecture, or its keys "
+                          "carry a prefix")
     dropped = [key for key in result.unexpected_keys if _absent_part(network, key)]
     unexpected = [key for key in result.unexpected_keys if key not in dropped]
     if unexpected:
-        raise ConfigError(
-            f"{source} has a tensor {unexpected[0]!r} (shape {tuple(state[unexpected[0]].shape)}) the network does "
-            f"not have ({len(unexpected)} such in all): the file is for another architecture (check --model.arch)"
-        )
+        raise ConfigError(f"{source} has a tensor {unexpected[0]!r} (shape {tuple(state[unexpected[0]].shape)}) the "
+                          f"network does not have ({len(unexpected)} such in all): the file is for another "
+                          "architecture (check --model.arch)")
     change = f"{file_classes} -> {num_classes} classes" if file_classes is not None else "no head in the file"
     return LoadReport(source, len(own) - len(result.missing_keys), tuple(new), tuple(dropped), change if new else "")
 

@@ -34,8 +34,8 @@ def torchvision_ema_decay(decay: float, images_per_update: int, epochs: float) -
 
 
 def averaging_device(device: Optional[str]) -> Optional[torch.device]:
-    """The EMA's `device` option as a torch.device (None: the model's); ConfigError for a name torch does not know
-    or a CUDA device this machine lacks (the copy would fail at set-up, after the loggers started)."""
+    """The EMA's `device` option as a torch.device (None: the model's); a bad name or a CUDA device this machine lacks
+    is a ConfigError now (the copy would fail at set-up, after the loggers started)."""
     if device is None:
         return None
     try:
@@ -63,28 +63,23 @@ class EMA(L.Callback):
     """Exponential moving average of the network's parameters and buffers (BatchNorm statistics), torchvision-style.
 
     Args:
-        decay: per-update decay, in [0, 1]; with adjust_decay, torchvision's --model-ema-decay (0.99998 for
-            ResNet-50 V2).
+        decay: per-update decay, in [0, 1]; with adjust_decay, torchvision's --model-ema-decay (ResNet-50 V2: 0.99998).
         every_n_steps: update every n optimizer steps, >= 1 (torchvision: 32).
         warmup_epochs: for this many epochs (>= 0; rounded to optimizer steps as the LR warmup is: give
             model.optim.warmup_epochs) the EMA is a copy of the weights, and its first update after them copies too.
         adjust_decay: derive the per-update decay as torchvision does (torchvision_ema_decay), from the global batch
             (train loader batch x world size x accumulation), every_n_steps and the run's epochs.
-        device: where the averaged copy lives (default: the model's device; "cpu" saves GPU memory but copies
-            the weights to the host at each update).
+        device: where the averaged copy lives (default: the model's; "cpu" saves GPU memory, copies at each update).
 
-    During fit `average` is the averaged copy of the network, `n_averaged` its update count (a tensor on its device)
-    and `update_decay` the per-update decay in use.
+    During fit: `average` (the averaged copy), `n_averaged` (its update count, on its device), `update_decay`.
     """
 
     def __init__(self, decay: UnitInterval = 0.9999, every_n_steps: PositiveInt = 1,
                  warmup_epochs: NonNegativeFloat = 0.0, adjust_decay: bool = False, device: Optional[str] = None):
         # `--trainer.callbacks.decay=2` is refused while parsing; these checks are for a Python caller's values.
         checked = check_arguments(EMA.__init__, locals(), "EMA")
-        self.decay = checked["decay"]
-        self.every_n_steps = checked["every_n_steps"]
-        self.warmup_epochs = checked["warmup_epochs"]
-        self.adjust_decay = checked["adjust_decay"]
+        self.decay, self.every_n_steps = checked["decay"], checked["every_n_steps"]
+        self.warmup_epochs, self.adjust_decay = checked["warmup_epochs"], checked["adjust_decay"]
         self.device = averaging_device(device)
         self.average: Optional[nn.Module] = None
         self.n_averaged: Optional[torch.Tensor] = None
@@ -156,9 +151,8 @@ class EMA(L.Callback):
             if copy or not averaged.is_floating_point():  # integer buffers (num_batches_tracked) follow the model
                 averaged.copy_(current)
             else:
-                averaged_group, current_group = groups[(averaged.device, averaged.dtype)]
-                averaged_group.append(averaged)
-                current_group.append(current)
+                groups[(averaged.device, averaged.dtype)][0].append(averaged)
+                groups[(averaged.device, averaged.dtype)][1].append(current)
         for averaged_group, current_group in groups.values():
             self._lerp(averaged_group, current_group, None)
         self.n_averaged += 1  # on the device: no host read

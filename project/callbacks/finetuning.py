@@ -23,12 +23,9 @@ class FineTuning:
     """Starting from pretrained weights: `model.finetune`.
 
     Args:
-        weights: start from these weights: a torchvision weights name of `arch` (IMAGENET1K_V1, IMAGENET1K_V2,
-            DEFAULT), or the path of a state_dict or of one of our .ckpt files. A head for another class count
-            is replaced (and said so); any other mismatch stops with the first differing key. Not applied when
-            resuming (--ckpt_path): the checkpoint holds the weights then.
-        freeze_backbone_epochs: train only the classifier head for this many epochs (>= 0), then everything
-            (FreezeBackbone).
+        weights: a torchvision weights name of `arch` (IMAGENET1K_V1, DEFAULT, ...), or a state_dict or .ckpt file; a
+            head for another class count is replaced. Not applied when resuming (--ckpt_path).
+        freeze_backbone_epochs: train only the classifier head for this many epochs (>= 0), then everything.
         backbone_lr_factor: LR multiplier of everything but the classifier head, > 0 (e.g. 0.1 when fine-tuning).
     """
 
@@ -37,9 +34,7 @@ class FineTuning:
     backbone_lr_factor: PositiveFloat = 1.0
 
     def __post_init__(self) -> None:
-        # The command line's values were checked while parsing; these are a Python caller's or a checkpoint's. The
-        # weights are looked up where they are used (prepare_data), before the loggers or the config file write: a
-        # checkpoint's hyperparameters may name a file this machine no longer has, which only a new fit would read.
+        # The weights are looked up in prepare_data, not here: a checkpoint's hparams may name a file since removed.
         check_fields(self, "model.finetune")
         if self.weights is not None and not self.weights.strip():
             raise ConfigError("model.finetune.weights is empty: give a torchvision weights name (DEFAULT, "
@@ -56,8 +51,7 @@ class FreezeBackbone(L.Callback):
         """
         Args:
             unfreeze_at_epoch: first epoch (0-based) in which the whole network trains; 0 freezes nothing.
-            train_bn: keep training the BatchNorm layers of the frozen part (their affine weights and running
-                statistics), Lightning's default; False freezes them too and stops their running-statistics updates.
+            train_bn: keep training the frozen part's BatchNorm layers (weights and running statistics), as Lightning.
         """
         checked = check_arguments(FreezeBackbone.__init__, locals(), "FreezeBackbone")
         self.unfreeze_at_epoch, self.train_bn = checked["unfreeze_at_epoch"], checked["train_bn"]
@@ -74,25 +68,20 @@ class FreezeBackbone(L.Callback):
         ddp = trainer.strategy.model
         if isinstance(ddp, DistributedDataParallel) and not ddp.find_unused_parameters:
             # DDP waits for a gradient of every parameter it was built with; frozen ones never send one.
-            raise ConfigError(
-                "freezing the backbone under DDP needs unused-parameter detection: set "
-                "--trainer.strategy=ddp_find_unused_parameters_true (or DDPStrategy(find_unused_parameters=True))"
-            )
+            raise ConfigError("freezing the backbone under DDP needs unused-parameter detection: set --trainer.strategy"
+                              "=ddp_find_unused_parameters_true (or DDPStrategy(find_unused_parameters=True))")
         network = pl_module.network
         head_name, head = classifier_head(network)
         head_parts = set(head.modules())
         # Only modules that train now: a part the network keeps frozen by design stays frozen after the unfreeze.
-        self._frozen = [
-            module for module in BaseFinetuning.flatten_modules(network)
-            if module not in head_parts and any(p.requires_grad for p in module.parameters(recurse=False))
-        ]
+        self._frozen = [module for module in BaseFinetuning.flatten_modules(network)
+                        if module not in head_parts and any(p.requires_grad for p in module.parameters(recurse=False))]
         BaseFinetuning.freeze(self._frozen, train_bn=self.train_bn)
         trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
         total = sum(p.numel() for p in network.parameters())
-        rank_zero_info(
-            f"backbone frozen until epoch {self.unfreeze_at_epoch}: training {head_name}"
-            f"{' and the BatchNorm layers' if self.train_bn else ''} ({trainable:,} of {total:,} parameters)"
-        )
+        bn = " and the BatchNorm layers" if self.train_bn else ""
+        rank_zero_info(f"backbone frozen until epoch {self.unfreeze_at_epoch}: training {head_name}{bn} "
+                       f"({trainable:,} of {total:,} parameters)")
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._frozen and trainer.current_epoch >= self.unfreeze_at_epoch:
