@@ -140,7 +140,10 @@ def test_help_names_python_m_project_and_the_subcommands(capsys):
     with pytest.raises(SystemExit):
         cli_main(["fit", "--help"])
     out = capsys.readouterr().out
-    assert out.startswith("usage: python -m project [options] fit") and "--model.arch" in out
+    assert out.startswith("usage: python -m project [options] fit") and "--model.help" in out and "--data.help" in out
+    with pytest.raises(SystemExit):  # the class's own options: by class_path, the defaults' by name
+        cli_main(["fit", "--model.help", "ImageClassifier"])
+    assert "--model.arch" in capsys.readouterr().out
 
 
 def test_repeated_configs_compose_and_the_later_wins(tiny_root, tmp_path):

@@ -6,11 +6,13 @@
 What each mistake prints, under ddp too: docs/reliability.md#bad-input.
 """
 
+import contextlib
 import os
 import pickle
 import re
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Optional
 
 DEBUG_ENV = "PROJECT_DEBUG"
@@ -35,11 +37,7 @@ def env_global_rank() -> int:
 
 def env_world_size() -> int:
     """The number of ranks the launcher started (1 when unknown, e.g. before Lightning launches its children)."""
-    env = os.environ
-    for name in ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS"):
-        if name in env:
-            return int(env[name])
-    return 1
+    return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_STEP_NUM_TASKS", 1)))
 
 
 def shown(path: os.PathLike | str) -> str:
@@ -121,8 +119,7 @@ _UNION_NOISE = re.compile(r"(?:- )?(?:Does not validate against any of the Union
 
 
 def readable_parse_error(text: str) -> str:
-    """A jsonargparse parse error on one line: the key, what was expected, the value given (its Union reports, 8+
-    lines per Optional option, cut to the failing alternatives)."""
+    """A jsonargparse parse error on one line: the key, what was expected, the value given (Union reports cut)."""
     union = "Does not validate against any of the Union subtypes" in text
     given, kept = None, []
     for line in (line.strip() for line in text.splitlines()):
@@ -145,14 +142,15 @@ def readable_parse_error(text: str) -> str:
     text = re.sub(r"Expected an? <class '([\w.]+)'>", r"expected \1", text)
     text = re.sub(r"Expected an? typing\.Literal\[(.*?)\]", r"expected one of \1", text)
     text = text.replace(". Got value: ", ", got ")
+    if nested and "got " not in text and "unrecognized" not in text:
+        given = nested[1]
     if given is not None and "got " not in text and given not in text and not given.startswith(("{", "NestedArg")):
         text += f", got {given}"
     return text
 
 
 def untrusted_checkpoint_message(error: BaseException, path: object = None) -> Optional[str]:
-    """The one line for torch.load(weights_only=True) refusing a file's pickled objects; None for any other error.
-    (project.engine.run.checkpoint_io.load_trusted_format and user_message both say it with these words.)"""
+    """The one line (load_trusted_format's and user_message's) for torch.load(weights_only=True) refusing pickles."""
     text = str(error)
     if not isinstance(error, pickle.UnpicklingError) or not ("Weights only load failed" in text
                                                              or "WeightsUnpickler" in text):
@@ -196,11 +194,8 @@ def exit_on_user_error(run: Callable[[], object]) -> None:
 
 
 def report_and_exit(error: BaseException) -> None:
-    """Print a user error as one line and exit 2; print one line for a peer failure and exit 1; else re-raise.
-
-    Under ddp the failing rank prints at once (Lightning's launcher may kill it a moment later), leaves its line in a
-    note for the others, then closes its process group so they stop now, not at their timeout; they print their own
-    short line, then the culprit's: the last line is the one to read."""
+    """Print a user error as one line and exit 2; print one line for a peer failure and exit 1; else re-raise. Under
+    ddp the culprit also leaves its line in a note that the others print last (docs/reliability.md#bad-input)."""
     if debugging():
         raise error
     message = user_message(error)
@@ -235,11 +230,8 @@ def _note_prefix() -> Optional[str]:
 def _leave_note(line: str) -> None:
     prefix = _note_prefix()
     if prefix is not None:
-        try:
-            with open(f"{prefix}{os.getpid()}", "w") as file:
-                file.write(line + "\n")
-        except OSError:  # the line was printed already; the note only repeats it
-            pass
+        with contextlib.suppress(OSError):  # the line was printed already; the note only repeats it
+            Path(f"{prefix}{os.getpid()}").write_text(line + "\n")
 
 
 def _notes_of_failed_ranks(wait_s: float = 2.0) -> list[str]:
@@ -257,11 +249,8 @@ def _notes_of_failed_ranks(wait_s: float = 2.0) -> list[str]:
         time.sleep(0.1)
     lines = []
     for note in sorted(notes):
-        try:
-            with open(note) as file:
-                lines.append(file.read().strip())
-        except OSError:
-            continue
+        with contextlib.suppress(OSError):
+            lines.append(Path(note).read_text().strip())
     return [line for line in lines if line]
 
 
@@ -270,15 +259,13 @@ def _close_process_group() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        try:
+        with contextlib.suppress(Exception):  # closing a broken group may fail too
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001  closing a broken group may fail too
-            pass
 
 
 def check_config_files(argv: list[str]) -> None:
-    """Every `--config FILE` exists and is valid YAML; else a ConfigError naming the file, line and column
-    (jsonargparse reports a YAML syntax error as `in "<unicode string>", line 2`, without the file's name)."""
+    """Every `--config FILE` exists and is valid YAML; else a ConfigError naming the file, line and column (which
+    jsonargparse's own error lacks)."""
     import yaml
 
     files = [arg.split("=", 1)[1] for arg in argv if arg.startswith(("--config=", "-c="))]
