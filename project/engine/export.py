@@ -48,8 +48,7 @@ def _importable(*names: str) -> bool:
 
 
 def onnx_available() -> bool:
-    """torch.onnx's exporter needs both onnx and onnxscript."""
-    return _importable("onnx", "onnxscript")
+    return _importable("onnx", "onnxscript")  # torch.onnx's exporter needs both
 
 
 def _check_close(file: str, got: torch.Tensor, expected: torch.Tensor, rtol: float, out_dir: Path) -> dict[str, float]:
@@ -58,12 +57,10 @@ def _check_close(file: str, got: torch.Tensor, expected: torch.Tensor, rtol: flo
     difference = (got.float() - expected.float()).abs().max().item() if got.shape == expected.shape else math.inf
     if not math.isfinite(difference) or difference > rtol * scale:
         shapes = "" if got.shape == expected.shape else f", shape {tuple(got.shape)} for {tuple(expected.shape)}"
-        raise ExportCheckError(
-            f"the exported {file} does not reproduce the network: logits differ by up to {difference:.3g}, "
-            f"{difference / scale:.2g} of the largest logit {scale:.3g} (allowed {rtol:g}{shapes}); nothing was "
-            f"written to {out_dir}. The network may branch on its input or on global state, which export fixes at "
-            "trace time"
-        )
+        raise ExportCheckError(f"the exported {file} does not reproduce the network: logits differ by up to "
+                               f"{difference:.3g}, {difference / scale:.2g} of the largest logit {scale:.3g} (allowed "
+                               f"{rtol:g}{shapes}); nothing was written to {out_dir}. The network may branch on its "
+                               "input or on global state, which export fixes at trace time")
     return {"max_difference": difference, "max_abs_logit": scale, "rtol": rtol}
 
 
@@ -92,8 +89,8 @@ def _export_onnx(program: torch.export.ExportedProgram, example: torch.Tensor, p
 
 def _publish(staging: Path, out_dir: Path) -> None:
     """Move the checked files into out_dir, model.json last; files of an earlier export that this one lacks go."""
-    previous = out_dir / "model.json"
-    previous.unlink(missing_ok=True)  # from here until the new one lands, out_dir holds no claim of a complete export
+    # From here until the new model.json lands, out_dir holds no claim of a complete export.
+    (out_dir / "model.json").unlink(missing_ok=True)
     for stale in EXPORT_FILES.values():
         if not (staging / stale).exists():
             (out_dir / stale).unlink(missing_ok=True)
@@ -137,26 +134,12 @@ def _export_pt2(eager: nn.Module, example: torch.Tensor, expected: torch.Tensor,
         ])}
 
 
-def export_network(
-    network: nn.Module,
-    out_dir: str | Path,
-    *,
-    example: torch.Tensor,
-    class_names: Sequence[str],
-    preprocessing: dict[str, Any],
-    onnx: bool = True,
-    arch: Optional[str] = None,
-    rtol: float = 1e-5,
-    onnx_rtol: float = 1e-4,
-) -> dict[str, Path]:
-    """Write model.pt2 (batch dimension dynamic), model.onnx (if `onnx` and the onnx packages are installed) and
-    model.json into out_dir, once the saved files' logits match the eager network's on `example`.
-
-    example: a float32 NCHW batch, preprocessed as the network expects (its values matter only for the check).
-    preprocessing: resize, crop, mean, std (and optionally interpolation) of the evaluation transform.
-    rtol, onnx_rtol: the largest difference allowed between the program's (ONNX's) logits and the eager ones, as a
-        fraction of the largest eager logit (of 1 when all are smaller).
-    """
+def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Tensor, class_names: Sequence[str],
+                   preprocessing: dict[str, Any], onnx: bool = True, arch: Optional[str] = None, rtol: float = 1e-5,
+                   onnx_rtol: float = 1e-4) -> dict[str, Path]:
+    """Write model.pt2 (dynamic batch), model.onnx (if `onnx` and its packages are installed) and model.json into
+    out_dir once their logits match the eager network's on `example` (a preprocessed float32 NCHW batch) within rtol
+    (onnx_rtol) of the largest eager logit, or of 1. preprocessing: resize, crop, mean, std (and interpolation)."""
     out_dir = Path(out_dir)
     eager, example, expected = _eager_reference(network, example, preprocessing, len(class_names))
     created = not out_dir.exists()
@@ -210,20 +193,13 @@ def export_module(model, datamodule, out_dir: str | Path, *, onnx: bool = True) 
     if preprocessing is None:
         raise ConfigError(f"data module {type(datamodule).__qualname__} offers no eval_preprocessing(): export "
                           "writes the resize, crop, mean and std into model.json (see project/engine/contract.py)")
-    network = getattr(model, "network", model)
-    hparams = getattr(model, "hparams", {})
+    network, hparams, crop = getattr(model, "network", model), getattr(model, "hparams", {}), preprocessing.crop
     torchvision_net = type(network).__module__.startswith("torchvision.")
-    generator = torch.Generator().manual_seed(0)
-    crop = preprocessing.crop
-    return export_network(
-        network,
-        out_dir,
-        example=torch.randn(2, 3, crop, crop, generator=generator),  # normalised-image-like values for the check
-        class_names=display_names(datamodule, hparams.get("num_classes")),
-        preprocessing=preprocessing.as_dict(),
-        onnx=onnx,
-        arch=hparams.get("arch") if torchvision_net else None,
-    )
+    # normalised-image-like values for the check
+    example = torch.randn(2, 3, crop, crop, generator=torch.Generator().manual_seed(0))
+    return export_network(network, out_dir, example=example, preprocessing=preprocessing.as_dict(), onnx=onnx,
+                          class_names=display_names(datamodule, hparams.get("num_classes")),
+                          arch=hparams.get("arch") if torchvision_net else None)
 
 
 def build_from_run(ckpt_path: Path, config: Path):

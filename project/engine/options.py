@@ -3,11 +3,7 @@
     python -m project fit --config configs/quickstart.yaml --model.optim.lr_per_256=-1
     # error: model.optim.lr_per_256: expected a float > 0, got -1 (...)
 
-Each type is registered with jsonargparse (its own mechanism for custom types), so LightningCLI checks a value while
-parsing, before a run dir exists, and passes a plain int or float on: jsonargparse's PositiveInt & co pass their own int
-subclass, which lands in a checkpoint's hyperparameters and which torch.load(weights_only=True) then refuses. Python
-callers, and checkpoint hyperparameters read back, get the same checks with the same words: check_fields in a
-dataclass's __post_init__, check_arguments on an __init__'s arguments. Neither imports the model nor the data.
+Why these, not jsonargparse's own, and how Python callers get the same checks: docs/how-it-works.md#option-values.
 """
 
 import dataclasses
@@ -69,15 +65,12 @@ AreaFraction = number_type("AreaFraction", float, "an area fraction in (0, 1]", 
 
 def _plain(annotation: Any, value: Any) -> Any:
     """A value of a plain annotation (bool, int, float, str) as that type; ValueError when it is another."""
-    if annotation is bool:
-        ok = isinstance(value, bool)
-    elif annotation is int:
-        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    elif annotation is float:
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    else:  # a path object where a path is meant: its text (hyperparameters must stay plain for weights_only loads)
+    if annotation is str:  # a path object where a path is meant: its text (hparams stay plain for weights_only loads)
         ok = isinstance(value, (str, os.PathLike))
         value = os.fspath(value) if ok else value
+    else:  # a bool is an int, but not where an int or a float is meant
+        kind = {bool: bool, int: numbers.Integral, float: numbers.Real}[annotation]
+        ok = isinstance(value, kind) and (annotation is bool or not isinstance(value, bool))
     if not ok:
         raise ValueError(f"expected {annotation.__name__}, got {value!r}")
     return annotation(value)

@@ -16,8 +16,7 @@ def _mix(*values: int) -> int:
     state = 0x9E3779B97F4A7C15
     for value in values:
         state = (state ^ (value & _MASK)) & _MASK
-        state = (state + 0x9E3779B97F4A7C15) & _MASK
-        z = state
+        state = z = (state + 0x9E3779B97F4A7C15) & _MASK
         z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
         state = z ^ (z >> 31)
@@ -35,8 +34,7 @@ def batch_seed(run_seed: int, epoch: int, batch_index: int) -> int:
 
 
 def step_seed(run_seed: int, epoch: int, batch_index: int, rank: int) -> int:
-    """Seed of the model's random stream for one training batch on one rank (each micro-batch of a gradient
-    accumulation window its own)."""
+    """Seed of the model's random stream for one training batch (each micro-batch its own) on one rank."""
     return _mix(3, run_seed, epoch, batch_index, rank)
 
 
@@ -47,7 +45,7 @@ def order_seed(run_seed: int, epoch: int) -> int:
 
 class StepSeed(L.Callback):
     """Seeds torch's CPU (and CUDA) generator at every training batch start with step_seed(seed, epoch, batch, rank):
-    the model's randomness in a batch then depends on where it is, not on how far the process got. Host-side only."""
+    a batch's randomness depends on where it is, not on how far the process got. Host-side only."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed

@@ -43,17 +43,13 @@ def gather_rows(pl_module: L.LightningModule, rows: torch.Tensor, world_size: in
 
 
 class PredictionCsvWriter(BasePredictionWriter):
-    """Collects (index, top-k probabilities, top-k classes) per batch; one CSV at the end of the predict epoch.
-
-    Expects batches of (images, indices) where `indices` index the data set's `paths` (project.data.predict),
-    and predict_step outputs {"probs": (B, k), "classes": (B, k)} (ImageClassifier.predict_step).
-    """
+    """Collects (index, top-k probabilities, top-k classes) per batch; one CSV at the end of the predict epoch. Takes
+    batches of (images, indices into the data set's `paths`) and predict_step's {"probs": (B, k), "classes": (B, k)}."""
 
     def __init__(self, output: Optional[str] = None):
         """
         Args:
-            output: CSV file to write; None writes predictions.csv into the predict run's log dir (beside its
-                config.yaml).
+            output: CSV file to write; None writes predictions.csv into the predict run's log dir.
         """
         super().__init__(write_interval="batch")
         self.output = output
@@ -63,9 +59,7 @@ class PredictionCsvWriter(BasePredictionWriter):
         self._reset()
 
     def _reset(self) -> None:
-        self._indices: list[torch.Tensor] = []
-        self._probs: list[torch.Tensor] = []
-        self._classes: list[torch.Tensor] = []
+        self._indices, self._probs, self._classes = [], [], []
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # log_dir is agreed on by a collective call, so every rank computes it, not only rank 0.
@@ -84,11 +78,10 @@ class PredictionCsvWriter(BasePredictionWriter):
         if dataloader_idx != 0:
             raise ValueError(f"PredictionCsvWriter writes one predict dataloader, got dataloader_idx={dataloader_idx}")
         if not (isinstance(batch, Sequence) and len(batch) == 2 and isinstance(prediction, Mapping)):
-            raise TypeError(
-                "PredictionCsvWriter expects batches of (images, indices) and predictions {'probs', 'classes'}; "
-                f"got a {type(batch).__name__} batch and a {type(prediction).__name__} prediction. "
-                "Predict through ImageNetDataModule.predict_dataloader (project.data.predict.ImagePathDataset)."
-            )
+            raise TypeError("PredictionCsvWriter expects batches of (images, indices) and predictions {'probs', "
+                            f"'classes'}}; got a {type(batch).__name__} batch and a {type(prediction).__name__} "
+                            "prediction. Predict through ImageNetDataModule.predict_dataloader "
+                            "(project.data.predict.ImagePathDataset).")
         self._indices.append(torch.as_tensor(batch[1]).detach().cpu().long())
         self._probs.append(prediction["probs"].detach().float().cpu())
         self._classes.append(prediction["classes"].detach().cpu().long())
@@ -99,11 +92,10 @@ class PredictionCsvWriter(BasePredictionWriter):
             return
         names = display_names(trainer.datamodule, pl_module.hparams.get("num_classes"))
         k = self._probs[0].shape[1] if self._probs else min(5, len(names))
-        indices = torch.cat(self._indices) if self._indices else torch.empty(0, dtype=torch.long)
-        probs = torch.cat(self._probs) if self._probs else torch.empty(0, k)
-        classes = torch.cat(self._classes) if self._classes else torch.empty(0, k, dtype=torch.long)
-        world = trainer.world_size
-        indices, probs, classes = (gather_rows(pl_module, t, world) for t in (indices, probs, classes))
+        indices, probs, classes = (
+            gather_rows(pl_module, torch.cat(rows) if rows else empty, trainer.world_size)
+            for rows, empty in ((self._indices, torch.empty(0, dtype=torch.long)), (self._probs, torch.empty(0, k)),
+                                (self._classes, torch.empty(0, k, dtype=torch.long))))
         output = self._output
         self._reset()
         if not trainer.is_global_zero:
@@ -131,10 +123,9 @@ class PredictionCsvWriter(BasePredictionWriter):
         loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
         dataset = getattr(loader, "dataset", None)
         if not hasattr(dataset, "paths"):
-            rank_zero_warn(
-                f"no predictions CSV written: the predict data set ({type(dataset).__name__}) has no `paths` to name "
-                "the rows with; predict through the data module (--data.predict_root, project.data.predict)"
-            )
+            rank_zero_warn(f"no predictions CSV written: the predict data set ({type(dataset).__name__}) has no "
+                           "`paths` to name the rows with; predict through the data module (--data.predict_root, "
+                           "project.data.predict)")
             return None
         return dataset
 
@@ -178,7 +169,6 @@ def _write_or_rescue(output: Path, content: bytes, rows: int) -> Path:
             atomic_write(rescue, lambda file: file.write(content))
         except (OSError, DiskFullError):
             raise error from None
-        raise PredictionsNotWrittenError(
-            f"could not write {shown(output)} ({reason}); the predictions for {rows} images were written to "
-            f"{shown(rescue)} instead: move that file where you want it (or fix the cause and predict again)"
-        ) from error
+        raise PredictionsNotWrittenError(f"could not write {shown(output)} ({reason}); the predictions for {rows} "
+                                         f"images were written to {shown(rescue)} instead: move that file where you "
+                                         "want it (or fix the cause and predict again)") from error

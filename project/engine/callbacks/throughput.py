@@ -19,9 +19,8 @@ from project.engine.errors import ConfigError
 from project.engine.options import PositiveFloat, check_arguments
 from project.engine.run.training_steps import after_optimizer_step, is_logging_step, logged_step
 
-# Dense (no sparsity) peak FLOP/s per GPU from NVIDIA's datasheets, by a substring of torch.cuda.get_device_name().
-# Lightning's own table lists the H200 with its sparse figures and does not match the name "NVIDIA H200".
-# First match wins, so the more specific names come first.
+# Dense peak FLOP/s per GPU from NVIDIA's datasheets, by a substring of the device name, the more specific first
+# (Lightning's table has the H200's sparse figures and misses the name "NVIDIA H200").
 PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("h200", {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12}),
     ("h100 pcie", {"fp32": 51.2e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12}),
@@ -81,22 +80,18 @@ class ThroughputLogger(L.Callback):
         if peak_flops is not None and not count_flops:
             raise ConfigError(f"throughput.peak_flops={peak_flops:g} is for MFU, which needs the FLOP count: drop "
                               "--throughput.peak_flops or set --throughput.count_flops=true")
-        self.peak_flops = peak_flops
-        self.count_flops = count_flops
+        self.peak_flops, self.count_flops = peak_flops, count_flops
         self.flops_per_image: Optional[float] = None
         self.windows: list[dict[str, float]] = []  # every logged window, for benchmarks reading the figures back
         self.device_peak_flops: Optional[float] = peak_flops  # resolved at setup: the argument, else the table
         self._flops_counted = False
-        self._devices = 1
-        self._world_size = 1
+        self._devices = self._world_size = 1
         self._device = torch.device("cpu")
         self._reset_window()
 
     def _reset_window(self) -> None:
-        self._steps = 0
-        self._images = 0
-        self._wait = 0.0
-        self._elapsed = 0.0  # time of closed segments (a segment ends at validation or at the end of an epoch)
+        self._steps = self._images = 0
+        self._wait = self._elapsed = 0.0  # elapsed: closed segments (one ends at validation or at an epoch's end)
         self._segment_start: Optional[float] = None
         self._last_end: Optional[float] = None
 
@@ -107,8 +102,7 @@ class ThroughputLogger(L.Callback):
         return time.perf_counter()
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._device = trainer.strategy.root_device
-        self._world_size = trainer.world_size
+        self._device, self._world_size = trainer.strategy.root_device, trainer.world_size
         # ddp: one device per process; dp: one process drives all the node's devices.
         self._devices = trainer.num_devices * trainer.num_nodes
         dtype = compute_dtype(str(trainer.precision), self._device)
@@ -169,12 +163,8 @@ class ThroughputLogger(L.Callback):
         if elapsed <= 0 or self._images == 0:
             return
         total = self._images / elapsed * self._world_size  # every rank runs the same steps in lockstep
-        metrics = {
-            "perf/images_per_sec": total,
-            "perf/device/images_per_sec": total / self._devices,
-            "perf/step_time": elapsed / self._steps,
-            "perf/data_wait": min(1.0, self._wait / elapsed),
-        }
+        metrics = {"perf/images_per_sec": total, "perf/device/images_per_sec": total / self._devices,
+                   "perf/step_time": elapsed / self._steps, "perf/data_wait": min(1.0, self._wait / elapsed)}
         if self.flops_per_image is not None:
             device_flops = self.flops_per_image * total / self._devices
             metrics["perf/device/tflops"] = device_flops / 1e12

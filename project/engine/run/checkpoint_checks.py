@@ -54,8 +54,8 @@ def check_class_names(path: Path, checkpoint: Mapping[str, Any], datamodule: Any
 
 def check_checkpoint_fits(path: Path, checkpoint: dict[str, Any], model: L.LightningModule,
                           datamodule: L.LightningDataModule | None) -> None:
-    """CheckpointError naming what differs: the class names, the class count, the network (keys, shapes).
-    `checkpoint` is `path` as the run plan loaded it: the file is not read again."""
+    """CheckpointError naming what differs: the class names, the class count, the network (keys, shapes); `checkpoint`
+    is `path` as the run plan loaded it."""
     check_class_names(path, checkpoint, datamodule)
     saved = checkpoint["state_dict"]
     expected = model.state_dict()
@@ -67,13 +67,10 @@ def check_checkpoint_fits(path: Path, checkpoint: dict[str, Any], model: L.Light
         return
     saved_classes = hparams.get("num_classes")
     classes = getattr(model.hparams, "num_classes", None) if hasattr(model, "hparams") else None
-    where = ""
     if not (missing or unexpected) and saved_classes is not None and classes is not None and saved_classes != classes:
-        raise CheckpointError(
-            f"checkpoint {path} has {saved_classes} classes, the data has {classes}{where}: use a checkpoint trained "
-            f"on these classes, or start from its weights with a new head: --model.finetune.weights {path} "
-            "(no --ckpt_path)"
-        )
+        raise CheckpointError(f"checkpoint {path} has {saved_classes} classes, the data has {classes}: use a "
+                              "checkpoint trained on these classes, or start from its weights with a new head: "
+                              f"--model.finetune.weights {path} (no --ckpt_path)")
     network = f" (its model.arch is {hparams['arch']!r}, this model's is {model.hparams.get('arch')!r})" \
         if "arch" in hparams and hasattr(model, "hparams") and hparams.get("arch") != model.hparams.get("arch") else ""
     if mismatched:
@@ -84,7 +81,6 @@ def check_checkpoint_fits(path: Path, checkpoint: dict[str, Any], model: L.Light
     else:
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         detail = f"it has {unexpected[0]} that this model lacks{more}"
-    raise CheckpointError(
-        f"checkpoint {path} holds another network{network}: {detail}. Build the same model (its run's config.yaml: "
-        f"--config <run>/config.yaml), or start from its weights with --model.finetune.weights {path}"
-    )
+    raise CheckpointError(f"checkpoint {path} holds another network{network}: {detail}. Build the same model (its "
+                          "run's config.yaml: --config <run>/config.yaml), or start from its weights with "
+                          f"--model.finetune.weights {path}")

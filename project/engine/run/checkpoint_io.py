@@ -6,6 +6,7 @@
 How a save and a load go: docs/how-it-works.md#what-a-checkpoint-holds.
 """
 
+import contextlib
 import errno
 import os
 import pickle
@@ -36,16 +37,14 @@ def partial_path(path: Path) -> Path:
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on directories; the rename is still atomic there
-        pass
+        with contextlib.suppress(OSError):  # some filesystems refuse fsync on directories; the rename is still atomic
+            os.fsync(fd)
     finally:
         os.close(fd)
 
 
 def remove_stale_partials(directory: Path) -> None:
-    """Delete temp files that a killed write on this host left behind (their writer is gone); a live writer's, and
-    other hosts' (whose processes cannot be checked from here), are kept."""
+    """Delete temp files that a killed write on this host left behind; a live writer's, and other hosts', are kept."""
     for leftover in directory.glob(f".*.{HOST}-*{PARTIAL_SUFFIX}"):
         pid = leftover.name.removesuffix(PARTIAL_SUFFIX).rsplit("-", 1)[-1]
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
@@ -74,10 +73,9 @@ def _disk_full(error: Optional[BaseException]) -> bool:
 def atomic_write(path: str | os.PathLike, write: Callable[[IO], object], *, mode: str = "wb",
                  check: Optional[Callable[[Path], object]] = None, fsync: bool = True,
                  fix: str = "Free space there, or write it elsewhere") -> Path:
-    """Write `path` all or nothing: `write(file)` fills a temp file beside it ("wb", or "w": UTF-8, newline="");
-    then fsync, `check(temp path)` (raise to refuse it), rename over `path`, fsync the directory. Any failure removes
-    the temp file and leaves the previous `path` as it was; a full disk raises DiskFullError (one line, `fix` last).
-    fsync=False skips both fsyncs (many small files that a rerun rewrites anyway): still atomic, not durable."""
+    """Write `path` all or nothing: `write(file)` fills a temp file beside it ("wb", or "w": UTF-8, newline=""); then
+    fsync, `check(temp path)` (raise to refuse it), rename over `path`, fsync the directory (fsync=False: atomic, not
+    durable). A failure leaves the previous `path` as it was; a full disk raises DiskFullError (`fix` last)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = partial_path(path)
@@ -121,9 +119,8 @@ def save_atomically(checkpoint: dict[str, Any], path: Path) -> None:
 
 
 def load_trusted_format(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
-    """torch.load(weights_only=True) with one-line errors: missing file, not a checkpoint, pickled code.
-
-    Opens the file once (twice with mmap: torch maps it separately); a file that fails is examined afterwards."""
+    """torch.load(weights_only=True) with one-line errors: missing file, not a checkpoint, pickled code. Opens the
+    file once (twice with mmap); a file that fails is examined afterwards."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist" + (" (it is a folder)" if path.is_dir() else "") +

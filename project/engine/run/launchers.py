@@ -13,9 +13,7 @@ from project.engine.errors import LauncherError
 def torchelastic_restart() -> Optional[int]:
     """How often torchrun restarted this job's workers (0 on the first attempt), or None outside torchrun."""
     env = os.environ
-    if "TORCHELASTIC_RUN_ID" not in env:
-        return None
-    return int(env.get("TORCHELASTIC_RESTART_COUNT", 0))
+    return int(env.get("TORCHELASTIC_RESTART_COUNT", 0)) if "TORCHELASTIC_RUN_ID" in env else None
 
 
 def launched_process_count() -> Optional[tuple[int, str]]:
@@ -23,10 +21,8 @@ def launched_process_count() -> Optional[tuple[int, str]]:
     env = os.environ
     if "TORCHELASTIC_RUN_ID" in env and "WORLD_SIZE" in env:
         return int(env["WORLD_SIZE"]), "torchrun"
-    # Inside an srun step (not the batch script itself, which runs once per job whatever --ntasks says). Seen on
-    # Slurm 22.05: SLURM_STEP_NUM_TASKS exists only in a step; SLURM_PROCID and SLURM_NTASKS in the batch script too.
-    # DDP under srun takes its world size from SLURM_NTASKS, so there Lightning's own SLURMEnvironment.validate_settings
-    # is what catches --ntasks-per-node != devices; this catches the single-device case, which it does not check.
+    # Inside an srun step, not the batch script (Slurm 22.05: SLURM_STEP_NUM_TASKS exists only in a step). Under DDP
+    # Lightning's SLURMEnvironment.validate_settings catches --ntasks-per-node != devices; this, the single device.
     interactive = env.get("SLURM_JOB_NAME") in ("bash", "interactive")
     if "SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env and not interactive:
         return int(env["SLURM_STEP_NUM_TASKS"]), "srun"
@@ -41,11 +37,9 @@ def check_process_count(world_size: int, num_devices: int, num_nodes: int) -> No
     count, launcher = launched
     if count != world_size:
         raise LauncherError(
-            f"{launcher} started {count} processes but the Trainer expects {world_size} "
-            f"(trainer.devices={num_devices} x trainer.num_nodes={num_nodes}). Make them agree: e.g. "
-            f"--trainer.devices={max(1, count // max(1, num_nodes))} --trainer.num_nodes={num_nodes} with a "
-            "distributed "
-            f"strategy (--trainer.strategy=ddp), or start {world_size} process(es)."
+            f"{launcher} started {count} processes but the Trainer expects {world_size} (trainer.devices={num_devices} "
+            f"x trainer.num_nodes={num_nodes}). Make them agree: e.g. --trainer.devices="
+            f"{max(1, count // max(1, num_nodes))} --trainer.num_nodes={num_nodes} with a distributed strategy "
+            f"(--trainer.strategy=ddp), or start {world_size} process(es)."
             + (" Under slurm/train.sbatch, leave --trainer.devices/--trainer.num_nodes out: it sets them from"
-               " the allocation (--ntasks-per-node, --nodes)." if launcher == "srun" else "")
-        )
+               " the allocation (--ntasks-per-node, --nodes)." if launcher == "srun" else ""))

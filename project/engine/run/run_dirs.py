@@ -2,8 +2,7 @@
 
     python -m project fit --config configs/quickstart.yaml      # -> <root>/lightning_logs/version_<next N>/
 
-The only place that spells `version_N`: TensorBoardLogger and CSVLogger name a version dir `version_{int}` for an int
-and use a string version as it is, and Lightning's checkpoint folder follows the same rule.
+The only place that spells `version_N` (the loggers' and Lightning's rule: `version_{int}`, a string as it is).
 """
 
 from pathlib import Path
@@ -40,8 +39,7 @@ def next_version(logs: Path) -> int:
 
 def run_dir_of(checkpoint: Path, logs: Path) -> Optional[Path]:
     """<logs>/<version> for a checkpoint in its checkpoints/ (or in the run dir itself), else None."""
-    path = checkpoint.resolve()
-    logs = logs.resolve()
+    path, logs = checkpoint.resolve(), logs.resolve()
     if path.parent.name == CHECKPOINTS and path.parent.parent.parent == logs:
         return path.parent.parent
     if path.parent.parent == logs:

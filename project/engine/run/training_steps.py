@@ -1,7 +1,6 @@
 """Which batch ends follow an optimizer step, and which of those Lightning writes its step metrics at.
 
-From public Trainer attributes only (Lightning's own answers are private and moved between releases); call them from
-on_train_batch_end.
+Public Trainer attributes only (Lightning's own answers are private and moved between releases); for on_train_batch_end.
 """
 
 import lightning as L
@@ -28,8 +27,7 @@ def is_logging_step(trainer: L.Trainer, batch_idx: int) -> bool:
 
 
 def validation_follows(trainer: L.Trainer, batch_idx: int) -> bool:
-    """True when Lightning runs a validation right after this batch end (the epoch's last batch, or every
-    val_check_batch batches), in an epoch that validates."""
+    """True when Lightning validates right after this batch end (an epoch's last, or every val_check_batch)."""
     if not trainer.enable_validation:
         return False
     every = trainer.check_val_every_n_epoch
