@@ -283,6 +283,22 @@ def test_wandb_online_without_a_network_is_one_line_at_once(tiny_root, tmp_path,
     assert time.monotonic() - started < 60 and not (tmp_path / "lightning_logs").exists()
 
 
+def test_wandb_online_without_an_api_key_is_one_line_at_once(tiny_root, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("wandb")
+    for name in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: no key where `wandb login` writes it
+    with socket.socket() as server:  # a reachable server: only the key is missing
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+        wandb_logger = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"project": "x"}}
+        _one_line_error_in_process(capsys, monkeypatch, ["fit", *tiny_args(tiny_root, tmp_path / "run",
+                                                                            _loggers(wandb_logger))],
+                                   "W&B (online) has no API key", "wandb login", "WANDB_API_KEY")
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_explicit_wandb_save_dir_is_said_to_move_into_the_run_dir(tmp_path):
     from jsonargparse import Namespace
 

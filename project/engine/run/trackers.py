@@ -96,8 +96,24 @@ def _check_wandb(entry: Namespace) -> None:
     mode = os.environ.get("WANDB_MODE") or kwargs.get("mode") or ""
     if args.get("offline") or mode in ("offline", "dryrun", "disabled"):
         return
-    _check_reachable(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai", "W&B (online) at",
-                     "check the network, or run offline with WANDB_MODE=offline and `wandb sync` the run later")
+    url = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+    offline = "run offline with WANDB_MODE=offline and `wandb sync` the run later"
+    _check_reachable(url, "W&B (online) at", f"check the network, or {offline}")
+    if not _wandb_key_known(url):  # else wandb.init fails ~10 s later, with a traceback, after the run dir exists
+        raise ConfigError(f"W&B (online) has no API key for {redact(url)}: run `wandb login` (it writes ~/.netrc) "
+                          f"or set WANDB_API_KEY, or {offline}")
+
+
+def _wandb_key_known(url: str) -> bool:
+    """Whether an API key is where `wandb login` puts it (~/.netrc, for the server's host) or in WANDB_API_KEY."""
+    import netrc
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators(urllib.parse.urlsplit(url).hostname) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 def _check_mlflow(args: Namespace) -> None:
