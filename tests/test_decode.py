@@ -26,7 +26,8 @@ from project.data.layout import folder_samples
 from project.engine.errors import UnreadableImageError
 
 HAS_TORCHCODEC = importlib.util.find_spec("torchcodec") is not None
-NEEDS_TORCHCODEC = pytest.mark.skipif(not HAS_TORCHCODEC, reason='torchcodec is not installed: pip install -e ".[torchcodec]"')
+NEEDS_TORCHCODEC = pytest.mark.skipif(not HAS_TORCHCODEC,
+                                      reason='torchcodec is not installed: pip install -e ".[torchcodec]"')
 CPU_DECODERS = [pytest.param("torchcodec", marks=NEEDS_TORCHCODEC), "torchvision", "pil"]
 TENSOR_DECODERS = [pytest.param("torchcodec", marks=NEEDS_TORCHCODEC), "torchvision"]
 # How each decoder names itself in the reason of an unreadable file.
@@ -195,8 +196,10 @@ def test_without_torchvision_io_decoders_auto_falls_back_and_torchvision_says_wh
     assert result.returncode == 0, result.stderr
     chosen, torchvision_error, nvjpeg_error = result.stdout.splitlines()
     assert chosen == ("torchcodec" if HAS_TORCHCODEC else "pil") + " (3, 48, 64)"
-    assert torchvision_error.startswith("data.decoder=torchvision needs torchvision.io.decode_image, which torchvision ")
-    assert torchvision_error.endswith('pip install -e ".[torchcodec]" and set data.decoder=torchcodec (or auto), or use pil')
+    assert torchvision_error.startswith("data.decoder=torchvision needs torchvision.io.decode_image, which "
+                                        "torchvision ")
+    assert torchvision_error.endswith('pip install -e ".[torchcodec]" and set data.decoder=torchcodec (or '
+                                      'auto), or use pil')
     assert nvjpeg_error.startswith("data.decoder=nvjpeg: data.decoder=torchvision needs torchvision.io.decode_image")
 
 

@@ -63,7 +63,8 @@ def test_schedule_is_a_typed_init_argument_of_the_cli_and_loads_from_a_weights_o
 
     parser = ArgumentParser(exit_on_error=False)
     parser.add_function_arguments(data_module, "data")
-    config = parser.parse_args(["--data.progressive_resizing", "{start_size: 160, end_size: 192, start_epoch: 65, end_epoch: 76}"])
+    config = parser.parse_args(["--data.progressive_resizing",
+                                "{start_size: 160, end_size: 192, start_epoch: 65, end_epoch: 76}"])
     schedule = parser.instantiate_classes(config).data.progressive_resizing
     assert schedule == FFCV_88
     buffer = io.BytesIO()
