@@ -17,7 +17,8 @@ schedule (project.optim), the same step count and the same threads, and must end
             under a stock `lightning.Trainer` with what a user gets without asking: its default TensorBoard logger and
             its default ModelCheckpoint (one save at the epoch end), no callbacks of ours;
     ours    ImageClassifier and the Trainer as `python -m project fit` builds them (project.engine.cli.cli_main: its
-            callbacks, plugins and strategy), fed the same synthetic data.
+            callbacks, plugins and strategy), fed the same synthetic data; self.log without Lightning's no-op move
+            (project/engine/compat/log_device_move.py, installed here too until the CLI does it).
 Both Lightning arms log every 10 steps, validate never and show no progress bar (--progress-bar: one in both,
 refreshed every 10 steps). After two short untimed warm-up rounds, each round trains one Lightning arm, stock and
 ours in turn, with a fresh plain loop beside it in the same process, taking turns one step at a time: after each of
