@@ -31,6 +31,7 @@ from project.engine.compat.batch_limits import Trainer
 from project.engine.compat.ckpt_hparams import explicit_values, keep_explicit_model_values
 from project.engine.compat.ckpt_read_once import CheckpointReadOnceCLI
 from project.engine.compat.elastic_store import init_attempt_process_group
+from project.engine.compat.log_device_move import skip_same_device_moves
 from project.engine.compat.moved_options import explain_moved_options
 from project.engine.compat.spawn import trains_in_this_process
 from project.engine.compat.subclass_nulls import restore_nulls
@@ -203,6 +204,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
         # Any data module's plain loaders: exact evaluation and a resumable training order (project.engine.samplers).
         callbacks += [ExactLoaders(self.datamodule, run_seed(config.seed_everything)), CheckpointValues()]
         trainer = super().instantiate_trainer(**kwargs)
+        skip_same_device_moves(trainer)  # self.log without Lightning's no-op move (project/engine/compat)
         if trainer.loggers:  # LearningRateMonitor raises without a logger (Lightning #17159)
             trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))
         check_process_count(trainer.world_size, trainer.num_devices, trainer.num_nodes)

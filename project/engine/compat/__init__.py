@@ -126,7 +126,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         name="every self.log moves the logged metric to the value's device, rebuilding (and deep-copying) its 47 "
              "attributes even when it is already there: ~0.15 ms a call hot, ~0.6 ms in a ResNet-18 CPU step",
         where="project/engine/compat/log_device_move.py skip_same_device_moves (training steps; called from "
-              "bench/overhead.py until project/engine/cli.py calls it)",
+              "project/engine/cli.py instantiate_trainer)",
         upstream="no upstream issue found (#17988 is on_epoch syncing). Proposed: `_ResultMetric.to` returns self when "
                  "is_tensor and `self.value.device == device` (all its tensors move together), or "
                  "`_ResultCollection.log` calls it only when `self[key].value.device != value.device`",
