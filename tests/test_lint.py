@@ -39,3 +39,16 @@ def test_project_stays_within_its_line_budget():
     lines = sum(len(path.read_text().splitlines()) for path in (REPO / "project").rglob("*.py"))
     assert lines <= MAX_PROJECT_LINES, (f"project/ holds {lines} lines of Python, over its {MAX_PROJECT_LINES}: delete "
                                         "as you add (long explanations go to docs/)")
+
+
+def test_the_engine_imports_nothing_of_the_room():
+    """project/engine/ is the machinery a template user keeps: it reaches the room only through what
+    project/__init__.py hands it (use_defaults), never by import."""
+    room = []
+    for path in sorted((REPO / "project" / "engine").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            room += [f"{path.relative_to(REPO)}:{node.lineno} {name}" for name in names
+                     if name == "project" or (name.startswith("project.") and not name.startswith("project.engine"))]
+    assert not room, "the engine imports the room:\n" + "\n".join(room)
