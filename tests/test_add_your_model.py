@@ -55,7 +55,8 @@ def test_backbone_from_a_module_outside_the_project_trains_by_config_alone(tiny_
     assert result.returncode == 0, result.stderr[-3000:]
     version = run_dir / "lightning_logs" / "version_0"
     saved = yaml.safe_load((version / "config.yaml").read_text())
-    assert saved["model"]["backbone"] == {"class_path": "my_models.TinyConvNet", "init_args": {"width": 12}}
+    backbone = saved["model"]["init_args"]["backbone"]
+    assert backbone == {"class_path": "my_models.TinyConvNet", "init_args": {"width": 12}}
     weights = torch.load(version / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     # The network is the user's, built with width 12 and the 3 classes linked from the data: no ResNet inside.
     assert weights["network.features.0.weight"].shape == (12, 3, 3, 3)

@@ -39,6 +39,8 @@ class KeepingSaveConfigCallback(SaveConfigCallback):
         super().__init__(*args, **kwargs)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.run_dir is None and stage == "fit" and trainer.log_dir:  # cli_main(run=False), then trainer.fit
+            self.run_dir = Path(trainer.log_dir)
         if self.run_dir is None:
             return  # validate/test/predict: a later export or fit reads the run's config.yaml, which stays the fit's
         for callback in trainer.callbacks:
