@@ -5,9 +5,10 @@ The room (the model, the networks, the data) around the machinery in project/eng
 
 from project.data import ImageNetDataModule
 from project.engine.cli import cli_main, main, use_defaults
-from project.model import ImageClassifier
+from project.model import ImageClassifier, backbone_replaces_arch
 from project.weights import apply_weights_eval_sizes
 
-use_defaults(ImageClassifier, ImageNetDataModule, config_hooks=[apply_weights_eval_sizes])
+use_defaults(ImageClassifier, ImageNetDataModule, config_hooks=[apply_weights_eval_sizes],
+             tidy_hooks=[backbone_replaces_arch])
 
 __all__ = ["ImageClassifier", "ImageNetDataModule", "cli_main", "main"]

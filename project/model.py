@@ -42,9 +42,6 @@ def _check_network_choice(arch: Optional[str], backbone, zero_init_residual: boo
     if arch is None and backbone is None:
         raise ConfigError("model.arch is null and there is no model.backbone: name a torchvision network "
                           "(--model.arch resnet50) or your own (--model.backbone.class_path my_module.MyNet)")
-    if arch is not None and backbone is not None:  # configs written before `arch: null` existed
-        rank_zero_info(f"model.arch {arch} is not built: model.backbone replaces it (`arch: null` beside the "
-                       "backbone says so in the config)")
     if zero_init_residual and backbone is not None:
         raise ConfigError("model.zero_init_residual applies to the torchvision ResNets of model.arch, and "
                           "model.backbone replaces them: drop --model.zero_init_residual")
@@ -56,6 +53,14 @@ def _evaluation_metrics(num_classes: int) -> tuple[MeanMetric, MulticlassAccurac
     loss.set_dtype(torch.float64)  # sums of many float32 losses drift with the summation order, i.e. the world size
     return (loss, MulticlassAccuracy(num_classes, top_k=1, average="micro"),
             MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"))
+
+
+def backbone_replaces_arch(config) -> None:
+    """A tidy hook (project/__init__.py): beside a `model.backbone`, `model.arch` is null in the printed and saved
+    config, as it is not built."""
+    model = config.model.get("init_args")
+    if model is not None and model.get("backbone") is not None and model.get("arch") is not None:
+        model.arch = None
 
 
 class ImageClassifier(L.LightningModule):
@@ -71,7 +76,7 @@ class ImageClassifier(L.LightningModule):
         Args:
             num_classes: number of classes; linked from the data module, never set by hand.
             arch: torchvision classification network to build (resnet50, efficientnet_v2_s, convnext_tiny, vit_b_16,
-                ...; an unknown name lists them all); null when `backbone` gives the network.
+                ...; an unknown name lists them all); not built (and null in the saved config) when `backbone` is given.
             backbone: your own network instead of `arch`: `class_path: my_module.MyNet`, a class called with
                 num_classes, and its `init_args`.
             zero_init_residual: start each residual branch's last BN at zero (ResNets; helps large-batch training).
@@ -90,6 +95,7 @@ class ImageClassifier(L.LightningModule):
         checked = check_arguments(ImageClassifier.__init__, locals(), "model")
         num_classes, batch_size, image_sizes = checked["num_classes"], checked["batch_size"], checked["image_sizes"]
         _check_network_choice(arch, backbone, zero_init_residual)
+        arch = arch if backbone is None else None  # what save_hyperparameters records: the network built
         super().__init__()
         self.finetune, self.optim = _group(FineTuning, finetune), _group(Optimization, optim)
         self.loss = _group(Loss, loss)

@@ -15,7 +15,6 @@ from project.model import ImageClassifier
 
 MY_NET = """
 model:
-  arch: null  # the backbone gives the network
   backbone:
     class_path: torch.nn.Identity
 """

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from project.engine.compat.__main__ import generated_part, markdown_table
+from tools.workarounds_table import generated_part, markdown_table
 
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
@@ -149,7 +149,7 @@ def test_the_workarounds_table_is_the_registry():
     committed = generated_part(document)
     assert committed is not None, "docs/workarounds.md lost its generated-table markers"
     assert committed == markdown_table(), "docs/workarounds.md differs from the registry: run " \
-                                          "python -m project.engine.compat --write docs/workarounds.md"
+                                          "python -m tools.workarounds_table --write docs/workarounds.md"
 
 
 @pytest.mark.slow  # two processes, ~10 s of imports each
@@ -161,7 +161,7 @@ def test_the_readmes_commands_run_the_cli_and_the_table_generator():
     assert parsed.returncode == 0, parsed.stderr[-2000:]
     assert yaml.safe_load(parsed.stdout)["data"]["init_args"]["root"] == "embedded:digits"  # the no-download data
 
-    printed = subprocess.run([sys.executable, "-m", "project.engine.compat"], cwd=REPO, capture_output=True, text=True,
-                             timeout=300)
+    printed = subprocess.run([sys.executable, "-m", "tools.workarounds_table"], cwd=REPO, capture_output=True,
+                             text=True, timeout=300)
     assert printed.returncode == 0, printed.stderr[-2000:]
     assert printed.stdout == markdown_table()

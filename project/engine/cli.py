@@ -48,24 +48,38 @@ from project.engine.samplers import ExactLoaders
 from project.engine.strategies.sync_batchnorm import SyncBatchNormAnyBackend
 
 ConfigHook = Callable[[Namespace, Namespace], None]
+TidyHook = Callable[[Namespace], None]
 
 
 @dataclass
 class Defaults:
     """What `python -m project` builds when the config names no class: the room hands these in (project/__init__.py).
-    config_hooks run on the subcommand's config (and the values given explicitly) before anything is built."""
+    config_hooks run on the subcommand's config (and the values given explicitly) before anything is built;
+    tidy_hooks also before it is printed or saved, so `--print_config` and config.yaml show what is built."""
 
     model: Optional[type] = None
     data: Optional[type] = None
     config_hooks: Sequence[ConfigHook] = ()
+    tidy_hooks: Sequence[TidyHook] = ()
 
 
 DEFAULTS = Defaults()
 
 
-def use_defaults(model: type, data: type, config_hooks: Sequence[ConfigHook] = ()) -> None:
+def use_defaults(model: type, data: type, config_hooks: Sequence[ConfigHook] = (),
+                 tidy_hooks: Sequence[TidyHook] = ()) -> None:
     """Make `model` and `data` the classes a config without `class_path` builds."""
-    DEFAULTS.model, DEFAULTS.data, DEFAULTS.config_hooks = model, data, tuple(config_hooks)
+    DEFAULTS.model, DEFAULTS.data = model, data
+    DEFAULTS.config_hooks, DEFAULTS.tidy_hooks = tuple(config_hooks), tuple(tidy_hooks)
+
+
+class ProjectParser(LightningArgumentParser):
+    def dump(self, cfg: Namespace, *args, **kwargs) -> str:  # --print_config and the saved config.yaml
+        if DEFAULTS.tidy_hooks and isinstance(cfg.get("model"), Namespace):
+            cfg = cfg.clone()
+            for hook in DEFAULTS.tidy_hooks:
+                hook(cfg)
+        return super().dump(cfg, *args, **kwargs)
 
 
 def class_path(cls: type) -> str:
@@ -164,6 +178,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
         for part in (config.model, config.data):  # after a random pick (seed_everything: true)
             if part.get("init_args") is not None and "seed" in part.init_args:
                 part.init_args.seed = run_seed(config.seed_everything)
+        for hook in DEFAULTS.tidy_hooks:
+            hook(config)
         for hook in DEFAULTS.config_hooks:
             hook(config, self._explicit)
         job_id = slurm_job_id()
@@ -261,6 +277,7 @@ def cli_main(args: Optional[list[str]] = None, *, run: bool = True) -> ProjectCL
         L.LightningDataModule,
         subclass_mode_model=True,  # any module by class_path; the room's are the defaults (use_defaults)
         subclass_mode_data=True,
+        parser_class=ProjectParser,
         trainer_class=Trainer,  # Lightning's, with `limit_*_batches: 1` meaning one batch (project/engine/compat)
         args=args,
         run=run,

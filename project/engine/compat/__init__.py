@@ -1,6 +1,6 @@
 """Workarounds for bugs and gaps in Lightning, torch and jsonargparse: each with its upstream issue and its end.
 
-    python -m project.engine.compat --write docs/workarounds.md     # the table, from this registry
+    python -m tools.workarounds_table --write docs/workarounds.md     # the table, from this registry
 
 Every entry has a strict-xfail canary in tests/test_compat.py; how the registry works: docs/workarounds.md.
 """
