@@ -1,18 +1,8 @@
-"""LightningCLI reads `--ckpt_path`'s hyperparameters with a torch.load of its own; here they come from the run
-plan's load (project.engine.run.resume), so a start reads its checkpoint once, and they are values only.
+"""LightningCLI's `--ckpt_path` hyperparameters from the run plan's one load of the checkpoint, values only: no value
+from a checkpoint names code (the config names classes). Why, and what stock LightningCLI does: docs/how-it-works.md
+#what-a-checkpoint-holds.
 
     python -m project validate --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt
-
-LightningCLI.__init__ calls its private `_parse_ckpt_path` right after `parse_arguments`: it loads the whole file
-(`torch.load(weights_only=True)`, not memory-mapped) to re-parse `hyper_parameters` over the model's config (what
-project.engine.compat.ckpt_hparams then corrects). This class overrides that one method with the same parse, fed the
-dictionary `loaded_checkpoint()` returns. Written against lightning 2.6.6; if an upgrade renames the method, the
-override is dead and the file is read again: tests/test_cli.py counts the opens of the checkpoint.
-
-Checkpoints carry values, the config names classes. Stock LightningCLI takes the class from the checkpoint's
-`_class_path` and parses every value: a crafted `backbone: {class_path: x.Y}` (or "x.Y") makes jsonargparse import x,
-and build x.Y with `init_args` (GHSA-qqmf-gpg7-g8gw's fix in 2.6.6 covers load_from_checkpoint's top level only). Here
-the config's class takes only arguments typed as plain values, and no value naming code.
 """
 
 import dataclasses
