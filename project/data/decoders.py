@@ -50,19 +50,15 @@ def _reason(error: Exception) -> str:
     return text.split(". ")[0].rstrip(".")
 
 
-def _pil_rgb(path: str) -> Image.Image:
-    with Image.open(path) as image:
-        if image.mode.startswith("I;16"):  # convert() clips 16-bit gray at 255 (all white): scale it to 8 bits
-            return image.convert("I").point(lambda value: value / 257).convert("RGB")
-        return image.convert("RGB")  # convert() decodes the pixels, so truncation raises here and not later
-
-
-def decode_pil(path: str) -> Image.Image:
-    """The stock torchvision loader (PIL, RGB), with an error that names the file."""
+def decode_pil(path: str, failed_before: str = "") -> Image.Image:
+    """The stock torchvision loader (PIL, RGB), with an error that names the file (and what failed before PIL)."""
     try:
-        return _pil_rgb(path)
+        with Image.open(path) as image:
+            if image.mode.startswith("I;16"):  # convert() clips 16-bit gray at 255 (all white): scale it to 8 bits
+                return image.convert("I").point(lambda value: value / 257).convert("RGB")
+            return image.convert("RGB")  # convert() decodes the pixels, so truncation raises here and not later
     except (OSError, ValueError, Image.DecompressionBombError) as error:
-        raise _unreadable(path, f"PIL: {error}") from error
+        raise _unreadable(path, f"{failed_before}PIL: {error}") from error
 
 
 def _decode_tensor(path: str, library: str, decode: Callable[[bytes], torch.Tensor]) -> torch.Tensor:
@@ -73,11 +69,8 @@ def _decode_tensor(path: str, library: str, decode: Callable[[bytes], torch.Tens
         raise _unreadable(path, "empty file")
     try:
         image = decode(data)
-    except (RuntimeError, ValueError) as library_error:
-        try:
-            return pil_to_tensor(_pil_rgb(path))
-        except (OSError, ValueError, Image.DecompressionBombError) as pil_error:
-            raise _unreadable(path, f"{library}: {_reason(library_error)}; PIL: {pil_error}") from pil_error
+    except (RuntimeError, ValueError) as error:
+        return pil_to_tensor(decode_pil(path, failed_before=f"{library}: {_reason(error)}; "))
     if image.dim() == 4:  # an animated GIF/WebP: its first frame, as PIL gives
         image = image[0]
     # 16-bit PNGs decode to uint16; the pipeline works on uint8 like every other image.
@@ -139,11 +132,8 @@ def resolve_decoder(decoder: str) -> str:
 
 
 def image_loader(decoder: str) -> Callable[[str], Any]:
-    """The CPU loader (path -> RGB image) for a `data.decoder` name: the one factory training, eval and predict use.
-
-    A device decoder ("nvjpeg", "torchcodec-cuda") gives its CPU counterpart (torchvision, torchcodec): the loader of
-    the files the device cannot decode, of `predict` (its images never reach the device undecoded) and of the scan.
-    """
+    """The CPU loader (path -> RGB image) for a `data.decoder` name; for a device decoder, its CPU counterpart's (the
+    loader of the files the device cannot decode, of predict and of the scan)."""
     decoder = resolve_decoder(decoder)
     return LOADERS[DEVICE_DECODERS.get(decoder, decoder)]
 
