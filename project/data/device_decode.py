@@ -5,7 +5,8 @@
 """
 
 import logging
-from typing import Callable, NamedTuple, Optional
+import struct
+from typing import Callable, Optional
 
 import torch
 
@@ -22,14 +23,7 @@ logger = logging.getLogger(__name__)
 NVJPEG_FRAMES = (0xC0, 0xC1, 0xC2)  # SOF0 baseline, SOF1 extended, SOF2 progressive (all Huffman-coded)
 
 
-class JpegFrame(NamedTuple):
-    marker: int
-    components: int
-    height: int
-    width: int
-
-
-def jpeg_frame(data: bytes) -> Optional[JpegFrame]:
+def jpeg_frame(data: bytes) -> Optional[tuple[int, int, int, int]]:
     """(SOF marker, colour components, height, width) from a JPEG's frame header; None when the bytes are not a JPEG."""
     if data[:2] != b"\xff\xd8":
         return None
@@ -44,8 +38,8 @@ def jpeg_frame(data: bytes) -> Optional[JpegFrame]:
             i += 2
         elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame header, not DHT/JPG/DAC
             # FF Cn, length (2), precision (1), height (2), width (2), components
-            return JpegFrame(marker, data[i + 9], int.from_bytes(data[i + 5 : i + 7], "big"),
-                             int.from_bytes(data[i + 7 : i + 9], "big"))
+            height, width = struct.unpack(">HH", data[i + 5 : i + 9])
+            return marker, data[i + 9], height, width
         elif marker == 0xDA:  # scan data before any frame header
             return None
         else:
@@ -57,20 +51,16 @@ def load_for_device(path: str, decode: Callable[[str], torch.Tensor]) -> tuple[t
     """(the file's bytes, 1-D uint8, when nvJPEG can decode them, else the image `decode` made of it; its size)."""
     with open(path, "rb") as file:
         data = file.read()
-    frame = jpeg_frame(data)
-    if frame is not None and frame.marker in NVJPEG_FRAMES and frame.components in (1, 3) and frame.height > 0:
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8), (frame.height, frame.width)
+    marker, components, height, width = jpeg_frame(data) or (None, 0, 0, 0)
+    if marker in NVJPEG_FRAMES and components in (1, 3) and height > 0:
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), (height, width)
     image = decode(path).contiguous()  # CHW in memory (decoders return HWC views): no copy on the device later
     return image, (image.shape[-2], image.shape[-1])
 
 
 class DeviceDecoder:
-    """Decodes a batch's JPEG bytes on the training device in one batched call; the images the workers decoded are
-    moved there as they are. A file the device cannot decode goes to the CPU decoder, which names it when it cannot.
-
-    decoder: "nvjpeg" (torchvision.io) or "torchcodec-cuda" (TorchCodec). On a CPU device (tests, CPU runs) the same
-    calls decode with libjpeg-turbo.
-    """
+    """A batch's JPEG bytes decoded on `device` in one call by "nvjpeg" (torchvision.io) or "torchcodec-cuda"; what the
+    workers decoded is moved as it is, and a file the device cannot decode goes to the CPU decoder, which names it."""
 
     def __init__(self, decoder: str = "nvjpeg", on_corrupt: str = "error"):
         if decoder not in DEVICE_DECODERS:

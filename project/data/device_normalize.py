@@ -1,6 +1,4 @@
-"""The batch converted to float and normalized on the training device, in one pass, after workers that stop at uint8
-(4x smaller copies, cheaper workers: docs/imagenet.md).
-"""
+"""The uint8 batch converted to float and normalized on the training device, in one pass (docs/imagenet.md)."""
 
 from typing import Any, Sequence
 

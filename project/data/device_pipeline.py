@@ -14,11 +14,8 @@ from project.data.image_folders import EncodedBatch
 
 
 class DevicePipeline:
-    """Decodes an EncodedBatch on the training device, then crops and flips it (training) or runs `eval_transform`.
-
-    train_crop: the crop the training set's workers draw (TrainCrop.for_options); eval_transform: the uint8 eval
-    preset (eval_preset(normalize=False)). decoder: "nvjpeg" or "torchcodec-cuda".
-    """
+    """Decodes an EncodedBatch on the device, then applies the crops and flips the workers drew from `train_crop`
+    (training) or the uint8 `eval_transform` (eval_preset(normalize=False)); decoder: "nvjpeg" or "torchcodec-cuda"."""
 
     def __init__(self, train_crop: Optional[TrainCrop], eval_transform: v2.Compose, *, decoder: str = "nvjpeg",
                  on_corrupt: str = "error"):
@@ -35,8 +32,5 @@ class DevicePipeline:
         kept = [images[i] for i in keep]
         if not training:
             return eval_batch(kept, self.eval_transform), targets.to(device, non_blocking=True)
-        crops = [batch.crops[i] for i in keep]
-        if self.train_crop is None or None in crops:
-            raise ValueError("a training batch without crop boxes: build the training set as "
-                             "EncodedImages(samples, crop=TrainCrop.for_options(...))")
+        crops = [batch.crops[i] for i in keep]  # drawn in the workers (EncodedImages of the training set)
         return resized_crops(kept, crops, self.train_crop.size), targets.to(device, non_blocking=True)

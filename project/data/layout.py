@@ -26,10 +26,8 @@ def _class_dirs(split_dir: Path) -> list[str]:
 
 
 def _has_image(class_dir: Path) -> bool:
-    for _dirpath, _dirnames, filenames in os.walk(class_dir, followlinks=True):
-        if any(name.lower().endswith(IMG_EXTENSIONS) for name in filenames):
-            return True
-    return False
+    walk = os.walk(class_dir, followlinks=True)  # stops at the first image
+    return any(name.lower().endswith(IMG_EXTENSIONS) for _folder, _subfolders, files in walk for name in files)
 
 
 def check_split(root: Path, split: str) -> list[str]:

@@ -63,15 +63,10 @@ torch.serialization.add_safe_globals([ProgressiveResizing])
 
 
 class TrainPresetPerEpoch:
-    """transform_for_epoch of SeededSamples: the train preset at each epoch's scheduled size, built once per size.
-
-    `preset_kwargs` are train_preset's (crop_size excluded; normalize=False for uint8 presets, normalized on device).
-    Plain data, so it pickles into spawned DataLoader workers; each worker builds its own presets.
-    """
+    """SeededSamples' transform_for_epoch: train_preset(**preset_kwargs) at each epoch's size, built once per size
+    (plain data, so it pickles into spawned DataLoader workers, each building its own presets)."""
 
     def __init__(self, schedule: ProgressiveResizing, **preset_kwargs: Any):
-        if "crop_size" in preset_kwargs:
-            raise TypeError("the crop size comes from the schedule: drop crop_size")
         train_preset(crop_size=schedule.start_size, **preset_kwargs)  # bad options fail here, not in a worker
         self.schedule = schedule
         self.preset_kwargs = preset_kwargs
