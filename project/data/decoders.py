@@ -77,24 +77,17 @@ def _decode_tensor(path: str, library: str, decode: Callable[[bytes], torch.Tens
     return image if image.dtype == torch.uint8 else to_dtype(image, torch.uint8, scale=True)
 
 
-def _torchvision_io(data: bytes) -> torch.Tensor:
-    return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
-
-
-def _torchcodec(data: bytes) -> torch.Tensor:
-    from torchcodec.decoders import decode_image as torchcodec_decode_image  # optional extra, checked in image_loader
-
-    return torchcodec_decode_image(data, mode="RGB")
-
-
 def decode_torchvision(path: str) -> torch.Tensor:
     """uint8 RGB tensor (3, H, W): torchvision.io (libjpeg-turbo, libpng, libwebp), PIL for the other formats."""
-    return _decode_tensor(path, "torchvision.io", _torchvision_io)
+    return _decode_tensor(path, "torchvision.io", lambda data: decode_image(
+        torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB))
 
 
 def decode_torchcodec(path: str) -> torch.Tensor:
     """uint8 RGB tensor (3, H, W): TorchCodec (libjpeg-turbo, libpng, libwebp; no FFmpeg needed), PIL for the others."""
-    return _decode_tensor(path, "torchcodec", _torchcodec)
+    from torchcodec.decoders import decode_image as torchcodec_decode  # the optional extra, checked in resolve_decoder
+
+    return _decode_tensor(path, "torchcodec", lambda data: torchcodec_decode(data, mode="RGB"))
 
 
 LOADERS: dict[str, Callable[[str], Any]] = {"torchcodec": decode_torchcodec, "torchvision": decode_torchvision,

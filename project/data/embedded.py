@@ -13,8 +13,7 @@ from PIL import Image
 
 from project.engine.errors import ConfigError
 
-EMBEDDED_PREFIX = "embedded:"
-EMBEDDED_SETS = ("digits",)
+DIGITS = "embedded:digits"  # the one embedded data set
 DIGITS_SIZE = 32  # px; the 8x8 originals upscaled so a torchvision ResNet's 32x downsampling still fits
 DIGITS_VERSION = "v1"  # bump when the materialized files change, so stale caches are not reused
 VAL_EVERY = 5  # every 5th image of each class goes to val/: 1,442 train / 355 val
@@ -23,12 +22,10 @@ VAL_EVERY = 5  # every 5th image of each class goes to val/: 1,442 train / 355 v
 def resolve_root(root: str) -> Path:
     """Map 'embedded:digits' to its folder under $PROJECT_DATA_CACHE (~/.cache/project), written once; return other
     roots unchanged."""
-    if not root.startswith(EMBEDDED_PREFIX):
+    if not root.startswith("embedded:"):
         return Path(root).expanduser()
-    name = root[len(EMBEDDED_PREFIX):]
-    if name not in EMBEDDED_SETS:
-        available = ", ".join(EMBEDDED_PREFIX + n for n in EMBEDDED_SETS)
-        raise ConfigError(f"unknown embedded data set {root!r}; available: {available}")
+    if root != DIGITS:
+        raise ConfigError(f"unknown embedded data set {root!r}; available: {DIGITS}")
     cache = Path(os.environ.get("PROJECT_DATA_CACHE", Path.home() / ".cache" / "project")).expanduser()
     return materialize_digits(cache / f"digits-{DIGITS_SIZE}px-{DIGITS_VERSION}")
 
