@@ -14,16 +14,15 @@ from torch.utils.data import DataLoader, Dataset
 
 from project.data.decoders import DEVICE_DECODERS, Decoder, OnCorrupt, resolve_decoder
 from project.data.device_augment import TrainCrop
-from project.data.device_normalize import NormalizeBatch
-from project.data.device_pipeline import DevicePipeline
-from project.data.image_folders import DecodedImages, EncodedBatch, EncodedImages, collate_encoded, collate_readable
+from project.data.device_decode import DevicePipeline, EncodedBatch
+from project.data.image_folders import DecodedImages, EncodedImages, collate_encoded, collate_readable
 from project.data.predict import ImagePathDataset, list_images
-from project.data.progressive_resizing import ProgressiveResizing, TrainPresetPerEpoch
-from project.data.training_samples import SeededSamples
+from project.data.training_samples import ProgressiveResizing, SeededSamples, TrainPresetPerEpoch
 from project.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     AutoAugmentName,
+    NormalizeBatch,
     RandAugmentMagnitude,
     eval_preset,
     train_preset,
@@ -80,8 +79,8 @@ class ImageDataModule(L.LightningDataModule):
         on_corrupt: an unreadable image stops the run naming it ("error"), or is left out and counted ("skip").
         multiprocessing_context: the DataLoader workers' start method; None: "fork" on Linux, also under ddp_spawn.
         drop_last: leave out each epoch's incomplete last training batch (as timm), unless it is the only one.
-        ra_reps: repeated augmentation: each drawn image appears this many times per epoch, on different ranks,
-            each copy augmented differently (torchvision's RASampler, DeiT); the epoch keeps the data set's length.
+        ra_reps: repeated augmentation (RASampler, DeiT): each drawn image this many times per epoch, on different
+            ranks, each copy augmented differently; the epoch keeps the data set's length.
         seed: the run seed, linked from seed_everything: the training order and every augmentation derive from it.
     """
 
@@ -193,8 +192,7 @@ class ImageDataModule(L.LightningDataModule):
         return DecodedImages(self.samples(split), transform=transform, **reading)
 
     def _world(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        return (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
 
     def _collate(self, split: str) -> Optional[Callable[[list], Any]]:
         if self.device_pipeline is not None and split != "predict":  # predict decodes in the workers, as the CPU path
@@ -215,9 +213,8 @@ class ImageDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         world_size, rank = self._world()
-        dataset = self.datasets["train"]
-        self.train_sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=self.hparams.seed,
-                                              repeats=self.hparams.ra_reps)
+        self.train_sampler = ResumableSampler(self.datasets["train"], num_replicas=world_size, rank=rank,
+                                              seed=self.hparams.seed, repeats=self.hparams.ra_reps)
         # With fewer images than a batch, the one batch there is stays: an epoch never trains on nothing.
         drop_last = self.hparams.drop_last and len(self.train_sampler) >= self.batch_size
         if self._resume_state is not None:
@@ -260,8 +257,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
         if isinstance(batch, EncodedBatch):  # a device decoder's: decode and augment where the model runs
-            trainer = self.trainer
-            batch = self.device_pipeline(batch, trainer.strategy.root_device, training=trainer.training)
+            return self.device_pipeline(batch, self.trainer.strategy.root_device, training=self.trainer.training)
         return batch
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):

@@ -1,18 +1,18 @@
 """The data sets over (path, label) samples, whichever the data module lists: decoded in the workers (DecodedImages), or
-read as bytes for a device decoder (EncodedImages, decoded and augmented by device_pipeline.DevicePipeline).
+read as bytes for a device decoder (EncodedImages, decoded and augmented by device_decode.DevicePipeline).
 """
 
 import functools
 import logging
 from collections.abc import Sequence
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Optional
 
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from project.data.decoders import Decoder, OnCorrupt, image_loader
-from project.data.device_augment import Crop, TrainCrop
-from project.data.device_decode import load_for_device
+from project.data.device_augment import TrainCrop
+from project.data.device_decode import EncodedBatch, load_for_device
 from project.engine.errors import UnreadableImageError, shown
 
 logger = logging.getLogger(__name__)
@@ -62,11 +62,8 @@ def collate_readable(batch: list):
 
 
 class EncodedImages(DecodedImages):
-    """Samples are (JPEG bytes or an image the worker decoded, target, path, Crop or None): DevicePipeline's input.
-
-    With `crop` (the training set) each sample's box and flip are drawn in the worker, from the generator SeededSamples
-    seeded with the sample's key: the key reaches the device as its draws.
-    """
+    """Samples are (JPEG bytes or an image the worker decoded, target, path, Crop or None): DevicePipeline's input;
+    with `crop` (training) each box and flip is drawn here, from the generator SeededSamples seeded with its key."""
 
     def __init__(self, samples: Sequence[tuple[str, int]], *, crop: Optional[TrainCrop] = None,
                  decoder: str = "nvjpeg", on_corrupt: OnCorrupt = "error"):
@@ -81,13 +78,6 @@ class EncodedImages(DecodedImages):
         (payload, (height, width)), target = sample
         crop = self.crop.draw(height, width) if self.crop is not None else None
         return payload, target, self.samples[index][0], crop
-
-
-class EncodedBatch(NamedTuple):
-    payloads: list[torch.Tensor]  # 1-D JPEG bytes, or 3 x H x W images the workers decoded; sizes vary
-    targets: torch.Tensor
-    paths: list[str]
-    crops: list[Optional[Crop]]  # training: each image's box and flip; evaluation: None
 
 
 def collate_encoded(batch: list) -> EncodedBatch:

@@ -1,8 +1,8 @@
 """Transform presets named by role (torchvision transforms v2, as its references/classification/presets.py), ImageNet
-mean/std by default; `normalize=False` stops at uint8 for batches normalized on the device (docs/imagenet.md).
+mean/std by default; `normalize=False` stops at uint8, and NormalizeBatch normalizes on the device (docs/imagenet.md).
 """
 
-from typing import Literal, Optional, Sequence, get_args
+from typing import Any, Literal, Optional, Sequence, get_args
 
 import torch
 from torchvision.transforms import v2
@@ -24,8 +24,7 @@ RandAugmentMagnitude = number_type("RandAugmentMagnitude", int, "an int in [0, 3
 
 def auto_augment_transform(policy: str, *, num_ops: int = 2, magnitude: int = 9) -> v2.Transform:
     """A torchvision v2 auto-augment policy by name; "autoaugment" is the ImageNet policy."""
-    # Bilinear, as torchvision's reference passes for every policy (v2's own default is nearest).
-    interpolation = v2.InterpolationMode.BILINEAR
+    interpolation = v2.InterpolationMode.BILINEAR  # as torchvision's reference passes (v2's own default: nearest)
     if policy == "trivialaugment_wide":
         return v2.TrivialAugmentWide(interpolation=interpolation)
     if policy == "randaugment":
@@ -44,10 +43,8 @@ def train_preset(*, crop_size: int = 224, scale: tuple[float, float] = (0.08, 1.
                  auto_augment: Optional[str] = None, randaugment_num_ops: int = 2, randaugment_magnitude: int = 9,
                  random_erase_prob: float = 0.0, mean: tuple[float, ...] = IMAGENET_MEAN,
                  std: tuple[float, ...] = IMAGENET_STD, normalize: bool = True) -> v2.Compose:
-    """RandomResizedCrop + flip [+ auto-augment] [+ normalize] [+ random erasing]; PIL images or uint8 CHW tensors.
-
-    Every random draw comes from torch's global CPU generator, which SeededSamples seeds per image.
-    """
+    """RandomResizedCrop + flip [+ auto-augment] [+ normalize] [+ random erasing]; PIL images or uint8 CHW tensors,
+    every random draw from torch's global CPU generator (which SeededSamples seeds per image)."""
     steps = [v2.ToImage(), v2.RandomResizedCrop(crop_size, scale=scale, ratio=CROP_RATIO, antialias=True)]
     if hflip_prob > 0:
         steps.append(v2.RandomHorizontalFlip(hflip_prob))
@@ -69,3 +66,30 @@ def eval_preset(*, resize_size: int = 256, crop_size: int = 224, mean: tuple[flo
     """Resize the short side + center crop [+ normalize]; accepts PIL images or uint8 CHW tensors."""
     steps = [v2.ToImage(), v2.Resize(resize_size, antialias=True), v2.CenterCrop(crop_size)]
     return v2.Compose(steps + _to_float(normalize, mean, std))
+
+
+class NormalizeBatch:
+    """uint8 images (N, C, H, W) -> float32 (x / 255 - mean) / std, in one pass, on the device the batch is on."""
+
+    def __init__(self, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD):
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1) * 255
+        self.inv_std = 1 / (torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1) * 255)
+        self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        if images.dtype != torch.uint8:
+            return images  # already converted (a float batch from a custom loader): leave it alone
+        if images.device not in self._on_device:
+            self._on_device[images.device] = (self.mean.to(images.device), self.inv_std.to(images.device))
+        mean, inv_std = self._on_device[images.device]
+        return images.to(torch.float32).sub_(mean).mul_(inv_std)
+
+    def batch(self, batch: Any) -> Any:
+        """Normalize the images of a batch: a tensor, or the first element of (images, targets, ...)."""
+        if isinstance(batch, torch.Tensor):
+            return self(batch)
+        if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
+            converted = [self(batch[0]), *batch[1:]]
+            return converted if isinstance(batch, list) else tuple(converted)
+        return batch
+
