@@ -30,8 +30,7 @@ except ImportError:
 Decoder = Literal["auto", "torchcodec", "torchvision", "pil", "nvjpeg", "torchcodec-cuda"]
 OnCorrupt = Literal["error", "skip"]
 CPU_DECODERS = ("torchcodec", "torchvision", "pil")  # the order "auto" tries them in
-# Device decoders (project.data.device_decode) and the CPU decoder that stands in for them in the workers (files the
-# device cannot decode), in predict, and in the scan.
+# Each device decoder (device_decode.py) and the CPU decoder that stands in for it (image_loader).
 DEVICE_DECODERS = {"nvjpeg": "torchvision", "torchcodec-cuda": "torchcodec"}
 
 

@@ -7,7 +7,7 @@ resumable loaders); a subclass says only where its (path, label) samples come fr
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal, Optional
 
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
@@ -167,9 +167,8 @@ class ImageDataModule(L.LightningDataModule):
     def image_sizes(self) -> dict[str, int]:
         """The contract's: the side of every image the network gets, by the option that sets it."""
         ramp = self.hparams.progressive_resizing
-        train = ({"data.progressive_resizing.start_size": ramp["start_size"],
-                  "data.progressive_resizing.end_size": ramp["end_size"]} if ramp else
-                 {"data.train_crop_size": self.hparams.train_crop_size})
+        train = ({f"data.progressive_resizing.{key}": ramp[key] for key in ("start_size", "end_size")} if ramp
+                 else {"data.train_crop_size": self.hparams.train_crop_size})
         return {**train, "data.eval_crop_size": self.hparams.eval_crop_size}
 
     def setup(self, stage: str) -> None:
@@ -194,13 +193,10 @@ class ImageDataModule(L.LightningDataModule):
     def _world(self) -> tuple[int, int]:
         return (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
 
-    def _collate(self, split: str) -> Optional[Callable[[list], Any]]:
-        if self.device_pipeline is not None and split != "predict":  # predict decodes in the workers, as the CPU path
-            return collate_encoded
-        return collate_readable if self.hparams.on_corrupt == "skip" else None
-
     def _loader(self, split: str, sampler, loader_class: type[DataLoader] = DataLoader, drop_last=False) -> DataLoader:
         h, workers = self.hparams, {}
+        # Skipped images (None) are left out; predict decodes in the workers whatever the decoder, as the CPU path.
+        collate = collate_encoded if self.device_pipeline is not None and split != "predict" else collate_readable
         if h.num_workers > 0:
             # A process started by spawn (ddp_spawn's ranks) inherits "spawn" as its default start method: fork.
             start = h.multiprocessing_context or ("fork" if sys.platform == "linux" else None)
@@ -208,7 +204,7 @@ class ImageDataModule(L.LightningDataModule):
             workers = dict(persistent_workers=h.persistent_workers, prefetch_factor=h.prefetch_factor,
                            multiprocessing_context=start, worker_init_fn=ignore_stop_signals)
         return loader_class(self.datasets[split], batch_size=self.batch_size, sampler=sampler, drop_last=drop_last,
-                            num_workers=h.num_workers, pin_memory=h.pin_memory, collate_fn=self._collate(split),
+                            num_workers=h.num_workers, pin_memory=h.pin_memory, collate_fn=collate,
                             **workers)
 
     def train_dataloader(self) -> DataLoader:

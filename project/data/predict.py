@@ -34,10 +34,8 @@ def list_images(root: str | os.PathLike) -> list[Path]:
     """Every image file under `root` once (see the module docstring), sorted by its path relative to `root`."""
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise MissingInputError(
-            f"predict root {shown(root)} is not a folder; pass --data.predict_root pointing to a folder of images "
-            f"(any depth, extensions {', '.join(IMG_EXTENSIONS)})"
-        )
+        raise MissingInputError(f"predict root {shown(root)} is not a folder; pass --data.predict_root pointing to a "
+                                f"folder of images (any depth, extensions {', '.join(IMG_EXTENSIONS)})")
 
     def unlistable(error: OSError):
         raise MissingInputError(f"cannot list {shown(error.filename)} under predict root {shown(root)} "
@@ -58,10 +56,8 @@ def list_images(root: str | os.PathLike) -> list[Path]:
                 seen.add(identity)
                 found.append(path)
     if not found:
-        raise MissingInputError(
-            f"predict root {shown(root)} holds no images; expected files with an extension in {IMG_EXTENSIONS} "
-            "at any depth below it (names starting with '.' are skipped)"
-        )
+        raise MissingInputError(f"predict root {shown(root)} holds no images; expected files with an extension in "
+                                f"{IMG_EXTENSIONS} at any depth below it (names starting with '.' are skipped)")
     # Sorted as POSIX strings, so the order (and the CSV written from it) is the same on every machine.
     return sorted(found, key=lambda path: path.relative_to(root).as_posix())
 
