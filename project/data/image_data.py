@@ -78,7 +78,8 @@ class ImageDataModule(L.LightningDataModule):
         normalize_on_device: workers return uint8 and the device normalizes the batch; False: the workers do.
         on_corrupt: an unreadable image stops the run naming it ("error"), or is left out and counted ("skip").
         multiprocessing_context: the DataLoader workers' start method; None: "fork" on Linux, also under ddp_spawn.
-        drop_last: leave out each epoch's incomplete last training batch (as timm), unless it is the only one.
+        drop_last: leave out each epoch's incomplete last training batch (one image breaks BatchNorm), unless it is
+            the only one.
         ra_reps: repeated augmentation (RASampler, DeiT): each drawn image this many times per epoch, on different
             ranks, each copy augmented differently; the epoch keeps the data set's length.
         seed: the run seed, linked from seed_everything: the training order and every augmentation derive from it.
@@ -136,8 +137,9 @@ class ImageDataModule(L.LightningDataModule):
     def _build_presets(self, o: dict[str, Any]) -> None:
         """The presets as they run: uint8 out when the device normalizes the batch, float when the workers do."""
         presets = dict(mean=o["mean"], std=o["std"], normalize=not o["normalize_on_device"])
-        augment = dict(presets, scale=o["train_crop_scale"], **{k: o[k] for k in (
-            "hflip_prob", "auto_augment", "randaugment_num_ops", "randaugment_magnitude", "random_erase_prob")})
+        augment = dict(presets, scale=o["train_crop_scale"], hflip_prob=o["hflip_prob"], auto_augment=o["auto_augment"],
+                       randaugment_num_ops=o["randaugment_num_ops"], randaugment_magnitude=o["randaugment_magnitude"],
+                       random_erase_prob=o["random_erase_prob"])
         self.normalize_batch = NormalizeBatch(o["mean"], o["std"]) if o["normalize_on_device"] else None
         self.train_transform = train_preset(crop_size=o["train_crop_size"], **augment)
         # With progressive resizing the train preset depends on the epoch, which SeededSamples reads from each key.
