@@ -38,11 +38,9 @@ from torchvision.datasets.folder import pil_loader
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from project.data.decoders import DEVICE_DECODERS, LOADERS, unavailable  # noqa: E402
 from project.data.device_augment import TrainCrop  # noqa: E402
-from project.data.device_decode import load_for_device  # noqa: E402
-from project.data.device_normalize import NormalizeBatch  # noqa: E402
-from project.data.device_pipeline import DevicePipeline  # noqa: E402
+from project.data.device_decode import DevicePipeline, load_for_device  # noqa: E402
 from project.data.image_folders import EncodedBatch  # noqa: E402
-from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_preset, train_preset  # noqa: E402
+from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, NormalizeBatch, eval_preset, train_preset  # noqa: E402
 
 # ImageNet's commonest shapes (landscape and portrait 4:3, 3:2), jittered: "around 500x375".
 SHAPES = [(500, 375), (375, 500), (500, 333), (500, 400), (333, 500), (640, 480)]

@@ -61,8 +61,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from project.backbones import build_resnet  # noqa: E402
-from project.data.device_normalize import NormalizeBatch  # noqa: E402
-from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
+from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, NormalizeBatch  # noqa: E402
 from project.engine.cli import cli_main  # noqa: E402
 from project.engine.compat.log_device_move import skip_same_device_moves  # noqa: E402
 from project.engine.compat.sigterm_broadcast import restore_lightning_sigterm_broadcast  # noqa: E402

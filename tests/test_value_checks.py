@@ -22,7 +22,7 @@ from project.backbones import FAMILIES, build_network, family_of, image_size_pro
 from project.callbacks.ema import EMA
 from project.callbacks.finetuning import FineTuning, FreezeBackbone
 from project.data.image_data import ImageDataModule
-from project.data.progressive_resizing import ProgressiveResizing
+from project.data.training_samples import ProgressiveResizing
 from project.engine.callbacks.throughput import ThroughputLogger
 from project.engine.cli import cli_main
 from project.engine.errors import ConfigError, UserError, user_message

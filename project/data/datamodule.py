@@ -25,10 +25,8 @@ class ImageNetDataModule(ImageDataModule):
         """
         super().__init__(**options)  # the options are checked first: nothing is read or written before
         if root is None:
-            raise ConfigError(
-                "data.root is not set: pass --data.root /path/to/imagenet (holding train/ and val/), "
-                "or --data.root embedded:digits for the built-in quickstart data"
-            )
+            raise ConfigError("data.root is not set: pass --data.root /path/to/imagenet (holding train/ and val/), "
+                              "or --data.root embedded:digits for the built-in quickstart data")
         self.root = resolve_root(root)
         # Read here, not in setup(): the CLI links data.num_classes into the model right after instantiation.
         self.class_names: list[str] = check_layout(self.root)

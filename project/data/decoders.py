@@ -30,8 +30,7 @@ except ImportError:
 Decoder = Literal["auto", "torchcodec", "torchvision", "pil", "nvjpeg", "torchcodec-cuda"]
 OnCorrupt = Literal["error", "skip"]
 CPU_DECODERS = ("torchcodec", "torchvision", "pil")  # the order "auto" tries them in
-# Device decoders (project.data.device_decode) and the CPU decoder that stands in for them in the workers (files the
-# device cannot decode), in predict, and in the scan.
+# Each device decoder (device_decode.py) and the CPU decoder that stands in for it (image_loader).
 DEVICE_DECODERS = {"nvjpeg": "torchvision", "torchcodec-cuda": "torchcodec"}
 
 
@@ -50,19 +49,15 @@ def _reason(error: Exception) -> str:
     return text.split(". ")[0].rstrip(".")
 
 
-def _pil_rgb(path: str) -> Image.Image:
-    with Image.open(path) as image:
-        if image.mode.startswith("I;16"):  # convert() clips 16-bit gray at 255 (all white): scale it to 8 bits
-            return image.convert("I").point(lambda value: value / 257).convert("RGB")
-        return image.convert("RGB")  # convert() decodes the pixels, so truncation raises here and not later
-
-
-def decode_pil(path: str) -> Image.Image:
-    """The stock torchvision loader (PIL, RGB), with an error that names the file."""
+def decode_pil(path: str, failed_before: str = "") -> Image.Image:
+    """The stock torchvision loader (PIL, RGB), with an error that names the file (and what failed before PIL)."""
     try:
-        return _pil_rgb(path)
+        with Image.open(path) as image:
+            if image.mode.startswith("I;16"):  # convert() clips 16-bit gray at 255 (all white): scale it to 8 bits
+                return image.convert("I").point(lambda value: value / 257).convert("RGB")
+            return image.convert("RGB")  # convert() decodes the pixels, so truncation raises here and not later
     except (OSError, ValueError, Image.DecompressionBombError) as error:
-        raise _unreadable(path, f"PIL: {error}") from error
+        raise _unreadable(path, f"{failed_before}PIL: {error}") from error
 
 
 def _decode_tensor(path: str, library: str, decode: Callable[[bytes], torch.Tensor]) -> torch.Tensor:
@@ -73,35 +68,25 @@ def _decode_tensor(path: str, library: str, decode: Callable[[bytes], torch.Tens
         raise _unreadable(path, "empty file")
     try:
         image = decode(data)
-    except (RuntimeError, ValueError) as library_error:
-        try:
-            return pil_to_tensor(_pil_rgb(path))
-        except (OSError, ValueError, Image.DecompressionBombError) as pil_error:
-            raise _unreadable(path, f"{library}: {_reason(library_error)}; PIL: {pil_error}") from pil_error
+    except (RuntimeError, ValueError) as error:
+        return pil_to_tensor(decode_pil(path, failed_before=f"{library}: {_reason(error)}; "))
     if image.dim() == 4:  # an animated GIF/WebP: its first frame, as PIL gives
         image = image[0]
     # 16-bit PNGs decode to uint16; the pipeline works on uint8 like every other image.
     return image if image.dtype == torch.uint8 else to_dtype(image, torch.uint8, scale=True)
 
 
-def _torchvision_io(data: bytes) -> torch.Tensor:
-    return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
-
-
-def _torchcodec(data: bytes) -> torch.Tensor:
-    from torchcodec.decoders import decode_image as torchcodec_decode_image  # optional extra, checked in image_loader
-
-    return torchcodec_decode_image(data, mode="RGB")
-
-
 def decode_torchvision(path: str) -> torch.Tensor:
     """uint8 RGB tensor (3, H, W): torchvision.io (libjpeg-turbo, libpng, libwebp), PIL for the other formats."""
-    return _decode_tensor(path, "torchvision.io", _torchvision_io)
+    return _decode_tensor(path, "torchvision.io", lambda data: decode_image(
+        torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB))
 
 
 def decode_torchcodec(path: str) -> torch.Tensor:
     """uint8 RGB tensor (3, H, W): TorchCodec (libjpeg-turbo, libpng, libwebp; no FFmpeg needed), PIL for the others."""
-    return _decode_tensor(path, "torchcodec", _torchcodec)
+    from torchcodec.decoders import decode_image as torchcodec_decode  # the optional extra, checked in resolve_decoder
+
+    return _decode_tensor(path, "torchcodec", lambda data: torchcodec_decode(data, mode="RGB"))
 
 
 LOADERS: dict[str, Callable[[str], Any]] = {"torchcodec": decode_torchcodec, "torchvision": decode_torchvision,
@@ -139,11 +124,8 @@ def resolve_decoder(decoder: str) -> str:
 
 
 def image_loader(decoder: str) -> Callable[[str], Any]:
-    """The CPU loader (path -> RGB image) for a `data.decoder` name: the one factory training, eval and predict use.
-
-    A device decoder ("nvjpeg", "torchcodec-cuda") gives its CPU counterpart (torchvision, torchcodec): the loader of
-    the files the device cannot decode, of `predict` (its images never reach the device undecoded) and of the scan.
-    """
+    """The CPU loader (path -> RGB image) for a `data.decoder` name; for a device decoder, its CPU counterpart's (the
+    loader of the files the device cannot decode, of predict and of the scan)."""
     decoder = resolve_decoder(decoder)
     return LOADERS[DEVICE_DECODERS.get(decoder, decoder)]
 

@@ -1,9 +1,10 @@
-"""The uint8 presets batch-wise on the training device, for decoded images of different sizes (decoder=nvjpeg and
-decoder=torchcodec-cuda): crops drawn in the workers, resized per size bucket (how and why: docs/imagenet.md).
+"""The uint8 presets batch-wise on the training device, for the device decoders' images of different sizes: crops
+drawn in the workers, resized per size bucket (how and why: docs/imagenet.md).
 """
 
+import itertools
 from collections import defaultdict
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 from torchvision import transforms as v1
@@ -11,7 +12,6 @@ from torchvision.ops import roi_align
 from torchvision.transforms import v2
 
 from project.data.transforms import CROP_RATIO
-from project.engine.errors import ConfigError
 
 BUCKET_PIXELS = 1 << 24  # padded crop pixels per roi_align: ~0.65 GB of transient device memory (index, uint8, float)
 
@@ -29,10 +29,7 @@ class Crop(NamedTuple):
 
 
 class TrainCrop(NamedTuple):
-    """The random part of the train preset (RandomResizedCrop, horizontal flip), drawn per image in the workers.
-
-    Built from the data options that build train_preset (for_options), never read back out of a preset.
-    """
+    """The random part of the train preset (RandomResizedCrop, horizontal flip), drawn per image in the workers."""
 
     size: tuple[int, int]
     scale: tuple[float, float]
@@ -40,16 +37,9 @@ class TrainCrop(NamedTuple):
     hflip_prob: float
 
     @classmethod
-    def for_options(cls, *, crop_size: int, scale: tuple[float, float] = (0.08, 1.0), hflip_prob: float = 0.5,
-                    auto_augment: Optional[str] = None, random_erase_prob: float = 0.0) -> "TrainCrop":
-        """The crop train_preset draws with these data options; the ones the device does not run are refused."""
-        if auto_augment is not None or random_erase_prob > 0:
-            raise ConfigError(
-                "a device decoder (data.decoder=nvjpeg/torchcodec-cuda) runs RandomResizedCrop (bilinear) + "
-                f"RandomHorizontalFlip on the device, got data.auto_augment={auto_augment}, data.random_erase_prob="
-                f"{random_erase_prob}: turn the other augmentations off (data.auto_augment=null, "
-                "data.random_erase_prob=0) or decode in the workers (data.decoder=auto)"
-            )
+    def for_options(cls, *, crop_size: int, scale: tuple[float, float] = (0.08, 1.0),
+                    hflip_prob: float = 0.5) -> "TrainCrop":
+        """The crop train_preset draws with these options (built from the options, never read out of a preset)."""
         return cls((crop_size, crop_size), tuple(scale), CROP_RATIO, hflip_prob)
 
     def draw(self, height: int, width: int) -> Crop:
@@ -98,8 +88,7 @@ def resized_crops(images: list[torch.Tensor], crops: list[Crop], size: tuple[int
     device = images[0].device
     boxes = [_fit(crop, *image.shape[-2:]) for crop, image in zip(crops, images)]
     flat = torch.cat([image.reshape(-1) for image in images])
-    starts = [0, *(image.numel() for image in images)]
-    starts = [sum(starts[: i + 1]) for i in range(len(images))]  # where each image begins in `flat`
+    starts = list(itertools.accumulate((image.numel() for image in images[:-1]), initial=0))  # offsets in `flat`
     output = torch.empty((len(images), 3, *size), dtype=torch.float32, device=device)
     channel = torch.arange(3, device=device)
     for group in _buckets(boxes, budget):

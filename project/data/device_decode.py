@@ -1,15 +1,18 @@
-"""Device decoders: the workers only read JPEG bytes (load_for_device); the batch is decoded on the training device
-(what nvJPEG takes, how the decode overlaps the previous step: docs/imagenet.md).
+"""Device decoders: the workers only read JPEG bytes (load_for_device); the batch is decoded on the training device and
+augmented there (DevicePipeline; what nvJPEG takes, how the decode overlaps the previous step: docs/imagenet.md).
 
     python -m project fit --config configs/gpu.yaml --data.root /datasets/imagenet --data.decoder nvjpeg
 """
 
 import logging
+import struct
 from typing import Callable, NamedTuple, Optional
 
 import torch
+from torchvision.transforms import v2
 
 from project.data.decoders import DEVICE_DECODERS, image_loader
+from project.data.device_augment import Crop, TrainCrop, eval_batch, resized_crops
 from project.engine.errors import UnreadableImageError
 
 try:
@@ -22,14 +25,7 @@ logger = logging.getLogger(__name__)
 NVJPEG_FRAMES = (0xC0, 0xC1, 0xC2)  # SOF0 baseline, SOF1 extended, SOF2 progressive (all Huffman-coded)
 
 
-class JpegFrame(NamedTuple):
-    marker: int
-    components: int
-    height: int
-    width: int
-
-
-def jpeg_frame(data: bytes) -> Optional[JpegFrame]:
+def jpeg_frame(data: bytes) -> Optional[tuple[int, int, int, int]]:
     """(SOF marker, colour components, height, width) from a JPEG's frame header; None when the bytes are not a JPEG."""
     if data[:2] != b"\xff\xd8":
         return None
@@ -44,8 +40,8 @@ def jpeg_frame(data: bytes) -> Optional[JpegFrame]:
             i += 2
         elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame header, not DHT/JPG/DAC
             # FF Cn, length (2), precision (1), height (2), width (2), components
-            return JpegFrame(marker, data[i + 9], int.from_bytes(data[i + 5 : i + 7], "big"),
-                             int.from_bytes(data[i + 7 : i + 9], "big"))
+            height, width = struct.unpack(">HH", data[i + 5 : i + 9])
+            return marker, data[i + 9], height, width
         elif marker == 0xDA:  # scan data before any frame header
             return None
         else:
@@ -57,27 +53,29 @@ def load_for_device(path: str, decode: Callable[[str], torch.Tensor]) -> tuple[t
     """(the file's bytes, 1-D uint8, when nvJPEG can decode them, else the image `decode` made of it; its size)."""
     with open(path, "rb") as file:
         data = file.read()
-    frame = jpeg_frame(data)
-    if frame is not None and frame.marker in NVJPEG_FRAMES and frame.components in (1, 3) and frame.height > 0:
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8), (frame.height, frame.width)
+    marker, components, height, width = jpeg_frame(data) or (None, 0, 0, 0)
+    if marker in NVJPEG_FRAMES and components in (1, 3) and height > 0:
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), (height, width)
     image = decode(path).contiguous()  # CHW in memory (decoders return HWC views): no copy on the device later
     return image, (image.shape[-2], image.shape[-1])
 
 
-class DeviceDecoder:
-    """Decodes a batch's JPEG bytes on the training device in one batched call; the images the workers decoded are
-    moved there as they are. A file the device cannot decode goes to the CPU decoder, which names it when it cannot.
+class EncodedBatch(NamedTuple):
+    payloads: list[torch.Tensor]  # 1-D JPEG bytes, or 3 x H x W images the workers decoded; sizes vary
+    targets: torch.Tensor
+    paths: list[str]
+    crops: list[Optional[Crop]]  # training: each image's box and flip; evaluation: None
 
-    decoder: "nvjpeg" (torchvision.io) or "torchcodec-cuda" (TorchCodec). On a CPU device (tests, CPU runs) the same
-    calls decode with libjpeg-turbo.
-    """
+
+class DeviceDecoder:
+    """A batch's JPEG bytes decoded on `device` in one call by "nvjpeg" (torchvision.io) or "torchcodec-cuda"; what the
+    workers decoded is moved as it is, and a file the device cannot decode goes to the CPU decoder, which names it."""
 
     def __init__(self, decoder: str = "nvjpeg", on_corrupt: str = "error"):
         if decoder not in DEVICE_DECODERS:
             raise ValueError(f"DeviceDecoder decodes with one of {', '.join(DEVICE_DECODERS)}, got {decoder!r}")
         self.cpu_decode = image_loader(decoder)  # also checks that the library is there
-        self.decoder = decoder
-        self.on_corrupt = on_corrupt
+        self.decoder, self.on_corrupt = decoder, on_corrupt
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def decode_jpegs(self, payloads: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
@@ -126,3 +124,26 @@ class DeviceDecoder:
             for i, image in zip(encoded, decoded):
                 images[i] = image
         return images
+
+
+class DevicePipeline:
+    """Decodes an EncodedBatch on the device, then applies the crops and flips the workers drew from `train_crop`
+    (training) or the uint8 `eval_transform` (eval_preset(normalize=False)); decoder: "nvjpeg" or "torchcodec-cuda"."""
+
+    def __init__(self, train_crop: Optional[TrainCrop], eval_transform: v2.Compose, *, decoder: str = "nvjpeg",
+                 on_corrupt: str = "error"):
+        self.decoder = DeviceDecoder(decoder, on_corrupt)
+        self.train_crop = train_crop
+        self.eval_transform = eval_transform
+
+    def __call__(self, batch: EncodedBatch, device: torch.device, training: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        images = self.decoder(batch.payloads, batch.paths, device)
+        keep = [i for i, image in enumerate(images) if image is not None]
+        if not keep:
+            raise RuntimeError(f"all {len(images)} images of a batch were unreadable (see the warnings naming them)")
+        targets = batch.targets if len(keep) == len(images) else batch.targets[keep]
+        kept = [images[i] for i in keep]
+        if not training:
+            return eval_batch(kept, self.eval_transform), targets.to(device, non_blocking=True)
+        crops = [batch.crops[i] for i in keep]  # drawn in the workers (EncodedImages of the training set)
+        return resized_crops(kept, crops, self.train_crop.size), targets.to(device, non_blocking=True)

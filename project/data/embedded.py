@@ -1,12 +1,11 @@
-"""The quickstart's data set: scikit-learn's 1,797 real handwritten digits, written once as JPEGs in ImageFolder layout.
-
-They ship inside the scikit-learn wheel, so the quickstart needs no download and runs the same ImageFolder + JPEG
-path that ImageNet runs.
+"""The quickstart's data set: scikit-learn's 1,797 real handwritten digits (in its wheel: no download), written once
+as JPEGs in ImageFolder layout, so the quickstart runs the path ImageNet runs.
 """
 
 import os
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -14,27 +13,21 @@ from PIL import Image
 
 from project.engine.errors import ConfigError
 
-EMBEDDED_PREFIX = "embedded:"
-EMBEDDED_SETS = ("digits",)
+DIGITS = "embedded:digits"  # the one embedded data set
 DIGITS_SIZE = 32  # px; the 8x8 originals upscaled so a torchvision ResNet's 32x downsampling still fits
 DIGITS_VERSION = "v1"  # bump when the materialized files change, so stale caches are not reused
 VAL_EVERY = 5  # every 5th image of each class goes to val/: 1,442 train / 355 val
 
 
-def cache_dir() -> Path:
-    """Where materialized data sets live: $PROJECT_DATA_CACHE, else ~/.cache/project."""
-    return Path(os.environ.get("PROJECT_DATA_CACHE", Path.home() / ".cache" / "project")).expanduser()
-
-
 def resolve_root(root: str) -> Path:
-    """Map 'embedded:digits' to its materialized folder (creating it once); return other roots unchanged."""
-    if not root.startswith(EMBEDDED_PREFIX):
+    """Map 'embedded:digits' to its folder under $PROJECT_DATA_CACHE (~/.cache/project), written once; return other
+    roots unchanged."""
+    if not root.startswith("embedded:"):
         return Path(root).expanduser()
-    name = root[len(EMBEDDED_PREFIX):]
-    if name not in EMBEDDED_SETS:
-        available = ", ".join(EMBEDDED_PREFIX + n for n in EMBEDDED_SETS)
-        raise ConfigError(f"unknown embedded data set {root!r}; available: {available}")
-    return materialize_digits(cache_dir() / f"digits-{DIGITS_SIZE}px-{DIGITS_VERSION}")
+    if root != DIGITS:
+        raise ConfigError(f"unknown embedded data set {root!r}; available: {DIGITS}")
+    cache = Path(os.environ.get("PROJECT_DATA_CACHE", Path.home() / ".cache" / "project")).expanduser()
+    return materialize_digits(cache / f"digits-{DIGITS_SIZE}px-{DIGITS_VERSION}")
 
 
 def materialize_digits(target: Path) -> Path:
@@ -48,12 +41,10 @@ def materialize_digits(target: Path) -> Path:
     # Written aside and renamed into place: ranks racing here, or a killed run, never leave a half-written set.
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        seen_per_class: dict[int, int] = {}
-        for index, (pixels, label) in enumerate(zip(digits.images, digits.target)):
-            label = int(label)
-            nth = seen_per_class.get(label, 0)
-            seen_per_class[label] = nth + 1
-            split = "val" if nth % VAL_EVERY == VAL_EVERY - 1 else "train"
+        seen: Counter[int] = Counter()
+        for index, (pixels, label) in enumerate(zip(digits.images, digits.target.tolist())):
+            seen[label] += 1
+            split = "val" if seen[label] % VAL_EVERY == 0 else "train"
             gray = Image.fromarray(np.round(pixels * (255.0 / 16.0)).astype(np.uint8), mode="L")
             image = gray.resize((DIGITS_SIZE, DIGITS_SIZE), Image.BICUBIC).convert("RGB")
             out = staging / split / str(label)

@@ -7,23 +7,22 @@ resumable loaders); a subclass says only where its (path, label) samples come fr
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal, Optional
 
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
-from project.data.decoders import DEVICE_DECODERS, Decoder, resolve_decoder
+from project.data.decoders import DEVICE_DECODERS, Decoder, OnCorrupt, resolve_decoder
 from project.data.device_augment import TrainCrop
-from project.data.device_normalize import NormalizeBatch
-from project.data.device_pipeline import DevicePipeline
-from project.data.image_folders import DecodedImages, EncodedBatch, EncodedImages, collate_encoded, collate_readable
+from project.data.device_decode import DevicePipeline, EncodedBatch
+from project.data.image_folders import DecodedImages, EncodedImages, collate_encoded, collate_readable
 from project.data.predict import ImagePathDataset, list_images
-from project.data.progressive_resizing import ProgressiveResizing, TrainPresetPerEpoch
-from project.data.training_samples import SeededSamples
+from project.data.training_samples import ProgressiveResizing, SeededSamples, TrainPresetPerEpoch
 from project.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     AutoAugmentName,
+    NormalizeBatch,
     RandAugmentMagnitude,
     eval_preset,
     train_preset,
@@ -74,17 +73,15 @@ class ImageDataModule(L.LightningDataModule):
         mean: per RGB channel, of images scaled to [0, 1]: the input is (x - mean) / std (ImageNet's by default).
         std: per RGB channel, each > 0.
         predict_root: folder of images for `predict` (any depth, sorted order); None predicts the val split.
-        decoder: in the workers "torchcodec", "torchvision" or "pil" ("auto": the first installed); on the training
-            device "nvjpeg" or "torchcodec-cuda", the workers reading bytes (project.data.decoders).
-        normalize_on_device: workers return uint8 images and the batch is converted to float and normalized on
-            the training device (4x smaller copies, cheaper workers); False normalizes in the workers.
+        decoder: "torchcodec", "torchvision" or "pil" in the workers ("auto": the first installed), or "nvjpeg" or
+            "torchcodec-cuda" on the training device (docs/imagenet.md).
+        normalize_on_device: workers return uint8 and the device normalizes the batch; False: the workers do.
         on_corrupt: an unreadable image stops the run naming it ("error"), or is left out and counted ("skip").
-        multiprocessing_context: start method of the DataLoader workers (needs num_workers >= 1). None: "fork" on
-            Linux, also inside ddp_spawn's processes, where every spawned worker would re-import torch.
-        drop_last: leave out each epoch's incomplete last training batch, as timm does (a batch of one image
-            breaks BatchNorm), unless it is the only one. Evaluation always sees every image.
-        ra_reps: repeated augmentation: each drawn image appears this many times per epoch, on different ranks,
-            each copy augmented differently (torchvision's RASampler, DeiT); the epoch keeps the data set's length.
+        multiprocessing_context: the DataLoader workers' start method; None: "fork" on Linux, also under ddp_spawn.
+        drop_last: leave out each epoch's incomplete last training batch (one image breaks BatchNorm), unless it is
+            the only one.
+        ra_reps: repeated augmentation (RASampler, DeiT): each drawn image this many times per epoch, on different
+            ranks, each copy augmented differently; the epoch keeps the data set's length.
         seed: the run seed, linked from seed_everything: the training order and every augmentation derive from it.
     """
 
@@ -113,7 +110,7 @@ class ImageDataModule(L.LightningDataModule):
         predict_root: Optional[str] = None,
         decoder: Decoder = "auto",
         normalize_on_device: bool = True,
-        on_corrupt: Literal["error", "skip"] = "error",
+        on_corrupt: OnCorrupt = "error",
         multiprocessing_context: Optional[Literal["fork", "forkserver", "spawn"]] = None,
         drop_last: bool = True,
         ra_reps: PositiveInt = 1,
@@ -123,8 +120,7 @@ class ImageDataModule(L.LightningDataModule):
         # The CLI parsed and checked these already; a Python caller's values are checked here, before the subclass
         # reads or writes anything (the embedded data set's cache included).
         values = check_arguments(ImageDataModule.__init__, locals(), "data")
-        check_combinations(**{k: values[k] for k in ("train_crop_scale", "num_workers", "prefetch_factor",
-                                                    "multiprocessing_context")})
+        check_combinations(values)
         self.save_hyperparameters(ignore=["progressive_resizing"], logger=False)  # trackers: the whole config
         # Plain values in the checkpoint and in hparams.yaml (both are read back without trusting pickled classes).
         ramp = dataclasses.asdict(progressive_resizing) if progressive_resizing else None
@@ -140,28 +136,21 @@ class ImageDataModule(L.LightningDataModule):
 
     def _build_presets(self, o: dict[str, Any]) -> None:
         """The presets as they run: uint8 out when the device normalizes the batch, float when the workers do."""
-        crop = dict(scale=o["train_crop_scale"], hflip_prob=o["hflip_prob"], auto_augment=o["auto_augment"],
-                    random_erase_prob=o["random_erase_prob"])
-        augment = dict(crop, randaugment_num_ops=o["randaugment_num_ops"],
-                       randaugment_magnitude=o["randaugment_magnitude"])
         presets = dict(mean=o["mean"], std=o["std"], normalize=not o["normalize_on_device"])
+        augment = dict(presets, scale=o["train_crop_scale"], hflip_prob=o["hflip_prob"], auto_augment=o["auto_augment"],
+                       randaugment_num_ops=o["randaugment_num_ops"], randaugment_magnitude=o["randaugment_magnitude"],
+                       random_erase_prob=o["random_erase_prob"])
         self.normalize_batch = NormalizeBatch(o["mean"], o["std"]) if o["normalize_on_device"] else None
-        self.train_transform = train_preset(crop_size=o["train_crop_size"], **augment, **presets)
+        self.train_transform = train_preset(crop_size=o["train_crop_size"], **augment)
         # With progressive resizing the train preset depends on the epoch, which SeededSamples reads from each key.
         ramp = o["progressive_resizing"]
-        self.train_transform_for_epoch = TrainPresetPerEpoch(ramp, **augment, **presets) if ramp else None
+        self.train_transform_for_epoch = TrainPresetPerEpoch(ramp, **augment) if ramp else None
         self.eval_transform = eval_preset(resize_size=o["eval_resize_size"], crop_size=o["eval_crop_size"], **presets)
-        self.train_crop: Optional[TrainCrop] = None  # device decoders: the crop the workers draw, applied on the device
         self.device_pipeline: Optional[DevicePipeline] = None
-        if self.decoder in DEVICE_DECODERS:
-            if not o["normalize_on_device"]:
-                raise ConfigError(f"data.decoder={o['decoder']} augments uint8 images on the device: set "
-                                  "data.normalize_on_device=true")
-            if ramp is not None:
-                raise ConfigError(f"data.decoder={o['decoder']} has one train crop size: drop "
-                                  "data.progressive_resizing, or decode in the workers (data.decoder=auto)")
-            self.train_crop = TrainCrop.for_options(crop_size=o["train_crop_size"], **crop)
-            self.device_pipeline = DevicePipeline(self.train_crop, self.eval_transform, decoder=self.decoder,
+        if self.decoder in DEVICE_DECODERS:  # the workers draw the train crops, the device applies them
+            crop = TrainCrop.for_options(crop_size=o["train_crop_size"], scale=o["train_crop_scale"],
+                                         hflip_prob=o["hflip_prob"])
+            self.device_pipeline = DevicePipeline(crop, self.eval_transform, decoder=self.decoder,
                                                   on_corrupt=o["on_corrupt"])
 
     def samples(self, split: str) -> Samples:
@@ -180,15 +169,14 @@ class ImageDataModule(L.LightningDataModule):
     def image_sizes(self) -> dict[str, int]:
         """The contract's: the side of every image the network gets, by the option that sets it."""
         ramp = self.hparams.progressive_resizing
-        train = ({"data.progressive_resizing.start_size": ramp["start_size"],
-                  "data.progressive_resizing.end_size": ramp["end_size"]} if ramp else
-                 {"data.train_crop_size": self.hparams.train_crop_size})
+        train = ({f"data.progressive_resizing.{key}": ramp[key] for key in ("start_size", "end_size")} if ramp
+                 else {"data.train_crop_size": self.hparams.train_crop_size})
         return {**train, "data.eval_crop_size": self.hparams.eval_crop_size}
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
             per_epoch = self.train_transform_for_epoch
-            images = self._images("train", None if per_epoch else self.train_transform, crop=self.train_crop)
+            images = self._images("train", None if per_epoch else self.train_transform)
             self.datasets["train"] = SeededSamples(images, self.hparams.seed, transform_for_epoch=per_epoch)
         for split in {"fit": ["val"], "validate": ["val"], "test": ["test"]}.get(stage, []):
             self.datasets[split] = self._images(split, self.eval_transform)
@@ -197,49 +185,34 @@ class ImageDataModule(L.LightningDataModule):
             self.datasets["predict"] = ImagePathDataset(images, transform=self.eval_transform, decoder=self.decoder,
                                                         on_corrupt=self.hparams.on_corrupt)
 
-    def _images(self, split: str, transform, crop: Optional[TrainCrop] = None) -> Dataset:
+    def _images(self, split: str, transform) -> Dataset:
         reading = dict(decoder=self.decoder, on_corrupt=self.hparams.on_corrupt)
         if self.device_pipeline is not None:  # the workers read bytes (and draw the train crops), the device the rest
+            crop = self.device_pipeline.train_crop if split == "train" else None
             return EncodedImages(self.samples(split), crop=crop, **reading)
         return DecodedImages(self.samples(split), transform=transform, **reading)
 
     def _world(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-
-    def _collate(self, split: str) -> Optional[Callable[[list], Any]]:
-        if self.device_pipeline is not None and split != "predict":  # predict decodes in the workers, as the CPU path
-            return collate_encoded
-        return collate_readable if self.hparams.on_corrupt == "skip" else None
+        return (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
 
     def _loader(self, split: str, sampler, loader_class: type[DataLoader] = DataLoader, drop_last=False) -> DataLoader:
-        workers = self.hparams.num_workers
-        return loader_class(
-            self.datasets[split],
-            batch_size=self.batch_size,
-            sampler=sampler,
-            drop_last=drop_last,
-            num_workers=workers,
-            pin_memory=self.hparams.pin_memory,
-            persistent_workers=self.hparams.persistent_workers and workers > 0,
-            prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
-            collate_fn=self._collate(split),
-            multiprocessing_context=self._start_method() if workers > 0 else None,
+        h, workers = self.hparams, {}
+        # Skipped images (None) are left out; predict decodes in the workers whatever the decoder, as the CPU path.
+        collate = collate_encoded if self.device_pipeline is not None and split != "predict" else collate_readable
+        if h.num_workers > 0:
+            # A process started by spawn (ddp_spawn's ranks) inherits "spawn" as its default start method: fork.
+            start = h.multiprocessing_context or ("fork" if sys.platform == "linux" else None)
             # A stop signal sent to the whole process group must not kill the workers before the checkpoint is saved.
-            worker_init_fn=ignore_stop_signals if workers > 0 else None,
-        )
-
-    def _start_method(self) -> Optional[str]:
-        # A process started by spawn (ddp_spawn's ranks) inherits "spawn" as its default start method.
-        if self.hparams.multiprocessing_context is None and sys.platform == "linux":
-            return "fork"
-        return self.hparams.multiprocessing_context
+            workers = dict(persistent_workers=h.persistent_workers, prefetch_factor=h.prefetch_factor,
+                           multiprocessing_context=start, worker_init_fn=ignore_stop_signals)
+        return loader_class(self.datasets[split], batch_size=self.batch_size, sampler=sampler, drop_last=drop_last,
+                            num_workers=h.num_workers, pin_memory=h.pin_memory, collate_fn=collate,
+                            **workers)
 
     def train_dataloader(self) -> DataLoader:
         world_size, rank = self._world()
-        dataset = self.datasets["train"]
-        self.train_sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=self.hparams.seed,
-                                              repeats=self.hparams.ra_reps)
+        self.train_sampler = ResumableSampler(self.datasets["train"], num_replicas=world_size, rank=rank,
+                                              seed=self.hparams.seed, repeats=self.hparams.ra_reps)
         # With fewer images than a batch, the one batch there is stays: an epoch never trains on nothing.
         drop_last = self.hparams.drop_last and len(self.train_sampler) >= self.batch_size
         if self._resume_state is not None:
@@ -256,9 +229,8 @@ class ImageDataModule(L.LightningDataModule):
                                             weights_only=weights_only, **{**kwargs, "_instantiator": None})
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the training order stands, in every checkpoint. Lightning restores the train loader's own copy too
-        late when the model reads estimated_stepping_batches (Lightning #20550, project.engine.compat): this one is
-        restored before the train loader is built."""
+        """Where the training order stands, restored before the train loader is built (Lightning restores the
+        loader's own copy too late: #20550, project.engine.compat)."""
         state: dict[str, Any] = {"class_names": self.class_names, "class_labels": self.class_labels}  # for export
         if self.train_sampler is not None:
             state["train_loader"] = loader_state(self.train_sampler, self.batch_size)
@@ -269,8 +241,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def _eval_loader(self, split: str) -> DataLoader:
         world_size, rank = self._world()
-        dataset = self.datasets[split]
-        return self._loader(split, ExactDistributedSampler(dataset, num_replicas=world_size, rank=rank))
+        return self._loader(split, ExactDistributedSampler(self.datasets[split], num_replicas=world_size, rank=rank))
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("val")
@@ -284,8 +255,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
         if isinstance(batch, EncodedBatch):  # a device decoder's: decode and augment where the model runs
-            trainer = self.trainer
-            batch = self.device_pipeline(batch, trainer.strategy.root_device, training=trainer.training)
+            return self.device_pipeline(batch, self.trainer.strategy.root_device, training=self.trainer.training)
         return batch
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
@@ -296,15 +266,28 @@ class ImageDataModule(L.LightningDataModule):
         return self.trainer.precision_plugin.convert_input(batch) if self.trainer is not None else batch
 
 
-def check_combinations(*, train_crop_scale: tuple[float, float], num_workers: int, prefetch_factor: Optional[int],
-                       multiprocessing_context: Optional[str]) -> None:
+def check_combinations(o: dict[str, Any]) -> None:
     """The data options that are each valid but cannot work together (ConfigError, one line with the fix)."""
-    low, high = train_crop_scale
+    low, high = o["train_crop_scale"]
     if low > high:  # torch's uniform_ raises in the first worker ("expects to return a [from, to) range")
         raise ConfigError(f"data.train_crop_scale: expected [min, max] area fractions, got [{low}, {high}]: "
                           f"swap them (--data.train_crop_scale=[{high}, {low}])")
     # Both are DataLoader options of worker processes; torch's DataLoader refuses them with num_workers=0 too.
-    for name, value in (("prefetch_factor", prefetch_factor), ("multiprocessing_context", multiprocessing_context)):
-        if value is not None and num_workers == 0:
-            raise ConfigError(f"data.{name}={value} applies to DataLoader worker processes, and data.num_workers=0 "
+    for name in ("prefetch_factor", "multiprocessing_context"):
+        if o[name] is not None and o["num_workers"] == 0:
+            raise ConfigError(f"data.{name}={o[name]} applies to DataLoader worker processes, and data.num_workers=0 "
                               f"loads in the main process: set --data.num_workers (>= 1) or drop data.{name}")
+    if o["decoder"] not in DEVICE_DECODERS:
+        return
+    # A device decoder runs RandomResizedCrop (bilinear) + RandomHorizontalFlip, at one size, on uint8 images.
+    decoder = f"data.decoder={o['decoder']}"
+    if not o["normalize_on_device"]:
+        raise ConfigError(f"{decoder} augments uint8 images on the device: set data.normalize_on_device=true")
+    if o["progressive_resizing"] is not None:
+        raise ConfigError(f"{decoder} has one train crop size: drop data.progressive_resizing, or decode in the "
+                          "workers (data.decoder=auto)")
+    if o["auto_augment"] is not None or o["random_erase_prob"] > 0:
+        raise ConfigError(f"{decoder} runs RandomResizedCrop (bilinear) + RandomHorizontalFlip on the device, got "
+                          f"data.auto_augment={o['auto_augment']}, data.random_erase_prob={o['random_erase_prob']}: "
+                          "turn the other augmentations off (data.auto_augment=null, data.random_erase_prob=0) or "
+                          "decode in the workers (data.decoder=auto)")

@@ -1,23 +1,18 @@
-"""The training and evaluation data sets over (path, label) samples: decoded in the workers, or read as bytes for the
-device. The data module says where the samples come from (class folders, a manifest).
-
-DecodedImages decodes with the CPU decoder named by `data.decoder` (decoders.py) and runs its preset in the worker.
-EncodedImages (data.decoder=nvjpeg or torchcodec-cuda) only reads each JPEG's bytes and, for training, draws its crop
-box; device_pipeline.DevicePipeline decodes and augments the collated EncodedBatch on the device.
-An unreadable file stops with its path (on_corrupt="error") or is left out of its batch and counted ("skip").
+"""The data sets over (path, label) samples, whichever the data module lists: decoded in the workers (DecodedImages), or
+read as bytes for a device decoder (EncodedImages, decoded and augmented by device_decode.DevicePipeline).
 """
 
 import functools
 import logging
 from collections.abc import Sequence
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Optional
 
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
-from project.data.decoders import DEVICE_DECODERS, Decoder, OnCorrupt, image_loader
-from project.data.device_augment import Crop, TrainCrop
-from project.data.device_decode import load_for_device
+from project.data.decoders import Decoder, OnCorrupt, image_loader
+from project.data.device_augment import TrainCrop
+from project.data.device_decode import EncodedBatch, load_for_device
 from project.engine.errors import UnreadableImageError, shown
 
 logger = logging.getLogger(__name__)
@@ -61,23 +56,17 @@ def collate_readable(batch: list):
     """default_collate over the samples that decoded (DecodedImages returns None for skipped ones)."""
     readable = [sample for sample in batch if sample is not None]
     if not readable:
-        raise UnreadableImageError(f"all {len(batch)} images of a batch were unreadable (see the warnings naming them):"
-                                   " "
-                                   "the data set is damaged; check it with python -m project.data.decoders ROOT")
+        raise UnreadableImageError(f"all {len(batch)} images of a batch were unreadable (see the warnings naming "
+                                   "them): the data set is damaged; check it with python -m project.data.decoders ROOT")
     return default_collate(readable)
 
 
 class EncodedImages(DecodedImages):
-    """Samples are (JPEG bytes or an image the worker decoded, target, path, Crop or None): DevicePipeline's input.
-
-    With `crop` (the training set) each sample's box and flip are drawn here, in the worker, where SeededSamples has
-    seeded the generator from the sample's key (index, epoch, repeat): the key reaches the device as its draws.
-    """
+    """Samples are (JPEG bytes or an image the worker decoded, target, path, Crop or None): DevicePipeline's input;
+    with `crop` (training) each box and flip is drawn here, from the generator SeededSamples seeded with its key."""
 
     def __init__(self, samples: Sequence[tuple[str, int]], *, crop: Optional[TrainCrop] = None,
                  decoder: str = "nvjpeg", on_corrupt: OnCorrupt = "error"):
-        if decoder not in DEVICE_DECODERS:
-            raise ValueError(f"EncodedImages serves a device decoder ({', '.join(DEVICE_DECODERS)}), got {decoder!r}")
         super().__init__(samples, decoder=decoder, on_corrupt=on_corrupt)  # self.loader: the CPU stand-in
         self.loader = functools.partial(load_for_device, decode=self.loader)
         self.crop = crop
@@ -89,13 +78,6 @@ class EncodedImages(DecodedImages):
         (payload, (height, width)), target = sample
         crop = self.crop.draw(height, width) if self.crop is not None else None
         return payload, target, self.samples[index][0], crop
-
-
-class EncodedBatch(NamedTuple):
-    payloads: list[torch.Tensor]  # 1-D JPEG bytes, or 3 x H x W images the workers decoded; sizes vary
-    targets: torch.Tensor
-    paths: list[str]
-    crops: list[Optional[Crop]]  # training: each image's box and flip; evaluation: None
 
 
 def collate_encoded(batch: list) -> EncodedBatch:

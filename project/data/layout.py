@@ -26,10 +26,8 @@ def _class_dirs(split_dir: Path) -> list[str]:
 
 
 def _has_image(class_dir: Path) -> bool:
-    for _dirpath, _dirnames, filenames in os.walk(class_dir, followlinks=True):
-        if any(name.lower().endswith(IMG_EXTENSIONS) for name in filenames):
-            return True
-    return False
+    walk = os.walk(class_dir, followlinks=True)  # stops at the first image
+    return any(name.lower().endswith(IMG_EXTENSIONS) for _folder, _subfolders, files in walk for name in files)
 
 
 def check_split(root: Path, split: str) -> list[str]:
@@ -43,10 +41,9 @@ def check_split(root: Path, split: str) -> list[str]:
     empty = [c for c in classes if not _has_image(split_dir / c)]
     if empty:
         shown = ", ".join(empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
-        raise DataLayoutError(
-            f"{split_dir} has {len(empty)} class folder(s) without images ({shown}); every class needs at least "
-            f"one image with an extension in {IMG_EXTENSIONS}. Fill or remove the empty folders."
-        )
+        raise DataLayoutError(f"{split_dir} has {len(empty)} class folder(s) without images ({shown}); every class "
+                              f"needs at least one image with an extension in {IMG_EXTENSIONS}. Fill or remove the "
+                              "empty folders.")
     return classes
 
 
@@ -54,11 +51,9 @@ def check_layout(root: str | os.PathLike) -> list[str]:
     """Validate ROOT/train and ROOT/val and return the class names (sorted, as ImageFolder indexes them)."""
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise DataLayoutError(
-            f"data root {root} {'is a file, not a folder' if root.exists() else 'does not exist'}; "
-            f"pass --data.root pointing to your data set ({EXPECTED_LAYOUT}), "
-            "or use --data.root embedded:digits for the built-in quickstart data"
-        )
+        raise DataLayoutError(f"data root {root} {'is a file, not a folder' if root.exists() else 'does not exist'}; "
+                              f"pass --data.root pointing to your data set ({EXPECTED_LAYOUT}), or use --data.root "
+                              "embedded:digits for the built-in quickstart data")
     train_classes = check_split(root, "train")
     _check_known(root / "val", check_split(root, "val"), train_classes)
     return train_classes

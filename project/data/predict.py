@@ -9,6 +9,7 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import Optional
 
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
@@ -17,75 +18,53 @@ from project.data.image_folders import DecodedImages
 from project.engine.errors import MissingInputError, shown
 
 
-def _is_listed_file(entry: os.DirEntry) -> bool:
-    """A regular file (or a link to one), or a dangling link, with an image extension."""
-    if not entry.name.lower().endswith(IMG_EXTENSIONS):
-        return False
+def _image_file(path: Path) -> Optional[tuple[int, int]]:
+    """(device, inode) of a regular file, a link to one or a dangling link, with an image extension; else None."""
+    if not path.name.lower().endswith(IMG_EXTENSIONS):
+        return None
     try:
-        return stat.S_ISREG(entry.stat().st_mode)
+        info = os.stat(path)
     except OSError:  # a dangling link or a link loop: listed, so that reading it reports it (on_corrupt)
-        return entry.is_symlink()
-
-
-def _identity(entry: os.DirEntry) -> tuple[int, int]:
-    try:
-        info = entry.stat()
-    except OSError:
-        info = entry.stat(follow_symlinks=False)
-    return info.st_dev, info.st_ino
+        info = os.lstat(path)
+        return (info.st_dev, info.st_ino) if stat.S_ISLNK(info.st_mode) else None
+    return (info.st_dev, info.st_ino) if stat.S_ISREG(info.st_mode) else None
 
 
 def list_images(root: str | os.PathLike) -> list[Path]:
     """Every image file under `root` once (see the module docstring), sorted by its path relative to `root`."""
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise MissingInputError(
-            f"predict root {shown(root)} is not a folder; pass --data.predict_root pointing to a folder of images "
-            f"(any depth, extensions {', '.join(IMG_EXTENSIONS)})"
-        )
-    found, seen_files, seen_folders = [], set(), set()
-    folders = [root]
-    while folders:  # depth first, in sorted order: "the path met first" is the same on every run
-        folder = folders.pop()
-        try:
-            info = folder.stat()
-            if (info.st_dev, info.st_ino) in seen_folders:
-                continue  # a symlink back to a parent, or a second link to a folder already walked
-            seen_folders.add((info.st_dev, info.st_ino))
-            with os.scandir(folder) as listing:
-                entries = sorted((e for e in listing if not e.name.startswith(".")), key=lambda e: e.name)
-        except OSError as error:
-            raise MissingInputError(
-                f"cannot list {shown(folder)} under predict root {shown(root)} ({error.strerror}): make it readable, "
-                "or move it out of the predict root"
-            ) from error
-        subfolders = []
-        for entry in entries:
-            if entry.is_dir():  # follows symlinks; False for a dangling one
-                subfolders.append(Path(entry.path))
-            elif _is_listed_file(entry):
-                identity = _identity(entry)
-                if identity not in seen_files:
-                    seen_files.add(identity)
-                    found.append(Path(entry.path))
-        folders += reversed(subfolders)
+        raise MissingInputError(f"predict root {shown(root)} is not a folder; pass --data.predict_root pointing to a "
+                                f"folder of images (any depth, extensions {', '.join(IMG_EXTENSIONS)})")
+
+    def unlistable(error: OSError):
+        raise MissingInputError(f"cannot list {shown(error.filename)} under predict root {shown(root)} "
+                                f"({error.strerror}): make it readable, or move it out of the predict root") from error
+
+    found, seen = [], set()  # each file and each real folder once, under the path met first
+    # Depth first, in sorted order: "the path met first" is the same on every run.
+    for folder, subfolders, files in os.walk(root, onerror=unlistable, followlinks=True):
+        info = os.stat(folder)
+        if (info.st_dev, info.st_ino) in seen:  # a symlink back to a parent, or a second link to a folder walked
+            subfolders.clear()
+            continue
+        seen.add((info.st_dev, info.st_ino))
+        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
+        for path in (Path(folder, name) for name in sorted(files) if not name.startswith(".")):
+            identity = _image_file(path)
+            if identity is not None and identity not in seen:
+                seen.add(identity)
+                found.append(path)
     if not found:
-        raise MissingInputError(
-            f"predict root {shown(root)} holds no images; expected files with an extension in {IMG_EXTENSIONS} "
-            "at any depth below it (names starting with '.' are skipped)"
-        )
+        raise MissingInputError(f"predict root {shown(root)} holds no images; expected files with an extension in "
+                                f"{IMG_EXTENSIONS} at any depth below it (names starting with '.' are skipped)")
     # Sorted as POSIX strings, so the order (and the CSV written from it) is the same on every machine.
     return sorted(found, key=lambda path: path.relative_to(root).as_posix())
 
 
 class ImagePathDataset(DecodedImages):
-    """Yields (image, index); `paths[index]` names the file, so predictions can be written back under its path.
-
-    decoder: as the data module's `data.decoder`. A device decoder ("nvjpeg", "torchcodec-cuda") decodes with its CPU
-    counterpart here (project.data.decoders.image_loader), on purpose: predict batches are decoded and transformed in
-    the workers, so the eval preset runs exactly as the CPU pipeline runs it. on_corrupt: as `data.on_corrupt` (with
-    "skip", collate_readable drops the image and the predictions CSV leaves it out and names it).
-    """
+    """Yields (image, index), `paths[index]` naming the file; decoded in the workers whatever `decoder` (a device
+    decoder's CPU counterpart), so the eval preset runs as the CPU pipeline runs it."""
 
     def __init__(self, root: str | os.PathLike | list[Path], transform: Callable | None = None, *,
                  decoder: Decoder = "auto", on_corrupt: OnCorrupt = "error"):
