@@ -74,8 +74,9 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     check_config_files(argv)
     parser = sweep_parser(cli_main)
     try:
-        config = parse(parser, argv)
-        if config.sweep.configs:  # the files the sweep builds on go first, under everything else
+        given = [arg for arg in argv if not arg.startswith("--print_config")]  # printed with the configs in
+        config = parse(parser, given)
+        if config.sweep.configs or given != argv:  # the files the sweep builds on go first, under everything else
             argv = [*(f"--config={path}" for path in config.sweep.configs), *argv]
             check_config_files(argv)
             config = parse(parser, argv)
@@ -125,7 +126,7 @@ def parse(parser: ArgumentParser, args: list[str]) -> Namespace:
             raise ConfigError(f"sweep.{unknown[1]} is not a sweep setting; they are: "
                               f"{', '.join(f.name for f in fields(Sweep))}") from None
         text = re.sub(r"sweep\.(sampler|pruner): Expected a dot import path string: (\S+)",
-                      r"sweep.\1: cannot build optuna.\1s.\2 (optuna.\1s lists the classes)", text)
+                      r"sweep.\1: cannot build optuna.\1s.\2", text)
         where = "" if text.startswith("sweep.") else "fit options of the sweep: "
         raise ConfigError(f"{where}{text[:600]} (`python -m project sweep --help` lists them)") from None
     restore_nulls(config, args)
@@ -239,7 +240,7 @@ def check_fit_options(parser: ArgumentParser, argv: list[str], config: Namespace
                           "score on the whole split: drop it (or make the split itself smaller)")
     for name in space:
         if name not in names:
-            near = difflib.get_close_matches(name, [n for n in names if not n.startswith("sweep.")], n=1, cutoff=0.6)
+            near = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
             raise ConfigError(f"sweep.space.{name} is not a fit option{f' (did you mean {near[0]}?)' if near else ''};"
                               " `python -m project fit --print_config` lists them")
         if isinstance(names[name], Namespace):
