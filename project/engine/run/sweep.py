@@ -72,6 +72,10 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     """`python -m project sweep ARGV`: check everything, run this worker's share of the study, print the summary.
     `cli_main`: project.engine.cli's, handed in by project/__main__.py (the run wing does not import the CLI)."""
     check_config_files(argv)
+    # jsonargparse carries the init_args a new class_path accepts over from the previous class (a MedianPruner's
+    # n_warmup_steps into a ThresholdPruner): a sampler or pruner on the command line is given whole.
+    whole = ("--sweep.sampler", "--sweep.pruner")
+    argv = [a for arg in argv for a in ([arg.split("=")[0] + "=null"] if arg.split("=")[0] in whole else []) + [arg]]
     parser = sweep_parser(cli_main)
     try:
         given = [arg for arg in argv if not arg.startswith("--print_config")]  # printed with the configs in
