@@ -196,12 +196,8 @@ def flat(space: dict, prefix: str = "") -> dict:
 
 def sweep_file_name(config_files: list) -> Optional[str]:
     """The name of the last config file with a `sweep:` section (the study's, unless sweep.study names one)."""
-    for path in reversed([str(path) for path in config_files]):
-        with open(path) as file:
-            content = yaml.safe_load(file)
-        if isinstance(content, dict) and "sweep" in content:
-            return Path(path).stem
-    return None
+    named = [Path(str(p)) for p in config_files if "sweep" in (yaml.safe_load(Path(str(p)).read_text()) or {})]
+    return named[-1].stem if named else None
 
 
 def check_range(where: str, spec: dict) -> None:
