@@ -2,85 +2,103 @@
 
     python -m project sweep --config configs/sweep/quickstart.yaml                 # a worker; start more to share it
     python -m project sweep --summary --config configs/sweep/quickstart.yaml       # trials.csv, plots, the best
-    python -m project sweep --help                                                 # the sweep settings
+    python -m project sweep --help                                                 # fit options, then the sweep's
 
-A sweep file is a fit config with a `sweep:` section (DEFAULTS below); docs/sweeps.md says how it runs.
+A sweep file is a fit config with a `sweep:` section (Sweep below); docs/sweeps.md says how it runs.
 """
 
 import argparse
 import contextlib
+import csv
 import difflib
-import io
-import json
+import importlib
 import math
+import re
 import sys
 import warnings
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal, Optional
 
 import optuna
 import yaml
+from jsonargparse import ArgumentParser, Namespace, capture_parser
+from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 
-from project.engine.errors import ConfigError, check_config_files, user_message
-from project.engine.run.sweep_trials import (
-    BEST,
-    CHECKPOINT,
-    RUN_DIR,
-    WORKER,
-    Worker,
-    instantiate,
-    open_storage,
-    param_flags,
-)
+from project.engine.compat.subclass_nulls import restore_nulls
+from project.engine.errors import ConfigError, check_config_files, readable_parse_error
+from project.engine.run.checkpoint_io import atomic_write
+from project.engine.run.sweep_trials import BEST, CHECKPOINT, RUN_DIR, Worker, open_storage, param_flags
 
-# What ImageClassifier logs at each validation (`<stage>/loss`, `/acc1`, `/acc5` in model._evaluate).
-VAL_METRICS = ("val/loss", "val/acc1", "val/acc5")
-SETTINGS: dict[str, tuple[Any, str]] = {  # the `sweep:` section: default, help
-    "study": (None, "the study's name and folder under <default_root_dir>/sweeps/ (default: the sweep file's name)"),
-    "storage": (None, "<study dir>/journal.log by default; another journal file, or an RDB URL (sqlite:///x.db)"),
-    "direction": (None, "maximize or minimize (default: minimize a loss, maximize the rest)"),
-    "metric": ("val/acc1", f"what a trial is scored on, its best over its validations: {', '.join(VAL_METRICS)}"),
-    "n_trials": (20, "the study's number of trials, shared by all its workers"),
-    "sampler": (None, "an Optuna sampler, {class_path: TPESampler, init_args: {...}} (default: TPESampler)"),
-    "pruner": (None, "an Optuna pruner, {class_path: MedianPruner, init_args: {...}} (default: MedianPruner)"),
-    "space": ({}, "fit options by dotted name: {low: 0.01, high: 1.0, log: true} (step: ...) or {choices: [...]}"),
-    "configs": ([], "fit config files applied where the sweep file stands"),
-    "heartbeat_interval": (30.0, "seconds between a worker's heartbeats on its trial"),
-    "grace_period": (120.0, "a running trial silent this long is failed and retried from its last.ckpt"),
-    "max_retry": (10, "retries of a trial whose worker died or was preempted; then it stays failed"),
-    "launcher": (None, "prefix of each trial's command, e.g. \"srun --kill-on-bad-exit=1\" (slurm/sweep.sbatch)"),
-}
-DEFAULTS = {key: default for key, (default, _) in SETTINGS.items()}
-USAGE = "usage: python -m project sweep --config SWEEP_FILE [--sweep.KEY=VALUE ...] [--summary] [FIT OPTIONS ...]"
+VAL_METRICS = ("val/loss", "val/acc1", "val/acc5")  # what ImageClassifier logs at each validation (model._evaluate)
 
 
-def help_text() -> str:
-    """`python -m project sweep --help`."""
-    lines = [USAGE, "", __doc__.strip().splitlines()[0], "", "sweep settings (the sweep file's `sweep:` section, or "
-             "--sweep.KEY=VALUE):"]
-    lines += [f"  {key:<19}{text}" for key, (_, text) in SETTINGS.items()]
-    return "\n".join([*lines, "", "  --summary          write trials.csv and the plots, print the best trial; run no "
-                       "trial", "", "Every other option is a fit option: python -m project fit --help. Examples: "
-                       "configs/sweep/*.yaml; how it runs: docs/sweeps.md."])
+@dataclass
+class Sweep:
+    """The `sweep:` section of a sweep file (or --sweep.KEY=VALUE): what to search, and how workers share the study.
+
+    Args:
+        study: the study's name and folder under <default_root_dir>/sweeps/ (default: the sweep file's name)
+        storage: <study dir>/journal.log by default; another journal file, or an RDB URL (sqlite:///x.db)
+        direction: maximize or minimize (default: minimize a loss, maximize the rest)
+        metric: what a trial is scored on, its best over its validations: val/loss, val/acc1 or val/acc5
+        n_trials: the study's number of trials, shared by all its workers
+        sampler: an Optuna sampler, e.g. {class_path: TPESampler, init_args: {...}} (default: TPESampler)
+        pruner: an Optuna pruner, e.g. {class_path: MedianPruner, init_args: {...}} (default: MedianPruner)
+        space: fit options by dotted name: {low: 0.01, high: 1.0, log: true} (step: ...) or {choices: [...]}
+        configs: fit config files the sweep builds on, applied first (every --config and flag goes over them)
+        heartbeat_interval: seconds between a worker's heartbeats on its trial
+        grace_period: a running trial silent this long is failed and retried from its last.ckpt
+        max_retry: retries of a trial whose worker died or was preempted; then it stays failed
+        launcher: prefix of each trial's command, e.g. "srun --kill-on-bad-exit=1" (slurm/sweep.sbatch)
+    """
+
+    study: Optional[str] = None
+    storage: Optional[str] = None
+    direction: Optional[Literal["maximize", "minimize"]] = None
+    metric: str = "val/acc1"
+    n_trials: PositiveInt = 20
+    sampler: Optional[optuna.samplers.BaseSampler] = None
+    pruner: Optional[optuna.pruners.BasePruner] = None
+    space: dict[str, dict] = field(default_factory=dict)
+    configs: list[str] = field(default_factory=list)
+    heartbeat_interval: PositiveFloat = 30.0
+    grace_period: PositiveFloat = 120.0
+    max_retry: NonNegativeInt = 10
+    launcher: Optional[str] = None
 
 
 def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     """`python -m project sweep ARGV`: check everything, run this worker's share of the study, print the summary.
     `cli_main`: project.engine.cli's, handed in by project/__main__.py (the run wing does not import the CLI)."""
-    if {"-h", "--help"} & set(argv):
-        print(help_text())
-        return
     check_config_files(argv)
-    sweep, fit_args, summary_only = read_command_line(argv)
-    sampler = check_sweep(sweep)
-    resolved = resolve_fit_options(fit_args, sweep["space"], cli_main)
-    study_dir = Path(resolved["trainer"].get("default_root_dir") or ".") / "sweeps" / sweep["study"]
-    storage = sweep["storage"] or str(study_dir / "journal.log")
+    # jsonargparse carries the init_args a new class_path accepts over from the previous class (a MedianPruner's
+    # n_warmup_steps into a ThresholdPruner): a sampler or pruner on the command line is given whole.
+    whole = ("--sweep.sampler", "--sweep.pruner")
+    argv = [a for arg in argv for a in ([arg.split("=")[0] + "=null"] if arg.split("=")[0] in whole else []) + [arg]]
+    parser = sweep_parser(cli_main)
+    try:
+        given = [arg for arg in argv if not arg.startswith("--print_config")]  # printed with the configs in
+        config = parse(parser, given)
+        if config.sweep.configs or given != argv:  # the files the sweep builds on go first, under everything else
+            argv = [*(f"--config={path}" for path in config.sweep.configs), *argv]
+            check_config_files(argv)
+            config = parse(parser, argv)
+    except SystemExit as stop:  # --help, --print_config: printed, nothing to run
+        if stop.code:
+            raise
+        return
+    sweep, summary_only = config.pop("sweep"), config.pop("summary")
+    sampler = check_sweep(sweep, config.get("config") or [])
+    check_fit_options(parser, argv, config, sweep.space)
+    study_dir = Path(config.trainer.default_root_dir or ".") / "sweeps" / sweep.study
+    storage = sweep.storage or str(study_dir / "journal.log")
     study = open_study(sweep, storage, study_dir, sampler, create=not summary_only)
     code = 0
     if not summary_only:
         study_dir.mkdir(parents=True, exist_ok=True)  # with an RDB storage too: the trials' run dirs, the summary
-        code = Worker(study, storage, study_dir, fit_args, sweep, resolved["trainer"].get("logger")).run()
+        options = parser.dump(config, skip_none=False)  # the fit options every trial starts from
+        code = Worker(study, storage, study_dir, options, sweep, yaml.safe_load(options)["trainer"]["logger"]).run()
         if code == 2:  # a trial's bad input: its error stays the last line
             sys.exit(code)
     print(summarize(study, study_dir, sweep), flush=True)
@@ -88,125 +106,117 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
         sys.exit(code)
 
 
-def read_command_line(argv: list[str]) -> tuple[dict, list[str], bool]:
-    """(the sweep section with its defaults and --sweep.* overrides, the fit options in order, --summary given)."""
-    fit_args, section, summary, i = [], None, False, 0
-    overrides: dict[str, Any] = {}
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--summary":
-            summary = True
-        elif arg in ("--config", "-c") or arg.startswith(("--config=", "-c=")):
-            path = arg.split("=", 1)[1] if "=" in arg else argv[i + 1]
-            i += "=" not in arg
-            with open(path) as file:
-                content = yaml.safe_load(file)
-            if not (isinstance(content, dict) and "sweep" in content):
-                fit_args += ["--config", path]
-                i += 1
-                continue
-            if section is not None:
-                raise ConfigError(f"{path}: a second sweep file; one `sweep:` section per command (override its keys "
-                                  "with --sweep.KEY=VALUE)")
-            section = content.pop("sweep") or {}
-            configs = section.get("configs") or [] if isinstance(section, dict) else None
-            if not isinstance(section, dict) or not isinstance(configs, list):
-                raise ConfigError(f"{path}: `sweep:` must be a mapping of {', '.join(DEFAULTS)}; `configs` a list of "
-                                  "files")
-            section.setdefault("study", Path(path).stem)
-            check_config_files([f"--config={c}" for c in configs])
-            fit_args += [a for c in configs for a in ("--config", c)]
-            fit_args += [f"--{key}={json.dumps(value)}" for key, value in content.items()]  # its own fit options
-        elif arg.startswith("--sweep."):
-            if "=" not in arg:
-                raise ConfigError(f"{arg}: write sweep settings as --sweep.KEY=VALUE (a YAML value)")
-            key, value = arg[len("--sweep."):].split("=", 1)
-            overrides[key] = yaml.safe_load(value)
-        else:
-            fit_args.append(arg)
-        i += 1
-    if section is None:
-        raise ConfigError("no sweep file: pass --config configs/sweep/<name>.yaml (a YAML file with a `sweep:` "
-                          "section)")
-    sweep = {**DEFAULTS, **section}
-    for key, value in overrides.items():
-        if key.startswith("space."):
-            sweep["space"] = {**(sweep["space"] or {}), key[len("space."):]: value}
-        else:
-            sweep[key] = value
-    unknown = sorted(set(sweep) - set(DEFAULTS))
-    if unknown:
-        raise ConfigError(f"sweep.{unknown[0]} is not a sweep setting; they are: {', '.join(DEFAULTS)}")
-    return sweep, fit_args, summary
+def sweep_parser(cli_main: Callable[..., Any]) -> ArgumentParser:
+    """The fit's own parser (LightningCLI's, as `cli_main` builds it) with the `sweep:` settings and --summary."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # LightningCLI: "args given in-process while sys.argv holds others"
+        parser = capture_parser(lambda: cli_main([], run=False))
+    parser.prog = "python -m project sweep"
+    parser.description = "Hyperparameter sweeps (Optuna): the fit options every trial starts from, then the sweep's."
+    parser.add_class_arguments(Sweep, "sweep")
+    parser.add_argument("--summary", action="store_true", help="write trials.csv and the plots, print the best trial; "
+                        "run no trial")
+    return parser
+
+
+def parse(parser: ArgumentParser, args: list[str]) -> Namespace:
+    """The command line as the parser reads it; a ConfigError (one line) for what it refuses."""
+    try:
+        config = parser.parse_args(args)
+    except argparse.ArgumentError as error:
+        text = readable_parse_error(str(error))
+        unknown = re.search(r"(?:arguments: --sweep\.|Group 'sweep' does not accept option ')(\w+)", text)
+        if unknown:
+            raise ConfigError(f"sweep.{unknown[1]} is not a sweep setting; they are: "
+                              f"{', '.join(f.name for f in fields(Sweep))}") from None
+        text = re.sub(r"sweep\.(sampler|pruner): Expected a dot import path string: (\S+)",
+                      r"sweep.\1: cannot build optuna.\1s.\2", text)
+        where = "" if text.startswith("sweep.") else "fit options of the sweep: "
+        raise ConfigError(f"{where}{text[:600]} (`python -m project sweep --help` lists them)") from None
+    restore_nulls(config, args)
+    return config
 
 
 # -- the checks, before anything is written --------------------------------------------------------------------------
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def check_sweep(sweep: dict):
-    """ConfigError for a setting that cannot work; fills in the direction; the sampler (None: Optuna's default)."""
-    study, metric, space = sweep["study"], sweep["metric"], sweep["space"]
-    if not isinstance(study, str) or not study or "/" in study or study.startswith("."):
-        raise ConfigError(f"sweep.study {study!r}: expected a name (it is the study's folder under sweeps/)")
-    if metric not in VAL_METRICS:
-        raise ConfigError(f"sweep.metric {metric!r} is never logged: a trial's fit logs {', '.join(VAL_METRICS)} at "
-                          "each validation")
-    sweep["direction"] = sweep["direction"] or ("minimize" if metric.endswith("loss") else "maximize")
-    if sweep["direction"] not in ("maximize", "minimize"):
-        raise ConfigError(f"sweep.direction {sweep['direction']!r}: expected maximize or minimize")
-    for key, low in (("n_trials", 1), ("max_retry", 0)):
-        if not (isinstance(sweep[key], int) and _number(sweep[key]) and sweep[key] >= low) and sweep[key] is not None:
-            raise ConfigError(f"sweep.{key} {sweep[key]!r}: expected an integer >= {low}")
-    if sweep["n_trials"] is None:
-        raise ConfigError("sweep.n_trials: expected the study's number of trials, an integer >= 1")
-    interval, grace = sweep["heartbeat_interval"], sweep["grace_period"]
-    if not (_number(interval) and _number(grace) and 0 < interval < grace):
-        raise ConfigError(f"sweep.heartbeat_interval {interval!r}, grace_period {grace!r}: expected seconds, the grace "
-                          "period longer than the interval (a few heartbeats)")
-    if not isinstance(space, dict) or not space:
+def check_sweep(sweep: Namespace, config_files: list) -> Optional[optuna.samplers.BaseSampler]:
+    """Check the settings (a ConfigError for one that cannot work), fill in the study's name and direction; the
+    sampler (None: Optuna's default)."""
+    sweep.space, sweep.study = flat(sweep.space), sweep.study or sweep_file_name(config_files)
+    if sweep.study is None:
+        raise ConfigError("no sweep file: pass --config configs/sweep/<name>.yaml (a YAML file with a `sweep:` "
+                          "section)")
+    if not sweep.study or "/" in sweep.study or sweep.study.startswith("."):
+        raise ConfigError(f"sweep.study {sweep.study!r}: expected a name (it is the study's folder under sweeps/)")
+    if sweep.metric not in VAL_METRICS:
+        raise ConfigError(f"sweep.metric {sweep.metric!r} is never logged: a trial's fit logs {', '.join(VAL_METRICS)}"
+                          " at each validation")
+    sweep.direction = sweep.direction or ("minimize" if sweep.metric.endswith("loss") else "maximize")
+    if sweep.heartbeat_interval >= sweep.grace_period:
+        raise ConfigError(f"sweep.heartbeat_interval {sweep.heartbeat_interval}, grace_period {sweep.grace_period}: "
+                          "the grace period must be longer than the interval (a few heartbeats)")
+    if not sweep.space:
         raise ConfigError("sweep.space is empty: name fit options and their ranges, e.g. "
                           "`model.optim.lr_per_256: {low: 0.01, high: 1.0, log: true}`")
-    for name, spec in space.items():
+    for name, spec in sweep.space.items():
         check_range(f"sweep.space.{name}", spec)
-    if sweep["pruner"] is not None:
-        instantiate(sweep["pruner"], "optuna.pruners", "pruner")  # each trial's fit builds its own
-    if sweep["sampler"] is None:
+    if sweep.pruner is not None:  # each trial's fit builds its own from the spec
+        sweep.pruner = build(sweep.pruner, "pruner") and sweep.pruner.as_dict()
+    if sweep.sampler is None:
         return None
-    sampler = instantiate(sweep["sampler"], "optuna.samplers", "sampler")
+    sampler = build(sweep.sampler, "sampler")
     if isinstance(sampler, optuna.samplers.GridSampler):
-        grid = sweep["sampler"]["init_args"]["search_space"]
-        if set(grid) != set(space):
+        grid = sweep.sampler.init_args.search_space
+        if set(grid) != set(sweep.space):
             raise ConfigError(f"sweep.sampler: the GridSampler's grid names {sorted(grid)}, sweep.space names "
-                              f"{sorted(space)}: give the grid one list of values per entry of the space")
+                              f"{sorted(sweep.space)}: give the grid one list of values per entry of the space")
         size = math.prod(len(values) for values in grid.values())
-        if sweep["n_trials"] > size:  # then Optuna repeats points, and its stop() ends the worker with a traceback
-            print(f"sweep: n_trials {sweep['n_trials']} > the grid's {size} points: n_trials {size}", flush=True)
-            sweep["n_trials"] = size
+        if sweep.n_trials > size:  # then Optuna repeats points, and its stop() ends the worker with a traceback
+            print(f"sweep: n_trials {sweep.n_trials} > the grid's {size} points: n_trials {size}", flush=True)
+            sweep.n_trials = size
     return sampler
 
 
-def check_range(where: str, spec: Any) -> None:
+def build(spec: Namespace, what: str):
+    """The Optuna sampler or pruner of a `{class_path, init_args}` the parser checked; a ConfigError if it refuses."""
+    owner, _, name = spec.class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(owner), name)(**spec.get("init_args", Namespace()).as_dict())
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"sweep.{what}: {spec.class_path} refuses its arguments ({error})") from None
+
+
+def flat(space: dict, prefix: str = "") -> dict:
+    """The space by dotted names: `--sweep.space.model.optim.lr_per_256=...` reaches it as {model: {optim...: ...}}."""
+    entries = {}
+    for key, spec in space.items():
+        nested = isinstance(spec, dict) and spec and all(isinstance(value, dict) for value in spec.values())
+        entries.update(flat(spec, f"{prefix}{key}.") if nested else {prefix + key: spec})
+    return entries
+
+
+def sweep_file_name(config_files: list) -> Optional[str]:
+    """The name of the last config file with a `sweep:` section (the study's, unless sweep.study names one)."""
+    named = [Path(str(p)) for p in config_files if "sweep" in (yaml.safe_load(Path(str(p)).read_text()) or {})]
+    return named[-1].stem if named else None
+
+
+def check_range(where: str, spec: dict) -> None:
     """One search-space entry: `{choices: [...]}`, or `{low, high}` with optional `log` and `step`."""
-    keys = set(spec) if isinstance(spec, dict) else set()
-    if keys == {"choices"} and isinstance(spec["choices"], list):
-        choices = spec["choices"]
-        if len(choices) < 2:
-            raise ConfigError(f"{where}: {len(choices)} choice(s) is an empty search; give two or more, or set the "
-                              "option as an ordinary fit option")
-        if any(c is not None and not isinstance(c, (bool, int, float, str)) for c in choices):
+    if set(spec) == {"choices"} and isinstance(spec["choices"], list):
+        if len(spec["choices"]) < 2:
+            raise ConfigError(f"{where}: {len(spec['choices'])} choice(s) is an empty search; give two or more, or "
+                              "set the option as an ordinary fit option")
+        if any(c is not None and not isinstance(c, (bool, int, float, str)) for c in spec["choices"]):
             raise ConfigError(f"{where}: choices must be plain values (null, numbers, strings, booleans), got "
-                              f"{choices!r}")
+                              f"{spec['choices']!r}")
         return
-    if not ({"low", "high"} <= keys <= {"low", "high", "log", "step"}):
+    if not ({"low", "high"} <= set(spec) <= {"low", "high", "log", "step"}):
         raise ConfigError(f"{where}: expected {{low: ..., high: ...}} (and log, step) or {{choices: [...]}}, got "
                           f"{spec!r}")
     low, high, step, log = spec["low"], spec["high"], spec.get("step"), spec.get("log", False)
-    if not (_number(low) and _number(high)):
-        raise ConfigError(f"{where}: low and high must be numbers, got {low!r} and {high!r}")
-    if not (step is None or (_number(step) and step > 0)) or not isinstance(log, bool):
-        raise ConfigError(f"{where}: step must be a positive number and log true or false, got {step!r} and {log!r}")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high, step or 1)) \
+            or (step is not None and step <= 0) or not isinstance(log, bool):
+        raise ConfigError(f"{where}: expected numbers low and high, a positive step, log true or false; got {spec!r}")
     if low > high:
         raise ConfigError(f"{where}: inverted range, low {low} > high {high}; swap them")
     if low == high or (step is not None and high - low < step):
@@ -217,44 +227,13 @@ def check_range(where: str, spec: Any) -> None:
                           "or log")
 
 
-def print_config(args: list[str], cli_main: Callable[..., Any]) -> dict:
-    """The fit's config for `args` as the real fit parser resolves it (`python -m project fit --print_config`)."""
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # LightningCLI: "args given in-process while sys.argv holds others"
-            cli_main(["fit", "--print_config", *args])
-    except SystemExit as error:
-        if error.code not in (0, None):
-            raise ConfigError(f"the fit options do not parse (exit {error.code})") from None
-    except (argparse.ArgumentError, ConfigError, ValueError, TypeError) as error:
-        raise ConfigError(" ".join((user_message(error) or f"{type(error).__name__}: {error}").split())) from None
-    return yaml.safe_load(out.getvalue())
-
-
-def option_names(config: dict, prefix: str = "") -> dict[str, Any]:
-    """Every option of a resolved config by its dotted name (groups too), with its value."""
-    names: dict[str, Any] = {}
-    for key, value in config.items():
-        names[prefix + key] = value
-        if isinstance(value, dict):
-            names.update(option_names(value, f"{prefix}{key}."))
-            if isinstance(value.get("init_args"), dict):  # a class by class_path: model.x is model.init_args.x
-                names.update(option_names(value["init_args"], f"{prefix}{key}."))
-    return names
-
-
-def resolve_fit_options(fit_args: list[str], space: dict[str, dict], cli_main: Callable[..., Any]) -> dict:
-    """The config every trial starts from, by the real fit parser; ConfigError for an option it refuses, a name in
-    the space that is not a fit option, or a value of the space the option does not accept."""
-    try:
-        config = print_config(fit_args, cli_main)
-    except ConfigError as error:
-        raise ConfigError(f"fit options of the sweep: {error}") from None
-    names = option_names(config)
-    for key in ("ckpt_path", "checkpoint.dirpath"):
-        if names.get(key):
-            raise ConfigError(f"--{key} cannot be given to a sweep: each trial's run dir decides it; leave it out")
+def check_fit_options(parser: ArgumentParser, argv: list[str], config: Namespace, space: dict[str, dict]) -> None:
+    """ConfigError for a fit option a sweep decides itself, a name in the space that is not a fit option, or a value
+    of the space the option does not accept (each through the parser)."""
+    names = {key.replace("init_args.", ""): value for key, value in config.items(branches=True)}  # model.x: the class's
+    if names.get("checkpoint.dirpath"):
+        raise ConfigError("--checkpoint.dirpath cannot be given to a sweep: each trial's run dir decides it; leave it "
+                          "out")
     if names.get("trainer.limit_val_batches") not in (None, 1.0):
         raise ConfigError(f"trainer.limit_val_batches {names['trainer.limit_val_batches']}: trials would score on the "
                           "first batches of the validation split, other images for another data.batch_size; sweeps "
@@ -262,37 +241,35 @@ def resolve_fit_options(fit_args: list[str], space: dict[str, dict], cli_main: C
     for name in space:
         if name not in names:
             near = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
-            hint = f" (did you mean {near[0]}?)" if near else ""
-            raise ConfigError(f"sweep.space.{name} is not a fit option{hint}; `python -m project fit --print_config` "
-                              "lists them")
-        if isinstance(names[name], dict):
+            raise ConfigError(f"sweep.space.{name} is not a fit option{f' (did you mean {near[0]}?)' if near else ''};"
+                              " `python -m project fit --print_config` lists them")
+        if isinstance(names[name], Namespace):
             raise ConfigError(f"sweep.space.{name} is a group of options: sweep one of them, e.g. "
-                              f"{next(iter(option_names(names[name], name + '.')), name)}")
+                              f"{name}.{next(iter(names[name].keys()))}")
     # Every value the space can give goes through the parser: the ends of the ranges and every choice, several at once.
     values = {name: spec.get("choices") or [spec["low"], spec["high"]] for name, spec in space.items()}
     for k in range(max(len(v) for v in values.values())):
         try:
-            print_config([*fit_args, *param_flags({n: v[min(k, len(v) - 1)] for n, v in values.items()})], cli_main)
+            parse(parser, [*argv, *param_flags({n: v[min(k, len(v) - 1)] for n, v in values.items()})])
         except ConfigError:
             for name, value in ((name, value) for name, v in values.items() for value in v):
                 try:
-                    print_config([*fit_args, *param_flags({name: value})], cli_main)
+                    parse(parser, [*argv, *param_flags({name: value})])
                 except ConfigError as error:
                     raise ConfigError(f"sweep.space.{name}: the fit does not accept {value!r}: {error}") from None
             raise
-    return config
 
 
-def open_study(sweep: dict, storage: str, study_dir: Path, sampler, *, create: bool) -> optuna.Study:
+def open_study(sweep: Namespace, storage: str, study_dir: Path, sampler, *, create: bool) -> optuna.Study:
     """The study in its storage, created by the first worker; ConfigError when the storage cannot be opened, or
     holds a study of that name that optimizes another way."""
-    name, made = sweep["study"], []
+    name, made = sweep.study, []
     if "://" not in storage:
         journal = Path(storage)
         if not create and not journal.is_file():
             raise ConfigError(f"no study {name!r} yet: {journal} does not exist; start it with python -m project sweep "
                               "--config <sweep file>")
-        if sweep["storage"] is None and create:
+        if sweep.storage is None and create:
             made = [p for p in (study_dir, *study_dir.parents) if not p.exists()]
             study_dir.mkdir(parents=True, exist_ok=True)
         elif not journal.parent.is_dir():
@@ -301,7 +278,7 @@ def open_study(sweep: dict, storage: str, study_dir: Path, sampler, *, create: b
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         opened = open_storage(storage)
-        study = (optuna.create_study(study_name=name, storage=opened, sampler=sampler, direction=sweep["direction"],
+        study = (optuna.create_study(study_name=name, storage=opened, sampler=sampler, direction=sweep.direction,
                                      load_if_exists=True) if create
                  else optuna.load_study(study_name=name, storage=opened, sampler=sampler))
     except KeyError:
@@ -314,48 +291,42 @@ def open_study(sweep: dict, storage: str, study_dir: Path, sampler, *, create: b
         raise ConfigError(f"sweep.storage {storage} cannot be opened ({type(error).__name__}: "
                           f"{' '.join(str(error).split())[:200]}); give a journal file on a filesystem every worker "
                           "sees, or an RDB URL (sqlite:///sweep.db, postgresql://user@host/db)") from None
-    wanted = (study.direction.name.lower(), study.user_attrs.get("metric", sweep["metric"]))
-    if wanted != (sweep["direction"], sweep["metric"]):
+    wanted = (study.direction.name.lower(), study.user_attrs.get("metric", sweep.metric))
+    if wanted != (sweep.direction, sweep.metric):
         raise ConfigError(f"study {name!r} in {storage} was created to {' '.join(wanted)}, this sweep would "
-                          f"{sweep['direction']} {sweep['metric']}: name another study (--sweep.study=NAME)")
+                          f"{sweep.direction} {sweep.metric}: name another study (--sweep.study=NAME)")
     if create and "metric" not in study.user_attrs:
-        study.set_user_attr("metric", sweep["metric"])
+        study.set_user_attr("metric", sweep.metric)
     return study
 
 
 # -- the summary -----------------------------------------------------------------------------------------------------
-def summarize(study: optuna.Study, study_dir: Path, sweep: dict) -> str:
+def summarize(study: optuna.Study, study_dir: Path, sweep: Namespace) -> str:
     """Write trials.csv and the plots into the study dir; the lines to print, the best trial's on the last one."""
-    import csv
-
-    from project.engine.run.checkpoint_io import atomic_write
-
     trials = study.get_trials(deepcopy=False)
-    names = list(dict.fromkeys([*sweep["space"], *(p for t in trials for p in t.params)]))
-    rows = [["number", "state", "value", "run_dir", "retry_of", "checkpoint", "worker", "seconds", *names]]
+    names = list(dict.fromkeys([*sweep.space, *(p for t in trials for p in t.params)]))
+    rows = [["number", "state", "value", "seconds", "run_dir", "retry_of", "checkpoint", *names]]
     for t in trials:
-        ended = t.datetime_complete and t.datetime_start
         value = t.user_attrs.get(BEST, t.value) if t.state.name in ("COMPLETE", "PRUNED") else ""  # best validation
-        attrs = [t.user_attrs.get(RUN_DIR, ""), t.system_attrs.get("failed_trial", ""),
-                 t.user_attrs.get(CHECKPOINT, ""), t.user_attrs.get(WORKER, "")]
-        rows.append([t.number, t.state.name, value, *attrs,
-                     f"{(t.datetime_complete - t.datetime_start).total_seconds():.1f}" if ended else "",
-                     *(t.params.get(n, "") for n in names)])
+        took = t.datetime_complete and t.datetime_start and t.datetime_complete - t.datetime_start
+        rows.append([t.number, t.state.name, value, f"{took.total_seconds():.1f}" if took else "",
+                     t.user_attrs.get(RUN_DIR, ""), t.system_attrs.get("failed_trial", ""),
+                     t.user_attrs.get(CHECKPOINT, ""), *(t.params.get(n, "") for n in names)])
     atomic_write(study_dir / "trials.csv", lambda f: csv.writer(f).writerows(rows), mode="w", fsync=False)
-    plots = write_plots(study, study_dir, atomic_write, sweep["metric"])
+    plots = write_plots(study, study_dir, sweep.metric)
     states = [t.state.name for t in trials]
     lines = [f"sweep {study.study_name}: {states.count('COMPLETE')} complete, {states.count('PRUNED')} pruned, "
-             f"{states.count('FAIL')} failed, {states.count('RUNNING')} running (n_trials {sweep['n_trials']}); "
+             f"{states.count('FAIL')} failed, {states.count('RUNNING')} running (n_trials {sweep.n_trials}); "
              f"{study_dir / 'trials.csv'}" + "".join(f", {p.name}" for p in plots)]
     if "COMPLETE" not in states:
         return "\n".join([*lines, f"sweep {study.study_name}: no complete trial yet"])
     best = study.best_trial
-    checkpoint = best.user_attrs.get(CHECKPOINT) or "(none)"
-    return "\n".join([*lines, f"best trial {best.number}: {sweep['metric']} {best.value:.4f} with "
-                      f"{' '.join(param_flags(best.params))}; checkpoint {checkpoint}"])
+    return "\n".join([*lines, f"best trial {best.number}: {sweep.metric} {best.value:.4f} with "
+                      f"{' '.join(param_flags(best.params))}; checkpoint {best.user_attrs.get(CHECKPOINT) or '(none)'}"
+                      ])
 
 
-def write_plots(study: optuna.Study, study_dir: Path, atomic_write, metric: str) -> list[Path]:
+def write_plots(study: optuna.Study, study_dir: Path, metric: str) -> list[Path]:
     """Optimisation history, parameter importances and parallel coordinates as PNGs (those the trials allow)."""
     import matplotlib
 
@@ -363,26 +334,22 @@ def write_plots(study: optuna.Study, study_dir: Path, atomic_write, metric: str)
     import matplotlib.pyplot as plt
     from optuna.visualization import matplotlib as plots
 
-    complete = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-    written = []
-    for name, plot, needs in (("optimization_history", plots.plot_optimization_history, 1),
-                              ("param_importances", plots.plot_param_importances, 2),
-                              ("parallel_coordinate", plots.plot_parallel_coordinate, 1)):
+    complete, written = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))), []
+    for name, needs in (("optimization_history", 1), ("param_importances", 2), ("parallel_coordinate", 1)):
         if complete < needs:
             continue
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # an experimental API
-                axes = plot(study, target_name=metric)
+                axes = getattr(plots, f"plot_{name}")(study, target_name=metric)
             axes = axes.flat[0] if hasattr(axes, "flat") else axes
-            figure = axes.figure
-            figure.set_size_inches(11, 6)
+            axes.figure.set_size_inches(11, 6)
             if name == "parallel_coordinate":
                 legible_parallel_coordinates(axes, [*study.best_trial.params])
-            figure.tight_layout()
-            written.append(atomic_write(study_dir / f"{name}.png", lambda f, figure=figure: figure.savefig(
+            axes.figure.tight_layout()
+            written.append(atomic_write(study_dir / f"{name}.png", lambda f, figure=axes.figure: figure.savefig(
                 f, format="png", dpi=100), fsync=False))
-            plt.close(figure)
+            plt.close(axes.figure)
         except (ImportError, ValueError, RuntimeError, ZeroDivisionError, IndexError):  # importances: scikit-learn
             continue
     return written

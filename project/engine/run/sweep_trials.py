@@ -5,6 +5,7 @@
 How workers share, count, retry and prune trials: docs/sweeps.md.
 """
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -30,12 +31,12 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileSymlinkLock
 from optuna.trial import TrialState
 
-from project.engine.errors import ConfigError, DiskFullError
+from project.engine.errors import DiskFullError
 
 # Trial attributes in the storage: the run dir, who runs it, and what the fit said about itself.
 RUN_DIR, WORKER, HEARTBEAT = "run_dir", "worker", "heartbeat"
 PRUNED_AT, FINISHED, CHECKPOINT, BEST, DIVERGED = "pruned_at_step", "finished_at_step", "checkpoint", "best", "diverged"
-FIT_LOG = "fit.log"
+FIT_LOG, FIT_OPTIONS = "fit.log", "fit_options.yaml"
 LOGGERS_IN_RUN_DIR = ("TensorBoardLogger", "CSVLogger")
 
 
@@ -60,11 +61,15 @@ class JournalFile(optuna.storages.journal.JournalFileBackend):
         try:
             self.lock.acquire()
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_APPEND)  # O_APPEND: after a cut record is truncated, too
-                try:
-                    self._write(fd, data)
-                finally:
-                    os.close(fd)
+                with open(self.path, "ab+", buffering=0) as file:  # O_APPEND: after a cut record is truncated, too
+                    end = self._set_aside_partial_record(file.fileno())
+                    try:
+                        while data:
+                            data = data[file.write(data):]
+                        os.fsync(file.fileno())
+                    except OSError:
+                        os.ftruncate(file.fileno(), end)  # no half record left for the next append to join
+                        raise
             finally:
                 self.lock.release()
         except OSError as error:
@@ -73,27 +78,15 @@ class JournalFile(optuna.storages.journal.JournalFileBackend):
                                     "free some space and start the worker again") from None
             raise
 
-    def _write(self, fd: int, data: bytes) -> None:
-        end = self._set_aside_partial_record(fd)
-        try:
-            while data:
-                data = data[os.write(fd, data):]
-            os.fsync(fd)
-        except OSError:
-            os.ftruncate(fd, end)  # no half record left for the next append to join
-            raise
-
     def _set_aside_partial_record(self, fd: int) -> int:
         """Where the journal's last whole record ends; a partial one after it is moved to `<journal>.cut`."""
         end = os.lseek(fd, 0, os.SEEK_END)
-        tail = os.pread(fd, min(end, 1 << 16), end - min(end, 1 << 16))
-        if not tail or tail.endswith(b"\n"):
+        if end == 0 or os.pread(fd, 1, end - 1) == b"\n":
             return end
-        if b"\n" not in tail:
-            tail = os.pread(fd, end, 0)
-        whole = end - len(tail) + tail.rfind(b"\n") + 1
+        journal = os.pread(fd, end, 0)  # rare enough to read it whole
+        whole = journal.rfind(b"\n") + 1
         with open(f"{self.path}.cut", "ab") as cut:
-            cut.write(tail[whole - end + len(tail):] + b"\n")
+            cut.write(journal[whole:] + b"\n")
         os.ftruncate(fd, whole)
         print(f"sweep: {self.path} ended in a record cut short (a worker killed while writing): moved to "
               f"{self.path}.cut", flush=True)
@@ -110,30 +103,6 @@ def tell(study: optuna.Study, trial, *args, **kwargs) -> None:
             raise
 
 
-def instantiate(spec: Any, module: str, what: str):
-    """An Optuna sampler or pruner from `ClassName` or `{class_path: ..., init_args: {...}}`; else a ConfigError."""
-    import importlib
-
-    spec = {"class_path": spec} if isinstance(spec, str) else spec
-    keys = set(spec) if isinstance(spec, dict) else {"?"}
-    if keys - {"class_path", "init_args"} or not isinstance(spec.get("class_path"), str):
-        raise ConfigError(f"sweep.{what}: expected a class name or {{class_path: ..., init_args: {{...}}}}, got "
-                          f"{spec!r}")
-    path = spec["class_path"] if "." in spec["class_path"] else f"{module}.{spec['class_path']}"
-    owner, _, name = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(owner), name)(**(spec.get("init_args") or {}))
-    except (ImportError, AttributeError, TypeError, ValueError) as error:
-        raise ConfigError(f"sweep.{what}: cannot build {path} ({type(error).__name__}: {error}); {module} lists the "
-                          "classes and their arguments") from None
-
-
-def best_of(values: dict[int, float], direction: str) -> Optional[float]:
-    """The best metric a trial reached over its validations (None before the first; NaN is never best)."""
-    finite = [v for v in values.values() if v == v]
-    return (max if direction == "maximize" else min)(finite) if finite else None
-
-
 # -- inside the trial's fit ------------------------------------------------------------------------------------------
 class SweepReporter(Callback):
     """Reports `metric` to the trial at each validation; stops the fit when the study's pruner prunes it.
@@ -141,22 +110,20 @@ class SweepReporter(Callback):
     Added to each trial's fit by the sweep (`--trainer.callbacks+=`); rank zero reports and decides, every rank stops.
     """
 
-    def __init__(self, storage: str, study: str, trial: int, metric: str = "val/acc1", pruner: Optional[str] = None):
-        """`pruner`: the sweep's pruner as JSON (`{"class_path": ..., "init_args": ...}`), None for Optuna's default."""
-        self.storage, self.study, self.trial, self.metric = storage, study, trial, metric
-        self.pruner = json.loads(pruner) if pruner else None
+    def __init__(self, storage: str, study: str, trial: int, metric: str = "val/acc1",
+                 pruner: Optional[optuna.pruners.BasePruner] = None):
+        """`pruner`: the sweep's, None for Optuna's default."""
+        self.storage, self.study, self.trial, self.metric, self.pruner = storage, study, trial, metric, pruner
         self._trial: Optional[optuna.trial.Trial] = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or not trainer.is_global_zero:
             return
         storage = open_storage(self.storage)
-        pruner = instantiate(self.pruner, "optuna.pruners", "pruner") if self.pruner else None
-        study = optuna.load_study(study_name=self.study, storage=storage, pruner=pruner,
+        study = optuna.load_study(study_name=self.study, storage=storage, pruner=self.pruner,
                                   sampler=optuna.samplers.RandomSampler())  # samples nothing here
         study_id = storage.get_study_id_from_name(self.study)
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, self.trial)
-        self._trial = optuna.trial.Trial(study, trial_id)
+        self._trial = optuna.trial.Trial(study, storage.get_trial_id_from_study_id_trial_number(study_id, self.trial))
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
@@ -197,11 +164,9 @@ class SweepReporter(Callback):
         best = [c.best_model_path for c in trainer.callbacks
                 if isinstance(c, ModelCheckpoint) and c.monitor == self.metric]
         last = Path(trainer.default_root_dir, "checkpoints", "last.ckpt")
-        try:
+        with contextlib.suppress(UpdateFinishedTrialError):
             self._trial.set_user_attr(CHECKPOINT, (best[0] if best else "") or (str(last) if last.is_file() else ""))
             self._trial.set_user_attr(FINISHED, trainer.global_step)
-        except UpdateFinishedTrialError:
-            pass
 
 
 # -- the worker ------------------------------------------------------------------------------------------------------
@@ -212,17 +177,15 @@ class Worker:
     study: optuna.Study
     storage: str
     study_dir: Path
-    fit_args: list[str]
-    sweep: dict  # the checked `sweep:` section (project.engine.run.sweep.SETTINGS)
+    fit_options: str  # YAML: the sweep's fit config, as the fit's parser resolved it
+    sweep: Any  # the checked `sweep:` settings (project.engine.run.sweep.Sweep)
     loggers: Any  # the resolved trainer.logger, pointed at each trial's run dir
 
     def __post_init__(self):
         self.name, self.signal, self.child = f"{os.uname().nodename}:{os.getpid()}", 0, None
-        self.metric, self.grace_period = self.sweep["metric"], float(self.sweep["grace_period"])
-        self.launcher = shlex.split(self.sweep["launcher"] or "")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)  # unchanged since optuna 2.8
-            self.retry = RetryHeartbeatStaleTrialCallback(max_retry=self.sweep["max_retry"],
+            self.retry = RetryHeartbeatStaleTrialCallback(max_retry=self.sweep.max_retry,
                                                           inherit_intermediate_values=True)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -238,12 +201,9 @@ class Worker:
         """Take and run trials until the study has n_trials; the exit code (128 + signal when stopped by one)."""
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
         try:
-            while not self.signal:
-                trial = self._take_next()
-                if trial is None:
-                    break
+            while not self.signal and (trial := self._take_next()) is not None:
                 if trial is False:  # the other workers' trials fill the study: wait, in case one of them dies
-                    time.sleep(min(self.sweep["heartbeat_interval"], 5.0))
+                    time.sleep(min(self.sweep.heartbeat_interval, 5.0))
                 elif (code := self._run(trial)) is not None:
                     return code
             return 0 if self.signal in (0, signal.SIGUSR1) else 128 + self.signal
@@ -251,25 +211,23 @@ class Worker:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
-    # -- the study, under the study dir's lock: stale trials, the count, the next trial ------------------------------
     def _take_next(self):
-        """The next trial (a retry first), False while the running trials fill the study, None once it is complete."""
+        """The next trial (a retry first), False while the running trials fill the study, None once it is complete;
+        decided under the study dir's lock."""
         with open(self.study_dir / ".sweep.lock", "a") as lock:
-            try:
+            with contextlib.suppress(OSError):  # no POSIX locks: the count may overshoot by a trial per worker
                 fcntl.lockf(lock, fcntl.LOCK_EX)
-            except OSError:  # a filesystem without POSIX locks: the count may overshoot by a trial per worker
-                pass
             now = time.time()
             for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
                 beat = frozen.user_attrs.get(HEARTBEAT) or frozen.datetime_start.timestamp()
-                if now - beat > self.grace_period:
+                if now - beat > self.sweep.grace_period:
                     print(f"sweep: trial {frozen.number} has had no heartbeat for {now - beat:.0f} s (its worker "
                           f"{frozen.user_attrs.get(WORKER, '?')} died?): retried from its last.ckpt", flush=True)
                     self._fail_and_retry(frozen)
             trials = self.study.get_trials(deepcopy=False)
             done, running = len(counted(trials)), sum(t.state == TrialState.RUNNING for t in trials)
-            if done + running >= self.sweep["n_trials"]:
-                return None if done >= self.sweep["n_trials"] else False
+            if done + running >= self.sweep.n_trials:
+                return None if done >= self.sweep.n_trials else False
             trial = self.study.ask()
             trial.set_user_attr(HEARTBEAT, time.time())
             trial.set_user_attr(WORKER, self.name)
@@ -286,26 +244,21 @@ class Worker:
             warnings.simplefilter("ignore", ExperimentalWarning)
             self.retry(self.study, frozen)
 
-    def _latest(self, number: int):
-        return self.study.get_trials(deepcopy=False)[number]
-
-    # -- one trial ---------------------------------------------------------------------------------------------------
     def _run(self, trial: optuna.trial.Trial) -> Optional[int]:
         """Run one trial and tell its result; an exit code when this worker must stop (bad input), else None."""
-        frozen = self._latest(trial.number)
+        frozen = self.study.get_trials(deepcopy=False)[trial.number]
         run_dir, retried = Path(frozen.user_attrs[RUN_DIR]), frozen.system_attrs.get("failed_trial")
-        params = {name: suggest(trial, name, spec) for name, spec in self.sweep["space"].items()}
-        code = 0
-        if self.signal:
-            code = None
-        elif FINISHED not in frozen.user_attrs and PRUNED_AT not in frozen.user_attrs:  # else: done, its worker died
+        params = {name: suggest(trial, name, spec) for name, spec in self.sweep.space.items()}
+        code = None if self.signal else 0
+        if not self.signal and FINISHED not in frozen.user_attrs and PRUNED_AT not in frozen.user_attrs:
+            # (else it is done: its worker died after the fit)
             print(f"sweep: trial {trial.number} ({' '.join(param_flags(params))}) in {run_dir}"
                   + (f", retrying trial {retried} from its last.ckpt" if retried is not None else ""), flush=True)
             code = self._fit(trial, run_dir, params, resume=retried is not None)
         return self._tell(trial, code, run_dir)
 
     def _tell(self, trial: optuna.trial.Trial, code: Optional[int], run_dir: Path) -> Optional[int]:
-        frozen, log = self._latest(trial.number), run_dir / FIT_LOG
+        frozen, log, metric = self.study.get_trials(deepcopy=False)[trial.number], run_dir / FIT_LOG, self.sweep.metric
         best = best_of(frozen.intermediate_values, self.study.direction.name.lower())
         if best is not None:
             trial.set_user_attr(BEST, best)
@@ -313,12 +266,11 @@ class Worker:
         if DIVERGED in said:
             line = f"failed: it diverged ({said[DIVERGED]}; a smaller learning rate?); log {log}"
         elif PRUNED_AT in said:
-            line, state = f"pruned ({self.metric} {best:.4f} at best)", TrialState.PRUNED
+            line, state = f"pruned ({metric} {best:.4f} at best)", TrialState.PRUNED
         elif FINISHED in said and best is not None:
-            line, state = f"complete: {self.metric} {best:.4f}", TrialState.COMPLETE
+            line, state = f"complete: {metric} {best:.4f}", TrialState.COMPLETE
         elif FINISHED in said:
-            line = (f"failed: its fit never logged {self.metric} (validation off? trainer.check_val_every_n_epoch); "
-                    f"log {log}")
+            line = f"failed: its fit never logged {metric} (validation off? trainer.check_val_every_n_epoch); log {log}"
         elif self.signal or code is None or code in (0, 130, 143) or code < 0:
             # Stopped from outside (preempted, killed, a Slurm requeue): whichever worker takes it next continues it.
             self._fail_and_retry(frozen)
@@ -339,55 +291,54 @@ class Worker:
 
     def _fit(self, trial: optuna.trial.Trial, run_dir: Path, params: dict, *, resume: bool) -> Optional[int]:
         """The fit's exit code; None when it could not start (its run dir still in use)."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not wait_for_run_dir(run_dir, self.sweep.grace_period):
+            print(f"sweep: {run_dir} is still in use by another fit after {self.sweep.grace_period:.0f} s", flush=True)
+            return None
+        (run_dir / FIT_OPTIONS).write_text(self.fit_options)
         reporter = {"class_path": f"{__name__}.SweepReporter",
                     "init_args": {"storage": self.storage, "study": self.study.study_name, "trial": trial.number,
-                                  "metric": self.metric, "pruner": json.dumps(self.sweep["pruner"])}}
+                                  "metric": self.sweep.metric, "pruner": self.sweep.pruner}}
         pinned = pin_loggers(self.loggers, run_dir)
-        args = [*self.fit_args, *param_flags(params), f"--trainer.default_root_dir={run_dir}",
-                f"--checkpoint.dirpath={run_dir / 'checkpoints'}",
+        args = [f"--config={run_dir / FIT_OPTIONS}", *param_flags(params), f"--trainer.default_root_dir={run_dir}",
+                f"--checkpoint.dirpath={run_dir / 'checkpoints'}", "--trainer.callbacks+=" + json.dumps(reporter),
                 *([f"--trainer.logger={json.dumps(pinned)}"] if pinned else []),
-                "--trainer.callbacks+=" + json.dumps(reporter), *(["--ckpt_path=last"] if resume else [])]
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not wait_for_run_dir(run_dir, self.grace_period):
-            print(f"sweep: {run_dir} is still in use by another fit after {self.grace_period:.0f} s", flush=True)
-            return None
+                *(["--ckpt_path=last"] if resume else [])]
         with open(run_dir / FIT_LOG, "ab") as log:
-            self.child = subprocess.Popen([*self.launcher, sys.executable, "-m", "project", "fit", *args],
-                                          stdout=log, stderr=subprocess.STDOUT, preexec_fn=_stop_with_parent,
-                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        heartbeat = Heartbeat(trial, self.sweep["heartbeat_interval"], self.child)
+            self.child = subprocess.Popen([*shlex.split(self.sweep.launcher or ""), sys.executable, "-m", "project",
+                                           "fit", *args], stdout=log, stderr=subprocess.STDOUT,
+                                          preexec_fn=_stop_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        stopped = threading.Event()
+        heartbeat = threading.Thread(target=beat, args=(trial, self.sweep.heartbeat_interval, self.child, stopped))
         heartbeat.start()
         try:
             if self.signal and self.signal != signal.SIGINT:  # it came while the fit was starting
                 self._on_signal(self.signal, None)
             return self.child.wait()
         finally:
-            heartbeat.stop()
+            stopped.set()
+            heartbeat.join()
             self.child = None
 
 
-class Heartbeat(threading.Thread):
-    """Records time.time() on the trial every `interval` s. If the study failed the trial meanwhile (this worker was
-    silent past the grace period), its fit is stopped: the retry another worker started continues it."""
+def beat(trial: optuna.trial.Trial, interval: float, child: subprocess.Popen, stopped: threading.Event) -> None:
+    """Record time.time() on the trial every `interval` s until `stopped`. If the study failed the trial meanwhile
+    (this worker was silent past the grace period), stop its fit: the retry another worker started continues it."""
+    while not stopped.wait(interval):
+        try:
+            trial.set_user_attr(HEARTBEAT, time.time())
+        except UpdateFinishedTrialError:
+            if child.poll() is None:
+                child.terminate()
+            return
+        except Exception as error:  # noqa: BLE001  a storage hiccup: the next beat may get through
+            print(f"sweep: heartbeat of trial {trial.number} not recorded ({error})", flush=True)
 
-    def __init__(self, trial: optuna.trial.Trial, interval: float, child: subprocess.Popen):
-        super().__init__(daemon=True)
-        self.trial, self.interval, self.child, self._stopped = trial, interval, child, threading.Event()
 
-    def run(self) -> None:
-        while not self._stopped.wait(self.interval):
-            try:
-                self.trial.set_user_attr(HEARTBEAT, time.time())
-            except UpdateFinishedTrialError:
-                if self.child.poll() is None:
-                    self.child.terminate()
-                return
-            except Exception as error:  # noqa: BLE001  a storage hiccup: the next beat may get through
-                print(f"sweep: heartbeat of trial {self.trial.number} not recorded ({error})", flush=True)
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self.join()
+def best_of(values: dict[int, float], direction: str) -> Optional[float]:
+    """The best metric a trial reached over its validations (None before the first; NaN is never best)."""
+    finite = [v for v in values.values() if v == v]
+    return (max if direction == "maximize" else min)(finite) if finite else None
 
 
 def counted(trials) -> list:
@@ -398,19 +349,14 @@ def counted(trials) -> list:
 
 
 def suggest(trial: optuna.trial.Trial, name: str, spec: dict) -> Any:
-    """The trial's value for one search-space entry (a retried trial gets its original's)."""
+    """The trial's value for one search-space entry (a retried trial gets its original's). Ints when low, high (and
+    step) are written as ints: `{low: 0, high: 3}`; `{low: 0.0, high: 3.0}` is floats."""
     if "choices" in spec:
         return trial.suggest_categorical(name, spec["choices"])
-    if is_int_range(spec):
+    if all(isinstance(spec.get(k, 1), int) and not isinstance(spec.get(k), bool) for k in ("low", "high", "step")):
         return trial.suggest_int(name, spec["low"], spec["high"], step=spec.get("step") or 1,
                                  log=spec.get("log", False))
     return trial.suggest_float(name, spec["low"], spec["high"], step=spec.get("step"), log=spec.get("log", False))
-
-
-def is_int_range(spec: dict) -> bool:
-    """Ints when low, high (and step) are written as ints: `{low: 0, high: 3}`; `{low: 0.0, high: 3.0}` is floats."""
-    numbers = [spec.get(k) for k in ("low", "high", "step") if spec.get(k) is not None]
-    return all(isinstance(v, int) and not isinstance(v, bool) for v in numbers)
 
 
 def param_flags(params: dict[str, Any]) -> list[str]:
@@ -425,14 +371,11 @@ def pin_loggers(loggers: Any, run_dir: Path) -> Any:
     here = {"save_dir": str(run_dir), "name": "", "version": ""}
     if loggers in (None, True):
         return {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": here}
-    def ours(item: Any) -> bool:
-        return isinstance(item, dict) and item.get("class_path", "").rsplit(".", 1)[-1] in LOGGERS_IN_RUN_DIR
-
     items = loggers if isinstance(loggers, list) else [loggers]
-    if not any(ours(item) for item in items):
+    ours = [isinstance(i, dict) and i.get("class_path", "").rsplit(".", 1)[-1] in LOGGERS_IN_RUN_DIR for i in items]
+    if not any(ours):
         return None
-    pinned = [{**item, "init_args": {**(item.get("init_args") or {}), **here}} if ours(item) else item
-              for item in items]
+    pinned = [{**i, "init_args": {**(i.get("init_args") or {}), **here}} if o else i for i, o in zip(items, ours)]
     return pinned if isinstance(loggers, list) else pinned[0]
 
 
@@ -448,8 +391,8 @@ def wait_for_run_dir(run_dir: Path, timeout: float) -> bool:
             except OSError as error:
                 if error.errno not in (errno.EACCES, errno.EAGAIN):
                     return True  # a filesystem without POSIX locks: nothing to wait for
-                if time.monotonic() > deadline:
-                    return False
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.5)
     return True
 
