@@ -214,7 +214,7 @@ def test_shards_on_an_object_store_train_as_local_ones_and_no_secret_reaches_the
     assert make_shards(["--source", str(tiny_root), "--out", "s3://nobucket/x", *SMALL]) == 2
     assert "bucket 'nobucket' does not exist" in one_line(capsys.readouterr().err)
     problems = {"bucket 'nobucket' does not exist": ("s3://nobucket/tiny", {}),
-                "refused the credentials": (url, {"AWS_SECRET_ACCESS_KEY": "wrong"}),
+                "refused the credentials": (url, {"AWS_ACCESS_KEY_ID": "AKIAWRONG", "AWS_SECRET_ACCESS_KEY": "wrong"}),
                 "cannot reach the object store": (url, {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"})}
     for expected, (location, env) in problems.items():
         for name, value in env.items():
