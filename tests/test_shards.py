@@ -149,7 +149,9 @@ def test_validate_at_1_2_and_3_ranks_gives_the_same_metrics(shards, reference, m
         result = run_project(["validate", *fit_args(shards, reference), "--config", str(CONFIGS / "cpu_ddp.yaml"),
                               f"--trainer.devices={devices}", checkpoint])
         assert result.returncode == 0, result.stderr[-3000:]
-        assert metrics(result.stdout) == one, devices
+        many = metrics(result.stdout)
+        assert {k: many[k] for k in ("val/acc1", "val/acc5")} == {k: one[k] for k in ("val/acc1", "val/acc5")}
+        assert many["val/loss"] == pytest.approx(one["val/loss"], rel=1e-6)  # float32 sums in another order
 
 
 def free_port() -> int:
