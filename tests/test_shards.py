@@ -224,3 +224,9 @@ def test_shards_on_an_object_store_train_as_local_ones_and_no_secret_reaches_the
         with pytest.raises(ConfigError, match=expected) as error:
             ShardDataModule(shards=location)
         assert "\n" not in str(error.value) and object_store["AWS_SECRET_ACCESS_KEY"] not in str(error.value)
+
+
+def test_s3_shards_without_the_extra_name_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "boto3", None)  # as if not installed
+    with pytest.raises(ConfigError, match=re.escape('s3:// shards need boto3: pip install -e ".[shards]"')):
+        ShardDataModule(shards="s3://datasets/tiny")
