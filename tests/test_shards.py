@@ -22,6 +22,7 @@ from conftest import CONFIGS, QUICKSTART, SHRINK, callback, project_in_process, 
 from project import cli_main
 from project.data import ShardDataModule
 from project.engine.errors import ConfigError
+from tools.make_shards import encode
 from tools.make_shards import main as make_shards
 
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
@@ -47,21 +48,30 @@ def one_line(text: str) -> str:
     return lines[0]
 
 
-def test_a_rerun_keeps_finished_shards_and_the_index_is_written_last(tiny_root, shards, tmp_path, capsys):
+def test_a_rerun_keeps_finished_shards_and_the_index_is_written_last(tiny_root, shards, tmp_path, monkeypatch,
+                                                                     capsys):
     out = tmp_path / "out"
-    assert make_shards(["--source", str(tiny_root), "--out", str(out), *SMALL]) == 0
-    # What a kill leaves: some shards and their records, no index (the index is written after every shard).
-    (out / "index.json").unlink()
-    for name in ("train-00003.shard", "train-00003.shard.json", "val-00001.shard.json"):
-        (out / name).unlink()
-    kept = {p.name: p.stat().st_mtime_ns for p in out.glob("*.shard")}
+    encoded = []
+
+    def interrupted(path, options):  # the conversion stops while encoding image 21 (shard 2), as a kill would
+        encoded.append(path)
+        if len(encoded) == 21:
+            raise KeyboardInterrupt
+        return encode(path, options)
+
+    monkeypatch.setattr("tools.make_shards.encode", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        make_shards(["--source", str(tiny_root), "--out", str(out), *SMALL])
+    assert sorted(p.name for p in out.iterdir()) == ["train-00000.shard", "train-00000.shard.json",
+                                                     "train-00001.shard", "train-00001.shard.json"]
     with pytest.raises(ConfigError, match=r"no index.json: a conversion not finished.*tools.make_shards"):
         ShardDataModule(shards=str(out))
+    kept = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    monkeypatch.undo()
     capsys.readouterr()
     assert make_shards(["--source", str(tiny_root), "--out", str(out), *SMALL]) == 0
-    assert "2 shards written, 6 kept from an earlier run" in capsys.readouterr().out
-    assert {name: (out / name).stat().st_mtime_ns for name in kept if name != "val-00001.shard"} == {
-        name: t for name, t in kept.items() if name != "val-00001.shard"}
+    assert "6 shards written, 2 kept from an earlier run" in capsys.readouterr().out
+    assert {name: (out / name).stat().st_mtime_ns for name in kept} == kept
     assert json.loads((out / "index.json").read_text()) == json.loads((shards / "index.json").read_text())
     # Other options: the old index goes first, then every shard is rewritten.
     assert make_shards(["--source", str(tiny_root), "--out", str(out), *SMALL, "--max-short-side", "16"]) == 0
@@ -215,6 +225,10 @@ def test_shards_on_an_object_store_train_as_local_ones_and_no_secret_reaches_the
     capsys.readouterr()
     assert make_shards(["--source", str(tiny_root), "--out", "s3://nobucket/x", *SMALL]) == 2
     assert "bucket 'nobucket' does not exist" in one_line(capsys.readouterr().err)
+    with monkeypatch.context() as nothing_there:
+        nothing_there.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+        assert make_shards(["--source", str(tiny_root), "--out", url, *SMALL]) == 2
+        assert "cannot reach the object store" in one_line(capsys.readouterr().err)
     problems = {"bucket 'nobucket' does not exist": ("s3://nobucket/tiny", {}),
                 "refused the credentials": (url, {"AWS_ACCESS_KEY_ID": "AKIAWRONG", "AWS_SECRET_ACCESS_KEY": "wrong"}),
                 "cannot reach the object store": (url, {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"})}
