@@ -47,7 +47,8 @@ def s3_client():
         from botocore.config import Config
     except ImportError:
         raise ConfigError(f"s3:// shards need boto3: {EXTRA}") from None
-    return boto3.session.Session().client("s3", config=Config(connect_timeout=5, read_timeout=60, retries={"max_attempts": 3}))
+    config = Config(connect_timeout=5, read_timeout=60, retries={"max_attempts": 3})
+    return boto3.session.Session().client("s3", config=config)  # a new session reads the variables again
 
 
 def s3_error(error: Exception, url: str) -> Exception:
