@@ -221,6 +221,12 @@ def test_shards_on_an_object_store_train_as_local_ones_and_no_secret_reaches_the
     for secret in (object_store["AWS_SECRET_ACCESS_KEY"], object_store["AWS_ACCESS_KEY_ID"],
                    object_store["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]):
         assert secret not in written
+    # A shard damaged in the store (same size, other bytes) is refused when downloaded, naming what to do.
+    s3 = boto3.session.Session().client("s3")
+    good = s3.get_object(Bucket="datasets", Key="tiny/val-00001.shard")["Body"].read()
+    s3.put_object(Bucket="datasets", Key="tiny/val-00001.shard", Body=bytes(reversed(good)))
+    with pytest.raises(ConfigError, match=r"val-00001.shard is not the shard its index.json lists .*make_shards"):
+        ShardDataModule(shards=url, cache_dir=str(tmp_path / "other"))._split("val", None)[8]
     # At start, one line each: a missing bucket, bad credentials, an endpoint nothing answers on.
     capsys.readouterr()
     assert make_shards(["--source", str(tiny_root), "--out", "s3://nobucket/x", *SMALL]) == 2

@@ -130,9 +130,10 @@ def write_shard(job: tuple[Output, str, list[tuple[str, int]], Options, str]) ->
     if old is not None and json.loads(old)["fingerprint"] == print_:
         return name, False
     images = [encode(path, options) for path, _ in samples]
-    output.write(name, b"".join(images))
-    record = {"file": name, "bytes": sum(map(len, images)), "lengths": list(map(len, images)),
-              "labels": [label for _, label in samples], "fingerprint": print_}
+    data = b"".join(images)
+    output.write(name, data)
+    record = {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+              "lengths": list(map(len, images)), "labels": [label for _, label in samples], "fingerprint": print_}
     output.write(f"{name}.json", json.dumps(record).encode())
     return name, True
 
@@ -192,7 +193,8 @@ def convert(source: str, out: str, options: Options, *, val_source: Optional[str
              "fingerprint": whole, "splits": {split: [] for split in splits}}
     for name, _, _ in jobs:
         record = json.loads(output.read(f"{name}.json"))
-        index["splits"][name.split("-")[0]].append({k: record[k] for k in ("file", "bytes", "lengths", "labels")})
+        shard = {k: record[k] for k in ("file", "bytes", "sha256", "lengths", "labels")}
+        index["splits"][name.split("-")[0]].append(shard)
     output.write(INDEX, json.dumps(index).encode())
     return index
 

@@ -7,6 +7,7 @@ or from s3://bucket/prefix (through a node-local cache), with every option of th
 
 import bisect
 import fcntl
+import hashlib
 import io
 import json
 import logging
@@ -117,8 +118,9 @@ class ShardStore:
                               "rewrite it with python -m tools.make_shards")
         return index
 
-    def local(self, name: str, size: int) -> Path:
-        """The shard's path on this node, downloaded first (one process per node at a time) when it is remote."""
+    def local(self, name: str, size: int, sha256: Optional[str] = None) -> Path:
+        """The shard's path on this node, downloaded first (one process per node at a time, checked against the
+        index's sha256) when it is remote."""
         path = self.cache / name
         if not self.remote or (path.is_file() and path.stat().st_size == size):
             return path
@@ -128,11 +130,14 @@ class ShardStore:
             if not (path.is_file() and path.stat().st_size == size):
                 bucket, prefix = split_url(self.location)
                 try:
-                    body = self.client().get_object(Bucket=bucket, Key=f"{prefix}/{name}".lstrip("/"))["Body"]
-                    atomic_write(path, lambda file: file.write(body.read()), fsync=False,
-                                 fix="Free space there or pass another data.cache_dir")
+                    data = self.client().get_object(Bucket=bucket, Key=f"{prefix}/{name}".lstrip("/"))["Body"].read()
                 except Exception as error:
                     raise s3_error(error, f"{self.location}/{name}") from None
+                if sha256 and hashlib.sha256(data).hexdigest() != sha256:
+                    raise ConfigError(f"{self.location}/{name} is not the shard its {INDEX} lists (sha256 differs): "
+                                      f"delete {name} and {name}.json there and rerun python -m tools.make_shards")
+                atomic_write(path, lambda file: file.write(data), fsync=False,
+                             fix="Free space there or pass another data.cache_dir")
         return path
 
 
@@ -180,7 +185,7 @@ class ShardImages(Dataset):
             self._files, self._pid = {}, os.getpid()
         if shard not in self._files:
             entry = self.shards[shard]
-            self._files[shard] = open(self.store.local(entry["file"], entry["bytes"]), "rb")
+            self._files[shard] = open(self.store.local(entry["file"], entry["bytes"], entry.get("sha256")), "rb")
         start, end = self.offsets[shard][item], self.offsets[shard][item + 1]
         return os.pread(self._files[shard].fileno(), end - start, start)
 
