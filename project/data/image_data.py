@@ -87,6 +87,7 @@ class ImageDataModule(L.LightningDataModule):
 
     class_names: list[str]
     class_labels: list[str]
+    train_sampler_class: type[ResumableSampler] = ResumableSampler  # a chunk-aware one for shards
 
     def __init__(
         self,
@@ -211,8 +212,8 @@ class ImageDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         world_size, rank = self._world()
-        self.train_sampler = ResumableSampler(self.datasets["train"], num_replicas=world_size, rank=rank,
-                                              seed=self.hparams.seed, repeats=self.hparams.ra_reps)
+        self.train_sampler = self.train_sampler_class(self.datasets["train"], num_replicas=world_size, rank=rank,
+                                                      seed=self.hparams.seed, repeats=self.hparams.ra_reps)
         # With fewer images than a batch, the one batch there is stays: an epoch never trains on nothing.
         drop_last = self.hparams.drop_last and len(self.train_sampler) >= self.batch_size
         if self._resume_state is not None:

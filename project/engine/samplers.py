@@ -53,12 +53,15 @@ class ResumableSampler(DistributedSampler):
     def epoch_order(self, epoch: int) -> list[tuple[int, int]]:
         """The global order of `epoch` as (index, repeat), total_size long (wrapped around to fill the last batch)."""
         generator = torch.Generator().manual_seed(order_seed(self.seed, epoch))
-        permutation = (torch.randperm(len(self.dataset), generator=generator).tolist() if self.shuffle
-                       else list(range(len(self.dataset))))
+        permutation = self.permutation(generator) if self.shuffle else list(range(len(self.dataset)))
         order = [(index, repeat) for index in permutation for repeat in range(self.repeats)]
         while len(order) < self.total_size:  # as DistributedSampler pads: the first samples again
             order += order[: self.total_size - len(order)]
         return order[: self.total_size]
+
+    def permutation(self, generator: torch.Generator) -> list[int]:
+        """One epoch's shuffle of the indices (a subclass may draw it chunk-aware: project/data/shards.py)."""
+        return torch.randperm(len(self.dataset), generator=generator).tolist()
 
     def resume(self, epoch: int, position: int) -> None:
         """Continue `epoch` after its first `position` global samples (the next iteration of that epoch only)."""

@@ -1,0 +1,235 @@
+"""Pack an ImageNet-layout folder (or CSV manifests) into the shards project.data.ShardDataModule reads.
+
+    python -m tools.make_shards --source /datasets/imagenet --out s3://my-bucket/imagenet-256 --workers 16
+
+Each shard is the encoded images of `--shard-size` samples back to back; `<shard>.json` beside it (written after it)
+records its byte lengths and labels, and index.json (classes, splits, shards) is written last, atomically: a folder or
+prefix without index.json is not a shard set. A rerun keeps every shard whose record matches the plan (same images,
+same options) and writes the rest. Why this format and not LitData's: docs/data-at-scale.md.
+"""
+
+import argparse
+import errno
+import hashlib
+import io
+import json
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from multiprocessing import Pool
+from pathlib import Path
+from typing import Optional
+
+from PIL import Image
+
+from project.data.layout import check_layout, folder_samples, read_class_labels
+from project.data.manifest import read_manifest
+from project.data.shards import FORMAT, INDEX, s3_client, s3_error, split_url
+from project.engine.errors import ConfigError, DiskFullError
+from project.engine.run.checkpoint_io import atomic_write
+
+
+@dataclass(frozen=True)
+class Options:
+    max_short_side: int = 256
+    quality: int = 90
+    keep_original: bool = False
+    shard_size: int = 1024
+
+
+class Output:
+    """A folder (each file written atomically) or s3://bucket/prefix (a PUT is all or nothing)."""
+
+    def __init__(self, location: str):
+        self.location, self.remote = location, location.startswith("s3://")
+        self.bucket, self.prefix = split_url(location) if self.remote else ("", "")
+        self._client = None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_client": None}
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}".lstrip("/")
+
+    def client(self):
+        self._client = self._client or s3_client()
+        return self._client
+
+    def check(self) -> None:
+        """Fail now, in one line, when the output cannot be written (a probe file is written and removed)."""
+        try:
+            self.write(".probe", b"")
+            self.remove(".probe")
+        except ConfigError:
+            raise
+        except OSError as error:
+            raise ConfigError(f"--out {self.location}: cannot write there ({error.strerror or error}): pass a "
+                              "writable folder or s3:// URL") from None
+
+    def read(self, name: str) -> Optional[bytes]:
+        try:
+            if not self.remote:
+                path = Path(self.location) / name
+                return path.read_bytes() if path.is_file() else None
+            return self.client().get_object(Bucket=self.bucket, Key=self._key(name))["Body"].read()
+        except Exception as error:
+            if self.remote and "NoSuchKey" in str(error):
+                return None
+            raise error if not self.remote else s3_error(error, self.location) from None
+
+    def write(self, name: str, data: bytes) -> None:
+        if not self.remote:
+            atomic_write(Path(self.location) / name, lambda file: file.write(data),
+                         fix="Free space or pass another --out, then rerun: finished shards are kept")
+            return
+        try:
+            self.client().put_object(Bucket=self.bucket, Key=self._key(name), Body=data)
+        except Exception as error:
+            raise s3_error(error, self.location) from None
+
+    def remove(self, name: str) -> None:
+        if self.remote:
+            self.client().delete_object(Bucket=self.bucket, Key=self._key(name))
+        else:
+            (Path(self.location) / name).unlink(missing_ok=True)
+
+
+def encode(path: str, options: Options) -> bytes:
+    """The image's bytes: the original ones, or resized so its short side is at most max_short_side, as JPEG."""
+    with open(path, "rb") as file:
+        data = file.read()
+    if options.keep_original:
+        return data
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            scale = options.max_short_side / min(image.size)
+            if scale >= 1 and image.format == "JPEG":
+                return data  # small enough already: no second lossy encoding
+            image = image.convert("RGB")
+            if scale < 1:
+                image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
+                                     Image.Resampling.BILINEAR, reducing_gap=3.0)
+            out = io.BytesIO()
+            image.save(out, format="JPEG", quality=options.quality)
+            return out.getvalue()
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        raise ConfigError(f"cannot decode {path} ({error}): replace or delete it, then rerun") from None
+
+
+def fingerprint(samples: list[tuple[str, int]], options: Options) -> str:
+    text = json.dumps([asdict(options), samples])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def write_shard(job: tuple[Output, str, list[tuple[str, int]], Options, str]) -> tuple[str, bool]:
+    """Write one shard, then its record; nothing when a record with the same fingerprint is there already."""
+    output, name, samples, options, print_ = job
+    old = output.read(f"{name}.json")
+    if old is not None and json.loads(old)["fingerprint"] == print_:
+        return name, False
+    images = [encode(path, options) for path, _ in samples]
+    data = b"".join(images)
+    output.write(name, data)
+    record = {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+              "lengths": list(map(len, images)), "labels": [label for _, label in samples], "fingerprint": print_}
+    output.write(f"{name}.json", json.dumps(record).encode())
+    return name, True
+
+
+def read_source(source: str, val_source: Optional[str]) -> tuple[list[str], list[str], dict[str, list]]:
+    """(class names, class labels, {split: [(path, label)]}) of an ImageNet-layout folder or of CSV/JSONL manifests."""
+    root = Path(source).expanduser()
+    if not root.exists():
+        raise ConfigError(f"--source {source} does not exist: pass an ImageNet-layout folder (train/<class>/, "
+                          "val/<class>/) or a train manifest (CSV with the columns path,label) and --val-source")
+    if root.is_dir():
+        classes = check_layout(root)
+        splits = {split: folder_samples(root / split, classes) for split in ("train", "val", "test")
+                  if (root / split).is_dir()}
+        return classes, read_class_labels(root, classes), splits
+    if val_source is None:
+        raise ConfigError(f"--source {source} is a manifest: pass the validation one too (--val-source val.csv)")
+    named = {"train": read_manifest("train_manifest", source), "val": read_manifest("val_manifest", val_source)}
+    classes = sorted({label for _, label in named["train"]})
+    unknown = sorted({label for _, label in named["val"]} - set(classes))
+    if unknown:
+        raise ConfigError(f"--val-source {val_source}: label(s) {unknown[:10]} are not in the train manifest")
+    index = {name: i for i, name in enumerate(classes)}
+    return classes, classes, {split: [(p, index[label]) for p, label in rows] for split, rows in named.items()}
+
+
+def plan(splits: dict[str, list], options: Options) -> list[tuple[str, list, str]]:
+    """(shard name, samples, fingerprint) of every shard: shard k of a split holds its samples k*size ... in order."""
+    jobs = []
+    for split, samples in splits.items():
+        for k, first in enumerate(range(0, len(samples), options.shard_size)):
+            chunk = [(str(path), int(label)) for path, label in samples[first:first + options.shard_size]]
+            jobs.append((f"{split}-{k:05d}.shard", chunk, fingerprint(chunk, options)))
+    return jobs
+
+
+def convert(source: str, out: str, options: Options, *, val_source: Optional[str] = None, workers: int = 1) -> dict:
+    classes, labels, splits = read_source(source, val_source)
+    jobs = plan(splits, options)
+    output = Output(out)
+    output.check()
+    whole = hashlib.sha256("".join(f for _, _, f in jobs).encode()).hexdigest()[:16]
+    old = output.read(INDEX)
+    if old is not None:
+        if json.loads(old).get("fingerprint") == whole:
+            log(f"{out} is complete already ({len(jobs)} shards): nothing to do")
+            return json.loads(old)
+        log(f"{out} holds another shard set (other images or options): starting over, shards rewritten")
+        output.remove(INDEX)  # never an index naming shards that are being rewritten
+    started, written = time.time(), 0
+    tasks = [(output, n, s, options, f) for n, s, f in jobs]
+    with Pool(workers) if workers > 1 else nullcontext() as pool:  # one worker: this process, no fork
+        for _, fresh in (pool.imap_unordered(write_shard, tasks) if pool else map(write_shard, tasks)):
+            written += fresh
+    log(f"{written} shards written, {len(jobs) - written} kept from an earlier run, in {time.time() - started:.1f} s")
+    index = {"format": FORMAT, "classes": classes, "class_labels": labels, "options": asdict(options),
+             "fingerprint": whole, "splits": {split: [] for split in splits}}
+    for name, _, _ in jobs:
+        record = json.loads(output.read(f"{name}.json"))
+        shard = {k: record[k] for k in ("file", "bytes", "sha256", "lengths", "labels")}
+        index["splits"][name.split("-")[0]].append(shard)
+    output.write(INDEX, json.dumps(index).encode())
+    return index
+
+
+def log(message: str) -> None:
+    print(f"make_shards: {message}", flush=True)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.make_shards", description=__doc__.split("\n")[0])
+    parser.add_argument("--source", required=True, help="ImageNet-layout folder, or the train manifest (CSV/JSONL)")
+    parser.add_argument("--val-source", help="the validation manifest, when --source is a manifest")
+    parser.add_argument("--out", required=True, help="folder, or s3://bucket/prefix (endpoint and keys: AWS_* vars)")
+    parser.add_argument("--max-short-side", type=int, default=256, help="resize larger images down to this short side")
+    parser.add_argument("--quality", type=int, default=90, help="JPEG quality of the re-encoded images")
+    parser.add_argument("--keep-original", action="store_true", help="store each file's bytes as they are")
+    parser.add_argument("--shard-size", type=int, default=1024, help="images per shard")
+    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
+                        help="processes encoding shards (default: the cores this process may use)")
+    args = parser.parse_args(argv)
+    options = Options(args.max_short_side, args.quality, args.keep_original, args.shard_size)
+    try:
+        index = convert(args.source, args.out, options, val_source=args.val_source, workers=args.workers)
+    except (ConfigError, DiskFullError) as error:
+        print(f"make_shards: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        fix = "free space" if error.errno == errno.ENOSPC else "check the path"
+        print(f"make_shards: {error.filename or args.out}: {error.strerror or error}: {fix}, then rerun "
+              "(finished shards are kept)", file=sys.stderr)
+        return 2
+    counts = {split: sum(len(s["labels"]) for s in shards) for split, shards in index["splits"].items()}
+    log(f"{args.out}: {len(index['classes'])} classes, {counts}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
