@@ -26,8 +26,12 @@ def resolve_root(root: str) -> Path:
         return Path(root).expanduser()
     if root != DIGITS:
         raise ConfigError(f"unknown embedded data set {root!r}; available: {DIGITS}")
-    cache = Path(os.environ.get("PROJECT_DATA_CACHE", Path.home() / ".cache" / "project")).expanduser()
-    return materialize_digits(cache / f"digits-{DIGITS_SIZE}px-{DIGITS_VERSION}")
+    return materialize_digits(cache_dir() / f"digits-{DIGITS_SIZE}px-{DIGITS_VERSION}")
+
+
+def cache_dir() -> Path:
+    """Where the project keeps data it makes: $PROJECT_DATA_CACHE, by default ~/.cache/project."""
+    return Path(os.environ.get("PROJECT_DATA_CACHE", Path.home() / ".cache" / "project")).expanduser()
 
 
 def materialize_digits(target: Path) -> Path:
