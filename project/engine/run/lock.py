@@ -63,46 +63,39 @@ class RunLock:
                 break
 
 
+def _mkdir(directory: Path, created: list[Path]) -> bool:
+    """mkdir, added to `created`; False if it exists (made meanwhile by another process: not ours to remove). Any
+    other failure (a file in the way, a read-only filesystem) removes `created` too: nothing is left behind."""
+    try:
+        directory.mkdir()
+    except FileExistsError:
+        return False
+    except OSError as error:
+        for made in reversed(created):
+            made.rmdir()
+        blocker = next((p for p in directory.parents if p.exists() and not p.is_dir()), None)
+        what = f"{blocker} is a file, not a folder" if blocker is not None else error.strerror or str(error)
+        raise ConfigError(f"cannot create the run dir {directory} ({what}): trainer.default_root_dir must be a "
+                          "writable folder; point --trainer.default_root_dir elsewhere") from None
+    created.append(directory)
+    return True
+
+
 def _make_dirs(path: Path) -> list[Path]:
     """mkdir -p, returning the dirs it created, outermost first."""
-    missing = [p for p in (path, *path.parents) if not p.exists()][::-1]
-    created = []
-    for directory in missing:
-        try:
-            directory.mkdir()
-            created.append(directory)
-        except FileExistsError:  # made meanwhile by another process: not ours to remove
-            pass
-        except OSError as error:  # a file in the way, a read-only filesystem, no permission: nothing is left behind
-            for made in reversed(created):
-                made.rmdir()
-            raise _unwritable(directory, error) from None
+    created: list[Path] = []
+    for directory in [p for p in (path, *path.parents) if not p.exists()][::-1]:
+        _mkdir(directory, created)
     return created
-
-
-def _unwritable(directory: Path, error: OSError) -> ConfigError:
-    blocker = next((p for p in directory.parents if p.exists() and not p.is_dir()), None)
-    what = f"{blocker} is a file, not a folder" if blocker is not None else error.strerror or str(error)
-    return ConfigError(f"cannot create the run dir {directory} ({what}): trainer.default_root_dir must be a writable "
-                       "folder; point --trainer.default_root_dir elsewhere")
 
 
 def claim_new_version(logs: Path) -> RunLock:
     """Create the next free <logs>/version_N exclusively (N+1 if another run took N meanwhile) and lock it."""
     created = _make_dirs(logs)
     number = next_version(logs)
-    while True:
-        run_dir = logs / version_name(number)
-        try:
-            run_dir.mkdir()
-            break
-        except FileExistsError:  # a run started at the same moment took it
-            number += 1
-        except OSError as error:
-            for made in reversed(created):
-                made.rmdir()
-            raise _unwritable(run_dir, error) from None
-    return _lock(RunLock(run_dir, [*created, run_dir]))
+    while not _mkdir(logs / version_name(number), created):  # a run started at the same moment took it
+        number += 1
+    return _lock(RunLock(logs / version_name(number), created))
 
 
 def claim(run_dir: Path) -> RunLock:
