@@ -1,5 +1,4 @@
-"""last.ckpt, the one file a run resumes from: rewritten every few minutes, at every epoch end and on a stop signal
-(SIGTERM, SIGHUP, SIGINT, Slurm's SIGUSR1), after which the run stops with an honest exit code.
+"""last.ckpt, the one file a run resumes from: rewritten every few minutes, at every epoch end and on a stop signal.
 
     python -m project fit --config configs/quickstart.yaml --ckpt_path last      # continues at the next batch
 
@@ -7,7 +6,6 @@ What a stop costs, when the ranks agree and why no save comes right before a val
 """
 
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,8 +30,7 @@ LAST = "last.ckpt"
 
 
 class RunStopped(SystemExit):
-    """The run stopped on a signal after saving last.ckpt; the exit code says which (143 SIGTERM or SIGHUP, 130
-    SIGINT)."""
+    """The run stopped on a signal after saving last.ckpt; exit code 143 (SIGTERM, SIGHUP) or 130 (SIGINT)."""
 
 
 def checkpoint_dir(trainer: L.Trainer) -> Path:
@@ -100,13 +97,10 @@ class LastCheckpoint(Checkpoint):
             return
         signums = STOP_SIGNALS + ((signal.SIGUSR1,) if slurm_job_id() is not None else ())
         self._stops = StopRequests(signums)
-        # Ranks Lightning started itself may not get a SIGTERM sent to PID 1 (docker stop): rank 0 passes it on
-        # (a SIGHUP as SIGTERM). Not SIGINT: a terminal sends it to every process already, and a second one means
-        # "stop now".
+        # Ranks Lightning started itself may not get a SIGTERM sent to PID 1 (docker stop): rank 0 passes it on.
         kill = getattr(trainer.strategy.launcher, "kill", None) if trainer.is_global_zero else None
         self._stops.install(forward=kill, forwarded=(signal.SIGTERM, signal.SIGHUP))
-        # Lightning's flag, set if a SIGTERM came before this: ours from now on. Its per-step broadcast of that
-        # flag, a host sync on every DDP step, can go.
+        # Lightning's flag, set if a SIGTERM came before this, is ours from now on (its per-step broadcast can go).
         if take_over_lightning_sigterm(trainer):
             self._stops.received = self._stops.received or signal.SIGTERM
 
@@ -134,9 +128,8 @@ class LastCheckpoint(Checkpoint):
                            batch_idx: int) -> None:
         # Not right before a validation: a run resumed from a checkpoint saved there would skip that validation
         # (Lightning fast-forwards it), so such saves and stops wait for the next batch or the epoch's end.
-        if self._stops is None or not after_optimizer_step(trainer, batch_idx):
-            return
-        if validation_follows(trainer, batch_idx):
+        if (self._stops is None or not after_optimizer_step(trainer, batch_idx)
+                or validation_follows(trainer, batch_idx)):
             return
         step = trainer.global_step
         distributed = trainer.world_size > 1
@@ -146,10 +139,10 @@ class LastCheckpoint(Checkpoint):
                 self._stopping = self._stop(trainer, signum)
                 return
             if time_due:
-                self._save(trainer, "every_minutes")
+                self._save(trainer)
                 return
         if self.every_n_steps and step % self.every_n_steps == 0:
-            self._save(trainer, "every_n_steps")
+            self._save(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After the epoch's validation and ModelCheckpoint's save (Checkpoint callbacks run last, in list order).
@@ -161,7 +154,7 @@ class LastCheckpoint(Checkpoint):
         # before (only there: the others have no bar). Read here on every rank, that reduce comes before the
         # collectives below on all of them; else rank 0 waits in _agree while the others wait in the metric's reduce.
         trainer.callback_metrics  # noqa: B018
-        self._save(trainer, "epoch end")
+        self._save(trainer, again=True)
         # A signal that came during the last steps or the validation:
         signum, _ = self._agree(trainer, trainer.world_size > 1)
         if signum:
@@ -182,17 +175,16 @@ class LastCheckpoint(Checkpoint):
         signum, due = flags.tolist()  # the one host sync, every check_every_n_steps steps
         return int(signum), bool(due)
 
-    def _save(self, trainer: L.Trainer, why: str) -> Path:
-        if self.saved_at_step == trainer.global_step and why in ("every_minutes", "every_n_steps", "signal"):
-            return self.path
-        trainer.save_checkpoint(self.path, weights_only=False)
-        self.saved_at_step = trainer.global_step
-        self._last_save_time = time.monotonic()
+    def _save(self, trainer: L.Trainer, again: bool = False) -> Path:
+        """Write last.ckpt once a step; `again` (an epoch end) writes it after the validation too."""
+        if again or self.saved_at_step != trainer.global_step:
+            trainer.save_checkpoint(self.path, weights_only=False)
+            self.saved_at_step, self._last_save_time = trainer.global_step, time.monotonic()
         return self.path
 
     def _stop(self, trainer: L.Trainer, signum: int) -> RunStopped:
         """Save, requeue or say so; the exit to raise."""
-        path = self._save(trainer, "signal")
+        path = self._save(trainer)
         name = signal.Signals(signum).name
         where = f"epoch {trainer.current_epoch}, global step {trainer.global_step}"
         job_id = slurm_job_id()
@@ -207,9 +199,12 @@ class LastCheckpoint(Checkpoint):
                     rank_zero_warn(f"Slurm job {job_id}: {name} at {where}; saved {path}, but scontrol requeue failed "
                                    f"({why}): submit again with --ckpt_path {path}")
             return RunStopped(code)
+        bar = trainer.progress_bar_callback
+        if trainer.is_global_zero and isinstance(bar, TQDMProgressBar) and bar.is_enabled:
+            print(flush=True)  # the bar's line has no end while it is drawn: this line gets its own
         as_term = " (as SIGTERM)" if signum != as_requested(signum) else ""
-        say(trainer, f"stopped by {name}{as_term} at {where}; last checkpoint: {path} "
-                     f"(continue with the same command and --ckpt_path last)")
+        rank_zero_info(f"stopped by {name}{as_term} at {where}; last checkpoint: {path} "
+                       "(continue with the same command and --ckpt_path last)")
         return RunStopped(128 + as_requested(signum))
 
 
@@ -230,13 +225,3 @@ def stops_reach_spawned_ranks(trainer: L.Trainer) -> Iterator[None]:
         raise
     finally:
         stops.restore()
-
-
-def say(trainer: L.Trainer, line: str) -> None:
-    """rank_zero_info on a line of its own: the progress bar's line (on stdout) has no end while it is drawn, and a
-    line written after it in a terminal would be glued to it."""
-    bar = trainer.progress_bar_callback
-    if trainer.is_global_zero and isinstance(bar, TQDMProgressBar) and bar.is_enabled:
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-    rank_zero_info(line)
