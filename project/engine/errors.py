@@ -7,22 +7,22 @@ What each mistake prints, under ddp too: docs/reliability.md#bad-input.
 """
 
 import contextlib
+import glob
 import os
 import pickle
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
-DEBUG_ENV = "PROJECT_DEBUG"
 _STARTED = time.time()  # notes left by ranks of an earlier job are older than this process
 EXIT_USER_ERROR = 2
 
 
 def env_global_rank() -> int:
-    """This process's global rank as the launcher set it, before any process group exists (torchrun RANK, Slurm
-    SLURM_PROCID, Lightning's children NODE_RANK/LOCAL_RANK); 0 for a process started by hand: Lightning's rank 0."""
+    """This process's global rank as its launcher set it (torchrun, Slurm, Lightning); 0 when started by hand."""
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
     env = os.environ
@@ -33,11 +33,6 @@ def env_global_rank() -> int:
         return int(env["SLURM_PROCID"])
     local, node = int(env.get("LOCAL_RANK", 0)), int(env.get("NODE_RANK", env.get("GROUP_RANK", 0)))
     return local if node == 0 else node * max(1, int(env.get("LOCAL_WORLD_SIZE", 1))) + local
-
-
-def env_world_size() -> int:
-    """The number of ranks the launcher started (1 when unknown, e.g. before Lightning launches its children)."""
-    return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_STEP_NUM_TASKS", 1)))
 
 
 def shown(path: os.PathLike | str) -> str:
@@ -74,18 +69,13 @@ class DiskFullError(UserError):
 
 
 class UnreadableImageError(OSError):
-    """A file that neither the tensor decoder nor PIL can decode (truncated, corrupt, not an image). An OSError, as
-    PIL's own decode errors are, so that code catching those (DataLoader workers, data.on_corrupt=skip) catches it."""
+    """A file no decoder can read (truncated, corrupt, not an image); an OSError, as PIL's are, for their handlers."""
 
 
 # Messages of torch.distributed when a *peer* died or stopped answering: this rank is a victim, not the culprit.
 _PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
                  "NCCL communicator was aborted", "has exited", "recvBytes", "Socket Timeout", "Timed out waiting",
                  "Application timeout caused pair closure")  # the last: gloo when the peer is stopped (SIGSTOP)
-
-
-def debugging() -> bool:
-    return os.environ.get(DEBUG_ENV, "0") not in ("", "0", "false", "False")
 
 
 def user_message(error: BaseException) -> Optional[str]:
@@ -179,7 +169,8 @@ def record_rank(global_rank: Optional[int], world_size: int = 1) -> None:
 
 def rank_label() -> str:
     """' (rank N)' when this process is one of several ranks, else ''."""
-    rank, world = _rank if _rank is not None else (env_global_rank(), env_world_size())
+    launched = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_STEP_NUM_TASKS", 1)))  # 1 before Lightning's
+    rank, world = _rank if _rank is not None else (env_global_rank(), launched)
     return f" (rank {rank})" if world > 1 else ""
 
 
@@ -196,14 +187,16 @@ def exit_on_user_error(run: Callable[[], object]) -> None:
 def report_and_exit(error: BaseException) -> None:
     """Print a user error as one line and exit 2; print one line for a peer failure and exit 1; else re-raise. Under
     ddp the culprit also leaves its line in a note that the others print last (docs/reliability.md#bad-input)."""
-    if debugging():
-        raise error
+    if os.environ.get("PROJECT_DEBUG", "0") not in ("", "0", "false", "False"):
+        raise error  # the traceback
     message = user_message(error)
     if message is not None:
         line = f"error{rank_label()}: {message}"
         print(line, file=sys.stderr, flush=True)
         if rank_label():
-            _leave_note(line)
+            if (prefix := _note_prefix()) is not None:
+                with contextlib.suppress(OSError):  # the line was printed already; the note only repeats it
+                    Path(f"{prefix}{os.getpid()}").write_text(line + "\n")
             _close_process_group()
         sys.exit(130 if isinstance(error, KeyboardInterrupt) else EXIT_USER_ERROR)
     if is_peer_failure(error):
@@ -218,8 +211,6 @@ def report_and_exit(error: BaseException) -> None:
 
 def _note_prefix() -> Optional[str]:
     """Notes of one job share MASTER_ADDR:MASTER_PORT (set for every rank by torchrun, srun and Lightning)."""
-    import tempfile
-
     port = os.environ.get("MASTER_PORT")
     if not port:
         return None
@@ -227,17 +218,8 @@ def _note_prefix() -> Optional[str]:
     return os.path.join(tempfile.gettempdir(), f"project-error-{host}-{port}-")
 
 
-def _leave_note(line: str) -> None:
-    prefix = _note_prefix()
-    if prefix is not None:
-        with contextlib.suppress(OSError):  # the line was printed already; the note only repeats it
-            Path(f"{prefix}{os.getpid()}").write_text(line + "\n")
-
-
 def _notes_of_failed_ranks(wait_s: float = 2.0) -> list[str]:
     """The error lines other ranks of this job left (waiting briefly for one that is still being written)."""
-    import glob
-
     prefix = _note_prefix()
     if prefix is None:
         return []
