@@ -7,7 +7,6 @@ Checked at start-up; a resume continues the tracked runs in `<run dir>/trackers.
 
 import base64
 import csv
-import io
 import json
 import os
 import re
@@ -304,13 +303,7 @@ def continue_csv_logs(loggers: list, resume_step: int) -> None:
         writer = logger.experiment  # created now, with no metrics.csv to delete
         with open(aside, newline="") as file:
             reader = csv.DictReader(file)
-            header = list(reader.fieldnames or [])
-            rows = [row for row in reader if int(float(row.get("step") or 0)) < resume_step]
-        if header:
-            text = io.StringIO()
-            table = csv.DictWriter(text, fieldnames=header)
-            table.writeheader()
-            table.writerows(rows)
-            atomic_write(path, lambda file, text=text: file.write(text.getvalue().encode()))
-            writer.metrics_keys = header  # Lightning's writer appends under the keys it holds
+            writer.metrics_keys = list(reader.fieldnames or [])  # the header it writes, and appends under
+            writer.metrics = [row for row in reader if int(float(row.get("step") or 0)) < resume_step]
+        writer.save()  # a new metrics.csv with these rows; until it is whole, the rows are in metrics.csv.resume
         os.remove(aside)
