@@ -1,9 +1,7 @@
-"""Errors a person can read: one line (what, where, the fix), no traceback, a non-zero exit.
+"""Errors a person can read: one line (what, where, the fix), no traceback, exit 2 (docs/reliability.md#bad-input).
 
     python -m project fit --config configs/quickstart.yaml --data.root /nowhere    # error: data root /nowhere ...
     PROJECT_DEBUG=1 python -m project fit ...                                       # the same, with the traceback
-
-What each mistake prints, under ddp too: docs/reliability.md#bad-input.
 """
 
 import contextlib

@@ -1,8 +1,6 @@
-"""One run dir, one writer: a live run holds a POSIX record lock on <run dir>/.lock; a second writer stops.
+"""One run dir, one writer: a POSIX record lock on <run dir>/.lock (docs/reliability.md#one-writer-per-run-dir).
 
     python -m project fit --config configs/quickstart.yaml --ckpt_path last   # error: run dir ... is in use by pid ...
-
-Why a record lock (not flock), and what a failed start removes: docs/reliability.md ("One writer per run dir").
 """
 
 import errno

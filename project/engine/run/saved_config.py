@@ -1,9 +1,6 @@
-"""config.yaml in the run dir: the resolved config of the run's latest fit; earlier starts are kept beside it.
+"""config.yaml in the run dir: the resolved config of the run's latest fit (docs/reliability.md#configyaml).
 
     python -m project fit --config <run dir>/config.yaml      # the latest settings of that run
-
-Only a fit writes it, into the run dir its plan chose (validate, test and predict write none): why, and when a resume
-writes it, in docs/reliability.md.
 """
 
 from pathlib import Path

@@ -1,8 +1,6 @@
-"""Stop requests: SIGTERM, SIGHUP, SIGINT and (in a Slurm job) SIGUSR1 only set a flag; the training loop acts on it.
+"""Stop requests only set a flag; the training loop acts on it (why: docs/reliability.md#stop-signals).
 
     kill -TERM <pid>      # or docker stop, scancel, Ctrl+C: checkpoint at the next agreed batch end, exit 143
-
-Why a handler does nothing more (a collective it interrupts could deadlock): docs/reliability.md ("Stop signals").
 """
 
 import signal
