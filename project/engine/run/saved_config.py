@@ -3,6 +3,7 @@
     python -m project fit --config <run dir>/config.yaml      # the latest settings of that run
 """
 
+import itertools
 from pathlib import Path
 from typing import Optional
 
@@ -13,16 +14,6 @@ from lightning.pytorch.cli import SaveConfigCallback
 from project.engine.run.checkpoint_io import atomic_write
 from project.engine.run.run_dirs import CHECKPOINTS
 from project.engine.run.trackers import kind_of, log_config, logger_entries, record_tracked_runs
-
-
-def keep_previous(path: Path) -> None:
-    """Rename an existing `path` to the first free <stem>.<n><suffix>."""
-    if not path.is_file():
-        return
-    n = 1
-    while (kept := path.with_name(f"{path.stem}.{n}{path.suffix}")).exists():
-        n += 1
-    path.rename(kept)
 
 
 class KeepingSaveConfigCallback(SaveConfigCallback):
@@ -54,7 +45,9 @@ class KeepingSaveConfigCallback(SaveConfigCallback):
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
         path = self.run_dir / self.config_filename
-        keep_previous(path)
+        if path.is_file():  # a previous start's: kept as config.<n>.yaml, the first n free
+            n = next(n for n in itertools.count(1) if not path.with_name(f"{path.stem}.{n}{path.suffix}").exists())
+            path.rename(path.with_name(f"{path.stem}.{n}{path.suffix}"))
         config = self.config.clone()
         for entry in logger_entries(config.trainer):
             # The tracked run's identity (trackers.json keeps it for a resume), not a setting: a new run from this
@@ -62,10 +55,7 @@ class KeepingSaveConfigCallback(SaveConfigCallback):
             for key in {"mlflow": ("run_id",), "wandb": ("id", "save_dir")}.get(kind_of(entry), ()):
                 entry.init_args[key] = None
         text = self.parser.dump(config, skip_none=False)
-        if self.multifile:
-            self.parser.save(config, str(path), skip_none=False, overwrite=True, multifile=True)
-        else:
-            atomic_write(path, lambda file: file.write(text), mode="w")
+        atomic_write(path, lambda file: file.write(text), mode="w")
         # The trackers (MLflow, W&B, ...) get the same config, and their run ids are kept for a resume.
         log_config(trainer.loggers, yaml.safe_load(text) or {}, path)
         record_tracked_runs(trainer.loggers, self.run_dir)
