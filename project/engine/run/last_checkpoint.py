@@ -21,7 +21,7 @@ from torch.multiprocessing import ProcessExitedException
 from project.engine.compat.sigterm_broadcast import take_over_lightning_sigterm
 from project.engine.compat.spawn import trains_in_this_process
 from project.engine.errors import CheckpointError, ConfigError
-from project.engine.run.run_dirs import CHECKPOINTS, version_name
+from project.engine.run.run_dirs import CHECKPOINTS
 from project.engine.run.signals import STOP_SIGNALS, StopRequests, as_requested
 from project.engine.run.slurm import requeue, slurm_job_id
 from project.engine.run.training_steps import after_optimizer_step, validation_follows
@@ -34,15 +34,9 @@ class RunStopped(SystemExit):
 
 
 def checkpoint_dir(trainer: L.Trainer) -> Path:
-    """Where the run's checkpoints go: ModelCheckpoint's folder if there is one, else Lightning's rule for it."""
-    for callback in trainer.callbacks:
-        if isinstance(callback, ModelCheckpoint) and callback.dirpath:
-            return Path(callback.dirpath)
-    if trainer.loggers:
-        logger = trainer.loggers[0]
-        return Path(logger.save_dir or trainer.default_root_dir, str(logger.name), version_name(logger.version),
-                    CHECKPOINTS)
-    return Path(trainer.default_root_dir, CHECKPOINTS)
+    """Where the run's checkpoints go: ModelCheckpoint's folder (the CLI's always has one), else the log dir's."""
+    folders = [c.dirpath for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath]
+    return Path(folders[0]) if folders else Path(trainer.log_dir or trainer.default_root_dir, CHECKPOINTS)
 
 
 class LastCheckpoint(Checkpoint):
@@ -96,10 +90,9 @@ class LastCheckpoint(Checkpoint):
         if self._stops is not None:
             return
         signums = STOP_SIGNALS + ((signal.SIGUSR1,) if slurm_job_id() is not None else ())
-        self._stops = StopRequests(signums)
         # Ranks Lightning started itself may not get a SIGTERM sent to PID 1 (docker stop): rank 0 passes it on.
         kill = getattr(trainer.strategy.launcher, "kill", None) if trainer.is_global_zero else None
-        self._stops.install(forward=kill, forwarded=(signal.SIGTERM, signal.SIGHUP))
+        self._stops = StopRequests(signums, forward=kill)
         # Lightning's flag, set if a SIGTERM came before this, is ours from now on (its per-step broadcast can go).
         if take_over_lightning_sigterm(trainer):
             self._stops.received = self._stops.received or signal.SIGTERM
@@ -215,8 +208,7 @@ def stops_reach_spawned_ranks(trainer: L.Trainer) -> Iterator[None]:
     if trains_in_this_process(trainer):
         yield
         return
-    stops = StopRequests(STOP_SIGNALS)
-    stops.install(forward=trainer.strategy.launcher.kill, forwarded=(signal.SIGTERM, signal.SIGHUP))
+    stops = StopRequests(STOP_SIGNALS, forward=trainer.strategy.launcher.kill)
     try:
         yield
     except ProcessExitedException as exited:
