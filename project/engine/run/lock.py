@@ -30,11 +30,8 @@ class RunLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            try:
-                fcntl.lockf(self._fd, fcntl.LOCK_UN)
-            finally:
-                os.close(self._fd)
-                self._fd = None
+            os.close(self._fd)  # which releases the lock: POSIX record locks end with any of the file's fds
+            self._fd = None
 
     def remove_failed_start(self) -> None:
         """After a start that failed before its first optimizer step: delete what this process created for the run
