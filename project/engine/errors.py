@@ -4,6 +4,7 @@
     PROJECT_DEBUG=1 python -m project fit ...                                       # the same, with the traceback
 """
 
+import argparse
 import contextlib
 import glob
 import os
@@ -14,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
+
+import yaml
 
 _STARTED = time.time()  # notes left by ranks of an earlier job are older than this process
 EXIT_USER_ERROR = 2
@@ -78,8 +81,6 @@ _PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "Broke
 
 def user_message(error: BaseException) -> Optional[str]:
     """The one-line message for an error the user caused, or None for a bug (which keeps its traceback)."""
-    import argparse
-
     if isinstance(error, (UserError, UnreadableImageError)):
         return str(error)
     if type(error).__name__ == "MisconfigurationException":  # Lightning's word for a setting that cannot work
@@ -246,8 +247,6 @@ def _close_process_group() -> None:
 def check_config_files(argv: list[str]) -> None:
     """Every `--config FILE` exists and is valid YAML; else a ConfigError naming the file, line and column (which
     jsonargparse's own error lacks)."""
-    import yaml
-
     files = [arg.split("=", 1)[1] for arg in argv if arg.startswith(("--config=", "-c="))]
     files += [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config", "-c")]
     for name in files:
@@ -256,8 +255,7 @@ def check_config_files(argv: list[str]) -> None:
             raise ConfigError(f"config file {name} does not exist (--config takes a YAML file, e.g. "
                               "configs/quickstart.yaml)")
         try:
-            with open(path) as file:
-                yaml.safe_load(file)
+            yaml.safe_load(Path(path).read_text())
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -18,10 +18,7 @@ from project.engine.run.trackers import kind_of, log_config, logger_entries, rec
 
 class KeepingSaveConfigCallback(SaveConfigCallback):
     def __init__(self, *args, run_dir: Optional[Path] = None, **kwargs):
-        """
-        Args:
-            run_dir: the fit's run dir (the run plan's): config.yaml and the checkpoints go there; None: not a fit.
-        """
+        """`run_dir`: the fit's run dir (the run plan's), where config.yaml and the checkpoints go; None: not a fit."""
         self.run_dir = Path(run_dir) if run_dir is not None else None
         kwargs["save_to_log_dir"] = False  # save_config below writes it, on rank 0 only
         super().__init__(*args, **kwargs)

@@ -7,10 +7,13 @@ Checked at start-up; a resume continues the tracked runs in `<run dir>/trackers.
 
 import base64
 import csv
+import importlib
 import json
+import netrc
 import os
 import re
 import secrets
+import socket
 import subprocess
 import urllib.error
 import urllib.parse
@@ -51,8 +54,6 @@ def _init_args(entry: Namespace) -> Namespace:
 
 def check_trackers(trainer: Namespace) -> None:
     """ConfigError for a tracker that cannot work: a missing package, MLflow's refused file store, no server answer."""
-    import importlib
-
     for entry in logger_entries(trainer):
         kind = kind_of(entry)
         try:  # the package the logger will import (a broken install fails here too)
@@ -77,8 +78,6 @@ def _mlflow_uri(args: Namespace) -> Optional[str]:
 
 
 def _check_wandb(entry: Namespace) -> None:
-    import socket
-
     args, kwargs = _init_args(entry), entry.get("dict_kwargs") or {}
     mode = os.environ.get("WANDB_MODE") or kwargs.get("mode") or ""
     if args.get("offline") or mode in ("offline", "dryrun", "disabled"):
@@ -98,8 +97,6 @@ def _check_wandb(entry: Namespace) -> None:
 
 def _wandb_key_known(url: str) -> bool:
     """Whether an API key is where `wandb login` puts it (~/.netrc, for the server's host) or in WANDB_API_KEY."""
-    import netrc
-
     if os.environ.get("WANDB_API_KEY"):
         return True
     try:
@@ -223,8 +220,7 @@ def record_tracked_runs(loggers: list, run_dir: Path) -> None:
         elif kind == "wandb":
             ids["wandb"] = logger.experiment.id
     if ids:
-        text = json.dumps(ids, indent=1) + "\n"
-        atomic_write(run_dir / TRACKERS_FILE, lambda file: file.write(text.encode()))
+        atomic_write(run_dir / TRACKERS_FILE, lambda file: file.write(json.dumps(ids, indent=1) + "\n"), mode="w")
 
 
 def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
