@@ -20,8 +20,6 @@ from project.engine.run.run_dirs import CHECKPOINTS, LOGS, logger_version, next_
 from project.engine.run.slurm import slurm_job_id, slurm_restart_count
 from project.engine.run.trackers import check_trackers, kind_of, logger_entries, point_trackers
 
-REQUIRED_KEYS = ("state_dict", "epoch", "global_step")
-
 
 @dataclass
 class RunPlan:
@@ -52,7 +50,7 @@ class RunPlan:
 def describe_checkpoint(path: Path) -> dict[str, Any]:
     """The checkpoint's contents, memory-mapped (cheap); CheckpointError when it does not load or is not ours."""
     loaded = load_trusted_format(path, mmap=True)
-    missing = [key for key in REQUIRED_KEYS if key not in loaded]
+    missing = [key for key in ("state_dict", "epoch", "global_step") if key not in loaded]
     if missing:
         raise CheckpointError(f"{path} is not a Lightning training checkpoint (it lacks {', '.join(missing)})")
     return loaded
@@ -80,12 +78,11 @@ def _file_loggers(trainer: Namespace) -> list[Namespace]:
 
 
 def logs_dir(trainer: Namespace, root: Path) -> Path:
-    """Where the runs' version dirs live: the first TensorBoard/CSV logger's save_dir/name (by default
-    <root>/lightning_logs); for other loggers only, or none, <root>/lightning_logs, where our checkpoints then go."""
+    """Where the version dirs live: the first TensorBoard/CSV logger's save_dir/name, else <root>/lightning_logs."""
     files = _file_loggers(trainer)
     if not files:
         return root / LOGS
-    args = files[0].get("init_args") or Namespace()
+    args = files[0].init_args
     return Path(args.get("save_dir") or root, args.get("name", LOGS) or "")  # name None or "": no folder of its own
 
 
@@ -181,8 +178,7 @@ def _place_run(plan: RunPlan, trainer: Namespace, root: Path, logs: Path, given_
     if given_dir is not None:  # the user chose where checkpoints go: that folder's parent is the run dir
         plan.run_dir, plan.fresh = given_dir.parent, False
     elif job_dir is not None:
-        plan.run_dir = job_dir
-        plan.fresh = not job_dir.exists()
+        plan.run_dir, plan.fresh = job_dir, not job_dir.exists()
     elif plan.ckpt_path is not None and (existing := run_dir_of(plan.ckpt_path, logs)) is not None:
         plan.run_dir, plan.fresh = existing, False
     if claim_run_dir:

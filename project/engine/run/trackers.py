@@ -33,23 +33,18 @@ _KINDS = {"TensorBoardLogger": "tensorboard", "CSVLogger": "csv", "MLFlowLogger"
 
 
 def logger_entries(trainer: Namespace) -> list[Namespace]:
-    """The configured loggers as class_path/init_args namespaces (the default logger is a TensorBoardLogger)."""
+    """The configured loggers as class_path/init_args namespaces (the default logger, `True`, is none of them)."""
     logger = trainer.get("logger")
-    if logger in (None, True, False):
-        return []
-    items = logger if isinstance(logger, list) else [logger]
-    return [item for item in items if isinstance(item, Namespace)]
+    entries = [item for item in (logger if isinstance(logger, list) else [logger]) if isinstance(item, Namespace)]
+    for entry in entries:
+        if entry.get("init_args") is None:  # a class_path alone: its options are set in here
+            entry.init_args = Namespace()
+    return entries
 
 
 def kind_of(entry: Namespace) -> str:
     """'tensorboard', 'csv', 'mlflow', 'wandb' or 'other' for a logger's class_path."""
     return _KINDS.get(str(entry.get("class_path", "")).rsplit(".", 1)[-1], "other")
-
-
-def _init_args(entry: Namespace) -> Namespace:
-    if entry.get("init_args") is None:
-        entry.init_args = Namespace()
-    return entry.init_args
 
 
 def check_trackers(trainer: Namespace) -> None:
@@ -63,7 +58,7 @@ def check_trackers(trainer: Namespace) -> None:
             raise ConfigError(f"trainer.logger {entry.class_path} needs the {kind} package, which is not installed: "
                               f"pip install -e \".[tracking]\" (or pip install {kind})") from None
         if kind == "mlflow":
-            _check_mlflow(_init_args(entry))
+            _check_mlflow(entry.init_args)
         elif kind == "wandb":
             _check_wandb(entry)
 
@@ -78,7 +73,7 @@ def _mlflow_uri(args: Namespace) -> Optional[str]:
 
 
 def _check_wandb(entry: Namespace) -> None:
-    args, kwargs = _init_args(entry), entry.get("dict_kwargs") or {}
+    args, kwargs = entry.init_args, entry.get("dict_kwargs") or {}
     mode = os.environ.get("WANDB_MODE") or kwargs.get("mode") or ""
     if args.get("offline") or mode in ("offline", "dryrun", "disabled"):
         return
@@ -154,7 +149,7 @@ def point_trackers(trainer: Namespace, run_dir: Path, *, resuming: bool) -> None
     ids = read_tracked_runs(run_dir) if resuming else {}
     commit = git_commit()
     for entry in logger_entries(trainer):
-        kind, args = kind_of(entry), _init_args(entry)
+        kind, args = kind_of(entry), entry.init_args
         if kind == "mlflow":
             if ids.get("mlflow") and _mlflow_run_continues(args, ids):
                 args.run_id = ids["mlflow"]
@@ -271,16 +266,13 @@ def how_to_look(loggers: list, run_dir: Path) -> list[str]:
         elif kind == "mlflow":
             uri = redact(_tracking_uri(None))  # the logger set it when it started its run
             where = f"experiments/{logger.experiment_id}/runs/{logger.run_id}"
-            if uri.startswith(("http://", "https://")):
-                parts.append(f"MLflow {uri.rstrip('/')}/#/{where}")
-            else:
-                parts.append(f"MLflow run {logger.run_id}: mlflow ui --backend-store-uri {uri}")
+            parts.append(f"MLflow {uri.rstrip('/')}/#/{where}" if uri.startswith(("http://", "https://")) else
+                         f"MLflow run {logger.run_id}: mlflow ui --backend-store-uri {uri}")
         elif kind == "wandb":
             run = logger.experiment
-            if getattr(run, "offline", False) or os.environ.get("WANDB_MODE") in ("offline", "dryrun"):
-                parts.append(f"W&B offline run {run.id}: wandb sync {Path(run.dir).parent}")
-            else:
-                parts.append(f"W&B {run.entity}/{run.project}/runs/{run.id}")
+            offline = getattr(run, "offline", False) or os.environ.get("WANDB_MODE") in ("offline", "dryrun")
+            parts.append(f"W&B offline run {run.id}: wandb sync {Path(run.dir).parent}" if offline else
+                         f"W&B {run.entity}/{run.project}/runs/{run.id}")
     return parts
 
 
