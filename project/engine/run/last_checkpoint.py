@@ -33,12 +33,6 @@ class RunStopped(SystemExit):
     """The run stopped on a signal after saving last.ckpt; exit code 143 (SIGTERM, SIGHUP) or 130 (SIGINT)."""
 
 
-def checkpoint_dir(trainer: L.Trainer) -> Path:
-    """Where the run's checkpoints go: ModelCheckpoint's folder (the CLI's always has one), else the log dir's."""
-    folders = [c.dirpath for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath]
-    return Path(folders[0]) if folders else Path(trainer.log_dir or trainer.default_root_dir, CHECKPOINTS)
-
-
 class LastCheckpoint(Checkpoint):
     """Keeps <run dir>/checkpoints/last.ckpt current (see the module docstring for when, and what a stop costs)."""
 
@@ -46,11 +40,10 @@ class LastCheckpoint(Checkpoint):
                  check_every_n_steps: int = 10):
         """
         Args:
-            every_minutes: rewrite last.ckpt after this many minutes of training (None: only at epoch ends, on
-                signals, and every_n_steps).
+            every_minutes: rewrite last.ckpt after this many minutes of training (None: at epoch ends and stops only).
             every_n_steps: also rewrite it every this many optimizer steps (None: off).
-            check_every_n_steps: under ddp, how often (in optimizer steps) the ranks agree on stop signals and on
-                the time; one tiny all-reduce each time. A single process checks every step, at no cost.
+            check_every_n_steps: under ddp, the ranks agree on stops and the time every this many optimizer steps
+                (one tiny all-reduce); a single process checks every step, at no cost.
         """
         if check_every_n_steps < 1:
             raise ConfigError(f"last_checkpoint.check_every_n_steps must be >= 1, got {check_every_n_steps}")
@@ -63,26 +56,25 @@ class LastCheckpoint(Checkpoint):
         self._stopping: Optional[RunStopped] = None  # saved and said: raised once this step's metrics are logged
         self._last_save_time = 0.0
 
-    # -- life cycle ----------------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        # Every rank chose its checkpoint itself (project.engine.run.resume); they must have chosen the same one, or
-        # their steps, and so their collectives, would disagree.
+        # Each rank chose its checkpoint itself (resume.py); different ones would make their collectives disagree.
         chosen = trainer.strategy.broadcast(str(trainer.ckpt_path))
         if chosen != str(trainer.ckpt_path):
             raise CheckpointError(f"rank {trainer.global_rank} chose checkpoint {trainer.ckpt_path} but rank 0 chose "
                                   f"{chosen}: are the ranks seeing the same files (a shared filesystem's caching)?")
 
-    # Handlers are taken over as soon as Lightning has installed its own (in Trainer._run, after every setup hook):
-    # at the sanity check, or at train start when there is none.
+    # Lightning installs its handlers in Trainer._run, after every setup hook: ours at the sanity check or train start.
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn == "fit":
             self._take_over_signals(trainer)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # ModelCheckpoint resolves its folder in its own setup: known here.
-        self.path = Path(trainer.strategy.broadcast(str(checkpoint_dir(trainer) / LAST)))
+        # Beside ModelCheckpoint's (it resolves its folder in its own setup: known here; the CLI always has one).
+        folders = [c.dirpath for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath]
+        folder = folders[0] if folders else Path(trainer.log_dir or trainer.default_root_dir, CHECKPOINTS)
+        self.path = Path(trainer.strategy.broadcast(str(Path(folder) / LAST)))
         self._last_save_time = time.monotonic()
         self._take_over_signals(trainer)
 
@@ -97,20 +89,15 @@ class LastCheckpoint(Checkpoint):
         if take_over_lightning_sigterm(trainer):
             self._stops.received = self._stops.received or signal.SIGTERM
 
-    def _restore_handlers(self) -> None:
+    def _restore_handlers(self, *hook_args: Any) -> None:
         if self._stops is not None:
             self._stops.restore()
             self._stops = None
 
-    # Restored before Lightning restores the handlers it found (in its teardown, which runs before the callbacks'
-    # teardown hooks): the other order would leave Lightning's SIGTERM handler installed after fit.
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._restore_handlers()
+    # At train end, or on an exception: before Lightning restores the handlers it found (in its teardown, which runs
+    # before the callbacks' teardown hooks); the other order would leave Lightning's SIGTERM handler installed.
+    on_train_end = on_exception = teardown = _restore_handlers
 
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._restore_handlers()
-
-    # -- triggers ------------------------------------------------------------------------------------------------
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         # Lightning logs a step's metrics after its on_train_batch_end: a stop raised there lost the step's train/loss.
@@ -124,17 +111,12 @@ class LastCheckpoint(Checkpoint):
         if (self._stops is None or not after_optimizer_step(trainer, batch_idx)
                 or validation_follows(trainer, batch_idx)):
             return
-        step = trainer.global_step
-        distributed = trainer.world_size > 1
-        if not distributed or step % self.check_every_n_steps == 0:
-            signum, time_due = self._agree(trainer, distributed)
-            if signum:
-                self._stopping = self._stop(trainer, signum)
-                return
-            if time_due:
-                self._save(trainer)
-                return
-        if self.every_n_steps and step % self.every_n_steps == 0:
+        step, distributed = trainer.global_step, trainer.world_size > 1
+        checks = not distributed or step % self.check_every_n_steps == 0
+        signum, time_due = self._agree(trainer, distributed) if checks else (0, False)
+        if signum:
+            self._stopping = self._stop(trainer, signum)
+        elif time_due or (self.every_n_steps and step % self.every_n_steps == 0):
             self._save(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -143,9 +125,8 @@ class LastCheckpoint(Checkpoint):
             raise self._stopping
         if self._stops is None:
             return
-        # The epoch's sync_dist metrics are reduced by whoever reads them first: on rank 0 the progress bar did, just
-        # before (only there: the others have no bar). Read here on every rank, that reduce comes before the
-        # collectives below on all of them; else rank 0 waits in _agree while the others wait in the metric's reduce.
+        # The epoch's sync_dist metrics are reduced by their first reader (rank 0's progress bar; the others have
+        # none): read on every rank before _agree, or rank 0 waits there while the others wait in that reduce.
         trainer.callback_metrics  # noqa: B018
         self._save(trainer, again=True)
         # A signal that came during the last steps or the validation:
@@ -153,10 +134,6 @@ class LastCheckpoint(Checkpoint):
         if signum:
             raise self._stop(trainer, signum)
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore_handlers()
-
-    # -- actions -------------------------------------------------------------------------------------------------
     def _agree(self, trainer: L.Trainer, distributed: bool) -> tuple[int, bool]:
         """(stop signal any rank got, 0 if none; rank 0's clock says a timed save is due), the same on all ranks."""
         signum = self._stops.received or (signal.SIGTERM if trainer.received_sigterm else 0)
