@@ -88,16 +88,13 @@ def user_message(error: BaseException) -> Optional[str]:
     if isinstance(error, KeyboardInterrupt):
         return "interrupted (Ctrl+C) before training started; nothing was trained"
     if isinstance(error, argparse.ArgumentError):  # jsonargparse: an unknown option, a value of the wrong type
-        text = readable_parse_error(str(error))
-        return f"{text[:600]} (`python -m project <subcommand> --help` lists every option)"
+        return f"{readable_parse_error(str(error))[:600]} (`python -m project <subcommand> --help` lists every option)"
     if isinstance(error, pickle.UnpicklingError):
         return untrusted_checkpoint_message(error)
     cause = error.__cause__
-    while cause is not None:  # jsonargparse wraps what a nested class raised (a dataclass's __post_init__) in its own
-        if isinstance(cause, UserError):
-            return str(cause)
+    while cause is not None and not isinstance(cause, UserError):  # jsonargparse wraps what a nested class raised
         cause = cause.__cause__
-    return None
+    return None if cause is None else str(cause)
 
 
 # Lines of jsonargparse's report on a value no alternative of a Union (Optional[...] included) accepts that say
@@ -141,8 +138,7 @@ def readable_parse_error(text: str) -> str:
 def untrusted_checkpoint_message(error: BaseException, path: object = None) -> Optional[str]:
     """The one line (load_trusted_format's and user_message's) for torch.load(weights_only=True) refusing pickles."""
     text = str(error)
-    if not isinstance(error, pickle.UnpicklingError) or not ("Weights only load failed" in text
-                                                             or "WeightsUnpickler" in text):
+    if not (isinstance(error, pickle.UnpicklingError) and re.search("Weights only load failed|WeightsUnpickler", text)):
         return None
     found = re.search(r"Unsupported (global|operand)[^.\n]*", text)
     what = f" ({found.group(0).strip()})" if found else ""
@@ -186,17 +182,21 @@ def exit_on_user_error(run: Callable[[], object]) -> None:
 def report_and_exit(error: BaseException) -> None:
     """Print a user error as one line and exit 2; print one line for a peer failure and exit 1; else re-raise. Under
     ddp the culprit also leaves its line in a note that the others print last (docs/reliability.md#bad-input)."""
+    import torch.distributed as dist
+
     if os.environ.get("PROJECT_DEBUG", "0") not in ("", "0", "false", "False"):
         raise error  # the traceback
     message = user_message(error)
     if message is not None:
         line = f"error{rank_label()}: {message}"
         print(line, file=sys.stderr, flush=True)
-        if rank_label():
+        if rank_label():  # the others print the line last, and fail their pending collectives now, not at timeout
             if (prefix := _note_prefix()) is not None:
                 with contextlib.suppress(OSError):  # the line was printed already; the note only repeats it
                     Path(f"{prefix}{os.getpid()}").write_text(line + "\n")
-            _close_process_group()
+            if dist.is_available() and dist.is_initialized():
+                with contextlib.suppress(Exception):  # closing a broken group may fail too
+                    dist.destroy_process_group()
         sys.exit(130 if isinstance(error, KeyboardInterrupt) else EXIT_USER_ERROR)
     if is_peer_failure(error):
         reason = " ".join(str(error).split("] ", 1)[-1].split())[:160]
@@ -233,15 +233,6 @@ def _notes_of_failed_ranks(wait_s: float = 2.0) -> list[str]:
         with contextlib.suppress(OSError):
             lines.append(Path(note).read_text().strip())
     return [line for line in lines if line]
-
-
-def _close_process_group() -> None:
-    """Close this rank's process group: the others' pending collectives fail now, not at their timeout."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        with contextlib.suppress(Exception):  # closing a broken group may fail too
-            dist.destroy_process_group()
 
 
 def check_config_files(argv: list[str]) -> None:
