@@ -2,12 +2,10 @@
 
     python -m project fit --config configs/quickstart.yaml --ckpt_path last
 
-The CLI calls one function, `start_run(subcommand, config)` (resume.py: which checkpoint, which run dir; for a fit the
-run dir created and locked). The file for each question: run_dirs.py (version_N names), lock.py (one writer per run
-dir), checkpoint_io.py (atomic writes, trusted loads), checkpoint_checks.py (does the checkpoint fit the model and
-data), last_checkpoint.py (last.ckpt, stops), signals.py, launchers.py (torchrun, srun), slurm.py (job id, requeue),
-saved_config.py (config.yaml), training_steps.py (which batch ends step, log, validate), trackers.py (one tracked run
-a run), sweep.py and sweep_trials.py (Optuna sweeps).
+The CLI calls `start_run(subcommand, config)` (resume.py: which checkpoint and run dir). Each other file answers one
+question: run_dirs.py, lock.py (one writer), checkpoint_io.py (atomic writes, trusted loads), checkpoint_checks.py,
+last_checkpoint.py (and stops), signals.py, launchers.py, slurm.py, saved_config.py (config.yaml), training_steps.py,
+trackers.py, sweep.py and sweep_trials.py (Optuna).
 """
 
 from project.engine.run.resume import RunPlan, start_run

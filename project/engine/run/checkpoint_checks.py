@@ -54,8 +54,7 @@ def check_class_names(path: Path, checkpoint: Mapping[str, Any], datamodule: Any
 
 def check_checkpoint_fits(path: Path, checkpoint: dict[str, Any], model: L.LightningModule,
                           datamodule: L.LightningDataModule | None) -> None:
-    """CheckpointError naming what differs: the class names, the class count, the network (keys, shapes); `checkpoint`
-    is `path` as the run plan loaded it."""
+    """CheckpointError naming what differs: the class names, the class count, the network (keys, shapes)."""
     check_class_names(path, checkpoint, datamodule)
     saved, expected = checkpoint["state_dict"], model.state_dict()
     missing = [key for key in expected if key not in saved]

@@ -33,15 +33,6 @@ def partial_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{HOST}-{os.getpid()}{PARTIAL_SUFFIX}")
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        with contextlib.suppress(OSError):  # some filesystems refuse fsync on directories; the rename is still atomic
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def remove_stale_partials(directory: Path) -> None:
     """Delete temp files that a killed write on this host left behind; a live writer's, and other hosts', are kept."""
     for leftover in directory.glob(f".*.{HOST}-*{PARTIAL_SUFFIX}"):
@@ -99,7 +90,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], object], *, mode
                                 f"(if any) is intact. {fix}") from error
         raise
     if fsync:
-        _fsync_dir(path.parent)
+        fd = os.open(path.parent, os.O_RDONLY)
+        with contextlib.suppress(OSError):  # some filesystems refuse fsync on directories; the rename is still atomic
+            os.fsync(fd)
+        os.close(fd)
     remove_stale_partials(path.parent)
     return path
 

@@ -39,8 +39,7 @@ class RunLock:
         held = self._fd is not None
         self.release()
         if self.run_dir not in self.created:
-            # A resume's run dir: only what this start added (an event file, hparams.yaml), and only while it held
-            # the lock (else the files are another run's).
+            # A resume's run dir: only what this start added, and only while it held the lock (else another run's).
             added = [p for p in self.run_dir.iterdir() if p.name not in (*self.found, LOCK_FILE, CHECKPOINTS)]
             for path in added if held else []:
                 if path.is_dir():
@@ -115,10 +114,8 @@ def _lock(run_lock: RunLock) -> RunLock:
         os.close(fd)
         if error.errno in (errno.EACCES, errno.EAGAIN):
             run_lock.remove_failed_start()  # a dir this process created for it (never the holder's)
-            raise RunDirInUse(
-                f"run dir {run_lock.run_dir} is in use by {_holder(lock_file)}; wait for that run to end (or stop it), "
-                "or write elsewhere with --trainer.default_root_dir"
-            ) from None
+            raise RunDirInUse(f"run dir {run_lock.run_dir} is in use by {_holder(lock_file)}; wait for that run to end "
+                              "(or stop it), or write elsewhere with --trainer.default_root_dir") from None
         # A filesystem without POSIX locks (some Lustre mounts): warn, do not refuse to train.
         rank_zero_warn(f"cannot lock {lock_file} ({error}); nothing stops a second run from writing into "
                        f"{run_lock.run_dir}")

@@ -53,6 +53,5 @@ class KeepingSaveConfigCallback(SaveConfigCallback):
                 entry.init_args[key] = None
         text = self.parser.dump(config, skip_none=False)
         atomic_write(path, lambda file: file.write(text), mode="w")
-        # The trackers (MLflow, W&B, ...) get the same config, and their run ids are kept for a resume.
         log_config(trainer.loggers, yaml.safe_load(text) or {}, path)
         record_tracked_runs(trainer.loggers, self.run_dir)
