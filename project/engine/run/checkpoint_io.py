@@ -99,13 +99,19 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], object], *, mode
 
 
 def load_trusted_format(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
-    """torch.load(weights_only=True) with one-line errors: missing file, not a checkpoint, pickled code."""
+    """torch.load(weights_only=True) with one-line errors: missing file, not a checkpoint, pickled code. Opens the
+    file once (twice with mmap); a file that fails is examined afterwards."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist" + (" (it is a folder)" if path.is_dir() else "") +
                               "; pass a .ckpt file, or --ckpt_path last for the newest one under the run's root")
-    try:  # mmap needs torch.save's zip archive: a legacy (pickle) file is read whole
-        loaded = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
+    try:
+        try:
+            loaded = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        except RuntimeError as error:
+            if not (mmap and "mmap can only be used with files saved with" in str(error)):
+                raise
+            loaded = torch.load(path, map_location=map_location, weights_only=True)  # a legacy (non-zip) file
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as error:
         raise CheckpointError(_why_it_did_not_load(path, error)) from error
     if not isinstance(loaded, dict):
@@ -132,9 +138,7 @@ def _why_it_did_not_load(path: Path, error: BaseException) -> str:
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's CheckpointIO with same-directory, fsynced, atomic saves and weights_only loading."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._handed: Optional[tuple[str, dict[str, Any]]] = None
+    _handed: Optional[tuple[str, dict[str, Any]]] = None  # (real path, checkpoint) from hand_over
 
     def hand_over(self, path: Path, checkpoint: dict[str, Any]) -> None:
         """The next load of `path` returns `checkpoint` (already loaded, and checked, by the run plan) once."""
