@@ -89,7 +89,7 @@ class LastCheckpoint(Checkpoint):
         if take_over_lightning_sigterm(trainer):
             self._stops.received = self._stops.received or signal.SIGTERM
 
-    def _restore_handlers(self, *hook_args: Any) -> None:
+    def _restore_handlers(self, *hook_args: Any, **hook_kwargs: Any) -> None:
         if self._stops is not None:
             self._stops.restore()
             self._stops = None
@@ -157,8 +157,7 @@ class LastCheckpoint(Checkpoint):
         path = self._save(trainer)
         name = signal.Signals(signum).name
         where = f"epoch {trainer.current_epoch}, global step {trainer.global_step}"
-        job_id = slurm_job_id()
-        if signum == signal.SIGUSR1 and job_id is not None:
+        if signum == signal.SIGUSR1 and (job_id := slurm_job_id()) is not None:
             code = 0
             if trainer.is_global_zero:
                 requeued, why = requeue(job_id)
