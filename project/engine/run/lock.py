@@ -58,8 +58,7 @@ class RunLock:
 
 
 def _mkdir(directory: Path, created: list[Path]) -> bool:
-    """mkdir, added to `created`; False if it exists (made meanwhile by another process: not ours to remove). Any
-    other failure (a file in the way, a read-only filesystem) removes `created` too: nothing is left behind."""
+    """mkdir, added to `created`; False if it exists (another process's). Other failures remove `created`, say why."""
     try:
         directory.mkdir()
     except FileExistsError:

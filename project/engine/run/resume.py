@@ -188,6 +188,5 @@ def _place_run(plan: RunPlan, trainer: Namespace, root: Path, logs: Path, given_
         plan.run_dir = logs / version_name(next_version(logs))
     point_trackers(trainer, plan.run_dir, resuming=not plan.fresh)
     if given_dir is None:
-        # Checkpoints of a run whose loggers write elsewhere (W&B, MLflow, none) go to the run dir too: placed by
-        # project.engine.run.saved_config, not written into the config.
+        # (With loggers that write elsewhere, saved_config.py places the checkpoints in the run dir, not the config.)
         pin_logger_version(trainer, root, logger_version(plan.run_dir.name))

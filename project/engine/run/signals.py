@@ -15,8 +15,8 @@ def as_requested(signum: int) -> int:
 
 
 class StopRequests:
-    """Flag-only handlers for `signums` until `restore`; `received` is the first stop signal (0: none). A first SIGTERM
-    or SIGHUP is passed on to `forward` (not SIGINT: a terminal sends it to every process)."""
+    """Flag-only handlers until `restore`; `received` is the first stop signal (0: none), passed on to `forward`
+    if it is a SIGTERM or SIGHUP."""
 
     def __init__(self, signums: tuple[int, ...], forward: Optional[Callable[[int], None]] = None):
         self.received = 0

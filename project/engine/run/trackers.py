@@ -209,9 +209,8 @@ def record_tracked_runs(loggers: list, run_dir: Path) -> None:
     for logger in loggers:
         kind = _KINDS.get(type(logger).__name__)
         if kind == "mlflow":
-            ids["mlflow"] = logger.run_id
-            ids["mlflow_experiment_id"] = logger.experiment_id
-            ids["mlflow_tracking_uri"] = redact(_tracking_uri(None))  # a resume elsewhere starts a new run
+            ids.update(mlflow=logger.run_id, mlflow_experiment_id=logger.experiment_id,
+                       mlflow_tracking_uri=redact(_tracking_uri(None)))  # a resume elsewhere starts a new run
         elif kind == "wandb":
             ids["wandb"] = logger.experiment.id
     if ids:
