@@ -1,28 +1,29 @@
-"""Errors a person can read: one line (what, where, the fix), no traceback, a non-zero exit.
+"""Errors a person can read: one line (what, where, the fix), no traceback, exit 2 (docs/reliability.md#bad-input).
 
     python -m project fit --config configs/quickstart.yaml --data.root /nowhere    # error: data root /nowhere ...
     PROJECT_DEBUG=1 python -m project fit ...                                       # the same, with the traceback
-
-What each mistake prints, under ddp too: docs/reliability.md#bad-input.
 """
 
+import argparse
 import contextlib
+import glob
 import os
 import pickle
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
-DEBUG_ENV = "PROJECT_DEBUG"
+import yaml
+
 _STARTED = time.time()  # notes left by ranks of an earlier job are older than this process
 EXIT_USER_ERROR = 2
 
 
 def env_global_rank() -> int:
-    """This process's global rank as the launcher set it, before any process group exists (torchrun RANK, Slurm
-    SLURM_PROCID, Lightning's children NODE_RANK/LOCAL_RANK); 0 for a process started by hand: Lightning's rank 0."""
+    """This process's global rank as its launcher set it (torchrun, Slurm, Lightning); 0 when started by hand."""
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
     env = os.environ
@@ -33,11 +34,6 @@ def env_global_rank() -> int:
         return int(env["SLURM_PROCID"])
     local, node = int(env.get("LOCAL_RANK", 0)), int(env.get("NODE_RANK", env.get("GROUP_RANK", 0)))
     return local if node == 0 else node * max(1, int(env.get("LOCAL_WORLD_SIZE", 1))) + local
-
-
-def env_world_size() -> int:
-    """The number of ranks the launcher started (1 when unknown, e.g. before Lightning launches its children)."""
-    return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_STEP_NUM_TASKS", 1)))
 
 
 def shown(path: os.PathLike | str) -> str:
@@ -74,8 +70,7 @@ class DiskFullError(UserError):
 
 
 class UnreadableImageError(OSError):
-    """A file that neither the tensor decoder nor PIL can decode (truncated, corrupt, not an image). An OSError, as
-    PIL's own decode errors are, so that code catching those (DataLoader workers, data.on_corrupt=skip) catches it."""
+    """A file no decoder can read (truncated, corrupt, not an image); an OSError, as PIL's are, for their handlers."""
 
 
 # Messages of torch.distributed when a *peer* died or stopped answering: this rank is a victim, not the culprit.
@@ -84,14 +79,8 @@ _PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "Broke
                  "Application timeout caused pair closure")  # the last: gloo when the peer is stopped (SIGSTOP)
 
 
-def debugging() -> bool:
-    return os.environ.get(DEBUG_ENV, "0") not in ("", "0", "false", "False")
-
-
 def user_message(error: BaseException) -> Optional[str]:
     """The one-line message for an error the user caused, or None for a bug (which keeps its traceback)."""
-    import argparse
-
     if isinstance(error, (UserError, UnreadableImageError)):
         return str(error)
     if type(error).__name__ == "MisconfigurationException":  # Lightning's word for a setting that cannot work
@@ -99,16 +88,13 @@ def user_message(error: BaseException) -> Optional[str]:
     if isinstance(error, KeyboardInterrupt):
         return "interrupted (Ctrl+C) before training started; nothing was trained"
     if isinstance(error, argparse.ArgumentError):  # jsonargparse: an unknown option, a value of the wrong type
-        text = readable_parse_error(str(error))
-        return f"{text[:600]} (`python -m project <subcommand> --help` lists every option)"
+        return f"{readable_parse_error(str(error))[:600]} (`python -m project <subcommand> --help` lists every option)"
     if isinstance(error, pickle.UnpicklingError):
         return untrusted_checkpoint_message(error)
     cause = error.__cause__
-    while cause is not None:  # jsonargparse wraps what a nested class raised (a dataclass's __post_init__) in its own
-        if isinstance(cause, UserError):
-            return str(cause)
+    while cause is not None and not isinstance(cause, UserError):  # jsonargparse wraps what a nested class raised
         cause = cause.__cause__
-    return None
+    return None if cause is None else str(cause)
 
 
 # Lines of jsonargparse's report on a value no alternative of a Union (Optional[...] included) accepts that say
@@ -152,8 +138,7 @@ def readable_parse_error(text: str) -> str:
 def untrusted_checkpoint_message(error: BaseException, path: object = None) -> Optional[str]:
     """The one line (load_trusted_format's and user_message's) for torch.load(weights_only=True) refusing pickles."""
     text = str(error)
-    if not isinstance(error, pickle.UnpicklingError) or not ("Weights only load failed" in text
-                                                             or "WeightsUnpickler" in text):
+    if not (isinstance(error, pickle.UnpicklingError) and re.search("Weights only load failed|WeightsUnpickler", text)):
         return None
     found = re.search(r"Unsupported (global|operand)[^.\n]*", text)
     what = f" ({found.group(0).strip()})" if found else ""
@@ -179,7 +164,8 @@ def record_rank(global_rank: Optional[int], world_size: int = 1) -> None:
 
 def rank_label() -> str:
     """' (rank N)' when this process is one of several ranks, else ''."""
-    rank, world = _rank if _rank is not None else (env_global_rank(), env_world_size())
+    launched = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_STEP_NUM_TASKS", 1)))  # 1 before Lightning's
+    rank, world = _rank if _rank is not None else (env_global_rank(), launched)
     return f" (rank {rank})" if world > 1 else ""
 
 
@@ -196,15 +182,21 @@ def exit_on_user_error(run: Callable[[], object]) -> None:
 def report_and_exit(error: BaseException) -> None:
     """Print a user error as one line and exit 2; print one line for a peer failure and exit 1; else re-raise. Under
     ddp the culprit also leaves its line in a note that the others print last (docs/reliability.md#bad-input)."""
-    if debugging():
-        raise error
+    import torch.distributed as dist
+
+    if os.environ.get("PROJECT_DEBUG", "0") not in ("", "0", "false", "False"):
+        raise error  # the traceback
     message = user_message(error)
     if message is not None:
         line = f"error{rank_label()}: {message}"
         print(line, file=sys.stderr, flush=True)
-        if rank_label():
-            _leave_note(line)
-            _close_process_group()
+        if rank_label():  # the others print the line last, and fail their pending collectives now, not at timeout
+            if (prefix := _note_prefix()) is not None:
+                with contextlib.suppress(OSError):  # the line was printed already; the note only repeats it
+                    Path(f"{prefix}{os.getpid()}").write_text(line + "\n")
+            if dist.is_available() and dist.is_initialized():
+                with contextlib.suppress(Exception):  # closing a broken group may fail too
+                    dist.destroy_process_group()
         sys.exit(130 if isinstance(error, KeyboardInterrupt) else EXIT_USER_ERROR)
     if is_peer_failure(error):
         reason = " ".join(str(error).split("] ", 1)[-1].split())[:160]
@@ -218,8 +210,6 @@ def report_and_exit(error: BaseException) -> None:
 
 def _note_prefix() -> Optional[str]:
     """Notes of one job share MASTER_ADDR:MASTER_PORT (set for every rank by torchrun, srun and Lightning)."""
-    import tempfile
-
     port = os.environ.get("MASTER_PORT")
     if not port:
         return None
@@ -227,17 +217,8 @@ def _note_prefix() -> Optional[str]:
     return os.path.join(tempfile.gettempdir(), f"project-error-{host}-{port}-")
 
 
-def _leave_note(line: str) -> None:
-    prefix = _note_prefix()
-    if prefix is not None:
-        with contextlib.suppress(OSError):  # the line was printed already; the note only repeats it
-            Path(f"{prefix}{os.getpid()}").write_text(line + "\n")
-
-
 def _notes_of_failed_ranks(wait_s: float = 2.0) -> list[str]:
     """The error lines other ranks of this job left (waiting briefly for one that is still being written)."""
-    import glob
-
     prefix = _note_prefix()
     if prefix is None:
         return []
@@ -254,20 +235,9 @@ def _notes_of_failed_ranks(wait_s: float = 2.0) -> list[str]:
     return [line for line in lines if line]
 
 
-def _close_process_group() -> None:
-    """Close this rank's process group: the others' pending collectives fail now, not at their timeout."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        with contextlib.suppress(Exception):  # closing a broken group may fail too
-            dist.destroy_process_group()
-
-
 def check_config_files(argv: list[str]) -> None:
     """Every `--config FILE` exists and is valid YAML; else a ConfigError naming the file, line and column (which
     jsonargparse's own error lacks)."""
-    import yaml
-
     files = [arg.split("=", 1)[1] for arg in argv if arg.startswith(("--config=", "-c="))]
     files += [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config", "-c")]
     for name in files:
@@ -276,8 +246,7 @@ def check_config_files(argv: list[str]) -> None:
             raise ConfigError(f"config file {name} does not exist (--config takes a YAML file, e.g. "
                               "configs/quickstart.yaml)")
         try:
-            with open(path) as file:
-                yaml.safe_load(file)
+            yaml.safe_load(Path(path).read_text())
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

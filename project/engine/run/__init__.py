@@ -2,24 +2,10 @@
 
     python -m project fit --config configs/quickstart.yaml --ckpt_path last
 
-The CLI calls one function, `start_run(subcommand, config)`: a RunPlan with the checkpoint loaded once and, for a
-fit, the run dir already created and locked; the rest of the wing is what the run meets afterwards.
-
-| question                                    | file                  |
-|---------------------------------------------|-----------------------|
-| which checkpoint, which run dir? (the plan) | resume.py             |
-| where a run's files go, version_N names     | run_dirs.py           |
-| may this process write into the run dir?    | lock.py               |
-| write any file atomically; load checkpoints | checkpoint_io.py      |
-| does the checkpoint fit the model and data  | checkpoint_checks.py  |
-| last.ckpt: when it is written, stop agreed  | last_checkpoint.py    |
-| SIGTERM / SIGHUP / SIGINT / SIGUSR1         | signals.py            |
-| who launched us (torchrun, srun), counts    | launchers.py          |
-| Slurm job id, requeue                       | slurm.py              |
-| config.yaml of each start                   | saved_config.py       |
-| which batch ends step, log, validate        | training_steps.py     |
-| experiment trackers: one tracked run a run  | trackers.py           |
-| hyperparameter sweeps (Optuna), their trials| sweep.py, sweep_trials.py |
+The CLI calls `start_run(subcommand, config)` (resume.py: which checkpoint and run dir). Each other file answers one
+question: run_dirs.py, lock.py (one writer), checkpoint_io.py (atomic writes, trusted loads), checkpoint_checks.py,
+last_checkpoint.py (and stops), signals.py, launchers.py, slurm.py, saved_config.py (config.yaml), training_steps.py,
+trackers.py, sweep.py and sweep_trials.py (Optuna).
 """
 
 from project.engine.run.resume import RunPlan, start_run

@@ -54,25 +54,22 @@ def check_class_names(path: Path, checkpoint: Mapping[str, Any], datamodule: Any
 
 def check_checkpoint_fits(path: Path, checkpoint: dict[str, Any], model: L.LightningModule,
                           datamodule: L.LightningDataModule | None) -> None:
-    """CheckpointError naming what differs: the class names, the class count, the network (keys, shapes); `checkpoint`
-    is `path` as the run plan loaded it."""
+    """CheckpointError naming what differs: the class names, the class count, the network (keys, shapes)."""
     check_class_names(path, checkpoint, datamodule)
-    saved = checkpoint["state_dict"]
-    expected = model.state_dict()
-    hparams = checkpoint.get("hyper_parameters") or {}
+    saved, expected = checkpoint["state_dict"], model.state_dict()
     missing = [key for key in expected if key not in saved]
     unexpected = [key for key in saved if key not in expected]
     mismatched = [key for key in expected if key in saved and tuple(saved[key].shape) != tuple(expected[key].shape)]
     if not (missing or unexpected or mismatched):
         return
-    saved_classes = hparams.get("num_classes")
-    classes = getattr(model.hparams, "num_classes", None) if hasattr(model, "hparams") else None
+    hparams = checkpoint.get("hyper_parameters") or {}
+    saved_classes, classes = hparams.get("num_classes"), model.hparams.get("num_classes")
     if not (missing or unexpected) and saved_classes is not None and classes is not None and saved_classes != classes:
         raise CheckpointError(f"checkpoint {path} has {saved_classes} classes, the data has {classes}: use a "
                               "checkpoint trained on these classes, or start from its weights with a new head: "
                               f"--model.finetune.weights {path} (no --ckpt_path)")
-    network = f" (its model.arch is {hparams['arch']!r}, this model's is {model.hparams.get('arch')!r})" \
-        if "arch" in hparams and hasattr(model, "hparams") and hparams.get("arch") != model.hparams.get("arch") else ""
+    there, here = hparams.get("arch"), model.hparams.get("arch")
+    network = f" (its model.arch is {there!r}, this model's is {here!r})" if "arch" in hparams and there != here else ""
     if mismatched:
         key = mismatched[0]
         detail = f"{key} is {tuple(saved[key].shape)} there and {tuple(expected[key].shape)} here"

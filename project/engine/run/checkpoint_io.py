@@ -1,7 +1,6 @@
 """Files that survive kill -9, a full disk and any $TMPDIR, and checkpoints that load without running code.
 
-    python -m project fit --config configs/quickstart.yaml      # AtomicCheckpointIO is installed for every run
-    from project.engine.run.checkpoint_io import atomic_write   # any other file: atomic_write(path, write)
+    from project.engine.run.checkpoint_io import atomic_write   # any file: atomic_write(path, write)
 
 How a save and a load go: docs/how-it-works.md#what-a-checkpoint-holds.
 """
@@ -22,25 +21,16 @@ from project.engine.errors import CheckpointError, DiskFullError, untrusted_chec
 
 PARTIAL_SUFFIX = ".partial"  # temp files are `.<name>.<host>-<pid>.partial`: never a name `--ckpt_path last` picks
 HOST = socket.gethostname().replace(".", "_")
-CHECKPOINT_FULL_FIX = ("Free space or point --trainer.default_root_dir at a larger disk, then resume with "
-                       "--ckpt_path last")
 
 
-def _is_local(path: Any) -> bool:
-    return "://" not in str(path) or str(path).startswith("file://")
+def local_path(path: Any) -> Optional[str]:
+    """`path` without its file:// prefix, or None for a remote store (s3://, gs://: their own semantics)."""
+    text = str(path)
+    return text.removeprefix("file://") if "://" not in text or text.startswith("file://") else None
 
 
 def partial_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{HOST}-{os.getpid()}{PARTIAL_SUFFIX}")
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        with contextlib.suppress(OSError):  # some filesystems refuse fsync on directories; the rename is still atomic
-            os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def remove_stale_partials(directory: Path) -> None:
@@ -100,22 +90,12 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], object], *, mode
                                 f"(if any) is intact. {fix}") from error
         raise
     if fsync:
-        _fsync_dir(path.parent)
+        fd = os.open(path.parent, os.O_RDONLY)
+        with contextlib.suppress(OSError):  # some filesystems refuse fsync on directories; the rename is still atomic
+            os.fsync(fd)
+        os.close(fd)
     remove_stale_partials(path.parent)
     return path
-
-
-def _whole_archive(path: Path) -> None:
-    with zipfile.ZipFile(path) as archive:  # reads the central directory, written last: the file is whole
-        archive.namelist()
-
-
-def save_atomically(checkpoint: dict[str, Any], path: Path) -> None:
-    """torch.save through atomic_write, verified to be a complete archive before it replaces `path`."""
-    try:
-        atomic_write(path, lambda file: torch.save(checkpoint, file), check=_whole_archive, fix=CHECKPOINT_FULL_FIX)
-    except DiskFullError as full:
-        raise CheckpointError(str(full)) from full.__cause__
 
 
 def load_trusted_format(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
@@ -158,24 +138,28 @@ def _why_it_did_not_load(path: Path, error: BaseException) -> str:
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's CheckpointIO with same-directory, fsynced, atomic saves and weights_only loading."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._handed: Optional[tuple[str, dict[str, Any]]] = None
+    _handed: Optional[tuple[str, dict[str, Any]]] = None  # (real path, checkpoint) from hand_over
 
     def hand_over(self, path: Path, checkpoint: dict[str, Any]) -> None:
         """The next load of `path` returns `checkpoint` (already loaded, and checked, by the run plan) once."""
         self._handed = (os.path.realpath(path), checkpoint)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
-        if storage_options is not None or not _is_local(path):
-            return super().save_checkpoint(checkpoint, path, storage_options)  # remote stores have their own semantics
-        save_atomically(checkpoint, Path(str(path).removeprefix("file://")))
+        if storage_options is not None or local_path(path) is None:
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        try:  # ZipFile reads the central directory, written last: the archive is whole
+            atomic_write(local_path(path), lambda file: torch.save(checkpoint, file),
+                         check=lambda temp: zipfile.ZipFile(temp).close(),
+                         fix="Free space or point --trainer.default_root_dir at a larger disk, then resume with "
+                             "--ckpt_path last")
+        except DiskFullError as full:
+            raise CheckpointError(str(full)) from full.__cause__
 
     def load_checkpoint(self, path: Any, map_location: Optional[Callable] = lambda storage, loc: storage,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:
-        if not _is_local(path):
+        local = local_path(path)
+        if local is None:
             return super().load_checkpoint(path, map_location, weights_only=True)
-        local = str(path).removeprefix("file://")
         if self._handed is not None and self._handed[0] == os.path.realpath(local):
             checkpoint, self._handed = self._handed[1], None  # given once: the run does not keep it alive
             return checkpoint

@@ -1,5 +1,4 @@
-"""last.ckpt, the one file a run resumes from: rewritten every few minutes, at every epoch end and on a stop signal
-(SIGTERM, SIGHUP, SIGINT, Slurm's SIGUSR1), after which the run stops with an honest exit code.
+"""last.ckpt, the one file a run resumes from: rewritten every few minutes, at every epoch end and on a stop signal.
 
     python -m project fit --config configs/quickstart.yaml --ckpt_path last      # continues at the next batch
 
@@ -7,7 +6,6 @@ What a stop costs, when the ranks agree and why no save comes right before a val
 """
 
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +21,7 @@ from torch.multiprocessing import ProcessExitedException
 from project.engine.compat.sigterm_broadcast import take_over_lightning_sigterm
 from project.engine.compat.spawn import trains_in_this_process
 from project.engine.errors import CheckpointError, ConfigError
-from project.engine.run.run_dirs import CHECKPOINTS, version_name
+from project.engine.run.run_dirs import CHECKPOINTS
 from project.engine.run.signals import STOP_SIGNALS, StopRequests, as_requested
 from project.engine.run.slurm import requeue, slurm_job_id
 from project.engine.run.training_steps import after_optimizer_step, validation_follows
@@ -32,20 +30,7 @@ LAST = "last.ckpt"
 
 
 class RunStopped(SystemExit):
-    """The run stopped on a signal after saving last.ckpt; the exit code says which (143 SIGTERM or SIGHUP, 130
-    SIGINT)."""
-
-
-def checkpoint_dir(trainer: L.Trainer) -> Path:
-    """Where the run's checkpoints go: ModelCheckpoint's folder if there is one, else Lightning's rule for it."""
-    for callback in trainer.callbacks:
-        if isinstance(callback, ModelCheckpoint) and callback.dirpath:
-            return Path(callback.dirpath)
-    if trainer.loggers:
-        logger = trainer.loggers[0]
-        return Path(logger.save_dir or trainer.default_root_dir, str(logger.name), version_name(logger.version),
-                    CHECKPOINTS)
-    return Path(trainer.default_root_dir, CHECKPOINTS)
+    """The run stopped on a signal after saving last.ckpt; exit code 143 (SIGTERM, SIGHUP) or 130 (SIGINT)."""
 
 
 class LastCheckpoint(Checkpoint):
@@ -55,11 +40,10 @@ class LastCheckpoint(Checkpoint):
                  check_every_n_steps: int = 10):
         """
         Args:
-            every_minutes: rewrite last.ckpt after this many minutes of training (None: only at epoch ends, on
-                signals, and every_n_steps).
+            every_minutes: rewrite last.ckpt after this many minutes of training (None: at epoch ends and stops only).
             every_n_steps: also rewrite it every this many optimizer steps (None: off).
-            check_every_n_steps: under ddp, how often (in optimizer steps) the ranks agree on stop signals and on
-                the time; one tiny all-reduce each time. A single process checks every step, at no cost.
+            check_every_n_steps: under ddp, the ranks agree on stops and the time every this many optimizer steps
+                (one tiny all-reduce); a single process checks every step, at no cost.
         """
         if check_every_n_steps < 1:
             raise ConfigError(f"last_checkpoint.check_every_n_steps must be >= 1, got {check_every_n_steps}")
@@ -72,26 +56,25 @@ class LastCheckpoint(Checkpoint):
         self._stopping: Optional[RunStopped] = None  # saved and said: raised once this step's metrics are logged
         self._last_save_time = 0.0
 
-    # -- life cycle ----------------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        # Every rank chose its checkpoint itself (project.engine.run.resume); they must have chosen the same one, or
-        # their steps, and so their collectives, would disagree.
+        # Each rank chose its checkpoint itself (resume.py); different ones would make their collectives disagree.
         chosen = trainer.strategy.broadcast(str(trainer.ckpt_path))
         if chosen != str(trainer.ckpt_path):
             raise CheckpointError(f"rank {trainer.global_rank} chose checkpoint {trainer.ckpt_path} but rank 0 chose "
                                   f"{chosen}: are the ranks seeing the same files (a shared filesystem's caching)?")
 
-    # Handlers are taken over as soon as Lightning has installed its own (in Trainer._run, after every setup hook):
-    # at the sanity check, or at train start when there is none.
+    # Lightning installs its handlers in Trainer._run, after every setup hook: ours at the sanity check or train start.
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn == "fit":
             self._take_over_signals(trainer)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # ModelCheckpoint resolves its folder in its own setup: known here.
-        self.path = Path(trainer.strategy.broadcast(str(checkpoint_dir(trainer) / LAST)))
+        # Beside ModelCheckpoint's (it resolves its folder in its own setup: known here; the CLI always has one).
+        folders = [c.dirpath for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath]
+        folder = folders[0] if folders else Path(trainer.log_dir or trainer.default_root_dir, CHECKPOINTS)
+        self.path = Path(trainer.strategy.broadcast(str(Path(folder) / LAST)))
         self._last_save_time = time.monotonic()
         self._take_over_signals(trainer)
 
@@ -99,31 +82,22 @@ class LastCheckpoint(Checkpoint):
         if self._stops is not None:
             return
         signums = STOP_SIGNALS + ((signal.SIGUSR1,) if slurm_job_id() is not None else ())
-        self._stops = StopRequests(signums)
-        # Ranks Lightning started itself may not get a SIGTERM sent to PID 1 (docker stop): rank 0 passes it on
-        # (a SIGHUP as SIGTERM). Not SIGINT: a terminal sends it to every process already, and a second one means
-        # "stop now".
+        # Ranks Lightning started itself may not get a SIGTERM sent to PID 1 (docker stop): rank 0 passes it on.
         kill = getattr(trainer.strategy.launcher, "kill", None) if trainer.is_global_zero else None
-        self._stops.install(forward=kill, forwarded=(signal.SIGTERM, signal.SIGHUP))
-        # Lightning's flag, set if a SIGTERM came before this: ours from now on. Its per-step broadcast of that
-        # flag, a host sync on every DDP step, can go.
+        self._stops = StopRequests(signums, forward=kill)
+        # Lightning's flag, set if a SIGTERM came before this, is ours from now on (its per-step broadcast can go).
         if take_over_lightning_sigterm(trainer):
             self._stops.received = self._stops.received or signal.SIGTERM
 
-    def _restore_handlers(self) -> None:
+    def _restore_handlers(self, *hook_args: Any, **hook_kwargs: Any) -> None:
         if self._stops is not None:
             self._stops.restore()
             self._stops = None
 
-    # Restored before Lightning restores the handlers it found (in its teardown, which runs before the callbacks'
-    # teardown hooks): the other order would leave Lightning's SIGTERM handler installed after fit.
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._restore_handlers()
+    # At train end, or on an exception: before Lightning restores the handlers it found (in its teardown, which runs
+    # before the callbacks' teardown hooks); the other order would leave Lightning's SIGTERM handler installed.
+    on_train_end = on_exception = teardown = _restore_handlers
 
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._restore_handlers()
-
-    # -- triggers ------------------------------------------------------------------------------------------------
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         # Lightning logs a step's metrics after its on_train_batch_end: a stop raised there lost the step's train/loss.
@@ -134,22 +108,16 @@ class LastCheckpoint(Checkpoint):
                            batch_idx: int) -> None:
         # Not right before a validation: a run resumed from a checkpoint saved there would skip that validation
         # (Lightning fast-forwards it), so such saves and stops wait for the next batch or the epoch's end.
-        if self._stops is None or not after_optimizer_step(trainer, batch_idx):
+        if (self._stops is None or not after_optimizer_step(trainer, batch_idx)
+                or validation_follows(trainer, batch_idx)):
             return
-        if validation_follows(trainer, batch_idx):
-            return
-        step = trainer.global_step
-        distributed = trainer.world_size > 1
-        if not distributed or step % self.check_every_n_steps == 0:
-            signum, time_due = self._agree(trainer, distributed)
-            if signum:
-                self._stopping = self._stop(trainer, signum)
-                return
-            if time_due:
-                self._save(trainer, "every_minutes")
-                return
-        if self.every_n_steps and step % self.every_n_steps == 0:
-            self._save(trainer, "every_n_steps")
+        step, distributed = trainer.global_step, trainer.world_size > 1
+        checks = not distributed or step % self.check_every_n_steps == 0
+        signum, time_due = self._agree(trainer, distributed) if checks else (0, False)
+        if signum:
+            self._stopping = self._stop(trainer, signum)
+        elif time_due or (self.every_n_steps and step % self.every_n_steps == 0):
+            self._save(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After the epoch's validation and ModelCheckpoint's save (Checkpoint callbacks run last, in list order).
@@ -157,20 +125,15 @@ class LastCheckpoint(Checkpoint):
             raise self._stopping
         if self._stops is None:
             return
-        # The epoch's sync_dist metrics are reduced by whoever reads them first: on rank 0 the progress bar did, just
-        # before (only there: the others have no bar). Read here on every rank, that reduce comes before the
-        # collectives below on all of them; else rank 0 waits in _agree while the others wait in the metric's reduce.
+        # The epoch's sync_dist metrics are reduced by their first reader (rank 0's progress bar; the others have
+        # none): read on every rank before _agree, or rank 0 waits there while the others wait in that reduce.
         trainer.callback_metrics  # noqa: B018
-        self._save(trainer, "epoch end")
+        self._save(trainer, again=True)
         # A signal that came during the last steps or the validation:
         signum, _ = self._agree(trainer, trainer.world_size > 1)
         if signum:
             raise self._stop(trainer, signum)
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore_handlers()
-
-    # -- actions -------------------------------------------------------------------------------------------------
     def _agree(self, trainer: L.Trainer, distributed: bool) -> tuple[int, bool]:
         """(stop signal any rank got, 0 if none; rank 0's clock says a timed save is due), the same on all ranks."""
         signum = self._stops.received or (signal.SIGTERM if trainer.received_sigterm else 0)
@@ -182,21 +145,19 @@ class LastCheckpoint(Checkpoint):
         signum, due = flags.tolist()  # the one host sync, every check_every_n_steps steps
         return int(signum), bool(due)
 
-    def _save(self, trainer: L.Trainer, why: str) -> Path:
-        if self.saved_at_step == trainer.global_step and why in ("every_minutes", "every_n_steps", "signal"):
-            return self.path
-        trainer.save_checkpoint(self.path, weights_only=False)
-        self.saved_at_step = trainer.global_step
-        self._last_save_time = time.monotonic()
+    def _save(self, trainer: L.Trainer, again: bool = False) -> Path:
+        """Write last.ckpt once a step; `again` (an epoch end) writes it after the validation too."""
+        if again or self.saved_at_step != trainer.global_step:
+            trainer.save_checkpoint(self.path, weights_only=False)
+            self.saved_at_step, self._last_save_time = trainer.global_step, time.monotonic()
         return self.path
 
     def _stop(self, trainer: L.Trainer, signum: int) -> RunStopped:
         """Save, requeue or say so; the exit to raise."""
-        path = self._save(trainer, "signal")
+        path = self._save(trainer)
         name = signal.Signals(signum).name
         where = f"epoch {trainer.current_epoch}, global step {trainer.global_step}"
-        job_id = slurm_job_id()
-        if signum == signal.SIGUSR1 and job_id is not None:
+        if signum == signal.SIGUSR1 and (job_id := slurm_job_id()) is not None:
             code = 0
             if trainer.is_global_zero:
                 requeued, why = requeue(job_id)
@@ -207,9 +168,12 @@ class LastCheckpoint(Checkpoint):
                     rank_zero_warn(f"Slurm job {job_id}: {name} at {where}; saved {path}, but scontrol requeue failed "
                                    f"({why}): submit again with --ckpt_path {path}")
             return RunStopped(code)
+        bar = trainer.progress_bar_callback
+        if trainer.is_global_zero and isinstance(bar, TQDMProgressBar) and bar.is_enabled:
+            print(flush=True)  # the bar's line has no end while it is drawn: this line gets its own
         as_term = " (as SIGTERM)" if signum != as_requested(signum) else ""
-        say(trainer, f"stopped by {name}{as_term} at {where}; last checkpoint: {path} "
-                     f"(continue with the same command and --ckpt_path last)")
+        rank_zero_info(f"stopped by {name}{as_term} at {where}; last checkpoint: {path} "
+                       "(continue with the same command and --ckpt_path last)")
         return RunStopped(128 + as_requested(signum))
 
 
@@ -220,8 +184,7 @@ def stops_reach_spawned_ranks(trainer: L.Trainer) -> Iterator[None]:
     if trains_in_this_process(trainer):
         yield
         return
-    stops = StopRequests(STOP_SIGNALS)
-    stops.install(forward=trainer.strategy.launcher.kill, forwarded=(signal.SIGTERM, signal.SIGHUP))
+    stops = StopRequests(STOP_SIGNALS, forward=trainer.strategy.launcher.kill)
     try:
         yield
     except ProcessExitedException as exited:
@@ -230,13 +193,3 @@ def stops_reach_spawned_ranks(trainer: L.Trainer) -> Iterator[None]:
         raise
     finally:
         stops.restore()
-
-
-def say(trainer: L.Trainer, line: str) -> None:
-    """rank_zero_info on a line of its own: the progress bar's line (on stdout) has no end while it is drawn, and a
-    line written after it in a terminal would be glued to it."""
-    bar = trainer.progress_bar_callback
-    if trainer.is_global_zero and isinstance(bar, TQDMProgressBar) and bar.is_enabled:
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-    rank_zero_info(line)

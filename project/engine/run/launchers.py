@@ -1,7 +1,6 @@
-"""What started this process: torchrun, srun, Lightning's own ddp launcher, or a person; and whether the count fits.
+"""What started this process (torchrun, srun, Lightning, a person), and whether its process count fits the Trainer.
 
-`check_process_count` refuses a launcher that started another number of processes than the Trainer expects (torchrun
-with devices left at auto on CPU ran independent rank-0 jobs): docs/reliability.md#bad-input.
+    torchrun --nproc_per_node=2 -m project fit ...   # error: torchrun started 2 processes but the Trainer expects 1 ...
 """
 
 import os
@@ -16,25 +15,18 @@ def torchelastic_restart() -> Optional[int]:
     return int(env.get("TORCHELASTIC_RESTART_COUNT", 0)) if "TORCHELASTIC_RUN_ID" in env else None
 
 
-def launched_process_count() -> Optional[tuple[int, str]]:
-    """(processes started, launcher) for torchrun/torchelastic or srun, else None (started by hand or by Lightning)."""
-    env = os.environ
-    if "TORCHELASTIC_RUN_ID" in env and "WORLD_SIZE" in env:
-        return int(env["WORLD_SIZE"]), "torchrun"
-    # Inside an srun step, not the batch script (Slurm 22.05: SLURM_STEP_NUM_TASKS exists only in a step). Under DDP
-    # Lightning's SLURMEnvironment.validate_settings catches --ntasks-per-node != devices; this, the single device.
-    interactive = env.get("SLURM_JOB_NAME") in ("bash", "interactive")
-    if "SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env and not interactive:
-        return int(env["SLURM_STEP_NUM_TASKS"]), "srun"
-    return None
-
-
 def check_process_count(world_size: int, num_devices: int, num_nodes: int) -> None:
-    """Raise if the launcher's process count differs from devices x nodes (duplicate rank-0 runs, or a hang)."""
-    launched = launched_process_count()
-    if launched is None:
-        return
-    count, launcher = launched
+    """Raise if torchrun's or srun's process count differs from devices x nodes (duplicate rank-0 runs, or a hang)."""
+    env = os.environ
+    # An srun step, not the batch script (Slurm 22.05: SLURM_STEP_NUM_TASKS exists only in a step). Under DDP
+    # Lightning's SLURMEnvironment.validate_settings catches --ntasks-per-node != devices; this, the single device.
+    if "TORCHELASTIC_RUN_ID" in env and "WORLD_SIZE" in env:
+        count, launcher = int(env["WORLD_SIZE"]), "torchrun"
+    elif ("SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env
+          and env.get("SLURM_JOB_NAME") not in ("bash", "interactive")):
+        count, launcher = int(env["SLURM_STEP_NUM_TASKS"]), "srun"
+    else:
+        return  # started by hand or by Lightning
     if count != world_size:
         raise LauncherError(
             f"{launcher} started {count} processes but the Trainer expects {world_size} (trainer.devices={num_devices} "

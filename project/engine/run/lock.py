@@ -1,8 +1,6 @@
-"""One run dir, one writer: a live run holds a POSIX record lock on <run dir>/.lock; a second writer stops.
+"""One run dir, one writer: a POSIX record lock on <run dir>/.lock (docs/reliability.md#one-writer-per-run-dir).
 
     python -m project fit --config configs/quickstart.yaml --ckpt_path last   # error: run dir ... is in use by pid ...
-
-Why a record lock (not flock), and what a failed start removes: docs/reliability.md ("One writer per run dir").
 """
 
 import errno
@@ -32,11 +30,8 @@ class RunLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            try:
-                fcntl.lockf(self._fd, fcntl.LOCK_UN)
-            finally:
-                os.close(self._fd)
-                self._fd = None
+            os.close(self._fd)  # which releases the lock: POSIX record locks end with any of the file's fds
+            self._fd = None
 
     def remove_failed_start(self) -> None:
         """After a start that failed before its first optimizer step: delete what this process created for the run
@@ -44,8 +39,7 @@ class RunLock:
         held = self._fd is not None
         self.release()
         if self.run_dir not in self.created:
-            # A resume's run dir: only what this start added (an event file, hparams.yaml), and only while it held
-            # the lock (else the files are another run's).
+            # A resume's run dir: only what this start added, and only while it held the lock (else another run's).
             added = [p for p in self.run_dir.iterdir() if p.name not in (*self.found, LOCK_FILE, CHECKPOINTS)]
             for path in added if held else []:
                 if path.is_dir():
@@ -63,46 +57,38 @@ class RunLock:
                 break
 
 
+def _mkdir(directory: Path, created: list[Path]) -> bool:
+    """mkdir, added to `created`; False if it exists (another process's). Other failures remove `created`, say why."""
+    try:
+        directory.mkdir()
+    except FileExistsError:
+        return False
+    except OSError as error:
+        for made in reversed(created):
+            made.rmdir()
+        blocker = next((p for p in directory.parents if p.exists() and not p.is_dir()), None)
+        what = f"{blocker} is a file, not a folder" if blocker is not None else error.strerror or str(error)
+        raise ConfigError(f"cannot create the run dir {directory} ({what}): trainer.default_root_dir must be a "
+                          "writable folder; point --trainer.default_root_dir elsewhere") from None
+    created.append(directory)
+    return True
+
+
 def _make_dirs(path: Path) -> list[Path]:
     """mkdir -p, returning the dirs it created, outermost first."""
-    missing = [p for p in (path, *path.parents) if not p.exists()][::-1]
-    created = []
-    for directory in missing:
-        try:
-            directory.mkdir()
-            created.append(directory)
-        except FileExistsError:  # made meanwhile by another process: not ours to remove
-            pass
-        except OSError as error:  # a file in the way, a read-only filesystem, no permission: nothing is left behind
-            for made in reversed(created):
-                made.rmdir()
-            raise _unwritable(directory, error) from None
+    created: list[Path] = []
+    for directory in [p for p in (path, *path.parents) if not p.exists()][::-1]:
+        _mkdir(directory, created)
     return created
-
-
-def _unwritable(directory: Path, error: OSError) -> ConfigError:
-    blocker = next((p for p in directory.parents if p.exists() and not p.is_dir()), None)
-    what = f"{blocker} is a file, not a folder" if blocker is not None else error.strerror or str(error)
-    return ConfigError(f"cannot create the run dir {directory} ({what}): trainer.default_root_dir must be a writable "
-                       "folder; point --trainer.default_root_dir elsewhere")
 
 
 def claim_new_version(logs: Path) -> RunLock:
     """Create the next free <logs>/version_N exclusively (N+1 if another run took N meanwhile) and lock it."""
     created = _make_dirs(logs)
     number = next_version(logs)
-    while True:
-        run_dir = logs / version_name(number)
-        try:
-            run_dir.mkdir()
-            break
-        except FileExistsError:  # a run started at the same moment took it
-            number += 1
-        except OSError as error:
-            for made in reversed(created):
-                made.rmdir()
-            raise _unwritable(run_dir, error) from None
-    return _lock(RunLock(run_dir, [*created, run_dir]))
+    while not _mkdir(logs / version_name(number), created):  # a run started at the same moment took it
+        number += 1
+    return _lock(RunLock(logs / version_name(number), created))
 
 
 def claim(run_dir: Path) -> RunLock:
@@ -127,10 +113,8 @@ def _lock(run_lock: RunLock) -> RunLock:
         os.close(fd)
         if error.errno in (errno.EACCES, errno.EAGAIN):
             run_lock.remove_failed_start()  # a dir this process created for it (never the holder's)
-            raise RunDirInUse(
-                f"run dir {run_lock.run_dir} is in use by {_holder(lock_file)}; wait for that run to end (or stop it), "
-                "or write elsewhere with --trainer.default_root_dir"
-            ) from None
+            raise RunDirInUse(f"run dir {run_lock.run_dir} is in use by {_holder(lock_file)}; wait for that run to end "
+                              "(or stop it), or write elsewhere with --trainer.default_root_dir") from None
         # A filesystem without POSIX locks (some Lustre mounts): warn, do not refuse to train.
         rank_zero_warn(f"cannot lock {lock_file} ({error}); nothing stops a second run from writing into "
                        f"{run_lock.run_dir}")

@@ -2,8 +2,7 @@
 
     python -m project fit --config configs/quickstart.yaml --ckpt_path last
 
-`start_run` is the CLI's one call: the checkpoint loaded once, and for a fit the run dir created and locked.
-Which checkpoint wins, and why: docs/reliability.md ("Which checkpoint wins").
+Which checkpoint wins, and why: docs/reliability.md#which-checkpoint-wins.
 """
 
 import os
@@ -14,14 +13,12 @@ from typing import Any, Optional
 from jsonargparse import Namespace
 
 from project.engine.errors import CheckpointError, ConfigError, env_global_rank
-from project.engine.run.checkpoint_io import PARTIAL_SUFFIX, load_trusted_format
+from project.engine.run.checkpoint_io import load_trusted_format, local_path
 from project.engine.run.launchers import torchelastic_restart
 from project.engine.run.lock import RunLock, claim, claim_new_version
 from project.engine.run.run_dirs import CHECKPOINTS, LOGS, logger_version, next_version, run_dir_of, version_name
 from project.engine.run.slurm import slurm_job_id, slurm_restart_count
 from project.engine.run.trackers import check_trackers, kind_of, logger_entries, point_trackers
-
-REQUIRED_KEYS = ("state_dict", "epoch", "global_step")
 
 
 @dataclass
@@ -53,24 +50,15 @@ class RunPlan:
 def describe_checkpoint(path: Path) -> dict[str, Any]:
     """The checkpoint's contents, memory-mapped (cheap); CheckpointError when it does not load or is not ours."""
     loaded = load_trusted_format(path, mmap=True)
-    missing = [key for key in REQUIRED_KEYS if key not in loaded]
+    missing = [key for key in ("state_dict", "epoch", "global_step") if key not in loaded]
     if missing:
         raise CheckpointError(f"{path} is not a Lightning training checkpoint (it lacks {', '.join(missing)})")
     return loaded
 
 
-def checkpoint_files(directory: Path) -> list[Path]:
-    """The *.ckpt files of a directory, newest first (temp files of a save in progress are never candidates)."""
-    if not directory.is_dir():
-        return []
-    files = [p for p in directory.glob("*.ckpt") if p.is_file() and not p.name.endswith(PARTIAL_SUFFIX)]
-    return sorted(files, key=lambda p: p.stat().st_mtime, reverse=True)
-
-
-def all_checkpoints(logs: Path, extra: tuple[Path, ...] = ()) -> list[Path]:
-    """Every run's checkpoints under the logs dir (and in `extra` folders), newest first."""
-    directories = [*sorted(logs.glob(f"*/{CHECKPOINTS}")), *extra]
-    files = [p for d in directories for p in checkpoint_files(d)]
+def checkpoint_files(*directories: Path) -> list[Path]:
+    """The *.ckpt files of these directories, newest first (a save in progress writes a .partial: never a candidate)."""
+    files = [p for d in directories for p in d.glob("*.ckpt") if p.is_file()]
     return sorted(files, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
@@ -90,42 +78,24 @@ def _file_loggers(trainer: Namespace) -> list[Namespace]:
 
 
 def logs_dir(trainer: Namespace, root: Path) -> Path:
-    """Where the runs' version dirs live: the first TensorBoard/CSV logger's save_dir/name (by default
-    <root>/lightning_logs); for other loggers only, or none, <root>/lightning_logs, where our checkpoints then go."""
+    """Where the version dirs live: the first TensorBoard/CSV logger's save_dir/name, else <root>/lightning_logs."""
     files = _file_loggers(trainer)
-    if files:
-        args = files[0].get("init_args") or Namespace()
-        save_dir = Path(args.get("save_dir") or root)
-        name = args.get("name", LOGS)
-        return save_dir / name if name else save_dir
-    return root / LOGS
+    if not files:
+        return root / LOGS
+    args = files[0].init_args
+    return Path(args.get("save_dir") or root, args.get("name", LOGS) or "")  # name None or "": no folder of its own
 
 
 def pin_logger_version(trainer: Namespace, save_dir: Path, version: int | str) -> None:
-    """Make the run log into its version dir (edits the parsed trainer config in place).
-
-    The default logger becomes a TensorBoardLogger in <save_dir>/lightning_logs pinned to that version; every
-    configured TensorBoard or CSV logger writes into the first one's save_dir/name with that version, so all of them
-    share the run dir; other loggers are left to project.engine.run.trackers.
-    """
+    """Make the default logger (a TensorBoardLogger in <save_dir>/lightning_logs) and every TensorBoard or CSV logger
+    write into the first one's save_dir/name/version: one run dir (edits the parsed config in place)."""
     if trainer.logger in (None, True):
-        trainer.logger = Namespace(
-            class_path="lightning.pytorch.loggers.TensorBoardLogger",
-            init_args=Namespace(save_dir=str(save_dir), name=LOGS, version=version),
-        )
+        trainer.logger = Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger",
+                                   init_args=Namespace(save_dir=str(save_dir), name=LOGS, version=version))
         return
-    files = _file_loggers(trainer)
-    if not files:
-        return
-    first = files[0].init_args
-    for entry in files:
-        entry.init_args.save_dir, entry.init_args.name = first.get("save_dir"), first.get("name", LOGS)
-        entry.init_args.version = version
-
-
-def _resolve_explicit(ckpt_path: str, plan: RunPlan) -> tuple[Path, dict]:
-    path = Path(ckpt_path).expanduser()
-    return path, describe_checkpoint(path)
+    for entry in (files := _file_loggers(trainer)):
+        args, first = entry.init_args, files[0].init_args
+        args.save_dir, args.name, args.version = first.get("save_dir"), first.get("name", LOGS), version
 
 
 def _skipped_note(plan: RunPlan) -> str:
@@ -139,17 +109,14 @@ def start_run(subcommand: str, config: Namespace) -> RunPlan:
 
 
 def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False) -> RunPlan:
-    """Decide the checkpoint and run dir of `subcommand` and write them into the parsed `config` (in place).
-
-    Without claim_run_dir it only reads files (a fresh run's version is the next free one now); with it, the run dir
-    is created and locked while it is chosen (RunDirInUse if a live run holds it).
-    """
+    """Decide the checkpoint and run dir of `subcommand` and write them into the parsed `config` (in place); with
+    claim_run_dir the run dir is created and locked as it is chosen (RunDirInUse if a live run holds it)."""
     trainer = config.trainer
     root_text = str(trainer.default_root_dir or os.getcwd())
-    if "://" in root_text and not root_text.startswith("file://"):
+    if local_path(root_text) is None:
         raise ConfigError(f"trainer.default_root_dir {root_text}: runs write to a local or mounted filesystem here "
                           "(atomic checkpoints, the run lock, resume); point it at a mounted path")
-    root = Path(root_text.removeprefix("file://"))
+    root = Path(local_path(root_text))
     if subcommand == "fit":
         check_trackers(trainer)  # a missing package, MLflow's file store, a server that does not answer: one line
     logs = logs_dir(trainer, root)
@@ -193,14 +160,13 @@ def _choose_checkpoint(plan: RunPlan, subcommand: str, requested: Optional[str],
         if chosen:
             plan.reason = f"torchrun restart {torchelastic_restart()}: resuming from {chosen[0]} (its run's newest)"
     if chosen is None and (requested == "last" or (restarted and requested is None)):
-        chosen = first_loadable(all_checkpoints(logs, extra), plan)
+        chosen = first_loadable(checkpoint_files(*sorted(logs.glob(f"*/{CHECKPOINTS}")), *extra), plan)
         why = f"torchrun restart {torchelastic_restart()}" if restarted and requested is None else "--ckpt_path last"
-        if chosen:
-            plan.reason = f"{why}: resuming from {chosen[0]}"
-        else:
-            plan.reason = f"{why}: no loadable checkpoint under {logs} yet; starting from scratch"
+        plan.reason = f"{why}: " + (f"resuming from {chosen[0]}" if chosen else
+                                    f"no loadable checkpoint under {logs} yet; starting from scratch")
     elif chosen is None and requested:
-        chosen = _resolve_explicit(requested, plan)
+        path = Path(requested).expanduser()
+        chosen = path, describe_checkpoint(path)
         plan.reason = f"resuming from {chosen[0]}" if subcommand == "fit" else f"checkpoint {chosen[0]}"
     plan.reason += _skipped_note(plan)
     return chosen
@@ -212,8 +178,7 @@ def _place_run(plan: RunPlan, trainer: Namespace, root: Path, logs: Path, given_
     if given_dir is not None:  # the user chose where checkpoints go: that folder's parent is the run dir
         plan.run_dir, plan.fresh = given_dir.parent, False
     elif job_dir is not None:
-        plan.run_dir = job_dir
-        plan.fresh = not job_dir.exists()
+        plan.run_dir, plan.fresh = job_dir, not job_dir.exists()
     elif plan.ckpt_path is not None and (existing := run_dir_of(plan.ckpt_path, logs)) is not None:
         plan.run_dir, plan.fresh = existing, False
     if claim_run_dir:
@@ -223,6 +188,5 @@ def _place_run(plan: RunPlan, trainer: Namespace, root: Path, logs: Path, given_
         plan.run_dir = logs / version_name(next_version(logs))
     point_trackers(trainer, plan.run_dir, resuming=not plan.fresh)
     if given_dir is None:
-        # Checkpoints of a run whose loggers write elsewhere (W&B, MLflow, none) go to the run dir too: placed by
-        # project.engine.run.saved_config, not written into the config.
+        # (With loggers that write elsewhere, saved_config.py places the checkpoints in the run dir, not the config.)
         pin_logger_version(trainer, root, logger_version(plan.run_dir.name))

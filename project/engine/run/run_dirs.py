@@ -1,8 +1,6 @@
-"""A run dir's place and names: `<logs>/version_N/` (or `slurm-<job id>/`) holding checkpoints/, config.yaml, .lock.
+"""A run dir's place and names: `<logs>/version_N/` or `slurm-<job id>/`; the only place that spells `version_N`.
 
     python -m project fit --config configs/quickstart.yaml      # -> <root>/lightning_logs/version_<next N>/
-
-The only place that spells `version_N` (the loggers' and Lightning's rule: `version_{int}`, a string as it is).
 """
 
 from pathlib import Path

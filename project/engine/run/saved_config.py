@@ -1,11 +1,9 @@
-"""config.yaml in the run dir: the resolved config of the run's latest fit; earlier starts are kept beside it.
+"""config.yaml in the run dir: the resolved config of the run's latest fit (docs/reliability.md#configyaml).
 
     python -m project fit --config <run dir>/config.yaml      # the latest settings of that run
-
-Only a fit writes it, into the run dir its plan chose (validate, test and predict write none): why, and when a resume
-writes it, in docs/reliability.md.
 """
 
+import itertools
 from pathlib import Path
 from typing import Optional
 
@@ -18,22 +16,9 @@ from project.engine.run.run_dirs import CHECKPOINTS
 from project.engine.run.trackers import kind_of, log_config, logger_entries, record_tracked_runs
 
 
-def keep_previous(path: Path) -> None:
-    """Rename an existing `path` to the first free <stem>.<n><suffix>."""
-    if not path.is_file():
-        return
-    n = 1
-    while (kept := path.with_name(f"{path.stem}.{n}{path.suffix}")).exists():
-        n += 1
-    path.rename(kept)
-
-
 class KeepingSaveConfigCallback(SaveConfigCallback):
     def __init__(self, *args, run_dir: Optional[Path] = None, **kwargs):
-        """
-        Args:
-            run_dir: the fit's run dir (the run plan's): config.yaml and the checkpoints go there; None: not a fit.
-        """
+        """`run_dir`: the fit's run dir (the run plan's), where config.yaml and the checkpoints go; None: not a fit."""
         self.run_dir = Path(run_dir) if run_dir is not None else None
         kwargs["save_to_log_dir"] = False  # save_config below writes it, on rank 0 only
         super().__init__(*args, **kwargs)
@@ -57,7 +42,9 @@ class KeepingSaveConfigCallback(SaveConfigCallback):
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
         path = self.run_dir / self.config_filename
-        keep_previous(path)
+        if path.is_file():  # a previous start's: kept as config.<n>.yaml, the first n free
+            n = next(n for n in itertools.count(1) if not path.with_name(f"{path.stem}.{n}{path.suffix}").exists())
+            path.rename(path.with_name(f"{path.stem}.{n}{path.suffix}"))
         config = self.config.clone()
         for entry in logger_entries(config.trainer):
             # The tracked run's identity (trackers.json keeps it for a resume), not a setting: a new run from this
@@ -65,10 +52,6 @@ class KeepingSaveConfigCallback(SaveConfigCallback):
             for key in {"mlflow": ("run_id",), "wandb": ("id", "save_dir")}.get(kind_of(entry), ()):
                 entry.init_args[key] = None
         text = self.parser.dump(config, skip_none=False)
-        if self.multifile:
-            self.parser.save(config, str(path), skip_none=False, overwrite=True, multifile=True)
-        else:
-            atomic_write(path, lambda file: file.write(text), mode="w")
-        # The trackers (MLflow, W&B, ...) get the same config, and their run ids are kept for a resume.
+        atomic_write(path, lambda file: file.write(text), mode="w")
         log_config(trainer.loggers, yaml.safe_load(text) or {}, path)
         record_tracked_runs(trainer.loggers, self.run_dir)

@@ -1,14 +1,11 @@
-"""Stop requests: SIGTERM, SIGHUP, SIGINT and (in a Slurm job) SIGUSR1 only set a flag; the training loop acts on it.
+"""Stop requests only set a flag; the training loop acts on it (why: docs/reliability.md#stop-signals).
 
     kill -TERM <pid>      # or docker stop, scancel, Ctrl+C: checkpoint at the next agreed batch end, exit 143
-
-Why a handler does nothing more (a collective it interrupts could deadlock): docs/reliability.md ("Stop signals").
 """
 
 import signal
 from typing import Any, Callable, Optional
 
-Forward = Callable[[int], None]
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
@@ -18,23 +15,13 @@ def as_requested(signum: int) -> int:
 
 
 class StopRequests:
-    """Installs flag-only handlers for `signums`; `received` is the first stop signal seen (0: none)."""
+    """Flag-only handlers until `restore`; `received` is the first stop signal (0: none), passed on to `forward`
+    if it is a SIGTERM or SIGHUP."""
 
-    def __init__(self, signums: tuple[int, ...]):
-        self.signums = signums
+    def __init__(self, signums: tuple[int, ...], forward: Optional[Callable[[int], None]] = None):
         self.received = 0
-        self._previous: dict[int, Any] = {}
-        self._forward: Optional[Forward] = None
-        self._forwarded: tuple[int, ...] = ()
-
-    def install(self, forward: Optional[Forward] = None, forwarded: tuple[int, ...] = ()) -> None:
-        """Replace the current handlers (Lightning's among them) until `restore`; the first of `forwarded` to
-        arrive is passed to `forward`."""
         self._forward = forward
-        self._forwarded = forwarded
-        for signum in self.signums:
-            self._previous[signum] = signal.getsignal(signum)
-            signal.signal(signum, self._handle)
+        self._previous = {signum: signal.signal(signum, self._handle) for signum in signums}
 
     def _handle(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT and self.received == signal.SIGINT:
@@ -42,7 +29,7 @@ class StopRequests:
             raise KeyboardInterrupt  # the second Ctrl+C: stop now, without the checkpoint
         first = not self.received
         self.received = self.received or signum
-        if first and self._forward is not None and signum in self._forwarded:
+        if first and self._forward is not None and signum in (signal.SIGTERM, signal.SIGHUP):
             self._forward(as_requested(signum))
 
     def restore(self) -> None:

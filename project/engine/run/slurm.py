@@ -1,8 +1,6 @@
-"""Slurm jobs: which job this process belongs to, and requeueing it.
+"""Slurm jobs: which job this process belongs to, and requeueing it (why Lightning's own requeue is off: docs/slurm.md).
 
     sbatch slurm/train.sbatch --config configs/quickstart.yaml   # then: scancel --signal=USR1 <job id>
-
-Run dirs, preemption and why Lightning's auto-requeue is off (Lightning #21406): docs/slurm.md.
 """
 
 import os

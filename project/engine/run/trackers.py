@@ -2,14 +2,18 @@
 
     python -m project fit --config configs/quickstart.yaml --config configs/tracking/mlflow.yaml --ckpt_path last
 
-Each tracker is checked at start-up, before anything is written; a resume continues the tracked runs recorded in
-`<run dir>/trackers.json`. How and why: docs/reliability.md ("Trackers").
+Checked at start-up; a resume continues the tracked runs in `<run dir>/trackers.json` (docs/reliability.md#trackers).
 """
 
 import base64
+import csv
+import importlib
 import json
+import netrc
 import os
 import re
+import secrets
+import socket
 import subprocess
 import urllib.error
 import urllib.parse
@@ -18,22 +22,24 @@ from pathlib import Path
 from typing import Any, Optional
 
 from jsonargparse import Namespace
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from project.engine.errors import ConfigError
+from project.engine.run.checkpoint_io import atomic_write
 
 TRACKERS_FILE = "trackers.json"
 _KINDS = {"TensorBoardLogger": "tensorboard", "CSVLogger": "csv", "MLFlowLogger": "mlflow", "WandbLogger": "wandb"}
-_PACKAGES = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}
 
 
 def logger_entries(trainer: Namespace) -> list[Namespace]:
-    """The configured loggers as class_path/init_args namespaces (the default logger is a TensorBoardLogger)."""
+    """The configured loggers as class_path/init_args namespaces (the default logger, `True`, is none of them)."""
     logger = trainer.get("logger")
-    if logger in (None, True, False):
-        return []
-    items = logger if isinstance(logger, list) else [logger]
-    return [item for item in items if isinstance(item, Namespace)]
+    entries = [item for item in (logger if isinstance(logger, list) else [logger]) if isinstance(item, Namespace)]
+    for entry in entries:
+        if entry.get("init_args") is None:  # a class_path alone: its options are set in here
+            entry.init_args = Namespace()
+    return entries
 
 
 def kind_of(entry: Namespace) -> str:
@@ -41,32 +47,18 @@ def kind_of(entry: Namespace) -> str:
     return _KINDS.get(str(entry.get("class_path", "")).rsplit(".", 1)[-1], "other")
 
 
-def _init_args(entry: Namespace) -> Namespace:
-    if entry.get("init_args") is None:
-        entry.init_args = Namespace()
-    return entry.init_args
-
-
-def _is_file_store(uri: Optional[str]) -> bool:
-    return uri is None or uri.startswith("file:") or "://" not in uri
-
-
 def check_trackers(trainer: Namespace) -> None:
-    """ConfigError (one line, nothing written yet) for a tracker that cannot work: its package is missing, MLflow
-    would use its refused file store, or its tracking server does not answer."""
-    import importlib
-
+    """ConfigError for a tracker that cannot work: a missing package, MLflow's refused file store, no server answer."""
     for entry in logger_entries(trainer):
         kind = kind_of(entry)
-        package = _PACKAGES.get(kind)
-        try:
-            if package:
-                importlib.import_module(package)  # what the logger will import (a broken install fails here too)
+        try:  # the package the logger will import (a broken install fails here too)
+            if kind in ("mlflow", "wandb", "tensorboard"):
+                importlib.import_module(kind)
         except ImportError:
-            raise ConfigError(f"trainer.logger {entry.class_path} needs the {package} package, which is not installed: "
-                              f"pip install -e \".[tracking]\" (or pip install {package})") from None
+            raise ConfigError(f"trainer.logger {entry.class_path} needs the {kind} package, which is not installed: "
+                              f"pip install -e \".[tracking]\" (or pip install {kind})") from None
         if kind == "mlflow":
-            _check_mlflow(_init_args(entry))
+            _check_mlflow(entry.init_args)
         elif kind == "wandb":
             _check_wandb(entry)
 
@@ -80,25 +72,19 @@ def _mlflow_uri(args: Namespace) -> Optional[str]:
     return args.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
 
 
-def _check_reachable(url: str, what: str, fix: str) -> None:
-    """ConfigError unless a TCP connection to `url`'s host opens within 5 s (W&B alone waits ~2 minutes)."""
-    import socket
-
-    parts = urllib.parse.urlsplit(url)
-    try:
-        socket.create_connection((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)), 5).close()
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"{what} {redact(url)} cannot be reached ({error}): {fix}") from None
-
-
 def _check_wandb(entry: Namespace) -> None:
-    args, kwargs = _init_args(entry), entry.get("dict_kwargs") or {}
+    args, kwargs = entry.init_args, entry.get("dict_kwargs") or {}
     mode = os.environ.get("WANDB_MODE") or kwargs.get("mode") or ""
     if args.get("offline") or mode in ("offline", "dryrun", "disabled"):
         return
     url = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
     offline = "run offline with WANDB_MODE=offline and `wandb sync` the run later"
-    _check_reachable(url, "W&B (online) at", f"check the network, or {offline}")
+    parts = urllib.parse.urlsplit(url)
+    try:  # 5 s; W&B alone waits ~2 minutes
+        socket.create_connection((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)), 5).close()
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"W&B (online) at {redact(url)} cannot be reached ({error}): check the network, or "
+                          f"{offline}") from None
     if not _wandb_key_known(url):  # else wandb.init fails ~10 s later, with a traceback, after the run dir exists
         raise ConfigError(f"W&B (online) has no API key for {redact(url)}: run `wandb login` (it writes ~/.netrc) "
                           f"or set WANDB_API_KEY, or {offline}")
@@ -106,8 +92,6 @@ def _check_wandb(entry: Namespace) -> None:
 
 def _wandb_key_known(url: str) -> bool:
     """Whether an API key is where `wandb login` puts it (~/.netrc, for the server's host) or in WANDB_API_KEY."""
-    import netrc
-
     if os.environ.get("WANDB_API_KEY"):
         return True
     try:
@@ -119,7 +103,7 @@ def _wandb_key_known(url: str) -> bool:
 def _check_mlflow(args: Namespace) -> None:
     uri = _mlflow_uri(args)
     allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true")
-    if _is_file_store(uri) and not allowed:
+    if (uri is None or uri.startswith("file:") or "://" not in uri) and not allowed:
         where = uri or f"file store {args.get('save_dir') or './mlruns'}"
         raise ConfigError(f"MLflow 3 refuses its file store ({where}): set trainer.logger's tracking_uri to a "
                           "database (sqlite:///runs/mlflow.db) or a server (http://127.0.0.1:5000, started with "
@@ -152,24 +136,20 @@ def read_tracked_runs(run_dir: Path) -> dict[str, str]:
 
 def git_commit() -> Optional[str]:
     """The checkout's commit (with '-dirty' for uncommitted changes), or None outside a git checkout."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=5)
+    try:  # --exclude='*': the commit's hash, never a tag's name
+        described = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40", "--exclude=*"],
+                                   capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    return described.stdout.strip() if described.returncode == 0 else None
 
 
 def point_trackers(trainer: Namespace, run_dir: Path, *, resuming: bool) -> None:
-    """Point the parsed config's trackers at this run dir's tracked runs when resuming, W&B's files into it, and tag
-    the git commit (TensorBoard and CSV are pinned by project.engine.run.resume)."""
+    """Point the trackers at the run dir's tracked runs (when resuming) and W&B's files into it; tag the commit."""
     ids = read_tracked_runs(run_dir) if resuming else {}
     commit = git_commit()
     for entry in logger_entries(trainer):
-        kind, args = kind_of(entry), _init_args(entry)
+        kind, args = kind_of(entry), entry.init_args
         if kind == "mlflow":
             if ids.get("mlflow") and _mlflow_run_continues(args, ids):
                 args.run_id = ids["mlflow"]
@@ -181,7 +161,7 @@ def point_trackers(trainer: Namespace, run_dir: Path, *, resuming: bool) -> None
                 rank_zero_warn(f"trainer.logger WandbLogger save_dir {given}: W&B's local files go into the run dir "
                                f"{run_dir} instead, beside its checkpoints and config.yaml")
             args.save_dir = str(run_dir)
-            args.id = args.get("id") or ids.get("wandb") or _new_wandb_id()
+            args.id = args.get("id") or ids.get("wandb") or secrets.token_hex(4)  # W&B's own: 8 of [a-z0-9]
             # dict_kwargs (the **kwargs of WandbLogger) are passed to wandb.init
             if commit:
                 entry.dict_kwargs = {**(entry.get("dict_kwargs") or {}), "config": {"git_commit": commit}}
@@ -195,8 +175,7 @@ def _tracking_uri(given: Optional[str]) -> str:
 
 
 def _mlflow_run_continues(args: Namespace, ids: dict[str, str]) -> bool:
-    """True when the run dir's MLflow run can go on here; else a line says a new one starts (never a traceback
-    after the checkpoint was restored). A deleted experiment is one line: MLflow cannot create a run in it."""
+    """True when the run dir's MLflow run can go on here; else a line says a new one starts."""
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
@@ -224,28 +203,18 @@ def _mlflow_run_continues(args: Namespace, ids: dict[str, str]) -> bool:
     return why is None
 
 
-def _new_wandb_id() -> str:
-    import secrets
-
-    return secrets.token_hex(4)  # W&B's own ids are 8 characters of [a-z0-9]
-
-
 def record_tracked_runs(loggers: list, run_dir: Path) -> None:
     """Write the tracked-run ids into the run dir (global rank 0, once the runs exist), so a resume continues them."""
-    from project.engine.run.checkpoint_io import atomic_write
-
     ids = read_tracked_runs(run_dir)
     for logger in loggers:
         kind = _KINDS.get(type(logger).__name__)
         if kind == "mlflow":
-            ids["mlflow"] = logger.run_id
-            ids["mlflow_experiment_id"] = logger.experiment_id
-            ids["mlflow_tracking_uri"] = redact(_tracking_uri(None))  # a resume elsewhere starts a new run
+            ids.update(mlflow=logger.run_id, mlflow_experiment_id=logger.experiment_id,
+                       mlflow_tracking_uri=redact(_tracking_uri(None)))  # a resume elsewhere starts a new run
         elif kind == "wandb":
             ids["wandb"] = logger.experiment.id
     if ids:
-        text = json.dumps(ids, indent=1) + "\n"
-        atomic_write(run_dir / TRACKERS_FILE, lambda file: file.write(text.encode()))
+        atomic_write(run_dir / TRACKERS_FILE, lambda file: file.write(json.dumps(ids, indent=1) + "\n"), mode="w")
 
 
 def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -264,8 +233,7 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def log_config(loggers: list, config: dict[str, Any], config_file: Path) -> None:
-    """Send the resolved config to each tracker: its options as parameters, config.yaml as an artifact (a resumed
-    MLflow run gets only the keys it lacks: MLflow does not let a parameter change)."""
+    """Send the resolved config to each tracker: its options as parameters, config.yaml as an artifact."""
     params = {k: (v if isinstance(v, (int, float, bool)) or v is None else redact(v if isinstance(v, str) else
                                                                                    json.dumps(v, default=str)))
               for k, v in flat_config(config).items()}
@@ -273,7 +241,7 @@ def log_config(loggers: list, config: dict[str, Any], config_file: Path) -> None
         kind = _KINDS.get(type(logger).__name__)
         if kind == "mlflow":
             client, run_id = logger.experiment, logger.run_id
-            present = client.get_run(run_id).data.params
+            present = client.get_run(run_id).data.params  # a resumed run: MLflow does not let a parameter change
             logger.log_hyperparams({k: v for k, v in params.items() if k not in present})
             if config_file.is_file():
                 client.log_artifact(run_id, str(config_file))
@@ -295,56 +263,34 @@ def how_to_look(loggers: list, run_dir: Path) -> list[str]:
         elif kind == "csv":
             parts.append(f"metrics in {Path(logger.log_dir) / 'metrics.csv'}")
         elif kind == "mlflow":
-            import mlflow
-
-            uri = redact(mlflow.get_tracking_uri())  # the logger set it when it started its run
+            uri = redact(_tracking_uri(None))  # the logger set it when it started its run
             where = f"experiments/{logger.experiment_id}/runs/{logger.run_id}"
-            if uri.startswith(("http://", "https://")):
-                parts.append(f"MLflow {uri.rstrip('/')}/#/{where}")
-            else:
-                parts.append(f"MLflow run {logger.run_id}: mlflow ui --backend-store-uri {uri}")
+            parts.append(f"MLflow {uri.rstrip('/')}/#/{where}" if uri.startswith(("http://", "https://")) else
+                         f"MLflow run {logger.run_id}: mlflow ui --backend-store-uri {uri}")
         elif kind == "wandb":
             run = logger.experiment
-            if getattr(run, "offline", False) or os.environ.get("WANDB_MODE") in ("offline", "dryrun"):
-                parts.append(f"W&B offline run {run.id}: wandb sync {Path(run.dir).parent}")
-            else:
-                parts.append(f"W&B {run.entity}/{run.project}/runs/{run.id}")
+            offline = getattr(run, "offline", False) or os.environ.get("WANDB_MODE") in ("offline", "dryrun")
+            parts.append(f"W&B offline run {run.id}: wandb sync {Path(run.dir).parent}" if offline else
+                         f"W&B {run.entity}/{run.project}/runs/{run.id}")
     return parts
 
 
 def continue_csv_logs(loggers: list, resume_step: int) -> None:
-    """A resumed fit keeps each CSVLogger's rows logged before `resume_step` (Lightning's deletes metrics.csv, PR
-    #19446, project.engine.compat). Called before the Trainer first touches its loggers: the file is moved aside, the
-    writer created (nothing to delete), the rows written back under its header; a crash leaves metrics.csv.resume."""
-    import csv
-    import io
-
-    from lightning.pytorch.loggers import CSVLogger
-    from lightning.pytorch.utilities import rank_zero_only
-
-    from project.engine.run.checkpoint_io import atomic_write
-
+    """A resumed fit keeps each CSVLogger's rows before `resume_step` (Lightning's deletes metrics.csv, PR #19446):
+    called before the Trainer first touches its loggers, it moves the file aside, then writes its rows back."""
     if rank_zero_only.rank != 0:
         return
-    for logger in loggers:
-        if not isinstance(logger, CSVLogger):
-            continue
+    for logger in (logger for logger in loggers if isinstance(logger, CSVLogger)):
         path = Path(logger.log_dir) / "metrics.csv"
         aside = path.with_name(path.name + ".resume")
         if path.is_file():
             os.replace(path, aside)
         if not aside.is_file():  # (one left by a start that crashed here is taken up)
             continue
-        writer = logger.experiment
+        writer = logger.experiment  # created now, with no metrics.csv to delete
         with open(aside, newline="") as file:
             reader = csv.DictReader(file)
-            header = list(reader.fieldnames or [])
-            rows = [row for row in reader if int(float(row.get("step") or 0)) < resume_step]
-        if header:
-            text = io.StringIO()
-            table = csv.DictWriter(text, fieldnames=header)
-            table.writeheader()
-            table.writerows(rows)
-            atomic_write(path, lambda file, text=text: file.write(text.getvalue().encode()))
-            writer.metrics_keys = header  # Lightning's writer appends under the keys it holds
+            writer.metrics_keys = list(reader.fieldnames or [])  # the header it writes, and appends under
+            writer.metrics = [row for row in reader if int(float(row.get("step") or 0)) < resume_step]
+        writer.save()  # a new metrics.csv with these rows; until it is whole, the rows are in metrics.csv.resume
         os.remove(aside)

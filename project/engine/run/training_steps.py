@@ -1,7 +1,4 @@
-"""Which batch ends follow an optimizer step, and which of those Lightning writes its step metrics at.
-
-Public Trainer attributes only (Lightning's own answers are private and moved between releases); for on_train_batch_end.
-"""
+"""Which batch ends follow an optimizer step, and which write step metrics: from public Trainer attributes only."""
 
 import lightning as L
 
