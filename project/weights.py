@@ -129,23 +129,6 @@ def fetch_weights(weights: str, *, arch: Optional[str]) -> Optional[Path]:
     return hub_file(entry)
 
 
-def read_weights(weights: str, *, arch: Optional[str]) -> tuple[dict[str, torch.Tensor], str]:
-    """The state_dict `weights` names (a torchvision weights name of arch, or a file) and a description of it."""
-    entry = torchvision_weights(arch, weights) if arch is not None else None
-    if entry is not None:
-        return _from_hub(arch, weights, entry), f"{arch} {weights} ({hub_file(entry)})"
-    path = Path(weights).expanduser()
-    if path.is_file():
-        return _from_file(path), str(path)
-    if arch is None:
-        raise ConfigError(f"--model.finetune.weights {weights!r} is not a file: with --model.backbone it takes the "
-                          "path of a state_dict or .ckpt file (torchvision weights names need a torchvision "
-                          "--model.arch)")
-    raise ConfigError(f"--model.finetune.weights {weights!r} is neither a file nor a torchvision weights name of "
-                      f"{arch} (one of: {_weight_names(arch)}): give one of those names, or the path of a state_dict "
-                      "or .ckpt file")
-
-
 def _absent_part(network: nn.Module, key: str) -> bool:
     """True when key lies under an attribute the network set to None (GoogLeNet's aux1 without aux_logits)."""
     module: object = network
@@ -206,7 +189,20 @@ def load_state(network: nn.Module, state: Mapping[str, torch.Tensor], *, source:
 def load_pretrained(network: nn.Module, weights: str, *, arch: Optional[str], num_classes: int) -> LoadReport:
     """Load `weights` into network: a torchvision weights name of arch (IMAGENET1K_V1, DEFAULT, ...), read from the
     torch hub cache (fetched there first if missing), or a file path; arch is None for a custom --model.backbone."""
-    state, source = read_weights(weights, arch=arch)
+    entry = torchvision_weights(arch, weights) if arch is not None else None
+    path = Path(weights).expanduser()
+    if entry is not None:
+        state, source = _from_hub(arch, weights, entry), f"{arch} {weights} ({hub_file(entry)})"
+    elif path.is_file():
+        state, source = _from_file(path), str(path)
+    elif arch is None:
+        raise ConfigError(f"--model.finetune.weights {weights!r} is not a file: with --model.backbone it takes the "
+                          "path of a state_dict or .ckpt file (torchvision weights names need a torchvision "
+                          "--model.arch)")
+    else:
+        raise ConfigError(f"--model.finetune.weights {weights!r} is neither a file nor a torchvision weights name of "
+                          f"{arch} (one of: {_weight_names(arch)}): give one of those names, or the path of a "
+                          "state_dict or .ckpt file")
     return load_state(network, state, source=source, num_classes=num_classes)
 
 
