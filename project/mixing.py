@@ -1,8 +1,6 @@
-"""MixUp/CutMix on the training batch (torchvision transforms v2), seeded per batch, and the loss on soft targets.
+"""MixUp/CutMix on the training batch, seeded per batch (docs/how-it-works.md#seeds), and the loss on soft targets.
 
     python -m project fit --config configs/quickstart.yaml --model.loss.mixup_alpha=0.2 --model.loss.label_smoothing=0.1
-
-`Loss` is the `model.loss` group; how its draws are seeded: docs/how-it-works.md#seeds.
 """
 
 from dataclasses import dataclass

@@ -78,8 +78,6 @@ def parameter_groups(network: nn.Module, weight_decay: float, *, decay_norm_and_
                      backbone_lr_factor: float = 1.0) -> list[dict]:
     """Groups by weight decay (norm weights and biases apart unless decay_norm_and_bias) and by LR (the head at `lr`,
     the rest at lr x backbone_lr_factor); frozen ones too, so unfreezing needs no new group. Named when several."""
-    if backbone_lr_factor <= 0:
-        raise ConfigError(f"model.finetune.backbone_lr_factor must be > 0, got {backbone_lr_factor}")
     head_name = classifier_head(network)[0] + "." if backbone_lr_factor != 1.0 else None
     groups: dict[tuple[str, str], list[nn.Parameter]] = {}
     for name, p in network.named_parameters():
@@ -99,18 +97,15 @@ def parameter_groups(network: nn.Module, weight_decay: float, *, decay_norm_and_
     return result
 
 
-def build_optimizer(name: str, groups: list[dict], *, lr: float, momentum: float, nesterov: bool,
-                    betas: tuple[float, float], eps: Optional[float]) -> torch.optim.Optimizer:
+def build_optimizer(optim: Optimization, groups: list[dict], *, lr: float) -> torch.optim.Optimizer:
     """SGD, AdamW or RMSprop over the groups (each group's own lr and weight_decay win over the defaults)."""
-    extra = {} if eps is None else {"eps": eps}
-    if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
-    if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, **extra)
-    if name == "rmsprop":
-        # torchvision's MobileNet/EfficientNet recipes: alpha 0.9 (eps 0.0316 in their configs)
-        return torch.optim.RMSprop(groups, lr=lr, alpha=0.9, momentum=momentum, **extra)
-    raise ConfigError(f"model.optim.optimizer must be 'sgd', 'adamw' or 'rmsprop', got {name!r}")
+    extra = {} if optim.eps is None else {"eps": optim.eps}
+    if optim.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=optim.momentum, nesterov=optim.nesterov)
+    if optim.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=tuple(optim.adamw_betas), **extra)
+    # rmsprop, as torchvision's MobileNet/EfficientNet recipes: alpha 0.9 (eps 0.0316 in their configs)
+    return torch.optim.RMSprop(groups, lr=lr, alpha=0.9, momentum=optim.momentum, **extra)
 
 
 def warmup_then_decay(optimizer: torch.optim.Optimizer, *, total_steps: int, warmup_steps: int, schedule: str,
@@ -134,8 +129,8 @@ def warmup_then_decay(optimizer: torch.optim.Optimizer, *, total_steps: int, war
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def build_schedule(optimizer: torch.optim.Optimizer, trainer: L.Trainer, *, warmup_epochs: float, schedule: str,
-                   milestones: Sequence[int], gamma: float) -> torch.optim.lr_scheduler.LambdaLR:
+def build_schedule(optimizer: torch.optim.Optimizer, trainer: L.Trainer,
+                   optim: Optimization) -> torch.optim.lr_scheduler.LambdaLR:
     """warmup_then_decay sized from the trainer: warmup and milestones in epochs, the run's length in steps."""
     total_steps = trainer.estimated_stepping_batches
     if math.isinf(total_steps):
@@ -146,9 +141,9 @@ def build_schedule(optimizer: torch.optim.Optimizer, trainer: L.Trainer, *, warm
         trainer.fit_loop.setup_data()
     # Rounded up as Lightning counts: an epoch's last, partial accumulation window still steps the optimizer.
     steps_per_epoch = max(1, math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches))
-    return warmup_then_decay(optimizer, total_steps=int(total_steps), schedule=schedule, gamma=gamma,
-                             warmup_steps=round(warmup_epochs * steps_per_epoch),
-                             milestones=[m * steps_per_epoch for m in milestones])
+    return warmup_then_decay(optimizer, total_steps=int(total_steps), schedule=optim.schedule, gamma=optim.step_gamma,
+                             warmup_steps=round(optim.warmup_epochs * steps_per_epoch),
+                             milestones=[m * steps_per_epoch for m in optim.step_milestones])
 
 
 def build_optimization(optim: Optimization, network: nn.Module, trainer: L.Trainer, *, lr: float,
@@ -156,10 +151,8 @@ def build_optimization(optim: Optimization, network: nn.Module, trainer: L.Train
     """configure_optimizers' answer: the optimizer over the parameter groups at `lr`, its schedule stepped per step."""
     groups = parameter_groups(network, optim.weight_decay, decay_norm_and_bias=optim.decay_norm_and_bias, lr=lr,
                               backbone_lr_factor=backbone_lr_factor)
-    optimizer = build_optimizer(optim.optimizer, groups, lr=lr, momentum=optim.momentum, nesterov=optim.nesterov,
-                                betas=tuple(optim.adamw_betas), eps=optim.eps)
-    scheduler = build_schedule(optimizer, trainer, warmup_epochs=optim.warmup_epochs, schedule=optim.schedule,
-                               milestones=optim.step_milestones, gamma=optim.step_gamma)
+    optimizer = build_optimizer(optim, groups, lr=lr)
+    scheduler = build_schedule(optimizer, trainer, optim)
     # Named for LearningRateMonitor: train/lr (train/lr/<group> when there are several groups).
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"}}
 

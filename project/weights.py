@@ -47,8 +47,7 @@ class LoadReport:
 
 
 def _copy_with_metadata(state: Mapping, rename: Callable[[str], Optional[str]] = lambda key: key) -> OrderedDict:
-    """A copy with renamed keys (None drops one) keeping `_metadata`, the module versions torchvision's load hooks
-    read: MNASNet refuses a state_dict without them."""
+    """A copy with renamed keys (None drops one), keeping the module versions MNASNet's load hook needs (_metadata)."""
     copy: OrderedDict = OrderedDict()
     for key, value in state.items():
         if (name := rename(key)) is not None:
@@ -120,30 +119,12 @@ def _from_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def fetch_weights(weights: str, *, arch: Optional[str]) -> Optional[Path]:
-    """Bring a torchvision weights file into the hub cache (a no-op when it is there); None for a file path. For
-    prepare_data: Lightning runs it on one process per node, before the others read the cache."""
+    """prepare_data's part: a torchvision weights file into the hub cache, read back whole; None for a file path."""
     entry = torchvision_weights(arch, weights) if arch is not None else None
     if entry is None:
         return None
     _from_hub(arch, weights, entry)  # reading it back also proves the cached file whole
     return hub_file(entry)
-
-
-def read_weights(weights: str, *, arch: Optional[str]) -> tuple[dict[str, torch.Tensor], str]:
-    """The state_dict `weights` names (a torchvision weights name of arch, or a file) and a description of it."""
-    entry = torchvision_weights(arch, weights) if arch is not None else None
-    if entry is not None:
-        return _from_hub(arch, weights, entry), f"{arch} {weights} ({hub_file(entry)})"
-    path = Path(weights).expanduser()
-    if path.is_file():
-        return _from_file(path), str(path)
-    if arch is None:
-        raise ConfigError(f"--model.finetune.weights {weights!r} is not a file: with --model.backbone it takes the "
-                          "path of a state_dict or .ckpt file (torchvision weights names need a torchvision "
-                          "--model.arch)")
-    raise ConfigError(f"--model.finetune.weights {weights!r} is neither a file nor a torchvision weights name of "
-                      f"{arch} (one of: {_weight_names(arch)}): give one of those names, or the path of a state_dict "
-                      "or .ckpt file")
 
 
 def _absent_part(network: nn.Module, key: str) -> bool:
@@ -159,8 +140,7 @@ def _absent_part(network: nn.Module, key: str) -> bool:
 
 
 def load_state(network: nn.Module, state: Mapping[str, torch.Tensor], *, source: str, num_classes: int) -> LoadReport:
-    """Copy `state` into network; the classifier head keeps its fresh init when the class count differs. Any other
-    tensor that differs is one ConfigError; load_state_dict runs torchvision's version hooks (MNASNet, ViT, ...)."""
+    """Copy `state` into network, all but a head for another class count; any other difference is one ConfigError."""
     head_name, head = classifier_head(network)
     if head_outputs(head) != num_classes:
         raise ConfigError(f"the last Linear/Conv2d of {type(network).__name__}, {head_name!r}, gives "
@@ -204,9 +184,21 @@ def load_state(network: nn.Module, state: Mapping[str, torch.Tensor], *, source:
 
 
 def load_pretrained(network: nn.Module, weights: str, *, arch: Optional[str], num_classes: int) -> LoadReport:
-    """Load `weights` into network: a torchvision weights name of arch (IMAGENET1K_V1, DEFAULT, ...), read from the
-    torch hub cache (fetched there first if missing), or a file path; arch is None for a custom --model.backbone."""
-    state, source = read_weights(weights, arch=arch)
+    """Load `weights`, a torchvision weights name of arch (DEFAULT, IMAGENET1K_V1, ...) or a file, into network."""
+    entry = torchvision_weights(arch, weights) if arch is not None else None
+    path = Path(weights).expanduser()
+    if entry is not None:
+        state, source = _from_hub(arch, weights, entry), f"{arch} {weights} ({hub_file(entry)})"
+    elif path.is_file():
+        state, source = _from_file(path), str(path)
+    elif arch is None:
+        raise ConfigError(f"--model.finetune.weights {weights!r} is not a file: with --model.backbone it takes the "
+                          "path of a state_dict or .ckpt file (torchvision weights names need a torchvision "
+                          "--model.arch)")
+    else:
+        raise ConfigError(f"--model.finetune.weights {weights!r} is neither a file nor a torchvision weights name of "
+                          f"{arch} (one of: {_weight_names(arch)}): give one of those names, or the path of a "
+                          "state_dict or .ckpt file")
     return load_state(network, state, source=source, num_classes=num_classes)
 
 
@@ -220,8 +212,7 @@ def eval_sizes(arch: str, weights_name: str) -> tuple[int, int]:
 
 
 def apply_weights_eval_sizes(config, explicit) -> None:
-    """A config hook (project/__init__.py): with torchvision weights, their evaluation resize and crop become the
-    data's defaults; a value given explicitly wins."""
+    """A config hook: torchvision weights' evaluation resize and crop become the data's, unless given explicitly."""
     model, data = config.model.get("init_args"), config.data.get("init_args")
     weights = model.get("finetune.weights") if model is not None else None
     if not weights or data is None or model.get("backbone") is not None:

@@ -42,10 +42,8 @@ class FineTuning:
 
 
 class FreezeBackbone(L.Callback):
-    """Freeze all of `pl_module.network` (HasNetwork) but its classifier head until epoch `unfreeze_at_epoch`.
-
-    Unlike Lightning's BackboneFinetuning it adds no parameter group and freezes at train start, after the optimizer
-    and the DDP wrapper exist (Lightning #20340): docs/fine-tuning.md."""
+    """Freeze all of `pl_module.network` (HasNetwork) but its classifier head until epoch `unfreeze_at_epoch`; why
+    not Lightning's BackboneFinetuning (it adds a parameter group, freezes before DDP): docs/fine-tuning.md."""
 
     def __init__(self, unfreeze_at_epoch: NonNegativeInt, train_bn: bool = True) -> None:
         """

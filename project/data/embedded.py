@@ -1,6 +1,5 @@
 """The quickstart's data set: scikit-learn's 1,797 real handwritten digits (in its wheel: no download), written once
-as JPEGs in ImageFolder layout, so the quickstart runs the path ImageNet runs.
-"""
+as JPEGs in ImageFolder layout, so the quickstart runs the path ImageNet runs."""
 
 import os
 import shutil
@@ -20,8 +19,7 @@ VAL_EVERY = 5  # every 5th image of each class goes to val/: 1,442 train / 355 v
 
 
 def resolve_root(root: str) -> Path:
-    """Map 'embedded:digits' to its folder under $PROJECT_DATA_CACHE (~/.cache/project), written once; return other
-    roots unchanged."""
+    """'embedded:digits' as its folder under $PROJECT_DATA_CACHE (~/.cache/project), written once; others as given."""
     if not root.startswith("embedded:"):
         return Path(root).expanduser()
     if root != DIGITS:

@@ -1,6 +1,5 @@
 """The data sets over (path, label) samples, whichever the data module lists: decoded in the workers (DecodedImages), or
-read as bytes for a device decoder (EncodedImages, decoded and augmented by device_decode.DevicePipeline).
-"""
+read as bytes for a device decoder (EncodedImages, decoded and augmented by device_decode.DevicePipeline)."""
 
 import functools
 import logging

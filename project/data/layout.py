@@ -1,6 +1,5 @@
 """The classes of an ImageFolder-layout root (train/<class>/, val/<class>/): the folders, checked (an error that names
-the fix), and their human-readable names from ROOT/class_index.json (written by tools/prepare_imagenet.py).
-"""
+the fix), and their human-readable names from ROOT/class_index.json (written by tools/prepare_imagenet.py)."""
 
 import json
 import os

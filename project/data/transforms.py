@@ -1,10 +1,10 @@
 """Transform presets named by role (torchvision transforms v2, as its references/classification/presets.py), ImageNet
-mean/std by default; `normalize=False` stops at uint8, and NormalizeBatch normalizes on the device (docs/imagenet.md).
-"""
+mean/std by default; `normalize=False` stops at uint8; NormalizeBatch normalizes on the device (docs/imagenet.md)."""
 
 from typing import Any, Literal, Optional, Sequence, get_args
 
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 from torchvision.transforms import v2
 
 from project.engine.errors import ConfigError
@@ -85,11 +85,6 @@ class NormalizeBatch:
         return images.to(torch.float32).sub_(mean).mul_(inv_std)
 
     def batch(self, batch: Any) -> Any:
-        """Normalize the images of a batch: a tensor, or the first element of (images, targets, ...)."""
-        if isinstance(batch, torch.Tensor):
-            return self(batch)
-        if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
-            converted = [self(batch[0]), *batch[1:]]
-            return converted if isinstance(batch, list) else tuple(converted)
-        return batch
+        """Normalize the uint8 images of a batch (a tensor, or inside a tuple, list or dict); the rest passes."""
+        return apply_to_collection(batch, torch.Tensor, self)
 
