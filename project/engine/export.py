@@ -8,7 +8,7 @@ How each file is checked and published: docs/how-it-works.md#export.
 
 import argparse
 import copy
-import importlib
+import importlib.util
 import inspect
 import json
 import math
@@ -38,17 +38,12 @@ class ExportCheckError(UserError, RuntimeError):
     """An exported file does not give the network's logits back; nothing was written."""
 
 
-def _importable(*names: str) -> bool:
-    try:
-        for name in names:
-            importlib.import_module(name)
-    except ImportError:
-        return False
-    return True
+def _installed(*names: str) -> bool:
+    return all(importlib.util.find_spec(name) for name in names)
 
 
 def onnx_available() -> bool:
-    return _importable("onnx", "onnxscript")  # torch.onnx's exporter needs both
+    return _installed("onnx", "onnxscript")  # torch.onnx's exporter needs both
 
 
 def _check_close(file: str, got: torch.Tensor, expected: torch.Tensor, rtol: float, out_dir: Path) -> dict[str, float]:
@@ -74,7 +69,7 @@ def _export_onnx(program: torch.export.ExportedProgram, example: torch.Tensor, p
     """Write model.onnx (and model.onnx.data) from the exported program; check it in onnxruntime when installed."""
     torch.onnx.export(program, (example,), str(path), dynamo=True, input_names=["images"], output_names=["logits"],
                       verbose=False)
-    if not _importable("onnxruntime"):
+    if not _installed("onnxruntime"):
         return None
     import onnxruntime
 
@@ -100,8 +95,7 @@ def _publish(staging: Path, out_dir: Path) -> None:
 
 def _eager_reference(network: nn.Module, example: torch.Tensor, preprocessing: dict[str, Any],
                      num_classes: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """The network as a CPU float32 copy in eval mode (the caller's keeps its device and mode), the example batch
-    (at least 2: torch.export specialises a batch of 1) and its logits, each checked."""
+    """A CPU float32 eval copy of the network, the example batch (>= 2: export specialises 1) and its logits."""
     missing = [key for key in PREPROCESSING_KEYS if key not in preprocessing]
     if missing:
         raise ValueError(f"preprocessing lacks {missing}: expected the keys {list(PREPROCESSING_KEYS)}")
@@ -187,15 +181,13 @@ def load_exported(folder: str | Path) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def export_module(model, datamodule, out_dir: str | Path, *, onnx: bool = True) -> dict[str, Path]:
-    """Export a model's network (its `network`, else the module itself) with the data module's class names and
-    evaluation preprocessing (project.engine.contract). The caller builds both: from a run, or in a notebook."""
+    """Export a model's `network` (else the model) with the data module's class names and eval preprocessing."""
     preprocessing = eval_preprocessing(datamodule)
     if preprocessing is None:
         raise ConfigError(f"data module {type(datamodule).__qualname__} offers no eval_preprocessing(): export "
                           "writes the resize, crop, mean and std into model.json (see project/engine/contract.py)")
     network, hparams, crop = getattr(model, "network", model), getattr(model, "hparams", {}), preprocessing.crop
     torchvision_net = type(network).__module__.startswith("torchvision.")
-    # normalised-image-like values for the check
     example = torch.randn(2, 3, crop, crop, generator=torch.Generator().manual_seed(0))
     return export_network(network, out_dir, example=example, preprocessing=preprocessing.as_dict(), onnx=onnx,
                           class_names=display_names(datamodule, hparams.get("num_classes")),
@@ -203,7 +195,7 @@ def export_module(model, datamodule, out_dir: str | Path, *, onnx: bool = True) 
 
 
 def build_from_run(ckpt_path: Path, config: Path):
-    """The run's ImageClassifier and data module from its saved config, with the checkpoint's weights loaded."""
+    """The run's model (with the checkpoint's weights: EMA's averaged ones, if any) and data module."""
     from project.engine.cli import cli_main
 
     settings = yaml.safe_load(config.read_text())
@@ -213,15 +205,13 @@ def build_from_run(ckpt_path: Path, config: Path):
         settings.pop(option, None)
     settings["trainer"] = {**(settings.get("trainer") or {}), "accelerator": "cpu", "devices": 1, "logger": False}
     cli = cli_main(settings, run=False)
-    # With EMA the checkpoint's state_dict holds the averaged weights: those are the ones exported.
-    state = load_trusted_format(ckpt_path)["state_dict"]
-    cli.model.load_state_dict(state)
+    cli.model.load_state_dict(load_trusted_format(ckpt_path)["state_dict"])
     return cli.model, cli.datamodule
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Path]:
-    """`python -m project.engine.export`: export a run's checkpoint next to it (RUN/export/ by default)."""
-    parser = argparse.ArgumentParser(prog="python -m project.engine.export", description=__doc__.splitlines()[0])
+    """`python -m project export`: export a run's checkpoint next to it (RUN/export/ by default)."""
+    parser = argparse.ArgumentParser(prog="python -m project export", description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt_path", type=Path, required=True, help="RUN/checkpoints/best.ckpt or last.ckpt")
     parser.add_argument("--config", type=Path, help="the run's config.yaml (default: RUN/config.yaml)")
     parser.add_argument("--out_dir", type=Path, help="where to write (default: RUN/export)")
@@ -235,9 +225,3 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Path]:
         parser.error(f"no config at {config}: pass --config RUN/config.yaml, the config the run saved")
     model, datamodule = build_from_run(args.ckpt_path, config)
     return export_module(model, datamodule, args.out_dir or run_dir / "export", onnx=args.onnx)
-
-
-if __name__ == "__main__":
-    from project.engine.errors import exit_on_user_error
-
-    exit_on_user_error(main)

@@ -76,14 +76,13 @@ class ThroughputLogger(L.Callback):
         super().__init__()
         # `--throughput.peak_flops=-1` is refused while parsing; these checks are for a Python caller's values.
         checked = check_arguments(ThroughputLogger.__init__, locals(), "throughput")
-        peak_flops, count_flops = checked["peak_flops"], checked["count_flops"]
-        if peak_flops is not None and not count_flops:
-            raise ConfigError(f"throughput.peak_flops={peak_flops:g} is for MFU, which needs the FLOP count: drop "
-                              "--throughput.peak_flops or set --throughput.count_flops=true")
-        self.peak_flops, self.count_flops = peak_flops, count_flops
+        self.peak_flops, self.count_flops = checked["peak_flops"], checked["count_flops"]
+        if self.peak_flops is not None and not self.count_flops:
+            raise ConfigError(f"throughput.peak_flops={self.peak_flops:g} is for MFU, which needs the FLOP count: "
+                              "drop --throughput.peak_flops or set --throughput.count_flops=true")
         self.flops_per_image: Optional[float] = None
         self.windows: list[dict[str, float]] = []  # every logged window, for benchmarks reading the figures back
-        self.device_peak_flops: Optional[float] = peak_flops  # resolved at setup: the argument, else the table
+        self.device_peak_flops = self.peak_flops  # resolved at setup: the argument, else the table
         self._flops_counted = False
         self._devices = self._world_size = 1
         self._device = torch.device("cpu")
@@ -120,7 +119,7 @@ class ThroughputLogger(L.Callback):
         self._close_segment()
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.state.fn == TrainerFn.FITTING:
+        if trainer.state.fn == TrainerFn.FITTING:  # validation inside fit is no training time
             self._close_segment()
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int):

@@ -1,6 +1,4 @@
-"""LightningCLI's `--ckpt_path` hyperparameters from the run plan's one load of the checkpoint, values only: no value
-from a checkpoint names code (the config names classes). Why, and what stock LightningCLI does: docs/how-it-works.md
-#what-a-checkpoint-holds.
+"""`--ckpt_path` hyperparameters from the run plan's one load of the checkpoint, values only (docs/how-it-works.md).
 
     python -m project validate --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt
 """
