@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import lightning as L
 import torch
@@ -59,8 +59,12 @@ def _check_close(file: str, got: torch.Tensor, expected: torch.Tensor, rtol: flo
     return {"max_difference": difference, "max_abs_logit": scale, "rtol": rtol}
 
 
-def _worst(checks: Sequence[dict[str, float]]) -> dict[str, float]:
-    """The check with the largest difference relative to its logits' scale (the one model.json records)."""
+def _check_file(file: str, run: Callable[[torch.Tensor], torch.Tensor], eager: nn.Module, example: torch.Tensor,
+                rtol: float, out_dir: Path) -> dict[str, float]:
+    """`run` (an exported file) checked at the example's batch size and at 1; model.json records the worse check."""
+    with torch.no_grad():
+        checks = [_check_close(file if batch is example else f"{file} (at batch 1)", run(batch), eager(batch), rtol,
+                               out_dir) for batch in (example, example[:1])]
     return max(checks, key=lambda check: check["max_difference"] / check["max_abs_logit"])
 
 
@@ -74,12 +78,8 @@ def _export_onnx(program: torch.export.ExportedProgram, example: torch.Tensor, p
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    checks = []
-    for batch in (example, example[:1]):
-        logits = torch.from_numpy(session.run(None, {"images": batch.numpy()})[0])
-        with torch.no_grad():
-            checks.append(_check_close(path.name, logits, eager(batch), rtol, out_dir))
-    return _worst(checks)
+    return _check_file(path.name, lambda batch: torch.from_numpy(session.run(None, {"images": batch.numpy()})[0]),
+                       eager, example, rtol, out_dir)
 
 
 def _publish(staging: Path, out_dir: Path) -> None:
@@ -94,8 +94,8 @@ def _publish(staging: Path, out_dir: Path) -> None:
 
 
 def _eager_reference(network: nn.Module, example: torch.Tensor, preprocessing: dict[str, Any],
-                     num_classes: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """A CPU float32 eval copy of the network, the example batch (>= 2: export specialises 1) and its logits."""
+                     num_classes: int) -> tuple[nn.Module, torch.Tensor]:
+    """A CPU float32 eval copy of the network and the example batch (>= 2: export specialises 1), both checked."""
     missing = [key for key in PREPROCESSING_KEYS if key not in preprocessing]
     if missing:
         raise ValueError(f"preprocessing lacks {missing}: expected the keys {list(PREPROCESSING_KEYS)}")
@@ -112,20 +112,16 @@ def _eager_reference(network: nn.Module, example: torch.Tensor, preprocessing: d
     if not torch.isfinite(expected).all():
         raise ExportCheckError("the network's logits are not finite (inf or nan) on an ordinary input: its weights "
                                "diverged; export a checkpoint from before the loss did (RUN/checkpoints/)")
-    return eager, example, expected
+    return eager, example
 
 
-def _export_pt2(eager: nn.Module, example: torch.Tensor, expected: torch.Tensor, staging: Path, rtol: float,
+def _export_pt2(eager: nn.Module, example: torch.Tensor, staging: Path, rtol: float,
                 out_dir: Path) -> tuple[torch.export.ExportedProgram, dict[str, Any]]:
-    """model.pt2 written into `staging` and checked at the example's batch size and at 1."""
+    """model.pt2 written into `staging` and checked."""
     program = torch.export.export(eager, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
     torch.export.save(program, staging / "model.pt2")
     reloaded = torch.export.load(staging / "model.pt2").module()
-    with torch.no_grad():
-        return program, {"pt2": _worst([
-            _check_close("model.pt2", reloaded(example), expected, rtol, out_dir),
-            _check_close("model.pt2 (at batch 1)", reloaded(example[:1]), eager(example[:1]), rtol, out_dir),
-        ])}
+    return program, {"pt2": _check_file("model.pt2", reloaded, eager, example, rtol, out_dir)}
 
 
 def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Tensor, class_names: Sequence[str],
@@ -135,12 +131,12 @@ def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Te
     out_dir once their logits match the eager network's on `example` (a preprocessed float32 NCHW batch) within rtol
     (onnx_rtol) of the largest eager logit, or of 1. preprocessing: resize, crop, mean, std (and interpolation)."""
     out_dir = Path(out_dir)
-    eager, example, expected = _eager_reference(network, example, preprocessing, len(class_names))
+    eager, example = _eager_reference(network, example, preprocessing, len(class_names))
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".export-", suffix=".partial", dir=out_dir))
     try:
-        program, checked = _export_pt2(eager, example, expected, staging, rtol, out_dir)
+        program, checked = _export_pt2(eager, example, staging, rtol, out_dir)
 
         checked["onnx"] = None
         if onnx and onnx_available():

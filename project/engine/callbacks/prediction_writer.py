@@ -23,12 +23,7 @@ from project.engine.contract import display_names
 from project.engine.errors import ConfigError, DiskFullError, UserError, shown
 from project.engine.run.checkpoint_io import atomic_write
 
-DEFAULT_NAME = "predictions.csv"
 MAX_NAMED = 5  # unpredicted images named in the warning
-
-
-class PredictionsNotWrittenError(UserError):
-    """The predictions CSV could not be written where asked; the message says where the rows went instead."""
 
 
 def gather_rows(pl_module: L.LightningModule, rows: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -64,7 +59,7 @@ class PredictionCsvWriter(BasePredictionWriter):
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # log_dir is agreed on by a collective call, so every rank computes it, not only rank 0.
         run_dir = Path(trainer.log_dir or trainer.default_root_dir)
-        self._output = Path(self.output) if self.output else run_dir / DEFAULT_NAME
+        self._output = Path(self.output) if self.output else run_dir / "predictions.csv"
         if trainer.is_global_zero:
             _check_writable(self._output)  # before any image is predicted, not after all of them
 
@@ -169,6 +164,6 @@ def _write_or_rescue(output: Path, content: bytes, rows: int) -> Path:
             atomic_write(rescue, lambda file: file.write(content))
         except (OSError, DiskFullError):
             raise error from None
-        raise PredictionsNotWrittenError(f"could not write {shown(output)} ({reason}); the predictions for {rows} "
-                                         f"images were written to {shown(rescue)} instead: move that file where you "
-                                         "want it (or fix the cause and predict again)") from error
+        raise UserError(f"could not write {shown(output)} ({reason}); the predictions for {rows} images were written "
+                        f"to {shown(rescue)} instead: move that file where you want it (or fix the cause and predict "
+                        "again)") from error
