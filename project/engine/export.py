@@ -60,16 +60,16 @@ def _check_close(file: str, got: torch.Tensor, expected: torch.Tensor, rtol: flo
 
 
 def _check_file(file: str, run: Callable[[torch.Tensor], torch.Tensor], eager: nn.Module, example: torch.Tensor,
-                rtol: float, out_dir: Path) -> dict[str, float]:
-    """`run` (an exported file) checked at the example's batch size and at 1; model.json records the worse check."""
+                expected: torch.Tensor, rtol: float, out_dir: Path) -> dict[str, float]:
+    """`run` (an exported file) checked against the reference logits and at batch 1; model.json records the worse."""
     with torch.no_grad():
-        checks = [_check_close(file if batch is example else f"{file} (at batch 1)", run(batch), eager(batch), rtol,
-                               out_dir) for batch in (example, example[:1])]
+        checks = [_check_close(file, run(example), expected, rtol, out_dir),
+                  _check_close(f"{file} (at batch 1)", run(example[:1]), eager(example[:1]), rtol, out_dir)]
     return max(checks, key=lambda check: check["max_difference"] / check["max_abs_logit"])
 
 
-def _export_onnx(program: torch.export.ExportedProgram, example: torch.Tensor, path: Path, eager: nn.Module,
-                 rtol: float, out_dir: Path) -> Optional[dict[str, float]]:
+def _export_onnx(program: torch.export.ExportedProgram, example: torch.Tensor, expected: torch.Tensor, path: Path,
+                 eager: nn.Module, rtol: float, out_dir: Path) -> Optional[dict[str, float]]:
     """Write model.onnx (and model.onnx.data) from the exported program; check it in onnxruntime when installed."""
     torch.onnx.export(program, (example,), str(path), dynamo=True, input_names=["images"], output_names=["logits"],
                       verbose=False)
@@ -79,7 +79,7 @@ def _export_onnx(program: torch.export.ExportedProgram, example: torch.Tensor, p
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return _check_file(path.name, lambda batch: torch.from_numpy(session.run(None, {"images": batch.numpy()})[0]),
-                       eager, example, rtol, out_dir)
+                       eager, example, expected, rtol, out_dir)
 
 
 def _publish(staging: Path, out_dir: Path) -> None:
@@ -94,8 +94,8 @@ def _publish(staging: Path, out_dir: Path) -> None:
 
 
 def _eager_reference(network: nn.Module, example: torch.Tensor, preprocessing: dict[str, Any],
-                     num_classes: int) -> tuple[nn.Module, torch.Tensor]:
-    """A CPU float32 eval copy of the network and the example batch (>= 2: export specialises 1), both checked."""
+                     num_classes: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """A CPU float32 eval copy of the network, the example batch (>= 2: export specialises 1) and its logits."""
     missing = [key for key in PREPROCESSING_KEYS if key not in preprocessing]
     if missing:
         raise ValueError(f"preprocessing lacks {missing}: expected the keys {list(PREPROCESSING_KEYS)}")
@@ -112,35 +112,35 @@ def _eager_reference(network: nn.Module, example: torch.Tensor, preprocessing: d
     if not torch.isfinite(expected).all():
         raise ExportCheckError("the network's logits are not finite (inf or nan) on an ordinary input: its weights "
                                "diverged; export a checkpoint from before the loss did (RUN/checkpoints/)")
-    return eager, example
+    return eager, example, expected
 
 
-def _export_pt2(eager: nn.Module, example: torch.Tensor, staging: Path, rtol: float,
+def _export_pt2(eager: nn.Module, example: torch.Tensor, expected: torch.Tensor, staging: Path, rtol: float,
                 out_dir: Path) -> tuple[torch.export.ExportedProgram, dict[str, Any]]:
     """model.pt2 written into `staging` and checked."""
     program = torch.export.export(eager, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
     torch.export.save(program, staging / "model.pt2")
     reloaded = torch.export.load(staging / "model.pt2").module()
-    return program, {"pt2": _check_file("model.pt2", reloaded, eager, example, rtol, out_dir)}
+    return program, {"pt2": _check_file("model.pt2", reloaded, eager, example, expected, rtol, out_dir)}
 
 
 def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Tensor, class_names: Sequence[str],
                    preprocessing: dict[str, Any], onnx: bool = True, arch: Optional[str] = None, rtol: float = 1e-5,
                    onnx_rtol: float = 1e-4) -> dict[str, Path]:
-    """Write model.pt2 (dynamic batch), model.onnx (if `onnx` and its packages are installed) and model.json into
-    out_dir once their logits match the eager network's on `example` (a preprocessed float32 NCHW batch) within rtol
-    (onnx_rtol) of the largest eager logit, or of 1. preprocessing: resize, crop, mean, std (and interpolation)."""
+    """Write model.pt2, model.onnx (if `onnx` and installed) and model.json into out_dir once their logits on `example`
+    (a preprocessed NCHW batch) match the eager network's within rtol (onnx_rtol) of max(1, the largest eager logit)."""
     out_dir = Path(out_dir)
-    eager, example = _eager_reference(network, example, preprocessing, len(class_names))
+    eager, example, expected = _eager_reference(network, example, preprocessing, len(class_names))
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".export-", suffix=".partial", dir=out_dir))
     try:
-        program, checked = _export_pt2(eager, example, staging, rtol, out_dir)
+        program, checked = _export_pt2(eager, example, expected, staging, rtol, out_dir)
 
         checked["onnx"] = None
         if onnx and onnx_available():
-            checked["onnx"] = _export_onnx(program, example, staging / "model.onnx", eager, onnx_rtol, out_dir)
+            checked["onnx"] = _export_onnx(program, example, expected, staging / "model.onnx", eager, onnx_rtol,
+                                           out_dir)
         elif onnx:
             rank_zero_info("model.onnx skipped: `pip install onnx onnxscript` (and onnxruntime to check it)")
 

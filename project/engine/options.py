@@ -108,8 +108,7 @@ def check_value(annotation: Any, value: Any) -> Any:
 
 
 def check_fields(instance: Any, group: str) -> None:
-    """Every field of a frozen dataclass checked against its annotation (from __post_init__): a ConfigError naming
-    `group.field` for the first bad one; the checked values (plain numbers, tuples) replace the given ones."""
+    """A frozen dataclass's fields checked (from __post_init__) and replaced by their checked values."""
     hints = typing.get_type_hints(type(instance))
     for field in dataclasses.fields(instance):
         try:
@@ -120,8 +119,7 @@ def check_fields(instance: Any, group: str) -> None:
 
 
 def check_arguments(function: Callable, values: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """A call's arguments (e.g. an __init__'s locals()) checked against `function`'s annotations: a ConfigError
-    naming `where.name` for the first bad one, else {name: checked value} for every annotated argument given."""
+    """A call's annotated arguments (an __init__'s locals()) checked: {name: checked value} for each one given."""
     hints = typing.get_type_hints(function)
     checked = {}
     for name in inspect.signature(function).parameters:

@@ -64,8 +64,7 @@ def train_flops_per_image(network: torch.nn.Module, batch_shape: torch.Size) -> 
 
 
 class ThroughputLogger(L.Callback):
-    """Logs training speed under perf/ and shows it in the progress bar; the CLI adds one as the `throughput` group
-    (`--throughput.peak_flops 4.0e14`, `--throughput.count_flops false`)."""
+    """Logs training speed under perf/ (and to the progress bar); the CLI's `--throughput.*` group."""
 
     def __init__(self, peak_flops: Optional[PositiveFloat] = None, count_flops: bool = True):
         """

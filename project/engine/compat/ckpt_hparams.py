@@ -44,8 +44,7 @@ def _lookup(hparams: Mapping, dotted: str) -> tuple[bool, Any]:
 
 
 def keep_explicit_model_values(config: Namespace, explicit: Namespace, checkpoint_hparams: Mapping) -> list[str]:
-    """Put the user's explicit `model.*` values back into `config` where the checkpoint's differ; one line each. Keys
-    are leaves (`model.optim.lr_per_256`): one field given keeps the checkpoint's other fields of its group."""
+    """Put explicit `model.*` leaves (`model.optim.lr_per_256`) back into `config` where the checkpoint's differ."""
     given = explicit.get("model.init_args")  # subclass mode: the model's arguments are its init_args
     if not isinstance(given, Namespace):
         return []

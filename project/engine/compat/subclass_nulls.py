@@ -1,7 +1,4 @@
-"""`--model.finetune.weights=null` sets None, as it did before the model came by class_path.
-
-jsonargparse parses a command-line `null` for an Optional[str] dataclass field of a class in subclass mode as 'None'.
-"""
+"""`--model.finetune.weights=null` sets None: jsonargparse's subclass mode parses it as the string 'None'."""
 
 from collections.abc import Sequence
 

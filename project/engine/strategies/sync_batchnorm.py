@@ -50,8 +50,7 @@ class GlooSyncBatchNorm(nn.BatchNorm2d):
 
 
 def _move_state(source: nn.Module, target: nn.Module) -> nn.Module:
-    """Hand the very Parameter and buffer objects over (as torch's convert_sync_batchnorm does): an optimizer
-    built before the conversion keeps updating the parameters the model uses."""
+    """Hand the very Parameters and buffers over (as convert_sync_batchnorm does): an earlier optimizer still works."""
     if source.affine:
         target.weight, target.bias = source.weight, source.bias
     if source.track_running_stats:
