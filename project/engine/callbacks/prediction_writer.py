@@ -65,7 +65,13 @@ class PredictionCsvWriter(BasePredictionWriter):
 
     def on_predict_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()
-        self._dataset = self._dataset_with_paths(trainer)
+        loaders = trainer.predict_dataloaders
+        self._dataset = getattr(loaders[0] if isinstance(loaders, (list, tuple)) else loaders, "dataset", None)
+        if not hasattr(self._dataset, "paths"):  # nothing is written then
+            rank_zero_warn(f"no predictions CSV written: the predict data set ({type(self._dataset).__name__}) has no "
+                           "`paths` to name the rows with; predict through the data module (--data.predict_root, "
+                           "project.data.predict)")
+            self._dataset = None
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
         if self._dataset is None:
@@ -110,19 +116,6 @@ class PredictionCsvWriter(BasePredictionWriter):
         content = csv_bytes([dataset.paths[i] for i in indices.tolist()], probs, classes, names)
         self.written = _write_or_rescue(output, content, len(indices))
         rank_zero_info(f"predictions for {len(indices)} images written to {shown(output)}")
-
-    @staticmethod
-    def _dataset_with_paths(trainer: L.Trainer) -> Any:
-        """The predict data set, or None (with a warning) when it cannot name its rows: nothing is written then."""
-        loaders = trainer.predict_dataloaders
-        loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
-        dataset = getattr(loader, "dataset", None)
-        if not hasattr(dataset, "paths"):
-            rank_zero_warn(f"no predictions CSV written: the predict data set ({type(dataset).__name__}) has no "
-                           "`paths` to name the rows with; predict through the data module (--data.predict_root, "
-                           "project.data.predict)")
-            return None
-        return dataset
 
 
 def _check_writable(output: Path) -> None:

@@ -90,8 +90,7 @@ class ThroughputLogger(L.Callback):
     def _reset_window(self) -> None:
         self._steps = self._images = 0
         self._wait = self._elapsed = 0.0  # elapsed: closed segments (one ends at validation or at an epoch's end)
-        self._segment_start: Optional[float] = None
-        self._last_end: Optional[float] = None
+        self._segment_start = self._last_end = None  # perf_counter() times, once a segment is open
 
     def _now(self) -> float:
         # CUDA runs asynchronously: only after a synchronize does the host clock include the GPU's work.
