@@ -22,8 +22,7 @@ class ClassificationData(Protocol):
 
 @dataclass(frozen=True)
 class EvalPreprocessing:
-    """How an image becomes the network's input at evaluation: resize the short side, center-crop, scale to [0, 1],
-    then (x - mean) / std per RGB channel."""
+    """Evaluation input: resize the short side, center-crop, scale to [0, 1], then (x - mean) / std per RGB channel."""
 
     resize: int
     crop: int

@@ -8,7 +8,7 @@ How each file is checked and published: docs/how-it-works.md#export.
 
 import argparse
 import copy
-import importlib
+import importlib.util
 import inspect
 import json
 import math
@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import lightning as L
 import torch
@@ -38,17 +38,12 @@ class ExportCheckError(UserError, RuntimeError):
     """An exported file does not give the network's logits back; nothing was written."""
 
 
-def _importable(*names: str) -> bool:
-    try:
-        for name in names:
-            importlib.import_module(name)
-    except ImportError:
-        return False
-    return True
+def _installed(*names: str) -> bool:
+    return all(importlib.util.find_spec(name) for name in names)
 
 
 def onnx_available() -> bool:
-    return _importable("onnx", "onnxscript")  # torch.onnx's exporter needs both
+    return _installed("onnx", "onnxscript")  # torch.onnx's exporter needs both
 
 
 def _check_close(file: str, got: torch.Tensor, expected: torch.Tensor, rtol: float, out_dir: Path) -> dict[str, float]:
@@ -64,27 +59,27 @@ def _check_close(file: str, got: torch.Tensor, expected: torch.Tensor, rtol: flo
     return {"max_difference": difference, "max_abs_logit": scale, "rtol": rtol}
 
 
-def _worst(checks: Sequence[dict[str, float]]) -> dict[str, float]:
-    """The check with the largest difference relative to its logits' scale (the one model.json records)."""
+def _check_file(file: str, run: Callable[[torch.Tensor], torch.Tensor], eager: nn.Module, example: torch.Tensor,
+                expected: torch.Tensor, rtol: float, out_dir: Path) -> dict[str, float]:
+    """`run` (an exported file) checked against the reference logits and at batch 1; model.json records the worse."""
+    with torch.no_grad():
+        checks = [_check_close(file, run(example), expected, rtol, out_dir),
+                  _check_close(f"{file} (at batch 1)", run(example[:1]), eager(example[:1]), rtol, out_dir)]
     return max(checks, key=lambda check: check["max_difference"] / check["max_abs_logit"])
 
 
-def _export_onnx(program: torch.export.ExportedProgram, example: torch.Tensor, path: Path, eager: nn.Module,
-                 rtol: float, out_dir: Path) -> Optional[dict[str, float]]:
+def _export_onnx(program: torch.export.ExportedProgram, example: torch.Tensor, expected: torch.Tensor, path: Path,
+                 eager: nn.Module, rtol: float, out_dir: Path) -> Optional[dict[str, float]]:
     """Write model.onnx (and model.onnx.data) from the exported program; check it in onnxruntime when installed."""
     torch.onnx.export(program, (example,), str(path), dynamo=True, input_names=["images"], output_names=["logits"],
                       verbose=False)
-    if not _importable("onnxruntime"):
+    if not _installed("onnxruntime"):
         return None
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    checks = []
-    for batch in (example, example[:1]):
-        logits = torch.from_numpy(session.run(None, {"images": batch.numpy()})[0])
-        with torch.no_grad():
-            checks.append(_check_close(path.name, logits, eager(batch), rtol, out_dir))
-    return _worst(checks)
+    return _check_file(path.name, lambda batch: torch.from_numpy(session.run(None, {"images": batch.numpy()})[0]),
+                       eager, example, expected, rtol, out_dir)
 
 
 def _publish(staging: Path, out_dir: Path) -> None:
@@ -100,8 +95,7 @@ def _publish(staging: Path, out_dir: Path) -> None:
 
 def _eager_reference(network: nn.Module, example: torch.Tensor, preprocessing: dict[str, Any],
                      num_classes: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """The network as a CPU float32 copy in eval mode (the caller's keeps its device and mode), the example batch
-    (at least 2: torch.export specialises a batch of 1) and its logits, each checked."""
+    """A CPU float32 eval copy of the network, the example batch (>= 2: export specialises 1) and its logits."""
     missing = [key for key in PREPROCESSING_KEYS if key not in preprocessing]
     if missing:
         raise ValueError(f"preprocessing lacks {missing}: expected the keys {list(PREPROCESSING_KEYS)}")
@@ -123,23 +117,18 @@ def _eager_reference(network: nn.Module, example: torch.Tensor, preprocessing: d
 
 def _export_pt2(eager: nn.Module, example: torch.Tensor, expected: torch.Tensor, staging: Path, rtol: float,
                 out_dir: Path) -> tuple[torch.export.ExportedProgram, dict[str, Any]]:
-    """model.pt2 written into `staging` and checked at the example's batch size and at 1."""
+    """model.pt2 written into `staging` and checked."""
     program = torch.export.export(eager, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
     torch.export.save(program, staging / "model.pt2")
     reloaded = torch.export.load(staging / "model.pt2").module()
-    with torch.no_grad():
-        return program, {"pt2": _worst([
-            _check_close("model.pt2", reloaded(example), expected, rtol, out_dir),
-            _check_close("model.pt2 (at batch 1)", reloaded(example[:1]), eager(example[:1]), rtol, out_dir),
-        ])}
+    return program, {"pt2": _check_file("model.pt2", reloaded, eager, example, expected, rtol, out_dir)}
 
 
 def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Tensor, class_names: Sequence[str],
                    preprocessing: dict[str, Any], onnx: bool = True, arch: Optional[str] = None, rtol: float = 1e-5,
                    onnx_rtol: float = 1e-4) -> dict[str, Path]:
-    """Write model.pt2 (dynamic batch), model.onnx (if `onnx` and its packages are installed) and model.json into
-    out_dir once their logits match the eager network's on `example` (a preprocessed float32 NCHW batch) within rtol
-    (onnx_rtol) of the largest eager logit, or of 1. preprocessing: resize, crop, mean, std (and interpolation)."""
+    """Write model.pt2, model.onnx (if `onnx` and installed) and model.json into out_dir once their logits on `example`
+    (a preprocessed NCHW batch) match the eager network's within rtol (onnx_rtol) of max(1, the largest eager logit)."""
     out_dir = Path(out_dir)
     eager, example, expected = _eager_reference(network, example, preprocessing, len(class_names))
     created = not out_dir.exists()
@@ -150,7 +139,8 @@ def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Te
 
         checked["onnx"] = None
         if onnx and onnx_available():
-            checked["onnx"] = _export_onnx(program, example, staging / "model.onnx", eager, onnx_rtol, out_dir)
+            checked["onnx"] = _export_onnx(program, example, expected, staging / "model.onnx", eager, onnx_rtol,
+                                           out_dir)
         elif onnx:
             rank_zero_info("model.onnx skipped: `pip install onnx onnxscript` (and onnxruntime to check it)")
 
@@ -187,15 +177,13 @@ def load_exported(folder: str | Path) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def export_module(model, datamodule, out_dir: str | Path, *, onnx: bool = True) -> dict[str, Path]:
-    """Export a model's network (its `network`, else the module itself) with the data module's class names and
-    evaluation preprocessing (project.engine.contract). The caller builds both: from a run, or in a notebook."""
+    """Export a model's `network` (else the model) with the data module's class names and eval preprocessing."""
     preprocessing = eval_preprocessing(datamodule)
     if preprocessing is None:
         raise ConfigError(f"data module {type(datamodule).__qualname__} offers no eval_preprocessing(): export "
                           "writes the resize, crop, mean and std into model.json (see project/engine/contract.py)")
     network, hparams, crop = getattr(model, "network", model), getattr(model, "hparams", {}), preprocessing.crop
     torchvision_net = type(network).__module__.startswith("torchvision.")
-    # normalised-image-like values for the check
     example = torch.randn(2, 3, crop, crop, generator=torch.Generator().manual_seed(0))
     return export_network(network, out_dir, example=example, preprocessing=preprocessing.as_dict(), onnx=onnx,
                           class_names=display_names(datamodule, hparams.get("num_classes")),
@@ -203,7 +191,7 @@ def export_module(model, datamodule, out_dir: str | Path, *, onnx: bool = True) 
 
 
 def build_from_run(ckpt_path: Path, config: Path):
-    """The run's ImageClassifier and data module from its saved config, with the checkpoint's weights loaded."""
+    """The run's model (with the checkpoint's weights: EMA's averaged ones, if any) and data module."""
     from project.engine.cli import cli_main
 
     settings = yaml.safe_load(config.read_text())
@@ -213,15 +201,13 @@ def build_from_run(ckpt_path: Path, config: Path):
         settings.pop(option, None)
     settings["trainer"] = {**(settings.get("trainer") or {}), "accelerator": "cpu", "devices": 1, "logger": False}
     cli = cli_main(settings, run=False)
-    # With EMA the checkpoint's state_dict holds the averaged weights: those are the ones exported.
-    state = load_trusted_format(ckpt_path)["state_dict"]
-    cli.model.load_state_dict(state)
+    cli.model.load_state_dict(load_trusted_format(ckpt_path)["state_dict"])
     return cli.model, cli.datamodule
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Path]:
-    """`python -m project.engine.export`: export a run's checkpoint next to it (RUN/export/ by default)."""
-    parser = argparse.ArgumentParser(prog="python -m project.engine.export", description=__doc__.splitlines()[0])
+    """`python -m project export`: export a run's checkpoint next to it (RUN/export/ by default)."""
+    parser = argparse.ArgumentParser(prog="python -m project export", description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt_path", type=Path, required=True, help="RUN/checkpoints/best.ckpt or last.ckpt")
     parser.add_argument("--config", type=Path, help="the run's config.yaml (default: RUN/config.yaml)")
     parser.add_argument("--out_dir", type=Path, help="where to write (default: RUN/export)")
@@ -235,9 +221,3 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Path]:
         parser.error(f"no config at {config}: pass --config RUN/config.yaml, the config the run saved")
     model, datamodule = build_from_run(args.ckpt_path, config)
     return export_module(model, datamodule, args.out_dir or run_dir / "export", onnx=args.onnx)
-
-
-if __name__ == "__main__":
-    from project.engine.errors import exit_on_user_error
-
-    exit_on_user_error(main)

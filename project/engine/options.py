@@ -1,9 +1,6 @@
-"""Value types of the options: a bad value is refused in one line naming the option, when the command line is parsed.
+"""Value types of the options: a bad value is refused in one line naming the option (docs/how-it-works.md).
 
     python -m project fit --config configs/quickstart.yaml --model.optim.lr_per_256=-1
-    # error: model.optim.lr_per_256: expected a float > 0, got -1 (...)
-
-Why these, not jsonargparse's own, and how Python callers get the same checks: docs/how-it-works.md#option-values.
 """
 
 import dataclasses
@@ -77,9 +74,8 @@ def _plain(annotation: Any, value: Any) -> Any:
 
 
 def check_value(annotation: Any, value: Any) -> Any:
-    """`value` checked against an annotation made of the types above, plain bool/int/float/str, Optional, Literal,
-    tuple, list and dict: the value with every number plain, or ValueError saying what was expected. Other annotations
-    (classes, callables) pass unchecked: jsonargparse checks those while parsing."""
+    """`value` checked against an annotation (the types above, bool/int/float/str, Optional, Literal, tuple, list,
+    dict; classes and callables pass: jsonargparse checks those), numbers made plain; else ValueError saying why."""
     check = getattr(annotation, "check", None)
     if check is not None:
         return check(value)
@@ -112,8 +108,7 @@ def check_value(annotation: Any, value: Any) -> Any:
 
 
 def check_fields(instance: Any, group: str) -> None:
-    """Every field of a frozen dataclass checked against its annotation (from __post_init__): a ConfigError naming
-    `group.field` for the first bad one; the checked values (plain numbers, tuples) replace the given ones."""
+    """A frozen dataclass's fields checked (from __post_init__) and replaced by their checked values."""
     hints = typing.get_type_hints(type(instance))
     for field in dataclasses.fields(instance):
         try:
@@ -124,8 +119,7 @@ def check_fields(instance: Any, group: str) -> None:
 
 
 def check_arguments(function: Callable, values: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """A call's arguments (e.g. an __init__'s locals()) checked against `function`'s annotations: a ConfigError
-    naming `where.name` for the first bad one, else {name: checked value} for every annotated argument given."""
+    """A call's annotated arguments (an __init__'s locals()) checked: {name: checked value} for each one given."""
     hints = typing.get_type_hints(function)
     checked = {}
     for name in inspect.signature(function).parameters:

@@ -44,8 +44,7 @@ def order_seed(run_seed: int, epoch: int) -> int:
 
 
 class StepSeed(L.Callback):
-    """Seeds torch's CPU (and CUDA) generator at every training batch start with step_seed(seed, epoch, batch, rank):
-    a batch's randomness depends on where it is, not on how far the process got. Host-side only."""
+    """Seeds torch's CPU (and CUDA) generator with step_seed(seed, epoch, batch, rank) at every training batch start."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed

@@ -23,12 +23,7 @@ from project.engine.contract import display_names
 from project.engine.errors import ConfigError, DiskFullError, UserError, shown
 from project.engine.run.checkpoint_io import atomic_write
 
-DEFAULT_NAME = "predictions.csv"
 MAX_NAMED = 5  # unpredicted images named in the warning
-
-
-class PredictionsNotWrittenError(UserError):
-    """The predictions CSV could not be written where asked; the message says where the rows went instead."""
 
 
 def gather_rows(pl_module: L.LightningModule, rows: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -64,13 +59,19 @@ class PredictionCsvWriter(BasePredictionWriter):
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # log_dir is agreed on by a collective call, so every rank computes it, not only rank 0.
         run_dir = Path(trainer.log_dir or trainer.default_root_dir)
-        self._output = Path(self.output) if self.output else run_dir / DEFAULT_NAME
+        self._output = Path(self.output) if self.output else run_dir / "predictions.csv"
         if trainer.is_global_zero:
             _check_writable(self._output)  # before any image is predicted, not after all of them
 
     def on_predict_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()
-        self._dataset = self._dataset_with_paths(trainer)
+        loaders = trainer.predict_dataloaders
+        self._dataset = getattr(loaders[0] if isinstance(loaders, (list, tuple)) else loaders, "dataset", None)
+        if not hasattr(self._dataset, "paths"):  # nothing is written then
+            rank_zero_warn(f"no predictions CSV written: the predict data set ({type(self._dataset).__name__}) has no "
+                           "`paths` to name the rows with; predict through the data module (--data.predict_root, "
+                           "project.data.predict)")
+            self._dataset = None
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
         if self._dataset is None:
@@ -116,19 +117,6 @@ class PredictionCsvWriter(BasePredictionWriter):
         self.written = _write_or_rescue(output, content, len(indices))
         rank_zero_info(f"predictions for {len(indices)} images written to {shown(output)}")
 
-    @staticmethod
-    def _dataset_with_paths(trainer: L.Trainer) -> Any:
-        """The predict data set, or None (with a warning) when it cannot name its rows: nothing is written then."""
-        loaders = trainer.predict_dataloaders
-        loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
-        dataset = getattr(loader, "dataset", None)
-        if not hasattr(dataset, "paths"):
-            rank_zero_warn(f"no predictions CSV written: the predict data set ({type(dataset).__name__}) has no "
-                           "`paths` to name the rows with; predict through the data module (--data.predict_root, "
-                           "project.data.predict)")
-            return None
-        return dataset
-
 
 def _check_writable(output: Path) -> None:
     """Create a file beside `output` and remove it: a bad --predictions.output fails now, in one line."""
@@ -169,6 +157,6 @@ def _write_or_rescue(output: Path, content: bytes, rows: int) -> Path:
             atomic_write(rescue, lambda file: file.write(content))
         except (OSError, DiskFullError):
             raise error from None
-        raise PredictionsNotWrittenError(f"could not write {shown(output)} ({reason}); the predictions for {rows} "
-                                         f"images were written to {shown(rescue)} instead: move that file where you "
-                                         "want it (or fix the cause and predict again)") from error
+        raise UserError(f"could not write {shown(output)} ({reason}); the predictions for {rows} images were written "
+                        f"to {shown(rescue)} instead: move that file where you want it (or fix the cause and predict "
+                        "again)") from error

@@ -64,8 +64,7 @@ def train_flops_per_image(network: torch.nn.Module, batch_shape: torch.Size) -> 
 
 
 class ThroughputLogger(L.Callback):
-    """Logs training speed under perf/ and shows it in the progress bar; the CLI adds one as the `throughput` group
-    (`--throughput.peak_flops 4.0e14`, `--throughput.count_flops false`)."""
+    """Logs training speed under perf/ (and to the progress bar); the CLI's `--throughput.*` group."""
 
     def __init__(self, peak_flops: Optional[PositiveFloat] = None, count_flops: bool = True):
         """
@@ -76,14 +75,13 @@ class ThroughputLogger(L.Callback):
         super().__init__()
         # `--throughput.peak_flops=-1` is refused while parsing; these checks are for a Python caller's values.
         checked = check_arguments(ThroughputLogger.__init__, locals(), "throughput")
-        peak_flops, count_flops = checked["peak_flops"], checked["count_flops"]
-        if peak_flops is not None and not count_flops:
-            raise ConfigError(f"throughput.peak_flops={peak_flops:g} is for MFU, which needs the FLOP count: drop "
-                              "--throughput.peak_flops or set --throughput.count_flops=true")
-        self.peak_flops, self.count_flops = peak_flops, count_flops
+        self.peak_flops, self.count_flops = checked["peak_flops"], checked["count_flops"]
+        if self.peak_flops is not None and not self.count_flops:
+            raise ConfigError(f"throughput.peak_flops={self.peak_flops:g} is for MFU, which needs the FLOP count: "
+                              "drop --throughput.peak_flops or set --throughput.count_flops=true")
         self.flops_per_image: Optional[float] = None
         self.windows: list[dict[str, float]] = []  # every logged window, for benchmarks reading the figures back
-        self.device_peak_flops: Optional[float] = peak_flops  # resolved at setup: the argument, else the table
+        self.device_peak_flops = self.peak_flops  # resolved at setup: the argument, else the table
         self._flops_counted = False
         self._devices = self._world_size = 1
         self._device = torch.device("cpu")
@@ -92,8 +90,7 @@ class ThroughputLogger(L.Callback):
     def _reset_window(self) -> None:
         self._steps = self._images = 0
         self._wait = self._elapsed = 0.0  # elapsed: closed segments (one ends at validation or at an epoch's end)
-        self._segment_start: Optional[float] = None
-        self._last_end: Optional[float] = None
+        self._segment_start = self._last_end = None  # perf_counter() times, once a segment is open
 
     def _now(self) -> float:
         # CUDA runs asynchronously: only after a synchronize does the host clock include the GPU's work.
@@ -120,7 +117,7 @@ class ThroughputLogger(L.Callback):
         self._close_segment()
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.state.fn == TrainerFn.FITTING:
+        if trainer.state.fn == TrainerFn.FITTING:  # validation inside fit is no training time
             self._close_segment()
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int):

@@ -1,8 +1,4 @@
-"""Trainer: Lightning's own, with the batch limits typed so that an integer from YAML or the command line stays one.
-
-LightningCLI tries Union[float, int] in order, so `--trainer.limit_val_batches=1` arrived as 1.0 (100 %) (Lightning
-#21259, docs/workarounds.md); int first: 1 is one batch, 1.0 or 0.25 a fraction, as Lightning documents them.
-"""
+"""Trainer with int-first batch limits: `--trainer.limit_val_batches=1` is one batch, not 1.0 (100 %)."""
 
 from typing import Optional, Union
 

@@ -1,9 +1,4 @@
-"""With `--ckpt_path`, values the user gave explicitly win over the checkpoint's hyperparameters, and each is shown.
-
-LightningCLI (2.5.5+, PR #21116; fix proposed in PR #21455) re-parses the checkpoint's hyperparameters over the parsed
-config, so `--model.optim.lr_per_256=0.8` ran at the checkpoint's 0.2. Values the user did not give still come from
-the checkpoint (`validate --ckpt_path X` alone rebuilds X's model). Canary: tests/test_compat.py.
-"""
+"""With `--ckpt_path`, `--model.*` values given explicitly win over the checkpoint's, and each is shown."""
 
 import sys
 from collections.abc import Mapping
@@ -49,8 +44,7 @@ def _lookup(hparams: Mapping, dotted: str) -> tuple[bool, Any]:
 
 
 def keep_explicit_model_values(config: Namespace, explicit: Namespace, checkpoint_hparams: Mapping) -> list[str]:
-    """Put the user's explicit `model.*` values back into `config` where the checkpoint's differ; one line each. Keys
-    are leaves (`model.optim.lr_per_256`): one field given keeps the checkpoint's other fields of its group."""
+    """Put explicit `model.*` leaves (`model.optim.lr_per_256`) back into `config` where the checkpoint's differ."""
     given = explicit.get("model.init_args")  # subclass mode: the model's arguments are its init_args
     if not isinstance(given, Namespace):
         return []

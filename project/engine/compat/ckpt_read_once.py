@@ -1,6 +1,4 @@
-"""LightningCLI's `--ckpt_path` hyperparameters from the run plan's one load of the checkpoint, values only: no value
-from a checkpoint names code (the config names classes). Why, and what stock LightningCLI does: docs/how-it-works.md
-#what-a-checkpoint-holds.
+"""`--ckpt_path` hyperparameters from the run plan's one load of the checkpoint, values only (docs/how-it-works.md).
 
     python -m project validate --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt
 """
@@ -41,8 +39,7 @@ def holds_values(annotation: Any) -> bool:
 
 
 def checkpoint_values(model_class: type, hparams: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """(the hyperparameters the config's model class may take from a checkpoint, the others' names): none that
-    names code, none for an argument whose type could (a class, a callable)."""
+    """The hyperparameters the model class may take (none that names code, or whose type could), the others' names."""
     try:
         hints = typing.get_type_hints(model_class.__init__)
     except Exception:  # an annotation that does not resolve: take nothing, the config stands

@@ -1,10 +1,7 @@
-"""Under torchrun, the process group of each restart in a namespace of its own in the agent's store.
+"""Under torchrun, each restart's process group in a namespace of its own in the agent's store (torch #135712).
 
     torchrun --nproc_per_node=2 --max-restarts=3 -m project fit --config configs/quickstart.yaml \
         --config configs/cpu_ddp.yaml
-
-The agent's store keeps the previous attempt's keys: the default group is made first, on a PrefixStore named after
-TORCHELASTIC_RESTART_COUNT, one node only (torch #135712, #108158; the PRs: docs/workarounds.md).
 """
 
 import os

@@ -1,8 +1,4 @@
-"""`self.log` in training steps without Lightning's move of the logged metric to the device it is already on.
-
-Lightning 2.6.6's `_ResultMetric.to` rebuilds (and deep-copies) the metric even when nothing moves; only that no-op is
-skipped, per Trainer. Cost, versions and canary: docs/workarounds.md.
-"""
+"""`self.log` in training steps without Lightning's no-op move of a metric to the device it is already on."""
 
 import lightning as L
 import torch

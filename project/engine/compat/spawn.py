@@ -1,7 +1,4 @@
-"""Does this process run the training loop, or does it only spawn the processes that do (ddp_spawn)?
-
-Lightning exposes the launcher, not a public "in this process": the one place that names its private launcher class.
-"""
+"""Does this process train, or only spawn those that do (ddp_spawn)? The one use of a private launcher class."""
 
 import lightning as L
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher

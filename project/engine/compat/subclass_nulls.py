@@ -1,7 +1,4 @@
-"""`--model.finetune.weights=null` sets None, as it did before the model came by class_path.
-
-jsonargparse parses a command-line `null` for an Optional[str] dataclass field of a class in subclass mode as 'None'.
-"""
+"""`--model.finetune.weights=null` sets None: jsonargparse's subclass mode parses it as the string 'None'."""
 
 from collections.abc import Sequence
 
@@ -10,22 +7,14 @@ from jsonargparse import Namespace
 NULLS = ("null", "None")
 
 
-def _given_nulls(argv: Sequence[str]) -> list[str]:
-    keys = []
+def restore_nulls(config: Namespace, argv: Sequence[str]) -> None:
+    """Set back to None each `--key=null` (or `--key null`) of `argv` that the parse left as the string 'None'."""
     for index, arg in enumerate(argv):
-        if not arg.startswith("--"):
-            continue
         key, sep, value = arg[2:].partition("=")
         if not sep:
             value = argv[index + 1] if index + 1 < len(argv) else ""
-        if value in NULLS:
-            keys.append(key)
-    return keys
-
-
-def restore_nulls(config: Namespace, argv: Sequence[str]) -> None:
-    """Set back to None each `--key=null` of `argv` that the parse left as the string 'None' in `config`."""
-    for key in _given_nulls(argv):
+        if not arg.startswith("--") or value not in NULLS:
+            continue
         head, _, rest = key.partition(".")
         for candidate in (key, f"{head}.init_args.{rest}" if rest and not rest.startswith("init_args.") else key):
             if config.get(candidate) == "None":

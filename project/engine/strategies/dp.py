@@ -91,10 +91,6 @@ class DataParallelStrategy(ParallelStrategy):
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         return obj
 
-    @classmethod
-    def register_strategies(cls, strategy_registry) -> None:
-        strategy_registry.register(cls.strategy_name, cls, description="torch DataParallel over the forward pass")
-
 
 if DataParallelStrategy.strategy_name not in StrategyRegistry:
-    DataParallelStrategy.register_strategies(StrategyRegistry)
+    StrategyRegistry.register("dp", DataParallelStrategy, description="torch DataParallel over the forward pass")

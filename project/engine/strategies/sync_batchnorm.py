@@ -22,10 +22,10 @@ class GlooSyncBatchNorm(nn.BatchNorm2d):
         if not (self.training and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return super().forward(input)
         channels = input.shape[1]
-        dims = [0, *range(2, input.dim())]
+        dims, shape = [0, *range(2, input.dim())], (1, channels, *([1] * (input.dim() - 2)))
         count = torch.tensor([input.numel() / channels], dtype=input.dtype, device=input.device)
         mean = input.mean(dims)
-        m2 = (input - mean.view(1, -1, *([1] * (input.dim() - 2)))).pow(2).sum(dims)
+        m2 = (input - mean.view(shape)).pow(2).sum(dims)
         # An all-gather made of an all-reduce of one filled row per rank: differentiable, and gloo supports it.
         rows = input.new_zeros(dist.get_world_size(), 1 + 2 * channels)
         rows = rows.index_copy(0, torch.tensor([dist.get_rank()], device=input.device),
@@ -42,7 +42,6 @@ class GlooSyncBatchNorm(nn.BatchNorm2d):
                 momentum = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
                 self.running_mean.lerp_(global_mean.detach(), momentum)
                 self.running_var.lerp_((global_m2 / (total - 1)).detach(), momentum)
-        shape = (1, channels, *([1] * (input.dim() - 2)))
         output = (input - global_mean.view(shape)) * torch.rsqrt(biased_var + self.eps).view(shape)
         if self.affine:
             output = output * self.weight.view(shape) + self.bias.view(shape)
@@ -50,8 +49,7 @@ class GlooSyncBatchNorm(nn.BatchNorm2d):
 
 
 def _move_state(source: nn.Module, target: nn.Module) -> nn.Module:
-    """Hand the very Parameter and buffer objects over (as torch's convert_sync_batchnorm does): an optimizer
-    built before the conversion keeps updating the parameters the model uses."""
+    """Hand the very Parameters and buffers over (as convert_sync_batchnorm does): an earlier optimizer still works."""
     if source.affine:
         target.weight, target.bias = source.weight, source.bias
     if source.track_running_stats:
