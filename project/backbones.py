@@ -177,6 +177,18 @@ def check_image_sizes(network: nn.Module, image_sizes: Mapping[str, int], *, arc
         raise ConfigError(f"model.arch {arch} cannot take the {side} px images of {key} ({reason}): {fix}")
 
 
+def shard_blocks(network: nn.Module) -> list[nn.Module]:
+    """The blocks FSDP shards one by one (and activation checkpointing recomputes): ResNet stages, ViT encoder blocks,
+    ConvNeXt/Swin stages; for another network, its top-level children that hold parameters."""
+    if isinstance(network, models.ResNet):
+        return [network.layer1, network.layer2, network.layer3, network.layer4]
+    if isinstance(network, models.VisionTransformer):
+        return list(network.encoder.layers)
+    if isinstance(network, (models.ConvNeXt, models.SwinTransformer)):
+        return [stage for stage in network.features if any(True for _ in stage.parameters())]
+    return [child for child in network.children() if any(True for _ in child.parameters())]
+
+
 def build_resnet(arch: str, num_classes: int, *, zero_init_residual: bool = False) -> nn.Module:
     """The former ResNet-only builder, kept for existing callers: build_network with the same arguments."""
     return build_network(arch, num_classes, zero_init_residual=zero_init_residual)

@@ -17,11 +17,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from project.backbones import Network, NetworkRunner, build_network
+from project.backbones import Network, NetworkRunner, build_network, shard_blocks
 from project.callbacks.finetuning import FineTuning, FreezeBackbone
 from project.engine.errors import ConfigError
 from project.engine.options import PositiveInt, check_arguments
 from project.engine.seeds import StepSeed, batch_seed
+from project.engine.strategies.fsdp import checkpoint_activations, shard
 from project.mixing import Loss
 from project.optim import (
     Optimization,
@@ -71,7 +72,8 @@ class ImageClassifier(L.LightningModule):
                  backbone: Optional[Callable[[int], Network]] = None, zero_init_residual: bool = False,
                  finetune: FineTuning = FineTuning(), optim: Optimization = Optimization(), loss: Loss = Loss(),
                  channels_last: bool = False, compile: bool = False, batch_size: Optional[PositiveInt] = None,
-                 seed: int = 0, image_sizes: Optional[dict[str, PositiveInt]] = None):
+                 seed: int = 0, image_sizes: Optional[dict[str, PositiveInt]] = None,
+                 activation_checkpointing: bool = False):
         """
         Args:
             num_classes: number of classes; linked from the data module, never set by hand.
@@ -89,6 +91,8 @@ class ImageClassifier(L.LightningModule):
             seed: the run seed, linked from seed_everything: each step's random stream and MixUp/CutMix draws.
             image_sizes: the side of every image the network will see, by the option that sets it; linked from the
                 data module. A ViT is built for that size; an `arch` that cannot take one is refused at once.
+            activation_checkpointing: recompute each block's activations in the backward pass (backbones.shard_blocks):
+                less memory for ~1/3 more compute; for networks too big for the GPU (configs/fsdp.yaml).
         """
         # A Python caller's or a checkpoint's values (the command line's were checked while parsing), checked into the
         # locals that save_hyperparameters reads.
@@ -127,6 +131,10 @@ class ImageClassifier(L.LightningModule):
             rank_zero_info(report.summary())
 
     def configure_model(self) -> None:
+        if self.hparams.activation_checkpointing:
+            checkpoint_activations(shard_blocks(self.network))
+        if self.device_mesh is not None:  # strategy fsdp2 (a ModelParallelStrategy): FSDP2, one shard per process
+            shard(self.network, shard_blocks(self.network), self.device_mesh["data_parallel"])
         self.runner.configure(self.network)
 
     def configure_callbacks(self) -> list[L.Callback]:

@@ -459,3 +459,41 @@ def test_null_given_for_a_dataclass_field_of_the_model_is_none_in_our_cli():
 
     cli = cli_main(["--config", str(QUICKSTART), "--model.finetune.weights=null"], run=False)
     assert cli.config.model.init_args.finetune.weights is None
+
+
+class BatchNormNet(L.LightningModule):
+    """A BatchNorm layer behind a linear one, sharded by FSDP2 in configure_model (what ModelParallelStrategy needs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+
+    def configure_model(self):
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(self.net, mesh=self.device_mesh["data_parallel"])
+
+    def training_step(self, batch, batch_idx):
+        return self.net(batch[0]).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@canary("test_canary_stock_model_parallel_strategy_ignores_sync_batchnorm")
+def test_canary_stock_model_parallel_strategy_ignores_sync_batchnorm(tmp_path, monkeypatch):
+    from unittest import mock
+
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from project.engine.cli import close_process_group
+
+    model = BatchNormNet()
+    trainer = L.Trainer(accelerator="cpu", devices=1, strategy=ModelParallelStrategy(1, 1), sync_batchnorm=True,
+                        max_steps=0, logger=False, enable_checkpointing=False, default_root_dir=tmp_path)
+    with mock.patch.dict(os.environ):  # the 1-process gloo group's MASTER_* stay out of the tests that follow
+        try:
+            trainer.fit(model, DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4))
+        finally:
+            close_process_group()
+    assert any(isinstance(m, nn.SyncBatchNorm) for m in model.modules())

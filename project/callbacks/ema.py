@@ -96,6 +96,9 @@ class EMA(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        if pl_module.device_mesh is not None:  # a ModelParallelStrategy: the weights are shards, not a copyable network
+            raise ConfigError("EMA does not average sharded weights (strategy fsdp2): drop the EMA callback from "
+                              "trainer.callbacks, or train with strategy ddp")
         root, self._prefix = _averaged_root(pl_module)
         self.average = copy.deepcopy(root).requires_grad_(False)
         if self.device is not None:

@@ -239,6 +239,8 @@ class ImageDataModule(L.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume_state = state_dict.get("train_loader")
+        if self._resume_state is not None and self.train_sampler is not None:  # built already (fsdp2 restores late)
+            restore_loader_state(self.train_sampler, self.batch_size, self._resume_state)
 
     def _eval_loader(self, split: str) -> DataLoader:
         world_size, rank = self._world()

@@ -45,6 +45,7 @@ from project.engine.run.saved_config import KeepingSaveConfigCallback
 from project.engine.run.slurm import cluster_environment, slurm_job_id, task_line
 from project.engine.run.trackers import continue_csv_logs, how_to_look
 from project.engine.samplers import ExactLoaders
+from project.engine.strategies.fsdp import FSDPStrategy
 from project.engine.strategies.sync_batchnorm import SyncBatchNormAnyBackend
 
 ConfigHook = Callable[[Namespace, Namespace], None]
@@ -132,8 +133,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
         parser.set_defaults({key: {"class_path": class_path(cls)} for key, cls in
                              (("model", DEFAULTS.model), ("data", DEFAULTS.data)) if cls is not None})
         parser.add_argument("--ddp_timeout_minutes", type=float, default=10.0,
-                            help="ddp/ddp_spawn: a rank that stops answering ends the job after this long (torch's "
-                                 "default is 30 minutes)")
+                            help="ddp, ddp_spawn, fsdp2: a rank that stops answering ends the job after this long "
+                                 "(torch's default is 30 minutes)")
         # Checkpoint callbacks: best by val/acc1 (ModelCheckpoint), then last.ckpt, which must save after it.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
@@ -204,6 +205,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
         if strategy in ("ddp", "ddp_spawn"):
             start_method = "spawn" if strategy == "ddp_spawn" else "popen"
             trainer_config["strategy"] = DDPStrategy(timeout=timeout, start_method=start_method)
+        elif strategy == FSDPStrategy.strategy_name:
+            trainer_config["strategy"] = FSDPStrategy(timeout=timeout)
         callbacks = list(trainer_config.get("callbacks") or [])
         own_bar = any(isinstance(c, ProgressBar) for c in callbacks)
         if trainer_config.get("enable_progress_bar", True) is not False and not own_bar:

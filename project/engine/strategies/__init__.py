@@ -1,5 +1,6 @@
-"""Strategies the Trainer lacks; importing this package registers them by name (strategy="dp")."""
+"""Strategies the Trainer lacks; importing this package registers them by name (strategy="dp", strategy="fsdp2")."""
 
 from project.engine.strategies.dp import DataParallelStrategy
+from project.engine.strategies.fsdp import FSDPStrategy
 
-__all__ = ["DataParallelStrategy"]
+__all__ = ["DataParallelStrategy", "FSDPStrategy"]
