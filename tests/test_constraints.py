@@ -139,4 +139,4 @@ def test_ci_installs_with_the_constraints():
     # tests/test_readme.py checks that this line is the README's test command, verbatim.
     ci = (ROOT / ".ci" / "run").read_text()
     command = re.search(r"# --- the README's test command, verbatim ---\n(.+)\n# ---", ci).group(1)
-    assert command == 'pip install -e ".[dev]" -c constraints.txt && python -m pytest', command
+    assert command == 'pip install -e ".[dev]" -c constraints.txt && python -m pytest -n 2', command
