@@ -76,7 +76,7 @@ def test_a_rerun_keeps_finished_shards_and_the_index_is_written_last(tiny_root, 
     # Other options: the old index goes first, then every shard is rewritten.
     assert make_shards(["--source", str(tiny_root), "--out", str(out), *SMALL, "--max-short-side", "16"]) == 0
     assert "starting over" in capsys.readouterr().out
-    image = ShardDataModule(shards=str(out), decoder="pil")._split("val", None)[0][0]
+    image = ShardDataModule(shards=str(out), decoder="pil")._images("val", None)[0][0]
     assert min(image.size) == 16  # 32 px images, short side at most 16
 
 
@@ -109,7 +109,7 @@ def test_the_same_seed_gives_the_same_chunk_aware_order(shards):
 def test_shards_decode_as_the_folder_images(tiny_root, tmp_path):
     out = tmp_path / "original"
     assert make_shards(["--source", str(tiny_root), "--out", str(out), *SMALL, "--keep-original"]) == 0
-    val = ShardDataModule(shards=str(out), decoder="pil")._split("val", None)
+    val = ShardDataModule(shards=str(out), decoder="pil")._images("val", None)
     files = sorted(tiny_root.glob("val/*/*.jpg"))
     assert len(val) == len(files) == 17
     for index, path in enumerate(files):
@@ -210,8 +210,8 @@ def test_shards_on_an_object_store_train_as_local_ones_and_no_secret_reaches_the
     url = "s3://datasets/tiny"
     assert make_shards(["--source", str(tiny_root), "--out", url, *SMALL]) == 0
     cache = tmp_path / "cache"
-    remote = ShardDataModule(shards=url, cache_dir=str(cache))._split("val", None)
-    local = ShardDataModule(shards=str(shards))._split("val", None)
+    remote = ShardDataModule(shards=url, cache_dir=str(cache))._images("val", None)
+    local = ShardDataModule(shards=str(shards))._images("val", None)
     assert all(torch.equal(remote[i][0], local[i][0]) for i in range(len(local)))
     assert sorted(p.name for p in (cache / "datasets" / "tiny").glob("*.shard")) == [f"val-0000{k}.shard" for k in
                                                                                      range(3)]
@@ -226,7 +226,7 @@ def test_shards_on_an_object_store_train_as_local_ones_and_no_secret_reaches_the
     good = s3.get_object(Bucket="datasets", Key="tiny/val-00001.shard")["Body"].read()
     s3.put_object(Bucket="datasets", Key="tiny/val-00001.shard", Body=bytes(reversed(good)))
     with pytest.raises(ConfigError, match=r"val-00001.shard is not the shard its index.json lists .*make_shards"):
-        ShardDataModule(shards=url, cache_dir=str(tmp_path / "other"))._split("val", None)[8]
+        ShardDataModule(shards=url, cache_dir=str(tmp_path / "other"))._images("val", None)[8]
     # At start, one line each: a missing bucket, bad credentials, an endpoint nothing answers on.
     capsys.readouterr()
     assert make_shards(["--source", str(tiny_root), "--out", "s3://nobucket/x", *SMALL]) == 2

@@ -251,19 +251,12 @@ class ShardDataModule(ImageDataModule):
         self.class_labels = list(self.index.get("class_labels") or self.class_names)
         self.shuffle_window = shuffle_window
 
-    def _split(self, split: str, transform) -> ShardImages:
+    def _images(self, split: str, transform) -> ShardImages:  # the base's setup builds the splits from these
         shards = self.index["splits"].get(split) or self.index["splits"]["val"]  # no test split: test on val
         return ShardImages(self.store, shards, transform, decoder=self.decoder, on_corrupt=self.hparams.on_corrupt,
                            window=self.shuffle_window)
 
     def setup(self, stage: str) -> None:
-        if stage == "predict":
-            if not self.hparams.predict_root:
-                raise ConfigError("predict with shards reads a folder of images: pass --data.predict_root DIR")
-            return super().setup(stage)
-        if stage == "fit":
-            per_epoch = self.train_transform_for_epoch
-            images = self._split("train", None if per_epoch else self.train_transform)
-            self.datasets["train"] = SeededSamples(images, self.hparams.seed, transform_for_epoch=per_epoch)
-        for split in {"fit": ["val"], "validate": ["val"], "test": ["test"]}.get(stage, []):
-            self.datasets[split] = self._split(split, self.eval_transform)
+        if stage == "predict" and not self.hparams.predict_root:
+            raise ConfigError("predict with shards reads a folder of images: pass --data.predict_root DIR")
+        super().setup(stage)
