@@ -261,6 +261,7 @@ MODEL_TYPE_ONLY = {
     "model.loss": "a group",
     "model.channels_last": "bool",
     "model.compile": "bool",
+    "model.activation_checkpointing": "bool",
     "model.seed": "int, linked from seed_everything (every int hashes to a seed)",
     "model.optim.decay_norm_and_bias": "bool",
     "EMA.adjust_decay": "bool",
