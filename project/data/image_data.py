@@ -238,9 +238,11 @@ class ImageDataModule(L.LightningDataModule):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._resume_state = state_dict.get("train_loader")
-        if self._resume_state is not None and self.train_sampler is not None:  # built already (fsdp2 restores late)
-            restore_loader_state(self.train_sampler, self.batch_size, self._resume_state)
+        state = state_dict.get("train_loader")
+        if state is not None and self.train_sampler is not None:  # built already (fsdp2 restores late): resume it once
+            restore_loader_state(self.train_sampler, self.batch_size, state)
+            state = None
+        self._resume_state = state
 
     def _eval_loader(self, split: str) -> DataLoader:
         world_size, rank = self._world()

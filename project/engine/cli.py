@@ -200,7 +200,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
             # Lightning's own plugin needs CUDA; this one picks torch's SyncBatchNorm or a gloo one at set-up.
             plugins.append(SyncBatchNormAnyBackend())
         trainer_config["plugins"] = plugins
-        timeout = timedelta(minutes=self._config_value("ddp_timeout_minutes", 10.0))
+        subcommand_config = self.config[self.subcommand] if self.subcommand else self.config
+        timeout = timedelta(minutes=subcommand_config.get("ddp_timeout_minutes") or 10.0)
         strategy = trainer_config.get("strategy")
         if strategy in ("ddp", "ddp_spawn"):
             start_method = "spawn" if strategy == "ddp_spawn" else "popen"
@@ -231,11 +232,6 @@ class ProjectCLI(CheckpointReadOnceCLI):
         # A torchrun restart must not meet the last attempt's keys.
         init_attempt_process_group(trainer.strategy, timeout)
         return trainer
-
-    def _config_value(self, key: str, default):
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        value = config.get(key)
-        return default if value is None else value
 
     def after_instantiate_classes(self) -> None:
         super().after_instantiate_classes()

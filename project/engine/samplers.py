@@ -149,9 +149,11 @@ class ExactLoaders(Callback):
         return {"train_loader": loader_state(self.sampler, self.batch_size)} if self.sampler else {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._resume_state = state_dict.get("train_loader")
-        if self._resume_state is not None and self.sampler is not None:  # built already: fsdp2 restores after set-up
-            restore_loader_state(self.sampler, self.batch_size, self._resume_state)
+        state = state_dict.get("train_loader")
+        if state is not None and self.sampler is not None:  # built already (fsdp2 restores late): resume it once
+            restore_loader_state(self.sampler, self.batch_size, state)
+            state = None
+        self._resume_state = state
 
     def exact(self, loader: Any, name: str, trainer: Any) -> Any:
         world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
