@@ -13,7 +13,6 @@ every 2 ms). Results and the command behind them: docs/benchmarks.md#fsdp-memory
 import argparse
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ from torchvision import models
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from project.backbones import shard_blocks  # noqa: E402  the checkout's, not an installed copy
 from project.engine.strategies.fsdp import shard  # noqa: E402
+from tools.local_services import free_port  # noqa: E402
 
 
 def rss_bytes() -> int:
@@ -99,12 +99,6 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: s
            "peak_rss_mib": (peak.peak - before) / 2**20, "step_s": seconds}
     Path(out, f"{rank}.json").write_text(json.dumps(row))
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> None:

@@ -12,12 +12,11 @@ Results with the exact command: docs/benchmarks.md, "Shards".
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fake_imagenet import write_fake_imagenet  # noqa: E402
 from project.data import ImageNetDataModule, ShardDataModule  # noqa: E402
+from tools.local_services import s3_server  # noqa: E402
 from tools.make_shards import main as make_shards  # noqa: E402
 
 PRESET = dict(batch_size=64, num_workers=0, pin_memory=False, train_crop_size=224, drop_last=False)
@@ -46,27 +46,6 @@ def one_epoch(data) -> tuple[int, float, float]:
     for batch, _ in loader:
         images += len(batch)
     return images, time.process_time() - cpu, time.perf_counter() - wall
-
-
-def start_s3() -> tuple[subprocess.Popen, dict[str, str]]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "bench",
-           "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
-    os.environ.update(env)
-    for _ in range(300):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.1).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    import boto3
-
-    boto3.session.Session().client("s3").create_bucket(Bucket="bench")
-    return server, env
 
 
 def measure(rows: dict, rounds: int) -> dict[str, dict[str, float]]:
@@ -90,13 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     images, rounds = (64, 1) if args.quick else (args.images, args.rounds)
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="bench_shards_"))
-    server = None
-    try:
+    with contextlib.ExitStack() as stack:
         folder = write_fake_imagenet(work / "folder", classes=8, train=images, val=8, width=0, height=0, workers=2)
         started = time.perf_counter()
         make_shards(["--source", str(folder), "--out", str(work / "shards"), "--shard-size", "128", "--workers", "2"])
         convert_s = time.perf_counter() - started
-        server, _ = start_s3()
+        os.environ.update(stack.enter_context(s3_server(bucket="bench", authenticated=False)))
         make_shards(["--source", str(folder), "--out", "s3://bench/shards", "--shard-size", "128", "--workers", "2"])
 
         def cold():
@@ -110,10 +88,6 @@ def main(argv: list[str] | None = None) -> int:
                                                                   cache_dir=str(work / "warm"), **PRESET)}
         one_epoch(rows["shards, s3, warm cache"]())  # fills the warm cache
         results = measure(rows, rounds)
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=30)
     sizes = {"folder": du(folder / "train") + du(folder / "val"), "shards": du(work / "shards")}
     report = {"images": images, "rounds": rounds, "convert_s": round(convert_s, 1), "bytes": sizes,
               "results": results, "command": "python bench/shards.py" + (" --quick" if args.quick else "")}

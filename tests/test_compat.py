@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import QUICKSTART, REPO
 from project.engine.compat import WORKAROUNDS
+from tools.local_services import free_port
 
 
 def canary(name: str, raises: type[BaseException] = AssertionError):
@@ -362,11 +363,7 @@ def test_the_private_launcher_class_compat_spawn_names_still_tells_spawning_from
 @canary("test_canary_stock_torchrun_restart_meets_the_previous_attempts_keys")
 @pytest.mark.slow  # a torchrun job of 2 workers restarted once: ~15 s
 def test_canary_stock_torchrun_restart_meets_the_previous_attempts_keys():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     worker = REPO / "tests" / "elastic_canary_worker.py"
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--max-restarts=1",
                              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", str(worker)],

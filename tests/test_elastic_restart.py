@@ -6,7 +6,6 @@ resumed from last.ckpt, same weights.
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,10 @@ import pytest
 import torch
 
 from conftest import QUICKSTART, REPO, project_env
+from tools.local_services import free_port
 
 CPU_DDP = QUICKSTART.parent / "cpu_ddp.yaml"
 STEPS_PER_EPOCH = 6
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(run_dir: Path, rdzv: list[str]) -> subprocess.Popen:

@@ -5,13 +5,9 @@ chunk-aware order drawn from the seed, exact resume and exact evaluation, and a 
 """
 
 import json
-import os
 import re
 import signal
-import socket
-import subprocess
 import sys
-import time
 
 import boto3
 import pytest
@@ -22,6 +18,7 @@ from conftest import CONFIGS, QUICKSTART, SHRINK, callback, project_in_process, 
 from project import cli_main
 from project.data import ShardDataModule
 from project.engine.errors import ConfigError
+from tools.local_services import free_port, s3_server
 from tools.make_shards import encode
 from tools.make_shards import main as make_shards
 
@@ -136,12 +133,18 @@ def metrics(output: str) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_kill_9_mid_epoch_then_resume_gives_the_uninterrupted_weights(shards, reference, tmp_path):
-    # last.ckpt after every step; kill -9 as step 7 starts: epoch 1, its 3rd batch.
-    args = fit_args(shards, tmp_path, "--last_checkpoint.every_n_steps=1")
+def test_kill_9_mid_epoch_on_s3_shards_then_resume_gives_the_uninterrupted_weights(tiny_root, reference, object_store,
+                                                                                   tmp_path, monkeypatch):
+    # The shards in the object store, cached on "node-local" disk; the uninterrupted reference read the same shards
+    # from a local directory. last.ckpt after every step; kill -9 as step 7 starts: epoch 1, its 3rd batch.
+    url, cache = "s3://datasets/resume", f"--data.init_args.cache_dir={tmp_path / 'cache'}"
+    for name, value in object_store.items():
+        monkeypatch.setenv(name, value)
+    assert make_shards(["--source", str(tiny_root), "--out", url, *SMALL]) == 0
+    args = fit_args(url, tmp_path, cache, "--last_checkpoint.every_n_steps=1")
     killed = run_project(["fit", *args, callback("stop_callbacks.SignalAtStep", step=7)])
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    cli_main(["fit", *fit_args(shards, tmp_path), "--ckpt_path=last"])
+    cli_main(["fit", *fit_args(url, tmp_path, cache), "--ckpt_path=last"])
     resumed, uninterrupted = weights(tmp_path / LAST), weights(reference / LAST)
     assert resumed.keys() == uninterrupted.keys()
     for key in uninterrupted:
@@ -164,42 +167,11 @@ def test_validate_at_1_2_and_3_ranks_gives_the_same_metrics(shards, reference, m
         assert many["val/loss"] == pytest.approx(one["val/loss"], rel=1e-6)  # float32 sums in another order
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def object_store():
-    """moto's S3 server on 127.0.0.1 with authentication on: a user, its keys and a bucket; stopped after."""
-    port = free_port()
-    # The first 3 requests need no credentials (creating the user, its keys, its policy); every later one does.
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.1).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    try:
-        admin = dict(endpoint_url=url, region_name="us-east-1", aws_access_key_id="a", aws_secret_access_key="b")
-        iam = boto3.client("iam", **admin)
-        iam.create_user(UserName="trainer")
-        key = iam.create_access_key(UserName="trainer")["AccessKey"]
-        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-        iam.put_user_policy(UserName="trainer", PolicyName="all", PolicyDocument=json.dumps(policy))
-        env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_DEFAULT_REGION": "us-east-1",
-               "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
-        boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                     aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"]).create_bucket(Bucket="datasets")
+    """moto's S3 server on 127.0.0.1 with authentication on (an IAM user's keys) and a bucket; stopped after."""
+    with s3_server(bucket="datasets") as env:
         yield env
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 @pytest.mark.slow

@@ -20,22 +20,17 @@ from pathlib import Path
 import pytest
 
 from conftest import callback, project_in_process, read_scalars, run_project, tiny_args
+from tools.local_services import free_port
 
 pytestmark = pytest.mark.slow
 mlflow = pytest.importorskip("mlflow", reason="the tracking extra: pip install -e '.[tracking]'")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A real MLflow tracking server (sqlite backend, artifacts in a temp folder) on 127.0.0.1; stopped after."""
     home = tmp_path_factory.mktemp("mlflow")
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
                "--default-artifact-root", str(home / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
                "--workers", "1"]
@@ -179,7 +174,7 @@ def _one_line_error_in_process(capsys, monkeypatch, args: list[str], *needles: s
 
 
 def test_an_unreachable_tracking_server_is_one_line_and_nothing_is_written(tiny_root, tmp_path, capsys, monkeypatch):
-    uri = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     args = ["fit", *tiny_args(tiny_root, tmp_path, _loggers(_mlflow(uri, "x")))]
     _one_line_error_in_process(capsys, monkeypatch, args, uri, "does not answer", "mlflow server")
     assert not (tmp_path / "lightning_logs").exists()
@@ -219,7 +214,7 @@ def test_a_tracking_uri_with_a_password_is_used_and_never_printed(tiny_root, tmp
                       init_args=Namespace(tracking_uri=with_password))
     check_trackers(Namespace(logger=[entry]))  # the server answers: no refusal as an unknown host
     assert redact(with_password) == mlflow_server.replace("http://", "http://ann:***@")
-    nobody = f"http://ann:s3cret@127.0.0.1:{_free_port()}"
+    nobody = f"http://ann:s3cret@127.0.0.1:{free_port()}"
     args = ["fit", *tiny_args(tiny_root, tmp_path, _loggers(_mlflow(nobody, "x")))]
     code, out, err = project_in_process(args, monkeypatch, capsys)
     assert code == 2 and err.strip().splitlines() == [err.strip()], err[-3000:]
@@ -273,7 +268,7 @@ def test_a_resume_whose_mlflow_run_cannot_continue_starts_a_new_one_said_or_stop
 def test_wandb_online_without_a_network_is_one_line_at_once(tiny_root, tmp_path, capsys, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{_free_port()}")  # nothing listens: as no network
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens: as no network
     wandb_logger = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"project": "x"}}
     started = time.monotonic()
     _one_line_error_in_process(capsys, monkeypatch, ["fit", *tiny_args(tiny_root, tmp_path, _loggers(wandb_logger))],

@@ -76,7 +76,8 @@ class UnreadableImageError(OSError):
 # Messages of torch.distributed when a *peer* died or stopped answering: this rank is a victim, not the culprit.
 _PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
                  "NCCL communicator was aborted", "has exited", "recvBytes", "Socket Timeout", "Timed out waiting",
-                 "Application timeout caused pair closure")  # the last: gloo when the peer is stopped (SIGSTOP)
+                 "Application timeout caused pair closure",  # gloo when the peer is stopped (SIGSTOP)
+                 "waiting for clients")  # the rendezvous: a rank that never started (or not within the timeout)
 
 
 def user_message(error: BaseException) -> Optional[str]:
