@@ -65,8 +65,13 @@ class FSDPStrategy(ModelParallelStrategy):
 
     # Exact evaluation gives ranks shards of unequal batch counts: a forward that all-gathers would wait forever for a
     # rank with no batch left. Evaluation runs on weights gathered once, at its start, on every rank; sharded after.
+    # Buffers are not sharded: each rank's BatchNorm statistics are its own data's. Every rank evaluates rank 0's, the
+    # ones a checkpoint keeps (DDP broadcasts them before each forward for the same reason).
     def on_validation_start(self) -> None:
         self._gather(True)
+        with torch.no_grad():
+            for buffer in self.model.buffers():
+                dist.broadcast(buffer, src=0)
 
     def on_validation_end(self) -> None:
         self._gather(False)
