@@ -3,7 +3,8 @@
 # ResNet-50 at 224 px img/s, MFU and peak memory (bf16-mixed + channels_last, + torch.compile, 16-mixed), synthetic
 # data against the real pipeline on generated ImageNet-shaped JPEGs with CPU decoding (torchvision, torchcodec) and
 # GPU decoding (nvjpeg, torchcodec-cuda) on every core, our Trainer path against a plain PyTorch loop, device
-# augmentation per batch, and one short fit through configs/gpu.yaml, dp, ddp (one device), fp16, bf16 and fsdp2 (one device).
+# augmentation per batch, and one short fit through configs/gpu.yaml, dp, ddp (one device), fp16, bf16, fsdp2 (one
+# device) and the JPEGs as shards (project.data.ShardDataModule).
 #   bash bench/gpu_all.sh            # one GPU: runs/gpu_all/table.md; parts (*.json) and logs beside it
 #   bash bench/gpu_all.sh --tiny     # the same code on CPU (resnet18, 32 px, 32-true, a few steps): tests/test_bench.py
 # A GPU machine without network: run `bash bench/fetch_gpu_wheels.sh` where there is one and bring .whl/ along; the
@@ -114,9 +115,15 @@ else
           --data.num_workers="$(nproc)" --trainer.max_steps=30 --trainer.log_every_n_steps=10
           --trainer.limit_val_batches=2)
 fi
+# The same JPEGs as shards (tools/make_shards.py: short side <= 256, re-encoded; a rerun keeps finished shards), for
+# the shards fit beside the folder's (fit: gpu).
+log "shards of the JPEGs"
+timeout "$(limit 60 120)" python3 -m tools.make_shards --source "$jpegs" --out "$out/shards" > "$out/shards.log" 2>&1
+log "shards: exit $? (log: $out/shards.log)"
 fits=(gpu "" dp "--trainer.strategy=dp" ddp "--trainer.strategy=ddp --trainer.devices=1"
       fp16 "--config configs/fp16.yaml" bf16 "--config configs/bf16.yaml"
-      fsdp "--config configs/fsdp.yaml --trainer.devices=1")
+      fsdp "--config configs/fsdp.yaml --trainer.devices=1"
+      shards "--data.class_path=project.data.ShardDataModule --data.init_args.shards=$out/shards")
 fit() {  # name, seconds, extra arguments: one fit, its exit code in fits/<name>.code
     local name=$1 seconds=$2
     rm -rf "${out:?}/fits/$name"

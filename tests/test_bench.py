@@ -71,14 +71,14 @@ def test_gpu_all_tiny_runs_every_stage_into_one_table(tmp_path):
     assert [row[0] for row in cells] == [
         "synthetic", "synthetic", "synthetic", *["real JPEGs, CPU decode"] * 2, *["real JPEGs, GPU decode"] * 2,
         "Trainer / plain loop", "device augmentation, train", "device augmentation, eval",
-        "fit: gpu", "fit: dp", "fit: ddp", "fit: fp16", "fit: bf16", "fit: fsdp"]
+        "fit: gpu", "fit: dp", "fit: ddp", "fit: fp16", "fit: bf16", "fit: fsdp", "fit: shards"]
     decoders = [row[1].split("decoder=")[1].split(",")[0] for row in cells[3:7]]
     assert decoders == ["torchvision", "torchcodec", "nvjpeg", "torchcodec-cuda"]
     measured = [row for i, row in enumerate(cells) if i != 1]  # compile is left out on a CPU, and says so
     assert cells[1][2] == "not with --tiny: compiling takes minutes on a CPU"
-    for row in measured[:-6]:
+    for row in measured[:-7]:
         assert float(row[2].replace(",", "")) > 0, table  # img/s
-    assert all(row[-1] == "exit 0" for row in cells[-6:]), table
+    assert all(row[-1] == "exit 0" for row in cells[-7:]), table
     assert [row[7].endswith("of synthetic") for row in cells[3:7]] == [True] * 4
     rows = json.loads((tmp_path / "throughput.json").read_text())["rows"]
     assert [r["gflop_per_image"] for r in rows if "gflop_per_image" in r] == pytest.approx([0.2173] * 6, rel=0.01)
