@@ -67,3 +67,14 @@ class HeadAtStart(L.Callback):
 
     def on_train_start(self, trainer, pl_module):
         self.weight = getattr(pl_module.network, self.attribute).weight.detach().clone()
+
+
+class SaveAtStep(L.Callback):
+    """Saves a checkpoint to `path` once `step` optimizer steps are done (every rank calls it: a collective)."""
+
+    def __init__(self, step: int, path: str):
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and not Path(self.path).exists():
+            trainer.save_checkpoint(self.path)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CONFIGS, REPO, callback, project_env, run_project, start_project, tiny_args
+from conftest import CONFIGS, REPO, callback, project_env, read_scalars, run_project, start_project, tiny_args
 from project.engine.cli import cli_main
 
 # 40 images in batches of 8: 5 steps per epoch on one process, 2 per rank under ddp x2 (20 images each, the
@@ -46,8 +46,6 @@ def with_csv(root: Path) -> str:
 def assert_each_step_logged_once(root: Path, steps: int) -> None:
     """metrics.csv holds every step's train/loss once, as TensorBoard does, and the validations TensorBoard has."""
     import csv
-
-    from conftest import read_scalars
 
     run_dir = root / "lightning_logs" / "version_0"
     rows = list(csv.DictReader((run_dir / "metrics.csv").open(newline="")))
@@ -227,5 +225,11 @@ def test_ddp_spawn_sigterm_to_the_main_process_saves_exits_143_and_the_resume_ke
     assert f"stopped by SIGTERM at epoch 0, global step 2; last checkpoint: {tmp_path / LAST}" in out + err, err[-3000:]
     assert "Traceback" not in err
     ok(run_project(["fit", *args, "--ckpt_path=last"]))
+    # One run from the spawned ranks: one version, one config.yaml, 2 epochs of 2 steps (2 ranks x 2 full batches of
+    # 8 of their 20 images, the last one dropped), each validated once.
+    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]
+    assert len(list(tmp_path.rglob("config.yaml"))) == 1
+    assert torch.load(tmp_path / LAST, weights_only=True)["global_step"] == 4
     # continue_csv_logs under ddp_spawn: one metrics.csv, each step once, the steps TensorBoard holds
-    assert_each_step_logged_once(tmp_path, torch.load(tmp_path / LAST, weights_only=True)["global_step"])
+    assert_each_step_logged_once(tmp_path, 4)
+    assert [step for step, _ in read_scalars(tmp_path / "lightning_logs" / "version_0")["val/acc1"]] == [1, 3]
