@@ -1,4 +1,5 @@
-"""slurm/train.sbatch on a real two-node Slurm (tests/slurm_cluster.py): multi-node DDP, preemption, requeue, resume.
+"""slurm/train.sbatch on a real two-node Slurm (tests/slurm_cluster.py): multi-node DDP, preemption, requeue, resume
+(of a run on shards).
 
     bash .ci/install_slurm.sh && python -m pytest tests/test_slurm.py --durations=0
 
@@ -20,6 +21,7 @@ import slurm_cluster
 from conftest import REPO, TESTS, callback, read_scalars, tiny_args
 from project.engine.run.resume import plan_run
 from test_resume import assert_same_training, final_state
+from tools.make_shards import main as make_shards
 
 SCRIPT = str(REPO / "slurm" / "train.sbatch")
 TWO_NODES = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1"]
@@ -86,10 +88,14 @@ def jobs(slurm, tiny_root, tmp_path_factory) -> dict[str, Job]:
     Each node offers 4 CPUs and every task takes one, so all of them run side by side.
     """
     out = tmp_path_factory.mktemp("jobs")
+    # The two training jobs read the tiny images as shards (project.data.ShardDataModule): its loader state is the one
+    # a requeue must carry; the folder module's resumes are tested in test_resume.py.
+    assert make_shards(["--source", str(tiny_root), "--out", str(out / "shards"), "--shard-size", "8"]) == 0
+    shards = [*EPOCHS, "--data.class_path=project.data.ShardDataModule", f"--data.init_args.shards={out / 'shards'}"]
     specs = {
-        "uninterrupted": (TWO_NODES, tiny_args(tiny_root, out / "uninterrupted", *EPOCHS)),
+        "uninterrupted": (TWO_NODES, tiny_args(tiny_root, out / "uninterrupted", *shards)),
         # Held as step 7 (epoch 1) starts until the signal has arrived: it cannot finish before the test signals it.
-        "preempted": (TWO_NODES, tiny_args(tiny_root, out / "preempted", *EPOCHS, "--trainer.enable_progress_bar=true",
+        "preempted": (TWO_NODES, tiny_args(tiny_root, out / "preempted", *shards, "--trainer.enable_progress_bar=true",
                                            callback("stop_callbacks.HoldUntilSignalled", step=7,
                                                     marker=str(out / "preempted.held")))),
         # Two tasks on the node, but the user pins the Trainer to one device: two independent rank-0 runs, unless
