@@ -1,5 +1,6 @@
 """strategy fsdp2 (configs/fsdp.yaml) on CPU with gloo: the weights ddp trains, a checkpoint any process count
-evaluates exactly, a kill -9 resumed as the uninterrupted run, and one-line refusals of what it does not do.
+evaluates exactly and one process exports, a kill -9 resumed as the uninterrupted run, and one-line refusals of what
+it does not do.
 
     python -m pytest tests/test_fsdp.py --durations=0
 """
@@ -10,6 +11,7 @@ import pytest
 
 from conftest import CONFIGS, callback, project_in_process, read_scalars, run_project, tiny_args
 from project.engine.cli import close_process_group
+from project.engine.export import main as export_main
 from test_distributed import CPU_DDP, assert_ok, in_process
 from test_resume import EVERY_STEP, LAST, assert_same_training, final_state
 
@@ -63,6 +65,9 @@ def test_fsdp_steps_as_ddp_does_and_its_checkpoint_evaluates_exactly_at_1_2_and_
     # float32 forwards of other batch compositions: 1.1e-6 measured at 3 ranks (the counts above are exact)
     assert two["val/loss"] == pytest.approx(one["val/loss"], rel=1e-5)
     assert three["val/loss"] == pytest.approx(one["val/loss"], rel=1e-5)
+    # ...and exports in one process (python -m project export checks the program's logits against the network's).
+    files = export_main(["--ckpt_path", str(fsdp_run / LAST), "--out_dir", str(tmp_path / "export"), "--no-onnx"])
+    assert files["pt2"].is_file()
 
 
 @pytest.mark.slow
