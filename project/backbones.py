@@ -1,9 +1,6 @@
 """Networks as plain nn.Modules, built by torchvision from a name; the training logic lives in model.py.
 
     python -c "from project.backbones import ARCHS; print(ARCHS)"
-
-Also HasNetwork (EMA, freezing, weights, export and the checks find the network as `pl_module.network`) and
-NetworkRunner (channels_last input, a torch.compile'd graph).
 """
 
 import abc
@@ -42,8 +39,7 @@ class Network(abc.ABC):
 Network.register(nn.Module)
 
 
-# Every classification builder torchvision registers at the top level of torchvision.models: detection, segmentation,
-# video, optical flow and quantized builders live in submodules and are not listed. Each takes num_classes.
+# The classification builders at the top level of torchvision.models (not its detection, video, ... submodules).
 ARCHS: tuple[str, ...] = tuple(models.list_models(module=models))
 
 
@@ -105,8 +101,6 @@ def build_network(
     builds a ViT for that size and refuses, naming the option, a size the network cannot take (check_image_sizes)."""
     if arch not in ARCHS:
         raise ConfigError(unknown_arch_message(arch))
-    if num_classes < 1:
-        raise ConfigError(f"num_classes must be >= 1, got {num_classes}")
     options = dict(_FIXED_OPTIONS.get(arch, {}))
     if zero_init_residual:
         if arch not in RESNET_ARCHS:
@@ -187,11 +181,6 @@ def shard_blocks(network: nn.Module) -> list[nn.Module]:
     if isinstance(network, (models.ConvNeXt, models.SwinTransformer)):
         return [stage for stage in network.features if any(True for _ in stage.parameters())]
     return [child for child in network.children() if any(True for _ in child.parameters())]
-
-
-def build_resnet(arch: str, num_classes: int, *, zero_init_residual: bool = False) -> nn.Module:
-    """The former ResNet-only builder, kept for existing callers: build_network with the same arguments."""
-    return build_network(arch, num_classes, zero_init_residual=zero_init_residual)
 
 
 def classifier_head(network: nn.Module) -> tuple[str, nn.Module]:
