@@ -68,34 +68,21 @@ class ResumableSampler(DistributedSampler):
         self._resume_at = (epoch, position)
 
     def __iter__(self) -> Iterator[Key]:
-        epoch = self.epoch
-        start = 0
-        if self._resume_at is not None:
-            resume_epoch, position = self._resume_at
-            self._resume_at = None
-            if resume_epoch == epoch:
-                start = position
-        self.epoch_in_progress, self.position = epoch, start
-        order = self.epoch_order(epoch)[start:][self.rank :: self.num_replicas]
+        epoch, (resume_epoch, position) = self.epoch, self._resume_at or (None, 0)
+        self._resume_at = None
+        self.epoch_in_progress, self.position = epoch, position if resume_epoch == epoch else 0
+        order = self.epoch_order(epoch)[self.position :][self.rank :: self.num_replicas]
         if not self.keys:
             return (index for index, _ in order)
         return ((index, epoch, repeat) for index, repeat in order)
-
-    def __len__(self) -> int:
-        return self.num_samples
 
 
 class ResumableDataLoader(DataLoader):
     """The training DataLoader, with Lightning's stateful-loader protocol: its state counts the global samples
     handed to the training loop, and iteration starts lazily (Lightning #20550, project.engine.compat)."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        if not isinstance(self.sampler, ResumableSampler):
-            raise TypeError(f"ResumableDataLoader needs a ResumableSampler, got {type(self.sampler).__name__}")
-
     def __iter__(self):
-        sampler: ResumableSampler = self.sampler
+        sampler: ResumableSampler = self.sampler  # the data modules and ExactLoaders build it with one
         step = (self.batch_size or 1) * sampler.num_replicas
         for batch in super().__iter__():
             sampler.position += step
