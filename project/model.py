@@ -57,8 +57,7 @@ def _evaluation_metrics(num_classes: int) -> tuple[MeanMetric, MulticlassAccurac
 
 
 def backbone_replaces_arch(config) -> None:
-    """A tidy hook (project/__init__.py): beside a `model.backbone`, `model.arch` is null in the printed and saved
-    config, as it is not built."""
+    """A tidy hook (project/__init__.py): beside a `model.backbone`, the unbuilt `model.arch` is null in the config."""
     model = config.model.get("init_args")
     if model is not None and model.get("backbone") is not None and model.get("arch") is not None:
         model.arch = None
@@ -182,9 +181,7 @@ class ImageClassifier(L.LightningModule):
         acc1.update(logits, targets)
         acc5.update(logits, targets)
         # Metric objects sync their sums across ranks at epoch end: exact, unlike averaging per-rank means.
-        self.log(f"{stage}/loss", loss_metric)
-        self.log(f"{stage}/acc1", acc1)
-        self.log(f"{stage}/acc5", acc5)
+        self.log_dict({f"{stage}/loss": loss_metric, f"{stage}/acc1": acc1, f"{stage}/acc5": acc5})
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._evaluate(batch, self.val_loss, self.val_acc1, self.val_acc5, "val")
