@@ -3,8 +3,7 @@
     python -m project fit ... --trainer.callbacks+=project.callbacks.ema.EMA --trainer.callbacks.decay=0.99998 \
         --trainer.callbacks.every_n_steps=32 --trainer.callbacks.warmup_epochs=5 --trainer.callbacks.adjust_decay=true
 
-Which weights validation, checkpoints and a resume see, and why not Lightning's EMAWeightAveraging:
-docs/how-it-works.md#what-a-checkpoint-holds.
+Which weights are seen when, and why not EMAWeightAveraging: docs/how-it-works.md#what-a-checkpoint-holds.
 """
 
 import copy
@@ -34,8 +33,7 @@ def torchvision_ema_decay(decay: float, images_per_update: int, epochs: float) -
 
 
 def averaging_device(device: Optional[str]) -> Optional[torch.device]:
-    """The EMA's `device` option as a torch.device (None: the model's); a bad name or a CUDA device this machine lacks
-    is a ConfigError now (the copy would fail at set-up, after the loggers started)."""
+    """The EMA's `device` as a torch.device (None: the model's), refused now if bad, not after the loggers start."""
     if device is None:
         return None
     try:
@@ -108,9 +106,8 @@ class EMA(L.Callback):
         self._stash = []
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # configure_model (channels_last), the precision plugin (64-true, bf16-true) and the strategy ran after setup:
-        # give each copy the raw tensor's layout and device, and a dtype at least as precise as both (an EMA kept in
-        # bf16 would drop increments below bf16's resolution). Values (restored from a checkpoint) are kept.
+        # configure_model, the precision plugin and the strategy ran after setup: each copy gets the raw tensor's layout
+        # and device, and a dtype at least as precise as both (bf16 would drop small increments); values are kept.
         for averaged, current in zip(_tensors(self.average), _tensors(_averaged_root(pl_module)[0]), strict=True):
             device = averaged.device if self.device is not None else current.device
             dtype = torch.promote_types(averaged.dtype, current.dtype)
