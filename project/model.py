@@ -108,24 +108,21 @@ class ImageClassifier(L.LightningModule):
         self.network = backbone(num_classes) if backbone is not None else build_network(
             arch, num_classes, zero_init_residual=zero_init_residual, weights=self.finetune.weights,
             image_sizes=image_sizes)
-        self._custom_network = backbone is not None
         self.runner = NetworkRunner(channels_last=channels_last, compile=compile)
         self.mixer = self.loss.mixer(num_classes)
         self.val_loss, self.val_acc1, self.val_acc5 = _evaluation_metrics(num_classes)
         self.test_loss, self.test_acc1, self.test_acc5 = _evaluation_metrics(num_classes)
 
     # -- building ------------------------------------------------------------------------------------------------
-    def _weights_arch(self) -> Optional[str]:  # whose torchvision weights names apply; None: a file only
-        return None if self._custom_network else self.hparams.arch
-
     def prepare_data(self) -> None:
         # Once per node, before any rank reads the torch hub cache (a file already there is used without network).
+        # hparams.arch is null beside a backbone: its weights are a file, never a torchvision name.
         if self.finetune.weights:
-            fetch_weights(self.finetune.weights, arch=self._weights_arch())
+            fetch_weights(self.finetune.weights, arch=self.hparams.arch)
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.finetune.weights and self.trainer.ckpt_path is None:
-            report = load_pretrained(self.network, self.finetune.weights, arch=self._weights_arch(),
+            report = load_pretrained(self.network, self.finetune.weights, arch=self.hparams.arch,
                                      num_classes=self.hparams.num_classes)
             rank_zero_info(report.summary())
 
