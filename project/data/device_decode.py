@@ -1,5 +1,4 @@
-"""Device decoders: the workers only read JPEG bytes (load_for_device); the batch is decoded on the training device and
-augmented there (DevicePipeline; what nvJPEG takes, how the decode overlaps the previous step: docs/imagenet.md).
+"""Device decoders: the workers read JPEG bytes, the training device decodes and augments the batch (docs/imagenet.md).
 
     python -m project fit --config configs/gpu.yaml --data.root /datasets/imagenet --data.decoder nvjpeg
 """
@@ -11,7 +10,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torchvision.transforms import v2
 
-from project.data.decoders import DEVICE_DECODERS, image_loader
+from project.data.decoders import image_loader
 from project.data.device_augment import Crop, TrainCrop, eval_batch, resized_crops
 from project.engine.errors import UnreadableImageError
 
@@ -72,8 +71,6 @@ class DeviceDecoder:
     workers decoded is moved as it is, and a file the device cannot decode goes to the CPU decoder, which names it."""
 
     def __init__(self, decoder: str = "nvjpeg", on_corrupt: str = "error"):
-        if decoder not in DEVICE_DECODERS:
-            raise ValueError(f"DeviceDecoder decodes with one of {', '.join(DEVICE_DECODERS)}, got {decoder!r}")
         self.cpu_decode = image_loader(decoder)  # also checks that the library is there
         self.decoder, self.on_corrupt = decoder, on_corrupt
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}

@@ -1,6 +1,5 @@
-"""The training set as the sampler keys it: each image's augmentation seeded from (run seed, epoch, index, repeat), so
-a resumed or distributed run augments every image as an uninterrupted one does; with progressive resizing, the train
-crop size follows a schedule in epochs (FFCV's rule), switched at epoch boundaries in every worker (docs/imagenet.md).
+"""The training set as the sampler keys it: each image augmented from (run seed, epoch, index, repeat), as in an
+uninterrupted run; progressive resizing's train crop size per epoch (FFCV's rule). Both: docs/imagenet.md.
 
     python -m project fit ... --data.progressive_resizing '{start_size: 160, end_size: 192, start_epoch: 65, ...}'
 """
