@@ -92,10 +92,8 @@ def _options_for_weights(arch: str, entry: WeightsEnum) -> dict:
     return {}
 
 
-def build_network(
-    arch: str, num_classes: int, *, zero_init_residual: bool = False, weights: Optional[str] = None,
-    image_sizes: Optional[Mapping[str, int]] = None,
-) -> nn.Module:
+def build_network(arch: str, num_classes: int, *, zero_init_residual: bool = False, weights: Optional[str] = None,
+                  image_sizes: Optional[Mapping[str, int]] = None) -> nn.Module:
     """Build a randomly initialised torchvision classifier by name, shaped as torchvision weights named by `weights`
     need (ViT's image size, GoogLeNet's input transform; project.weights loads them). `image_sizes` ({option: side})
     builds a ViT for that size and refuses, naming the option, a size the network cannot take (check_image_sizes)."""

@@ -22,8 +22,7 @@ from project.backbones import NETWORK, classifier_head, head_outputs, torchvisio
 from project.engine.errors import ConfigError, MissingInputError
 
 CKPT_PREFIX = NETWORK + "."  # the network of a HasNetwork module (ImageClassifier), in its checkpoints
-# torchvision's DenseNet files predate a rename of 'norm.1' to 'norm1' (and relu, conv); its builder renames the keys
-# before loading, so the same files need the same here.
+# torchvision's DenseNet files predate a rename of 'norm.1' to 'norm1' (relu, conv): renamed as its builder does.
 _OLD_DENSENET_KEY = re.compile(r"^(.*denselayer\d+\.(?:norm|relu|conv))\.([12]\.[a-z_]+)$")
 
 
@@ -102,8 +101,7 @@ def _from_file(path: Path) -> dict[str, torch.Tensor]:
     except Exception as error:
         raise ConfigError(f"{path} is not a torch checkpoint ({type(error).__name__}: {error})") from None
     if isinstance(content, Mapping) and isinstance(content.get("state_dict"), Mapping):
-        # One of our Lightning checkpoints: the LightningModule's state (with EMA, the averaged weights) under
-        # `state_dict`, the network's part prefixed `network.`.
+        # One of our Lightning checkpoints: the network is the `network.` part of `state_dict` (with EMA, the average).
         state = _copy_with_metadata(content["state_dict"],
                                     lambda key: key.removeprefix(CKPT_PREFIX) if key.startswith(CKPT_PREFIX) else None)
         if not state:
