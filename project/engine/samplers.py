@@ -3,7 +3,6 @@
     python -m project fit --config configs/quickstart.yaml --ckpt_path last    # continues mid-epoch where it stopped
 """
 
-import math
 from typing import Any, Iterator, Optional
 
 import lightning as L
@@ -35,7 +34,7 @@ Key = tuple[int, int, int]  # (index, epoch, repeat): what a training sample's a
 class ResumableSampler(DistributedSampler):
     """The training order: a shuffle drawn from (seed, epoch), sharded rank::world_size, resumable at any position.
     Yields keys (index, epoch, repeat) for SeededSamples (plain indices with keys=False); `repeats` > 1 is repeated
-    augmentation. docs/how-it-works.md#resumable-order."""
+    augmentation, in epochs of the same length. docs/how-it-works.md#resumable-order."""
 
     def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, seed: int, repeats: int = 1,
                  shuffle: bool = True, keys: bool = True):
@@ -44,8 +43,6 @@ class ResumableSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
         self.repeats = repeats
         self.keys = keys  # False: plain indices, for a data set that does not seed its own augmentation
-        self.num_samples = math.ceil(len(dataset) / num_replicas)  # per rank, whatever `repeats` is
-        self.total_size = self.num_samples * num_replicas
         self.position = 0  # global samples of the epoch in progress already handed out as batches
         self.epoch_in_progress = 0
         self._resume_at: Optional[tuple[int, int]] = None  # (epoch, position) to continue from
