@@ -78,8 +78,7 @@ class ImageDataModule(L.LightningDataModule):
         normalize_on_device: workers return uint8 and the device normalizes the batch; False: the workers do.
         on_corrupt: an unreadable image stops the run naming it ("error"), or is left out and counted ("skip").
         multiprocessing_context: the DataLoader workers' start method; None: "fork" on Linux, also under ddp_spawn.
-        drop_last: leave out each epoch's incomplete last training batch (one image breaks BatchNorm), unless it is
-            the only one.
+        drop_last: drop each epoch's incomplete last training batch (one image breaks BatchNorm), if not its only one.
         ra_reps: repeated augmentation (RASampler, DeiT): each drawn image this many times per epoch, on different
             ranks, each copy augmented differently; the epoch keeps the data set's length.
         seed: the run seed, linked from seed_everything: the training order and every augmentation derive from it.
@@ -118,8 +117,7 @@ class ImageDataModule(L.LightningDataModule):
         seed: int = 0,
     ):
         super().__init__()
-        # The CLI parsed and checked these already; a Python caller's values are checked here, before the subclass
-        # reads or writes anything (the embedded data set's cache included).
+        # A Python caller's values (the CLI checked its own), checked before the subclass reads or writes anything.
         values = check_arguments(ImageDataModule.__init__, locals(), "data")
         check_combinations(values)
         self.save_hyperparameters(ignore=["progressive_resizing"], logger=False)  # trackers: the whole config
@@ -224,14 +222,12 @@ class ImageDataModule(L.LightningDataModule):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, weights_only: bool = True,
                              **kwargs):
-        """Lightning's, but weights_only=True by default whatever torch's default is: checkpoints are untrusted.
-        Never the checkpoint's `_instantiator` (it would import and build any class_path in the hparams)."""
+        """Lightning's, but weights_only=True by default and never the checkpoint's `_instantiator` (untrusted)."""
         return super().load_from_checkpoint(checkpoint_path, map_location=map_location, hparams_file=hparams_file,
                                             weights_only=weights_only, **{**kwargs, "_instantiator": None})
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the training order stands, restored before the train loader is built (Lightning restores the
-        loader's own copy too late: #20550, project.engine.compat)."""
+        """Where the training order stands, restored before the train loader is built (Lightning's is late: #20550)."""
         state: dict[str, Any] = {"class_names": self.class_names, "class_labels": self.class_labels}  # for export
         if self.train_sampler is not None:
             state["train_loader"] = loader_state(self.train_sampler, self.batch_size)
