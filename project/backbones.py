@@ -61,8 +61,7 @@ FAMILIES: dict[str, list[str]] = _by_family()
 # ResNet, Wide ResNet and ResNeXt: the builders of torchvision.models.resnet, the ones taking zero_init_residual.
 RESNET_ARCHS: tuple[str, ...] = tuple(FAMILIES["resnet"])
 
-# Not weights-dependent: auxiliary classifiers return a tuple in training mode, which the loss cannot take, and an
-# explicit init_weights silences GoogLeNet's and Inception's "default will change" warning.
+# Whatever the weights: no auxiliary classifiers (a tuple in training mode), init_weights given (silences a warning).
 _FIXED_OPTIONS = dict.fromkeys(("googlenet", "inception_v3"), {"aux_logits": False, "init_weights": True})
 
 

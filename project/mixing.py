@@ -33,8 +33,7 @@ class BatchMixer:
     def __call__(self, images: torch.Tensor, targets: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.transform is None:
             return images, targets
-        # v2.MixUp/CutMix draw from the global CPU generator (Beta, randint, multinomial on CPU tensors); forking it
-        # leaves the run's own random stream where it was.
+        # v2.MixUp/CutMix draw from the global CPU generator: forked, the run's own random stream stays where it was.
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed)
             return self.transform(images, targets)

@@ -169,8 +169,7 @@ class EMA(L.Callback):
             self._swapped_for_validation = False
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # A swap, not a copy: a checkpoint written after training (ModelCheckpoint's final last.ckpt,
-        # trainer.save_checkpoint) still holds the raw weights as current_model_state.
+        # A swap, not a copy: a checkpoint written after training keeps the raw weights as current_model_state.
         if self.average is not None and not self._holds_average:
             self._swap(pl_module)
 

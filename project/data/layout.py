@@ -19,8 +19,7 @@ class DataLayoutError(ConfigError):
 
 
 def _class_dirs(split_dir: Path) -> list[str]:
-    # Exactly as ImageFolder.find_classes lists them, hidden folders (.ipynb_checkpoints) included: a folder skipped
-    # here would still be a class there, shifting every index and failing later with a less helpful message.
+    # As ImageFolder.find_classes lists them, hidden folders included: one skipped here would shift every label.
     return sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
 
 

@@ -32,8 +32,7 @@ class SeededSamples(Dataset):
 
     def __getitem__(self, key: tuple[int, int, int]):
         index, epoch, repeat = key
-        # fork_rng restores the global CPU RNG afterwards: the model's own random stream is left untouched. Only the
-        # CPU generator is seeded, the one the transforms draw from (torch.manual_seed would seed every CUDA device).
+        # Only the CPU generator the transforms draw from (not CUDA's), restored by fork_rng: the run's stream is kept.
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(sample_seed(self.run_seed, epoch, index, repeat))
             sample = self.dataset[index]

@@ -128,8 +128,7 @@ class ExactLoaders(Callback):
                 setattr(datamodule, name, _LoaderHook(datamodule, name, self))
 
     def state_dict(self) -> dict[str, Any]:
-        # Saved beside Lightning's own loader state, restored before the first train loader is built (Lightning
-        # #20550 restores the loader's too late when the model reads estimated_stepping_batches: project.engine.compat).
+        # Beside Lightning's own loader state, which it restores too late (#20550, project.engine.compat).
         return {"train_loader": loader_state(self.sampler, self.batch_size)} if self.sampler else {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
