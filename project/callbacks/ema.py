@@ -208,9 +208,7 @@ class EMA(L.Callback):
             averaged, raw = {**module_state, **whole}, {**module_state, **held}
         else:
             averaged, raw = {**module_state, **held}, module_state
-        checkpoint["state_dict"] = averaged
-        checkpoint["current_model_state"] = raw
-        checkpoint["averaging_state"] = {"n_averaged": self.n_averaged}
+        checkpoint.update(state_dict=averaged, current_model_state=raw, averaging_state={"n_averaged": self.n_averaged})
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         if self.average is None:
