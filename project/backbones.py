@@ -111,7 +111,8 @@ def build_network(arch: str, num_classes: int, *, zero_init_residual: bool = Fal
     if sizes and family_of(arch) == "vision_transformer" and "image_size" not in options:
         # The first size is the training crop's; a ViT cannot take a second one, which check_image_sizes then names.
         key, side = next(iter(sizes.items()))
-        patch = vit_patch_size(arch)
+        with torch.device("meta"):  # the patch side, from a ViT built without memory (16 for vit_b_16)
+            patch = models.get_model(arch, weights=None).patch_size
         if side % patch:
             raise ConfigError(f"model.arch {arch} cuts images into {patch} px patches: {key}={side} is not a multiple "
                               f"of {patch}; set {_options(sizes)} to one such size (e.g. {-(-side // patch) * patch})")
@@ -119,12 +120,6 @@ def build_network(arch: str, num_classes: int, *, zero_init_residual: bool = Fal
     network = models.get_model(arch, weights=None, num_classes=num_classes, **options)
     check_image_sizes(network, sizes, arch=arch, weights=weights)
     return network
-
-
-def vit_patch_size(arch: str) -> int:
-    """The patch side of a torchvision ViT (16 for vit_b_16), read from one built on the meta device (no memory)."""
-    with torch.device("meta"):
-        return models.get_model(arch, weights=None).patch_size
 
 
 def image_size_problem(network: nn.Module, side: int) -> Optional[str]:
