@@ -42,9 +42,8 @@ class BatchMixer:
 def soft_target_loss(logits: torch.Tensor, targets: torch.Tensor, *,
                      loss: Literal["cross_entropy", "bce"] = "cross_entropy", label_smoothing: float = 0.0,
                      bce_target_threshold: Optional[float] = None) -> torch.Tensor:
-    """The training loss on hard (N,) or soft (N, C) targets, both smoothed as target * (1 - s) + s / C (torchvision's
-    reference after MixUp/CutMix; for bce, timm's BinaryCrossEntropy of "ResNet strikes back", smoothing each one-hot
-    before mixing, the same). bce: per class, mean over batch and classes, targets > bce_target_threshold -> 1."""
+    """The training loss on hard (N,) or soft (N, C) targets smoothed as target * (1 - s) + s / C, as torchvision's and
+    (bce) timm's "ResNet strikes back" recipes do; bce: a mean over batch and classes, targets > threshold -> 1."""
     if loss == "cross_entropy":
         return F.cross_entropy(logits, targets, label_smoothing=label_smoothing)
     if loss != "bce":

@@ -31,8 +31,7 @@ class Optimization:
         eps: AdamW/RMSprop epsilon (None: torch's default; SGD has none).
         weight_decay: weight decay, >= 0 (decoupled for AdamW).
         decay_norm_and_bias: apply weight decay to norm weights and biases too (False excludes them).
-        schedule: after the warmup, "cosine" decay to 0, "linear" decay to 0 (FFCV), or "step" decay by
-            `step_gamma` at `step_milestones` (epochs).
+        schedule: after the warmup, "cosine" or "linear" (FFCV) decay to 0, or "step": x step_gamma at step_milestones.
         warmup_epochs: linear warmup length in epochs, >= 0 (fractions allowed), stepped per optimizer step.
         step_milestones: increasing epochs at which the "step" schedule multiplies the LR by `step_gamma`.
         step_gamma: the "step" schedule's factor, in (0, 1].

@@ -205,8 +205,7 @@ class ImageDataModule(L.LightningDataModule):
             workers = dict(persistent_workers=h.persistent_workers, prefetch_factor=h.prefetch_factor,
                            multiprocessing_context=start, worker_init_fn=ignore_stop_signals)
         return loader_class(self.datasets[split], batch_size=self.batch_size, sampler=sampler, drop_last=drop_last,
-                            num_workers=h.num_workers, pin_memory=h.pin_memory, collate_fn=collate,
-                            **workers)
+                            num_workers=h.num_workers, pin_memory=h.pin_memory, collate_fn=collate, **workers)
 
     def train_dataloader(self) -> DataLoader:
         world_size, rank = self._world()

@@ -17,8 +17,7 @@ from project.engine.seeds import order_seed
 
 
 class ExactDistributedSampler(UnrepeatedDistributedSampler):
-    """Shard rank::world_size without padding: every sample once over all ranks (Lightning's predict sampler with
-    shuffle off; an empty shard refused on every rank in one line). docs/how-it-works.md#exact-evaluation."""
+    """Every sample once over all ranks: shards rank::world_size, unpadded (docs/how-it-works.md#exact-evaluation)."""
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int):
         if len(dataset) < num_replicas:
@@ -114,9 +113,8 @@ def restore_loader_state(sampler: ResumableSampler, batch_size: Optional[int], s
 
 
 class ExactLoaders(Callback):
-    """Any data module's plain loaders made exact: evaluation sharded without padding, the training order drawn from
-    the run seed and resumable mid-epoch. A plain loader: a DataLoader over a map-style data set with a batch size;
-    loaders that shard themselves, and others, are left to Lightning (with a warning under ddp)."""
+    """Any data module's plain loaders (a DataLoader of a map-style data set, with a batch size) made exact: evaluation
+    unpadded, the training order from the run seed, resumable mid-epoch. Others are left to Lightning."""
 
     def __init__(self, datamodule: Any, seed: int):
         self.seed = seed
