@@ -13,8 +13,7 @@ import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
 from project.data.decoders import DEVICE_DECODERS, Decoder, OnCorrupt, resolve_decoder
-from project.data.device_augment import TrainCrop
-from project.data.device_decode import DevicePipeline, EncodedBatch
+from project.data.device_decode import DevicePipeline, EncodedBatch, TrainCrop
 from project.data.image_folders import DecodedImages, EncodedImages, collate_encoded, collate_readable
 from project.data.predict import ImagePathDataset, list_images
 from project.data.training_samples import ProgressiveResizing, SeededSamples, TrainPresetPerEpoch

@@ -10,8 +10,7 @@ import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from project.data.decoders import Decoder, OnCorrupt, image_loader
-from project.data.device_augment import TrainCrop
-from project.data.device_decode import EncodedBatch, load_for_device
+from project.data.device_decode import EncodedBatch, TrainCrop, load_for_device
 from project.engine.errors import UnreadableImageError, shown
 
 logger = logging.getLogger(__name__)
