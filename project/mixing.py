@@ -79,8 +79,7 @@ class Loss:
     cutmix_alpha: NonNegativeFloat = 0.0
 
     def __post_init__(self) -> None:
-        # The command line's values were checked while parsing; these are a Python caller's or a checkpoint's.
-        check_fields(self, "model.loss")
+        check_fields(self, "model.loss")  # a Python caller's or a checkpoint's values; the CLI checked its own
         if self.bce_target_threshold is not None and self.name != "bce":
             raise ConfigError(f"model.loss.bce_target_threshold applies to model.loss.name=bce, got {self.name}: set "
                               "--model.loss.name=bce or drop --model.loss.bce_target_threshold")

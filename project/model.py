@@ -93,8 +93,7 @@ class ImageClassifier(L.LightningModule):
             activation_checkpointing: recompute each block's activations in the backward pass (backbones.shard_blocks):
                 less memory for ~1/3 more compute; for networks too big for the GPU (configs/fsdp.yaml).
         """
-        # A Python caller's or a checkpoint's values (the command line's were checked while parsing), checked into the
-        # locals that save_hyperparameters reads.
+        # A Python caller's or checkpoint's values (the CLI checked its own), checked into the locals hparams record.
         checked = check_arguments(ImageClassifier.__init__, locals(), "model")
         num_classes, batch_size, image_sizes = checked["num_classes"], checked["batch_size"], checked["image_sizes"]
         _check_network_choice(arch, backbone, zero_init_residual)
@@ -213,9 +212,8 @@ class ImageClassifier(L.LightningModule):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
                              weights_only: bool = True, **kwargs):
-        """Lightning's, but weights_only=True by default whatever torch's default is: checkpoints are untrusted.
-        They carry values, the caller names classes: the checkpoint's `_instantiator` (jsonargparse, which imports and
-        builds any class_path in the hparams, GHSA-qqmf-gpg7-g8gw) and `backbone` are never used; pass backbone=..."""
+        """Lightning's, but weights_only=True by default: checkpoints are untrusted values, the caller names classes.
+        Their `_instantiator` (builds any class_path, GHSA-qqmf-gpg7-g8gw) and `backbone` are never used."""
         kwargs = {"backbone": None, **kwargs, "_instantiator": None}
         return super().load_from_checkpoint(checkpoint_path, map_location=map_location, hparams_file=hparams_file,
                                             strict=strict, weights_only=weights_only, **kwargs)

@@ -51,8 +51,7 @@ class Optimization:
     step_gamma: ShrinkFactor = 0.1
 
     def __post_init__(self) -> None:
-        # The command line's values were checked while parsing; these are a Python caller's or a checkpoint's.
-        check_fields(self, "model.optim")
+        check_fields(self, "model.optim")  # a Python caller's or a checkpoint's values; the CLI checked its own
         if self.nesterov and self.optimizer != "sgd":
             raise ConfigError(f"model.optim.nesterov applies to optimizer sgd, not {self.optimizer}: drop "
                               "--model.optim.nesterov")
@@ -81,8 +80,7 @@ def parameter_groups(network: nn.Module, weight_decay: float, *, decay_norm_and_
     groups: dict[tuple[str, str], list[nn.Parameter]] = {}
     for name, p in network.named_parameters():
         part = "head" if head_name is None or name.startswith(head_name) else "backbone"
-        # 1-d parameters are exactly the norm scales/shifts and the biases
-        decay = "decay" if decay_norm_and_bias or p.ndim > 1 else "no_decay"
+        decay = "decay" if decay_norm_and_bias or p.ndim > 1 else "no_decay"  # 1-d: norm scales/shifts, biases
         groups.setdefault((part, decay), []).append(p)
     result = []
     for (part, decay), params in groups.items():

@@ -90,7 +90,6 @@ class EMA(L.Callback):
         self._stash: list[Optional[torch.Tensor]] = []  # while it does: the averages the module's dtype rounded
         self._swapped_for_validation = False
 
-    # -- the averaged copy: made at setup (a checkpoint restores into it), laid out like the network at fit start ---
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
@@ -98,7 +97,7 @@ class EMA(L.Callback):
             raise ConfigError("EMA does not average sharded weights (strategy fsdp2): drop the EMA callback from "
                               "trainer.callbacks, or train with strategy ddp")
         root, self._prefix = _averaged_root(pl_module)
-        self.average = copy.deepcopy(root).requires_grad_(False)
+        self.average = copy.deepcopy(root).requires_grad_(False)  # at setup: a checkpoint restores into it
         if self.device is not None:
             self.average.to(self.device)
         self.n_averaged = torch.zeros((), dtype=torch.long, device=self.device)
@@ -132,7 +131,6 @@ class EMA(L.Callback):
         rank_zero_info(f"EMA: decay {decay:.6g} per update, every {self.every_n_steps} steps, a copy of the "
                        f"weights for the first {self._warmup_steps} steps")
 
-    # -- updates -------------------------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         step_idx = trainer.global_step - 1  # zero-based index of the optimizer step just taken
@@ -157,7 +155,6 @@ class EMA(L.Callback):
             self._lerp(averaged_group, current_group, None)
         self.n_averaged += 1  # on the device: no host read
 
-    # -- which weights the module holds ----------------------------------------------------------------------------
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.average is not None and not self._holds_average:
             self._swap(pl_module)
@@ -187,7 +184,6 @@ class EMA(L.Callback):
         self._stash = [] if restoring else stash
         self._holds_average = not restoring
 
-    # -- checkpoints -------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"latest_update_step": self._latest_update_step}
 

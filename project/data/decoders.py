@@ -29,8 +29,7 @@ except ImportError:
 Decoder = Literal["auto", "torchcodec", "torchvision", "pil", "nvjpeg", "torchcodec-cuda"]
 OnCorrupt = Literal["error", "skip"]
 CPU_DECODERS = ("torchcodec", "torchvision", "pil")  # the order "auto" tries them in
-# Each device decoder (device_decode.py) and the CPU decoder that stands in for it (image_loader).
-DEVICE_DECODERS = {"nvjpeg": "torchvision", "torchcodec-cuda": "torchcodec"}
+DEVICE_DECODERS = {"nvjpeg": "torchvision", "torchcodec-cuda": "torchcodec"}  # each with its CPU stand-in
 
 
 def _unreadable(path: str, reason: str) -> UnreadableImageError:
