@@ -107,8 +107,7 @@ def _from_file(path: Path) -> dict[str, torch.Tensor]:
         if not state:
             first = next(iter(content["state_dict"]), "<none>")
             raise ConfigError(f"{path} is a Lightning checkpoint without `{CKPT_PREFIX}` weights (first key "
-                              f"{first!r}): expected a checkpoint of this project's ImageClassifier, or a plain "
-                              "state_dict file")
+                              f"{first!r}): expected an ImageClassifier checkpoint or a plain state_dict file")
         return state
     if isinstance(content, Mapping) and content and all(isinstance(v, torch.Tensor) for v in content.values()):
         return content
