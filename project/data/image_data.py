@@ -37,13 +37,7 @@ from project.engine.options import (
     check_arguments,
 )
 from project.engine.run.signals import ignore_stop_signals
-from project.engine.samplers import (
-    ExactDistributedSampler,
-    ResumableDataLoader,
-    ResumableSampler,
-    loader_state,
-    restore_loader_state,
-)
+from project.engine.samplers import ExactDistributedSampler, ResumableDataLoader, ResumableSampler
 
 Samples = list[tuple[str, int]]  # (image path, label) of one split
 
@@ -213,7 +207,7 @@ class ImageDataModule(L.LightningDataModule):
         # With fewer images than a batch, the one batch there is stays: an epoch never trains on nothing.
         drop_last = self.hparams.drop_last and len(self.train_sampler) >= self.batch_size
         if self._resume_state is not None:
-            restore_loader_state(self.train_sampler, self.batch_size, self._resume_state)
+            self.train_sampler.restore_loader_state(self.batch_size, self._resume_state)
             self._resume_state = None
         return self._loader("train", self.train_sampler, ResumableDataLoader, drop_last=drop_last)
 
@@ -228,13 +222,13 @@ class ImageDataModule(L.LightningDataModule):
         """Where the training order stands, restored before the train loader is built (Lightning's is late: #20550)."""
         state: dict[str, Any] = {"class_names": self.class_names, "class_labels": self.class_labels}  # for export
         if self.train_sampler is not None:
-            state["train_loader"] = loader_state(self.train_sampler, self.batch_size)
+            state["train_loader"] = self.train_sampler.loader_state(self.batch_size)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state = state_dict.get("train_loader")
         if state is not None and self.train_sampler is not None:  # built already (fsdp2 restores late): resume it once
-            restore_loader_state(self.train_sampler, self.batch_size, state)
+            self.train_sampler.restore_loader_state(self.batch_size, state)
             state = None
         self._resume_state = state
 

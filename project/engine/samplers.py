@@ -63,6 +63,25 @@ class ResumableSampler(DistributedSampler):
         """Continue `epoch` after its first `position` global samples (the next iteration of that epoch only)."""
         self._resume_at = (epoch, position)
 
+    def loader_state(self, batch_size: Optional[int]) -> dict[str, Any]:
+        """Rank-independent: the epoch in progress, the global samples it consumed, and what the order depends on."""
+        return {"epoch": self.epoch_in_progress, "position": self.position, "seed": self.seed,
+                "world_size": self.num_replicas, "batch_size": batch_size, "dataset_size": len(self.dataset),
+                "repeats": self.repeats}
+
+    def restore_loader_state(self, batch_size: Optional[int], state: dict[str, Any]) -> None:
+        """Resume where `state` stopped; a changed order or batching still covers the rest of the epoch."""
+        now = {"seed": self.seed, "world_size": self.num_replicas, "batch_size": batch_size,
+               "dataset_size": len(self.dataset), "repeats": self.repeats}
+        changed = {key: (state.get(key), value) for key, value in now.items() if state.get(key) != value}
+        if changed and state.get("position"):
+            what = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())
+            rank_zero_warn(f"resuming mid-epoch with {what}: the rest of epoch {state['epoch']} is not the order an "
+                           "uninterrupted run would have seen (resume with the same settings for an exact resume)")
+            if "dataset_size" in changed or "seed" in changed or "repeats" in changed:
+                return  # another order altogether: start the epoch over rather than skip unrelated samples
+        self.resume(int(state["epoch"]), int(state["position"]))
+
     def __iter__(self) -> Iterator[Key]:
         epoch, (resume_epoch, position) = self.epoch, self._resume_at or (None, 0)
         self._resume_at = None
@@ -85,31 +104,10 @@ class ResumableDataLoader(DataLoader):
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
-        return loader_state(self.sampler, self.batch_size)
+        return self.sampler.loader_state(self.batch_size)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        restore_loader_state(self.sampler, self.batch_size, state)
-
-
-def loader_state(sampler: ResumableSampler, batch_size: Optional[int]) -> dict[str, Any]:
-    """Rank-independent: the epoch in progress, the global samples it consumed, and what the order depends on."""
-    return {"epoch": sampler.epoch_in_progress, "position": sampler.position, "seed": sampler.seed,
-            "world_size": sampler.num_replicas, "batch_size": batch_size, "dataset_size": len(sampler.dataset),
-            "repeats": sampler.repeats}
-
-
-def restore_loader_state(sampler: ResumableSampler, batch_size: Optional[int], state: dict[str, Any]) -> None:
-    """Resume `sampler` where `state` stopped; a changed order or batching still covers the rest of the epoch."""
-    now = {"seed": sampler.seed, "world_size": sampler.num_replicas, "batch_size": batch_size,
-           "dataset_size": len(sampler.dataset), "repeats": sampler.repeats}
-    changed = {key: (state.get(key), value) for key, value in now.items() if state.get(key) != value}
-    if changed and state.get("position"):
-        what = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())
-        rank_zero_warn(f"resuming mid-epoch with {what}: the rest of epoch {state['epoch']} is not the order an "
-                       "uninterrupted run would have seen (resume with the same settings for an exact resume)")
-        if "dataset_size" in changed or "seed" in changed or "repeats" in changed:
-            return  # another order altogether: start the epoch over rather than skip unrelated samples
-    sampler.resume(int(state["epoch"]), int(state["position"]))
+        self.sampler.restore_loader_state(self.batch_size, state)
 
 
 class ExactLoaders(Callback):
@@ -127,12 +125,12 @@ class ExactLoaders(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         # Beside Lightning's own loader state, which it restores too late (#20550, project.engine.compat).
-        return {"train_loader": loader_state(self.sampler, self.batch_size)} if self.sampler else {}
+        return {"train_loader": self.sampler.loader_state(self.batch_size)} if self.sampler else {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state = state_dict.get("train_loader")
         if state is not None and self.sampler is not None:  # built already (fsdp2 restores late): resume it once
-            restore_loader_state(self.sampler, self.batch_size, state)
+            self.sampler.restore_loader_state(self.batch_size, state)
             state = None
         self._resume_state = state
 
@@ -152,7 +150,7 @@ class ExactLoaders(Callback):
                                         shuffle=isinstance(loader.sampler, RandomSampler), keys=False)
         self.batch_size = loader.batch_size
         if self._resume_state is not None:
-            restore_loader_state(self.sampler, loader.batch_size, self._resume_state)
+            self.sampler.restore_loader_state(loader.batch_size, self._resume_state)
             self._resume_state = None
         return _rebuild(loader, self.sampler, ResumableDataLoader)
 
