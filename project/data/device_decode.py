@@ -246,8 +246,7 @@ class DevicePipeline:
     def __init__(self, train_crop: Optional[TrainCrop], eval_transform: v2.Compose, *, decoder: str = "nvjpeg",
                  on_corrupt: str = "error"):
         self.decoder = DeviceDecoder(decoder, on_corrupt)
-        self.train_crop = train_crop
-        self.eval_transform = eval_transform
+        self.train_crop, self.eval_transform = train_crop, eval_transform
 
     def __call__(self, batch: EncodedBatch, device: torch.device, training: bool) -> tuple[torch.Tensor, torch.Tensor]:
         images = self.decoder(batch.payloads, batch.paths, device)

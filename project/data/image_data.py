@@ -272,7 +272,6 @@ def check_combinations(o: dict[str, Any]) -> None:
                               f"loads in the main process: set --data.num_workers (>= 1) or drop data.{name}")
     if o["decoder"] not in DEVICE_DECODERS:
         return
-    # A device decoder runs RandomResizedCrop (bilinear) + RandomHorizontalFlip, at one size, on uint8 images.
     decoder = f"data.decoder={o['decoder']}"
     if not o["normalize_on_device"]:
         raise ConfigError(f"{decoder} augments uint8 images on the device: set data.normalize_on_device=true")

@@ -23,9 +23,7 @@ class SeededSamples(Dataset):
     ResumableSampler; `transform_for_epoch(epoch)` transforms the image (None: the data set transforms itself)."""
 
     def __init__(self, dataset: Dataset, run_seed: int, transform_for_epoch: Callable[[int], Transform] | None = None):
-        self.dataset = dataset
-        self.run_seed = run_seed
-        self.transform_for_epoch = transform_for_epoch
+        self.dataset, self.run_seed, self.transform_for_epoch = dataset, run_seed, transform_for_epoch
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -94,8 +92,7 @@ class TrainPresetPerEpoch:
 
     def __init__(self, schedule: ProgressiveResizing, **preset_kwargs: Any):
         train_preset(crop_size=schedule.start_size, **preset_kwargs)  # bad options fail here, not in a worker
-        self.schedule = schedule
-        self.preset_kwargs = preset_kwargs
+        self.schedule, self.preset_kwargs = schedule, preset_kwargs
         self._presets: dict[int, Transform] = {}
 
     def __call__(self, epoch: int) -> Transform:
