@@ -141,8 +141,7 @@ def load_state(network: nn.Module, state: Mapping[str, torch.Tensor], *, source:
     head_name, head = classifier_head(network)
     if head_outputs(head) != num_classes:
         raise ConfigError(f"the last Linear/Conv2d of {type(network).__name__}, {head_name!r}, gives "
-                          f"{head_outputs(head)} outputs, not num_classes={num_classes}: a network must register its "
-                          "classifier head last")
+                          f"{head_outputs(head)} outputs, not num_classes={num_classes}: register its head last")
     own = network.state_dict()
     state = _copy_with_metadata(state)
     head_keys = [key for key in own if key.startswith(head_name + ".")]
@@ -190,8 +189,7 @@ def load_pretrained(network: nn.Module, weights: str, *, arch: Optional[str], nu
         state, source = _from_file(path), str(path)
     elif arch is None:
         raise ConfigError(f"--model.finetune.weights {weights!r} is not a file: with --model.backbone it takes the "
-                          "path of a state_dict or .ckpt file (torchvision weights names need a torchvision "
-                          "--model.arch)")
+                          "path of a state_dict or .ckpt file (a weights name needs a torchvision --model.arch)")
     else:
         raise ConfigError(f"--model.finetune.weights {weights!r} is neither a file nor a torchvision weights name of "
                           f"{arch} (one of: {_weight_names(arch)}): give one of those names, or the path of a "
