@@ -1,5 +1,5 @@
 """Device augmentation per batch: the uint8 presets image by image (the old decoder=nvjpeg path) against batch-wise
-(project.data.device_augment), in kernel launches and milliseconds, train and eval.
+(project.data.device_decode), in kernel launches and milliseconds, train and eval.
 
     python bench/device_augment.py --jpegs runs/gpu_all/fake_imagenet --device cuda    # bash bench/gpu_all.sh runs it
     python bench/device_augment.py --jpegs /tmp/jpegs --device cpu --batch 64         # op counts on a CPU
