@@ -1,5 +1,4 @@
-"""The data sets over (path, label) samples, whichever the data module lists: decoded in the workers (DecodedImages), or
-read as bytes for a device decoder (EncodedImages, decoded and augmented by device_decode.DevicePipeline)."""
+"""The data sets over a data module's (path, label) samples: decoded in the workers, or read as bytes for a device."""
 
 import functools
 import logging
