@@ -37,8 +37,7 @@ from torchvision.datasets.folder import pil_loader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from project.data.decoders import DEVICE_DECODERS, LOADERS, unavailable  # noqa: E402
-from project.data.device_augment import TrainCrop  # noqa: E402
-from project.data.device_decode import DevicePipeline, load_for_device  # noqa: E402
+from project.data.device_decode import DevicePipeline, TrainCrop, load_for_device  # noqa: E402
 from project.data.image_folders import EncodedBatch  # noqa: E402
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, NormalizeBatch, eval_preset, train_preset  # noqa: E402
 

@@ -60,7 +60,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from project.backbones import build_resnet  # noqa: E402
+from project.backbones import build_network  # noqa: E402
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, NormalizeBatch  # noqa: E402
 from project.engine.cli import cli_main  # noqa: E402
 from project.engine.compat.log_device_move import skip_same_device_moves  # noqa: E402
@@ -113,7 +113,7 @@ class PlainLoop:
     def __init__(self, args, batches, world: int, device: torch.device):
         torch.manual_seed(args.seed)
         self.device, self.channels_last, self.autocast = device, args.channels_last, AUTOCAST[args.precision]
-        self.network = build_resnet(args.arch, args.num_classes).to(device)
+        self.network = build_network(args.arch, args.num_classes).to(device)
         if self.channels_last:
             self.network.to(memory_format=torch.channels_last)
         self.model = DistributedDataParallel(self.network) if world > 1 else self.network
@@ -143,7 +143,7 @@ class StockClassifier(L.LightningModule):
     def __init__(self, args):
         super().__init__()
         self.args = args
-        self.network = build_resnet(args.arch, args.num_classes)
+        self.network = build_network(args.arch, args.num_classes)
         if args.channels_last:
             self.network.to(memory_format=torch.channels_last)
 

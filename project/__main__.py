@@ -7,6 +7,7 @@
 import sys
 
 from project.engine.cli import cli_main, main
+from project.engine.errors import exit_on_user_error
 
 MORE_SUBCOMMANDS = """
   More subcommands (not LightningCLI's):
@@ -15,12 +16,10 @@ MORE_SUBCOMMANDS = """
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["export"]:
-        from project.engine.errors import exit_on_user_error
         from project.engine.export import main as export_main
 
         exit_on_user_error(lambda: export_main(sys.argv[2:]))
     elif sys.argv[1:2] == ["sweep"]:
-        from project.engine.errors import exit_on_user_error
         from project.engine.run.sweep import main as sweep_main
 
         exit_on_user_error(lambda: sweep_main(sys.argv[2:], cli_main))

@@ -1,9 +1,6 @@
 """Networks as plain nn.Modules, built by torchvision from a name; the training logic lives in model.py.
 
     python -c "from project.backbones import ARCHS; print(ARCHS)"
-
-Also HasNetwork (EMA, freezing, weights, export and the checks find the network as `pl_module.network`) and
-NetworkRunner (channels_last input, a torch.compile'd graph).
 """
 
 import abc
@@ -42,8 +39,7 @@ class Network(abc.ABC):
 Network.register(nn.Module)
 
 
-# Every classification builder torchvision registers at the top level of torchvision.models: detection, segmentation,
-# video, optical flow and quantized builders live in submodules and are not listed. Each takes num_classes.
+# The classification builders at the top level of torchvision.models (not its detection, video, ... submodules).
 ARCHS: tuple[str, ...] = tuple(models.list_models(module=models))
 
 
@@ -65,8 +61,7 @@ FAMILIES: dict[str, list[str]] = _by_family()
 # ResNet, Wide ResNet and ResNeXt: the builders of torchvision.models.resnet, the ones taking zero_init_residual.
 RESNET_ARCHS: tuple[str, ...] = tuple(FAMILIES["resnet"])
 
-# Not weights-dependent: auxiliary classifiers return a tuple in training mode, which the loss cannot take, and an
-# explicit init_weights silences GoogLeNet's and Inception's "default will change" warning.
+# Whatever the weights: no auxiliary classifiers (a tuple in training mode), init_weights given (silences a warning).
 _FIXED_OPTIONS = dict.fromkeys(("googlenet", "inception_v3"), {"aux_logits": False, "init_weights": True})
 
 
@@ -96,17 +91,13 @@ def _options_for_weights(arch: str, entry: WeightsEnum) -> dict:
     return {}
 
 
-def build_network(
-    arch: str, num_classes: int, *, zero_init_residual: bool = False, weights: Optional[str] = None,
-    image_sizes: Optional[Mapping[str, int]] = None,
-) -> nn.Module:
+def build_network(arch: str, num_classes: int, *, zero_init_residual: bool = False, weights: Optional[str] = None,
+                  image_sizes: Optional[Mapping[str, int]] = None) -> nn.Module:
     """Build a randomly initialised torchvision classifier by name, shaped as torchvision weights named by `weights`
     need (ViT's image size, GoogLeNet's input transform; project.weights loads them). `image_sizes` ({option: side})
     builds a ViT for that size and refuses, naming the option, a size the network cannot take (check_image_sizes)."""
     if arch not in ARCHS:
         raise ConfigError(unknown_arch_message(arch))
-    if num_classes < 1:
-        raise ConfigError(f"num_classes must be >= 1, got {num_classes}")
     options = dict(_FIXED_OPTIONS.get(arch, {}))
     if zero_init_residual:
         if arch not in RESNET_ARCHS:
@@ -120,7 +111,8 @@ def build_network(
     if sizes and family_of(arch) == "vision_transformer" and "image_size" not in options:
         # The first size is the training crop's; a ViT cannot take a second one, which check_image_sizes then names.
         key, side = next(iter(sizes.items()))
-        patch = vit_patch_size(arch)
+        with torch.device("meta"):  # the patch side, from a ViT built without memory (16 for vit_b_16)
+            patch = models.get_model(arch, weights=None).patch_size
         if side % patch:
             raise ConfigError(f"model.arch {arch} cuts images into {patch} px patches: {key}={side} is not a multiple "
                               f"of {patch}; set {_options(sizes)} to one such size (e.g. {-(-side // patch) * patch})")
@@ -128,12 +120,6 @@ def build_network(
     network = models.get_model(arch, weights=None, num_classes=num_classes, **options)
     check_image_sizes(network, sizes, arch=arch, weights=weights)
     return network
-
-
-def vit_patch_size(arch: str) -> int:
-    """The patch side of a torchvision ViT (16 for vit_b_16), read from one built on the meta device (no memory)."""
-    with torch.device("meta"):
-        return models.get_model(arch, weights=None).patch_size
 
 
 def image_size_problem(network: nn.Module, side: int) -> Optional[str]:
@@ -187,11 +173,6 @@ def shard_blocks(network: nn.Module) -> list[nn.Module]:
     if isinstance(network, (models.ConvNeXt, models.SwinTransformer)):
         return [stage for stage in network.features if any(True for _ in stage.parameters())]
     return [child for child in network.children() if any(True for _ in child.parameters())]
-
-
-def build_resnet(arch: str, num_classes: int, *, zero_init_residual: bool = False) -> nn.Module:
-    """The former ResNet-only builder, kept for existing callers: build_network with the same arguments."""
-    return build_network(arch, num_classes, zero_init_residual=zero_init_residual)
 
 
 def classifier_head(network: nn.Module) -> tuple[str, nn.Module]:

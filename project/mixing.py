@@ -33,8 +33,7 @@ class BatchMixer:
     def __call__(self, images: torch.Tensor, targets: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.transform is None:
             return images, targets
-        # v2.MixUp/CutMix draw from the global CPU generator (Beta, randint, multinomial on CPU tensors); forking it
-        # leaves the run's own random stream where it was.
+        # v2.MixUp/CutMix draw from the global CPU generator: forked, the run's own random stream stays where it was.
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed)
             return self.transform(images, targets)
@@ -43,9 +42,8 @@ class BatchMixer:
 def soft_target_loss(logits: torch.Tensor, targets: torch.Tensor, *,
                      loss: Literal["cross_entropy", "bce"] = "cross_entropy", label_smoothing: float = 0.0,
                      bce_target_threshold: Optional[float] = None) -> torch.Tensor:
-    """The training loss on hard (N,) or soft (N, C) targets, both smoothed as target * (1 - s) + s / C (torchvision's
-    reference after MixUp/CutMix; for bce, timm's BinaryCrossEntropy of "ResNet strikes back", smoothing each one-hot
-    before mixing, the same). bce: per class, mean over batch and classes, targets > bce_target_threshold -> 1."""
+    """The training loss on hard (N,) or soft (N, C) targets smoothed as target * (1 - s) + s / C, as torchvision's and
+    (bce) timm's "ResNet strikes back" recipes do; bce: a mean over batch and classes, targets > threshold -> 1."""
     if loss == "cross_entropy":
         return F.cross_entropy(logits, targets, label_smoothing=label_smoothing)
     if loss != "bce":
@@ -81,8 +79,7 @@ class Loss:
     cutmix_alpha: NonNegativeFloat = 0.0
 
     def __post_init__(self) -> None:
-        # The command line's values were checked while parsing; these are a Python caller's or a checkpoint's.
-        check_fields(self, "model.loss")
+        check_fields(self, "model.loss")  # a Python caller's or a checkpoint's values; the CLI checked its own
         if self.bce_target_threshold is not None and self.name != "bce":
             raise ConfigError(f"model.loss.bce_target_threshold applies to model.loss.name=bce, got {self.name}: set "
                               "--model.loss.name=bce or drop --model.loss.bce_target_threshold")

@@ -57,8 +57,7 @@ def _evaluation_metrics(num_classes: int) -> tuple[MeanMetric, MulticlassAccurac
 
 
 def backbone_replaces_arch(config) -> None:
-    """A tidy hook (project/__init__.py): beside a `model.backbone`, `model.arch` is null in the printed and saved
-    config, as it is not built."""
+    """A tidy hook (project/__init__.py): beside a `model.backbone`, the unbuilt `model.arch` is null in the config."""
     model = config.model.get("init_args")
     if model is not None and model.get("backbone") is not None and model.get("arch") is not None:
         model.arch = None
@@ -94,8 +93,7 @@ class ImageClassifier(L.LightningModule):
             activation_checkpointing: recompute each block's activations in the backward pass (backbones.shard_blocks):
                 less memory for ~1/3 more compute; for networks too big for the GPU (configs/fsdp.yaml).
         """
-        # A Python caller's or a checkpoint's values (the command line's were checked while parsing), checked into the
-        # locals that save_hyperparameters reads.
+        # A Python caller's or checkpoint's values (the CLI checked its own), checked into the locals hparams record.
         checked = check_arguments(ImageClassifier.__init__, locals(), "model")
         num_classes, batch_size, image_sizes = checked["num_classes"], checked["batch_size"], checked["image_sizes"]
         _check_network_choice(arch, backbone, zero_init_residual)
@@ -109,24 +107,21 @@ class ImageClassifier(L.LightningModule):
         self.network = backbone(num_classes) if backbone is not None else build_network(
             arch, num_classes, zero_init_residual=zero_init_residual, weights=self.finetune.weights,
             image_sizes=image_sizes)
-        self._custom_network = backbone is not None
         self.runner = NetworkRunner(channels_last=channels_last, compile=compile)
         self.mixer = self.loss.mixer(num_classes)
         self.val_loss, self.val_acc1, self.val_acc5 = _evaluation_metrics(num_classes)
         self.test_loss, self.test_acc1, self.test_acc5 = _evaluation_metrics(num_classes)
 
     # -- building ------------------------------------------------------------------------------------------------
-    def _weights_arch(self) -> Optional[str]:  # whose torchvision weights names apply; None: a file only
-        return None if self._custom_network else self.hparams.arch
-
     def prepare_data(self) -> None:
         # Once per node, before any rank reads the torch hub cache (a file already there is used without network).
+        # hparams.arch is null beside a backbone: its weights are a file, never a torchvision name.
         if self.finetune.weights:
-            fetch_weights(self.finetune.weights, arch=self._weights_arch())
+            fetch_weights(self.finetune.weights, arch=self.hparams.arch)
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.finetune.weights and self.trainer.ckpt_path is None:
-            report = load_pretrained(self.network, self.finetune.weights, arch=self._weights_arch(),
+            report = load_pretrained(self.network, self.finetune.weights, arch=self.hparams.arch,
                                      num_classes=self.hparams.num_classes)
             rank_zero_info(report.summary())
 
@@ -182,9 +177,7 @@ class ImageClassifier(L.LightningModule):
         acc1.update(logits, targets)
         acc5.update(logits, targets)
         # Metric objects sync their sums across ranks at epoch end: exact, unlike averaging per-rank means.
-        self.log(f"{stage}/loss", loss_metric)
-        self.log(f"{stage}/acc1", acc1)
-        self.log(f"{stage}/acc5", acc5)
+        self.log_dict({f"{stage}/loss": loss_metric, f"{stage}/acc1": acc1, f"{stage}/acc5": acc5})
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._evaluate(batch, self.val_loss, self.val_acc1, self.val_acc5, "val")
@@ -219,9 +212,8 @@ class ImageClassifier(L.LightningModule):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
                              weights_only: bool = True, **kwargs):
-        """Lightning's, but weights_only=True by default whatever torch's default is: checkpoints are untrusted.
-        They carry values, the caller names classes: the checkpoint's `_instantiator` (jsonargparse, which imports and
-        builds any class_path in the hparams, GHSA-qqmf-gpg7-g8gw) and `backbone` are never used; pass backbone=..."""
+        """Lightning's, but weights_only=True by default: checkpoints are untrusted values, the caller names classes.
+        Their `_instantiator` (builds any class_path, GHSA-qqmf-gpg7-g8gw) and `backbone` are never used."""
         kwargs = {"backbone": None, **kwargs, "_instantiator": None}
         return super().load_from_checkpoint(checkpoint_path, map_location=map_location, hparams_file=hparams_file,
                                             strict=strict, weights_only=weights_only, **kwargs)

@@ -31,8 +31,7 @@ class Optimization:
         eps: AdamW/RMSprop epsilon (None: torch's default; SGD has none).
         weight_decay: weight decay, >= 0 (decoupled for AdamW).
         decay_norm_and_bias: apply weight decay to norm weights and biases too (False excludes them).
-        schedule: after the warmup, "cosine" decay to 0, "linear" decay to 0 (FFCV), or "step" decay by
-            `step_gamma` at `step_milestones` (epochs).
+        schedule: after the warmup, "cosine" or "linear" (FFCV) decay to 0, or "step": x step_gamma at step_milestones.
         warmup_epochs: linear warmup length in epochs, >= 0 (fractions allowed), stepped per optimizer step.
         step_milestones: increasing epochs at which the "step" schedule multiplies the LR by `step_gamma`.
         step_gamma: the "step" schedule's factor, in (0, 1].
@@ -52,8 +51,7 @@ class Optimization:
     step_gamma: ShrinkFactor = 0.1
 
     def __post_init__(self) -> None:
-        # The command line's values were checked while parsing; these are a Python caller's or a checkpoint's.
-        check_fields(self, "model.optim")
+        check_fields(self, "model.optim")  # a Python caller's or a checkpoint's values; the CLI checked its own
         if self.nesterov and self.optimizer != "sgd":
             raise ConfigError(f"model.optim.nesterov applies to optimizer sgd, not {self.optimizer}: drop "
                               "--model.optim.nesterov")
@@ -82,8 +80,7 @@ def parameter_groups(network: nn.Module, weight_decay: float, *, decay_norm_and_
     groups: dict[tuple[str, str], list[nn.Parameter]] = {}
     for name, p in network.named_parameters():
         part = "head" if head_name is None or name.startswith(head_name) else "backbone"
-        # 1-d parameters are exactly the norm scales/shifts and the biases
-        decay = "decay" if decay_norm_and_bias or p.ndim > 1 else "no_decay"
+        decay = "decay" if decay_norm_and_bias or p.ndim > 1 else "no_decay"  # 1-d: norm scales/shifts, biases
         groups.setdefault((part, decay), []).append(p)
     result = []
     for (part, decay), params in groups.items():

@@ -22,8 +22,7 @@ from project.backbones import NETWORK, classifier_head, head_outputs, torchvisio
 from project.engine.errors import ConfigError, MissingInputError
 
 CKPT_PREFIX = NETWORK + "."  # the network of a HasNetwork module (ImageClassifier), in its checkpoints
-# torchvision's DenseNet files predate a rename of 'norm.1' to 'norm1' (and relu, conv); its builder renames the keys
-# before loading, so the same files need the same here.
+# torchvision's DenseNet files predate a rename of 'norm.1' to 'norm1' (relu, conv): renamed as its builder does.
 _OLD_DENSENET_KEY = re.compile(r"^(.*denselayer\d+\.(?:norm|relu|conv))\.([12]\.[a-z_]+)$")
 
 
@@ -102,15 +101,13 @@ def _from_file(path: Path) -> dict[str, torch.Tensor]:
     except Exception as error:
         raise ConfigError(f"{path} is not a torch checkpoint ({type(error).__name__}: {error})") from None
     if isinstance(content, Mapping) and isinstance(content.get("state_dict"), Mapping):
-        # One of our Lightning checkpoints: the LightningModule's state (with EMA, the averaged weights) under
-        # `state_dict`, the network's part prefixed `network.`.
+        # One of our Lightning checkpoints: the network is the `network.` part of `state_dict` (with EMA, the average).
         state = _copy_with_metadata(content["state_dict"],
                                     lambda key: key.removeprefix(CKPT_PREFIX) if key.startswith(CKPT_PREFIX) else None)
         if not state:
             first = next(iter(content["state_dict"]), "<none>")
             raise ConfigError(f"{path} is a Lightning checkpoint without `{CKPT_PREFIX}` weights (first key "
-                              f"{first!r}): expected a checkpoint of this project's ImageClassifier, or a plain "
-                              "state_dict file")
+                              f"{first!r}): expected an ImageClassifier checkpoint or a plain state_dict file")
         return state
     if isinstance(content, Mapping) and content and all(isinstance(v, torch.Tensor) for v in content.values()):
         return content
@@ -144,8 +141,7 @@ def load_state(network: nn.Module, state: Mapping[str, torch.Tensor], *, source:
     head_name, head = classifier_head(network)
     if head_outputs(head) != num_classes:
         raise ConfigError(f"the last Linear/Conv2d of {type(network).__name__}, {head_name!r}, gives "
-                          f"{head_outputs(head)} outputs, not num_classes={num_classes}: a network must register its "
-                          "classifier head last")
+                          f"{head_outputs(head)} outputs, not num_classes={num_classes}: register its head last")
     own = network.state_dict()
     state = _copy_with_metadata(state)
     head_keys = [key for key in own if key.startswith(head_name + ".")]
@@ -193,8 +189,7 @@ def load_pretrained(network: nn.Module, weights: str, *, arch: Optional[str], nu
         state, source = _from_file(path), str(path)
     elif arch is None:
         raise ConfigError(f"--model.finetune.weights {weights!r} is not a file: with --model.backbone it takes the "
-                          "path of a state_dict or .ckpt file (torchvision weights names need a torchvision "
-                          "--model.arch)")
+                          "path of a state_dict or .ckpt file (a weights name needs a torchvision --model.arch)")
     else:
         raise ConfigError(f"--model.finetune.weights {weights!r} is neither a file nor a torchvision weights name of "
                           f"{arch} (one of: {_weight_names(arch)}): give one of those names, or the path of a "

@@ -17,7 +17,6 @@ from project.backbones import (
     FAMILIES,
     RESNET_ARCHS,
     build_network,
-    build_resnet,
     classifier_head,
     family_of,
     head_outputs,
@@ -73,8 +72,8 @@ def _last_residual_norms(network: nn.Module) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("arch", ["resnet18", "resnet50"])  # one BasicBlock net, one Bottleneck net
 def test_zero_init_residual_zeroes_each_residual_branch(arch):
-    zeroed = _last_residual_norms(build_resnet(arch, 5, zero_init_residual=True))
-    default = _last_residual_norms(build_resnet(arch, 5))
+    zeroed = _last_residual_norms(build_network(arch, 5, zero_init_residual=True))
+    default = _last_residual_norms(build_network(arch, 5))
     assert len(zeroed) == len(default) > 0
     assert all(torch.count_nonzero(w) == 0 for w in zeroed)
     assert all(torch.count_nonzero(w) == w.numel() for w in default)

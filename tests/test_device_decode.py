@@ -19,8 +19,15 @@ from torchvision import tv_tensors
 from project.data.datamodule import ImageNetDataModule
 from project.data.decoders import DEVICE_DECODERS as DEVICE_DECODER_NAMES
 from project.data.decoders import decode_torchvision
-from project.data.device_augment import Crop, TrainCrop, eval_batch, resized_crops
-from project.data.device_decode import DevicePipeline, jpeg_frame, load_for_device
+from project.data.device_decode import (
+    Crop,
+    DevicePipeline,
+    TrainCrop,
+    eval_batch,
+    jpeg_frame,
+    load_for_device,
+    resized_crops,
+)
 from project.data.image_folders import DecodedImages, EncodedBatch, EncodedImages, collate_encoded
 from project.data.layout import folder_samples
 from project.data.training_samples import SeededSamples

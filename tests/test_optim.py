@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from conftest import read_scalars, tiny_args
-from project.backbones import build_resnet
+from project.backbones import build_network
 from project.engine.cli import cli_main
 from project.optim import parameter_groups, scaled_lr, warmup_then_decay
 
@@ -69,7 +69,7 @@ def _is_norm_or_bias(network: nn.Module, name: str) -> bool:
 
 
 def test_norm_and_bias_parameters_can_be_excluded_from_weight_decay():
-    network = build_resnet("resnet18", 4)
+    network = build_network("resnet18", 4)
     decay, no_decay = parameter_groups(network, 5e-5, decay_norm_and_bias=False)
     assert decay["weight_decay"] == 5e-5 and no_decay["weight_decay"] == 0.0
     ids_no_decay = {id(p) for p in no_decay["params"]}
@@ -82,7 +82,7 @@ def test_norm_and_bias_parameters_can_be_excluded_from_weight_decay():
 
 
 def test_by_default_every_parameter_gets_weight_decay():
-    network = build_resnet("resnet18", 4)
+    network = build_network("resnet18", 4)
     (group,) = parameter_groups(network, 1e-4, decay_norm_and_bias=True)
     assert group["weight_decay"] == 1e-4
     assert len(group["params"]) == len(list(network.parameters()))

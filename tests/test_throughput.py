@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import read_scalars, tiny_args
-from project.backbones import build_resnet
+from project.backbones import build_network
 from project.engine.callbacks.throughput import compute_dtype, peak_flops, train_flops_per_image
 from project.engine.cli import cli_main
 
@@ -46,7 +46,7 @@ def test_quickstart_logs_perf_keys_that_agree_with_the_batches_trained(tiny_root
     assert values["perf/device/images_per_sec"] == values["perf/images_per_sec"]  # one device
     assert all(0 <= w < 1 for w in values["perf/data_wait"])
 
-    flops = train_flops_per_image(build_resnet("resnet18", 3), torch.Size((8, 3, 32, 32)))
+    flops = train_flops_per_image(build_network("resnet18", 3), torch.Size((8, 3, 32, 32)))
     for rate, tflops, mfu in zip(values["perf/images_per_sec"], values["perf/device/tflops"],
                                  values["perf/device/mfu"]):
         assert tflops == pytest.approx(rate * flops / 1e12, rel=1e-4)
@@ -54,7 +54,7 @@ def test_quickstart_logs_perf_keys_that_agree_with_the_batches_trained(tiny_root
 
 
 def test_flop_count_matches_resnet50s_published_cost_and_leaves_the_network_alone():
-    network = build_resnet("resnet50", 1000)
+    network = build_network("resnet50", 1000)
     before = {name: p.clone() for name, p in network.state_dict().items()}
     flops = train_flops_per_image(network, torch.Size((2, 3, 224, 224)))
     # torchvision: 4.09 G multiply-adds forward = 8.2 GFLOP; backward about twice that: ~24.3 GFLOP per image.

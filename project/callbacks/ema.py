@@ -3,8 +3,7 @@
     python -m project fit ... --trainer.callbacks+=project.callbacks.ema.EMA --trainer.callbacks.decay=0.99998 \
         --trainer.callbacks.every_n_steps=32 --trainer.callbacks.warmup_epochs=5 --trainer.callbacks.adjust_decay=true
 
-Which weights validation, checkpoints and a resume see, and why not Lightning's EMAWeightAveraging:
-docs/how-it-works.md#what-a-checkpoint-holds.
+Which weights are seen when, and why not EMAWeightAveraging: docs/how-it-works.md#what-a-checkpoint-holds.
 """
 
 import copy
@@ -34,8 +33,7 @@ def torchvision_ema_decay(decay: float, images_per_update: int, epochs: float) -
 
 
 def averaging_device(device: Optional[str]) -> Optional[torch.device]:
-    """The EMA's `device` option as a torch.device (None: the model's); a bad name or a CUDA device this machine lacks
-    is a ConfigError now (the copy would fail at set-up, after the loggers started)."""
+    """The EMA's `device` as a torch.device (None: the model's), refused now if bad, not after the loggers start."""
     if device is None:
         return None
     try:
@@ -92,7 +90,6 @@ class EMA(L.Callback):
         self._stash: list[Optional[torch.Tensor]] = []  # while it does: the averages the module's dtype rounded
         self._swapped_for_validation = False
 
-    # -- the averaged copy: made at setup (a checkpoint restores into it), laid out like the network at fit start ---
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
@@ -100,7 +97,7 @@ class EMA(L.Callback):
             raise ConfigError("EMA does not average sharded weights (strategy fsdp2): drop the EMA callback from "
                               "trainer.callbacks, or train with strategy ddp")
         root, self._prefix = _averaged_root(pl_module)
-        self.average = copy.deepcopy(root).requires_grad_(False)
+        self.average = copy.deepcopy(root).requires_grad_(False)  # at setup: a checkpoint restores into it
         if self.device is not None:
             self.average.to(self.device)
         self.n_averaged = torch.zeros((), dtype=torch.long, device=self.device)
@@ -108,9 +105,8 @@ class EMA(L.Callback):
         self._stash = []
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # configure_model (channels_last), the precision plugin (64-true, bf16-true) and the strategy ran after setup:
-        # give each copy the raw tensor's layout and device, and a dtype at least as precise as both (an EMA kept in
-        # bf16 would drop increments below bf16's resolution). Values (restored from a checkpoint) are kept.
+        # configure_model, the precision plugin and the strategy ran after setup: each copy gets the raw tensor's layout
+        # and device, and a dtype at least as precise as both (bf16 would drop small increments); values are kept.
         for averaged, current in zip(_tensors(self.average), _tensors(_averaged_root(pl_module)[0]), strict=True):
             device = averaged.device if self.device is not None else current.device
             dtype = torch.promote_types(averaged.dtype, current.dtype)
@@ -135,7 +131,6 @@ class EMA(L.Callback):
         rank_zero_info(f"EMA: decay {decay:.6g} per update, every {self.every_n_steps} steps, a copy of the "
                        f"weights for the first {self._warmup_steps} steps")
 
-    # -- updates -------------------------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         step_idx = trainer.global_step - 1  # zero-based index of the optimizer step just taken
@@ -160,7 +155,6 @@ class EMA(L.Callback):
             self._lerp(averaged_group, current_group, None)
         self.n_averaged += 1  # on the device: no host read
 
-    # -- which weights the module holds ----------------------------------------------------------------------------
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.average is not None and not self._holds_average:
             self._swap(pl_module)
@@ -172,8 +166,7 @@ class EMA(L.Callback):
             self._swapped_for_validation = False
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # A swap, not a copy: a checkpoint written after training (ModelCheckpoint's final last.ckpt,
-        # trainer.save_checkpoint) still holds the raw weights as current_model_state.
+        # A swap, not a copy: a checkpoint written after training keeps the raw weights as current_model_state.
         if self.average is not None and not self._holds_average:
             self._swap(pl_module)
 
@@ -191,7 +184,6 @@ class EMA(L.Callback):
         self._stash = [] if restoring else stash
         self._holds_average = not restoring
 
-    # -- checkpoints -------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"latest_update_step": self._latest_update_step}
 
@@ -212,9 +204,7 @@ class EMA(L.Callback):
             averaged, raw = {**module_state, **whole}, {**module_state, **held}
         else:
             averaged, raw = {**module_state, **held}, module_state
-        checkpoint["state_dict"] = averaged
-        checkpoint["current_model_state"] = raw
-        checkpoint["averaging_state"] = {"n_averaged": self.n_averaged}
+        checkpoint.update(state_dict=averaged, current_model_state=raw, averaging_state={"n_averaged": self.n_averaged})
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         if self.average is None:

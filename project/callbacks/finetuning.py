@@ -56,8 +56,7 @@ class FreezeBackbone(L.Callback):
         self._frozen: list[nn.Module] = []  # what this process froze, and so what it gives back
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Called on every start, also when resuming in the middle of an epoch, where on_train_epoch_start is not:
-        # the state follows from the restored epoch alone, so a resumed run is frozen exactly when the first was.
+        # Every start, mid-epoch resumes too (unlike on_train_epoch_start): a resumed run freezes as the first did.
         if trainer.current_epoch >= self.unfreeze_at_epoch:
             return  # a fresh network trains whole already
         if not isinstance(pl_module, HasNetwork):

@@ -1,5 +1,4 @@
-"""Image loading for the data module: one CPU decoder per `data.decoder` name, always 3-channel uint8 RGB; a file
-that cannot be decoded raises UnreadableImageError naming it (why each decoder: docs/imagenet.md).
+"""CPU decoders by `data.decoder` name: uint8 RGB, or UnreadableImageError naming the file (why each: docs/imagenet.md).
 
     python -m project.data.decoders /datasets/imagenet        # list the files training would fail on, before a long run
 """
@@ -30,8 +29,7 @@ except ImportError:
 Decoder = Literal["auto", "torchcodec", "torchvision", "pil", "nvjpeg", "torchcodec-cuda"]
 OnCorrupt = Literal["error", "skip"]
 CPU_DECODERS = ("torchcodec", "torchvision", "pil")  # the order "auto" tries them in
-# Each device decoder (device_decode.py) and the CPU decoder that stands in for it (image_loader).
-DEVICE_DECODERS = {"nvjpeg": "torchvision", "torchcodec-cuda": "torchcodec"}
+DEVICE_DECODERS = {"nvjpeg": "torchvision", "torchcodec-cuda": "torchcodec"}  # each with its CPU stand-in
 
 
 def _unreadable(path: str, reason: str) -> UnreadableImageError:
@@ -124,8 +122,7 @@ def resolve_decoder(decoder: str) -> str:
 
 
 def image_loader(decoder: str) -> Callable[[str], Any]:
-    """The CPU loader (path -> RGB image) for a `data.decoder` name; for a device decoder, its CPU counterpart's (the
-    loader of the files the device cannot decode, of predict and of the scan)."""
+    """The CPU loader (path -> RGB image) of a `data.decoder` name; of a device decoder, its CPU counterpart's."""
     decoder = resolve_decoder(decoder)
     return LOADERS[DEVICE_DECODERS.get(decoder, decoder)]
 

@@ -13,8 +13,7 @@ import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
 from project.data.decoders import DEVICE_DECODERS, Decoder, OnCorrupt, resolve_decoder
-from project.data.device_augment import TrainCrop
-from project.data.device_decode import DevicePipeline, EncodedBatch
+from project.data.device_decode import DevicePipeline, EncodedBatch, TrainCrop
 from project.data.image_folders import DecodedImages, EncodedImages, collate_encoded, collate_readable
 from project.data.predict import ImagePathDataset, list_images
 from project.data.training_samples import ProgressiveResizing, SeededSamples, TrainPresetPerEpoch
@@ -38,13 +37,7 @@ from project.engine.options import (
     check_arguments,
 )
 from project.engine.run.signals import ignore_stop_signals
-from project.engine.samplers import (
-    ExactDistributedSampler,
-    ResumableDataLoader,
-    ResumableSampler,
-    loader_state,
-    restore_loader_state,
-)
+from project.engine.samplers import ExactDistributedSampler, ResumableDataLoader, ResumableSampler
 
 Samples = list[tuple[str, int]]  # (image path, label) of one split
 
@@ -78,8 +71,7 @@ class ImageDataModule(L.LightningDataModule):
         normalize_on_device: workers return uint8 and the device normalizes the batch; False: the workers do.
         on_corrupt: an unreadable image stops the run naming it ("error"), or is left out and counted ("skip").
         multiprocessing_context: the DataLoader workers' start method; None: "fork" on Linux, also under ddp_spawn.
-        drop_last: leave out each epoch's incomplete last training batch (one image breaks BatchNorm), unless it is
-            the only one.
+        drop_last: drop each epoch's incomplete last training batch (one image breaks BatchNorm), if not its only one.
         ra_reps: repeated augmentation (RASampler, DeiT): each drawn image this many times per epoch, on different
             ranks, each copy augmented differently; the epoch keeps the data set's length.
         seed: the run seed, linked from seed_everything: the training order and every augmentation derive from it.
@@ -118,8 +110,7 @@ class ImageDataModule(L.LightningDataModule):
         seed: int = 0,
     ):
         super().__init__()
-        # The CLI parsed and checked these already; a Python caller's values are checked here, before the subclass
-        # reads or writes anything (the embedded data set's cache included).
+        # A Python caller's values (the CLI checked its own), checked before the subclass reads or writes anything.
         values = check_arguments(ImageDataModule.__init__, locals(), "data")
         check_combinations(values)
         self.save_hyperparameters(ignore=["progressive_resizing"], logger=False)  # trackers: the whole config
@@ -207,8 +198,7 @@ class ImageDataModule(L.LightningDataModule):
             workers = dict(persistent_workers=h.persistent_workers, prefetch_factor=h.prefetch_factor,
                            multiprocessing_context=start, worker_init_fn=ignore_stop_signals)
         return loader_class(self.datasets[split], batch_size=self.batch_size, sampler=sampler, drop_last=drop_last,
-                            num_workers=h.num_workers, pin_memory=h.pin_memory, collate_fn=collate,
-                            **workers)
+                            num_workers=h.num_workers, pin_memory=h.pin_memory, collate_fn=collate, **workers)
 
     def train_dataloader(self) -> DataLoader:
         world_size, rank = self._world()
@@ -217,30 +207,28 @@ class ImageDataModule(L.LightningDataModule):
         # With fewer images than a batch, the one batch there is stays: an epoch never trains on nothing.
         drop_last = self.hparams.drop_last and len(self.train_sampler) >= self.batch_size
         if self._resume_state is not None:
-            restore_loader_state(self.train_sampler, self.batch_size, self._resume_state)
+            self.train_sampler.restore_loader_state(self.batch_size, self._resume_state)
             self._resume_state = None
         return self._loader("train", self.train_sampler, ResumableDataLoader, drop_last=drop_last)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, weights_only: bool = True,
                              **kwargs):
-        """Lightning's, but weights_only=True by default whatever torch's default is: checkpoints are untrusted.
-        Never the checkpoint's `_instantiator` (it would import and build any class_path in the hparams)."""
+        """Lightning's, but weights_only=True by default and never the checkpoint's `_instantiator` (untrusted)."""
         return super().load_from_checkpoint(checkpoint_path, map_location=map_location, hparams_file=hparams_file,
                                             weights_only=weights_only, **{**kwargs, "_instantiator": None})
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the training order stands, restored before the train loader is built (Lightning restores the
-        loader's own copy too late: #20550, project.engine.compat)."""
+        """Where the training order stands, restored before the train loader is built (Lightning's is late: #20550)."""
         state: dict[str, Any] = {"class_names": self.class_names, "class_labels": self.class_labels}  # for export
         if self.train_sampler is not None:
-            state["train_loader"] = loader_state(self.train_sampler, self.batch_size)
+            state["train_loader"] = self.train_sampler.loader_state(self.batch_size)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state = state_dict.get("train_loader")
         if state is not None and self.train_sampler is not None:  # built already (fsdp2 restores late): resume it once
-            restore_loader_state(self.train_sampler, self.batch_size, state)
+            self.train_sampler.restore_loader_state(self.batch_size, state)
             state = None
         self._resume_state = state
 
@@ -284,7 +272,6 @@ def check_combinations(o: dict[str, Any]) -> None:
                               f"loads in the main process: set --data.num_workers (>= 1) or drop data.{name}")
     if o["decoder"] not in DEVICE_DECODERS:
         return
-    # A device decoder runs RandomResizedCrop (bilinear) + RandomHorizontalFlip, at one size, on uint8 images.
     decoder = f"data.decoder={o['decoder']}"
     if not o["normalize_on_device"]:
         raise ConfigError(f"{decoder} augments uint8 images on the device: set data.normalize_on_device=true")

@@ -1,5 +1,4 @@
-"""The data sets over (path, label) samples, whichever the data module lists: decoded in the workers (DecodedImages), or
-read as bytes for a device decoder (EncodedImages, decoded and augmented by device_decode.DevicePipeline)."""
+"""The data sets over a data module's (path, label) samples: decoded in the workers, or read as bytes for a device."""
 
 import functools
 import logging
@@ -10,8 +9,7 @@ import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from project.data.decoders import Decoder, OnCorrupt, image_loader
-from project.data.device_augment import TrainCrop
-from project.data.device_decode import EncodedBatch, load_for_device
+from project.data.device_decode import EncodedBatch, TrainCrop, load_for_device
 from project.engine.errors import UnreadableImageError, shown
 
 logger = logging.getLogger(__name__)

@@ -19,8 +19,7 @@ class DataLayoutError(ConfigError):
 
 
 def _class_dirs(split_dir: Path) -> list[str]:
-    # Exactly as ImageFolder.find_classes lists them, hidden folders (.ipynb_checkpoints) included: a folder skipped
-    # here would still be a class there, shifting every index and failing later with a less helpful message.
+    # As ImageFolder.find_classes lists them, hidden folders included: one skipped here would shift every label.
     return sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
 
 
@@ -41,8 +40,7 @@ def check_split(root: Path, split: str) -> list[str]:
     if empty:
         shown = ", ".join(empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
         raise DataLayoutError(f"{split_dir} has {len(empty)} class folder(s) without images ({shown}); every class "
-                              f"needs at least one image with an extension in {IMG_EXTENSIONS}. Fill or remove the "
-                              "empty folders.")
+                              f"needs an image (extensions: {IMG_EXTENSIONS}). Fill or remove the empty folders.")
     return classes
 
 
@@ -63,8 +61,7 @@ def _check_known(split_dir: Path, classes: list[str], train_classes: list[str]) 
     unknown = sorted(set(classes) - set(train_classes))
     if unknown:
         raise DataLayoutError(f"{split_dir} holds class folders that {split_dir.parent / 'train'} lacks: "
-                              f"{unknown[:20]}; every class needs its train/ folder (a label is the folder's sorted "
-                              "position in train/)")
+                              f"{unknown[:20]}; every class needs its train/ folder (a label is its index in train/)")
 
 
 def folder_samples(split_dir: Path, class_names: Optional[list[str]] = None) -> list[tuple[str, int]]:

@@ -59,8 +59,7 @@ def read_manifest(option: str, value: str) -> list[tuple[str, str]]:
         first_line[path] = number
         samples.append((path, str(record["label"])))
     if not samples:
-        raise ConfigError(f"manifest {manifest} lists no images (data.{option}): expected a line per image, "
-                          "path,label")
+        raise ConfigError(f"manifest {manifest} lists no images (data.{option}): expected a line per image, path,label")
     return samples
 
 

@@ -1,5 +1,4 @@
-"""The images to predict: every image file under a folder (searched recursively), each once, in sorted path order
-(what counts as an image file, links, names that are not UTF-8: docs/imagenet.md).
+"""The images to predict: every image file at any depth under a folder, once, in sorted order (docs/imagenet.md).
 
     python -m project predict --config configs/quickstart.yaml --ckpt_path RUN/checkpoints/last.ckpt \\
         --data.predict_root path/to/images

@@ -1,6 +1,5 @@
-"""The training set as the sampler keys it: each image's augmentation seeded from (run seed, epoch, index, repeat), so
-a resumed or distributed run augments every image as an uninterrupted one does; with progressive resizing, the train
-crop size follows a schedule in epochs (FFCV's rule), switched at epoch boundaries in every worker (docs/imagenet.md).
+"""The training set as the sampler keys it: each image augmented from (run seed, epoch, index, repeat), as in an
+uninterrupted run; progressive resizing's train crop size per epoch (FFCV's rule). Both: docs/imagenet.md.
 
     python -m project fit ... --data.progressive_resizing '{start_size: 160, end_size: 192, start_epoch: 65, ...}'
 """
@@ -24,17 +23,14 @@ class SeededSamples(Dataset):
     ResumableSampler; `transform_for_epoch(epoch)` transforms the image (None: the data set transforms itself)."""
 
     def __init__(self, dataset: Dataset, run_seed: int, transform_for_epoch: Callable[[int], Transform] | None = None):
-        self.dataset = dataset
-        self.run_seed = run_seed
-        self.transform_for_epoch = transform_for_epoch
+        self.dataset, self.run_seed, self.transform_for_epoch = dataset, run_seed, transform_for_epoch
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, key: tuple[int, int, int]):
         index, epoch, repeat = key
-        # fork_rng restores the global CPU RNG afterwards: the model's own random stream is left untouched. Only the
-        # CPU generator is seeded, the one the transforms draw from (torch.manual_seed would seed every CUDA device).
+        # Only the CPU generator the transforms draw from (not CUDA's), restored by fork_rng: the run's stream is kept.
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(sample_seed(self.run_seed, epoch, index, repeat))
             sample = self.dataset[index]
@@ -96,8 +92,7 @@ class TrainPresetPerEpoch:
 
     def __init__(self, schedule: ProgressiveResizing, **preset_kwargs: Any):
         train_preset(crop_size=schedule.start_size, **preset_kwargs)  # bad options fail here, not in a worker
-        self.schedule = schedule
-        self.preset_kwargs = preset_kwargs
+        self.schedule, self.preset_kwargs = schedule, preset_kwargs
         self._presets: dict[int, Transform] = {}
 
     def __call__(self, epoch: int) -> Transform:

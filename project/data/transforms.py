@@ -12,7 +12,7 @@ from project.engine.options import number_type
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-# RandomResizedCrop's aspect-ratio range (torchvision's default); the device crops (device_augment.py) draw from it too.
+# RandomResizedCrop's aspect-ratio range (torchvision's default); the device crops (device_decode.py) draw from it too.
 CROP_RATIO = (3 / 4, 4 / 3)
 
 AutoAugmentName = Literal["trivialaugment_wide", "randaugment", "autoaugment"]  # the data module's option type

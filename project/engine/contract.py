@@ -44,8 +44,7 @@ def check_data(datamodule: Any) -> ClassificationData:
     names = list(datamodule.class_names)
     if len(names) != datamodule.num_classes or len(set(names)) != len(names):
         raise ConfigError(f"data module {name}: num_classes is {datamodule.num_classes} but class_names holds "
-                          f"{len(names)} names ({len(set(names))} distinct): one distinct name per class, in label "
-                          "order")
+                          f"{len(names)} names ({len(set(names))} distinct): one name per class, in label order")
     return datamodule
 
 

@@ -3,7 +3,6 @@
     python -m project fit --config configs/quickstart.yaml --ckpt_path last    # continues mid-epoch where it stopped
 """
 
-import math
 from typing import Any, Iterator, Optional
 
 import lightning as L
@@ -18,8 +17,7 @@ from project.engine.seeds import order_seed
 
 
 class ExactDistributedSampler(UnrepeatedDistributedSampler):
-    """Shard rank::world_size without padding: every sample once over all ranks (Lightning's predict sampler with
-    shuffle off; an empty shard refused on every rank in one line). docs/how-it-works.md#exact-evaluation."""
+    """Every sample once over all ranks: shards rank::world_size, unpadded (docs/how-it-works.md#exact-evaluation)."""
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int):
         if len(dataset) < num_replicas:
@@ -35,7 +33,7 @@ Key = tuple[int, int, int]  # (index, epoch, repeat): what a training sample's a
 class ResumableSampler(DistributedSampler):
     """The training order: a shuffle drawn from (seed, epoch), sharded rank::world_size, resumable at any position.
     Yields keys (index, epoch, repeat) for SeededSamples (plain indices with keys=False); `repeats` > 1 is repeated
-    augmentation. docs/how-it-works.md#resumable-order."""
+    augmentation, in epochs of the same length. docs/how-it-works.md#resumable-order."""
 
     def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, seed: int, repeats: int = 1,
                  shuffle: bool = True, keys: bool = True):
@@ -44,8 +42,6 @@ class ResumableSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
         self.repeats = repeats
         self.keys = keys  # False: plain indices, for a data set that does not seed its own augmentation
-        self.num_samples = math.ceil(len(dataset) / num_replicas)  # per rank, whatever `repeats` is
-        self.total_size = self.num_samples * num_replicas
         self.position = 0  # global samples of the epoch in progress already handed out as batches
         self.epoch_in_progress = 0
         self._resume_at: Optional[tuple[int, int]] = None  # (epoch, position) to continue from
@@ -67,72 +63,56 @@ class ResumableSampler(DistributedSampler):
         """Continue `epoch` after its first `position` global samples (the next iteration of that epoch only)."""
         self._resume_at = (epoch, position)
 
+    def loader_state(self, batch_size: Optional[int]) -> dict[str, Any]:
+        """Rank-independent: the epoch in progress, the global samples it consumed, and what the order depends on."""
+        return {"epoch": self.epoch_in_progress, "position": self.position, "seed": self.seed,
+                "world_size": self.num_replicas, "batch_size": batch_size, "dataset_size": len(self.dataset),
+                "repeats": self.repeats}
+
+    def restore_loader_state(self, batch_size: Optional[int], state: dict[str, Any]) -> None:
+        """Resume where `state` stopped; a changed order or batching still covers the rest of the epoch."""
+        now = {"seed": self.seed, "world_size": self.num_replicas, "batch_size": batch_size,
+               "dataset_size": len(self.dataset), "repeats": self.repeats}
+        changed = {key: (state.get(key), value) for key, value in now.items() if state.get(key) != value}
+        if changed and state.get("position"):
+            what = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())
+            rank_zero_warn(f"resuming mid-epoch with {what}: the rest of epoch {state['epoch']} is not the order an "
+                           "uninterrupted run would have seen (resume with the same settings for an exact resume)")
+            if "dataset_size" in changed or "seed" in changed or "repeats" in changed:
+                return  # another order altogether: start the epoch over rather than skip unrelated samples
+        self.resume(int(state["epoch"]), int(state["position"]))
+
     def __iter__(self) -> Iterator[Key]:
-        epoch = self.epoch
-        start = 0
-        if self._resume_at is not None:
-            resume_epoch, position = self._resume_at
-            self._resume_at = None
-            if resume_epoch == epoch:
-                start = position
-        self.epoch_in_progress, self.position = epoch, start
-        order = self.epoch_order(epoch)[start:][self.rank :: self.num_replicas]
+        epoch, (resume_epoch, position) = self.epoch, self._resume_at or (None, 0)
+        self._resume_at = None
+        self.epoch_in_progress, self.position = epoch, position if resume_epoch == epoch else 0
+        order = self.epoch_order(epoch)[self.position :][self.rank :: self.num_replicas]
         if not self.keys:
             return (index for index, _ in order)
         return ((index, epoch, repeat) for index, repeat in order)
-
-    def __len__(self) -> int:
-        return self.num_samples
 
 
 class ResumableDataLoader(DataLoader):
     """The training DataLoader, with Lightning's stateful-loader protocol: its state counts the global samples
     handed to the training loop, and iteration starts lazily (Lightning #20550, project.engine.compat)."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        if not isinstance(self.sampler, ResumableSampler):
-            raise TypeError(f"ResumableDataLoader needs a ResumableSampler, got {type(self.sampler).__name__}")
-
     def __iter__(self):
-        sampler: ResumableSampler = self.sampler
+        sampler: ResumableSampler = self.sampler  # the data modules and ExactLoaders build it with one
         step = (self.batch_size or 1) * sampler.num_replicas
         for batch in super().__iter__():
             sampler.position += step
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
-        return loader_state(self.sampler, self.batch_size)
+        return self.sampler.loader_state(self.batch_size)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        restore_loader_state(self.sampler, self.batch_size, state)
-
-
-def loader_state(sampler: ResumableSampler, batch_size: Optional[int]) -> dict[str, Any]:
-    """Rank-independent: the epoch in progress, the global samples it consumed, and what the order depends on."""
-    return {"epoch": sampler.epoch_in_progress, "position": sampler.position, "seed": sampler.seed,
-            "world_size": sampler.num_replicas, "batch_size": batch_size, "dataset_size": len(sampler.dataset),
-            "repeats": sampler.repeats}
-
-
-def restore_loader_state(sampler: ResumableSampler, batch_size: Optional[int], state: dict[str, Any]) -> None:
-    """Resume `sampler` where `state` stopped; a changed order or batching still covers the rest of the epoch."""
-    now = {"seed": sampler.seed, "world_size": sampler.num_replicas, "batch_size": batch_size,
-           "dataset_size": len(sampler.dataset), "repeats": sampler.repeats}
-    changed = {key: (state.get(key), value) for key, value in now.items() if state.get(key) != value}
-    if changed and state.get("position"):
-        what = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())
-        rank_zero_warn(f"resuming mid-epoch with {what}: the rest of epoch {state['epoch']} is not the order an "
-                       "uninterrupted run would have seen (resume with the same settings for an exact resume)")
-        if "dataset_size" in changed or "seed" in changed or "repeats" in changed:
-            return  # another order altogether: start the epoch over rather than skip unrelated samples
-    sampler.resume(int(state["epoch"]), int(state["position"]))
+        self.sampler.restore_loader_state(self.batch_size, state)
 
 
 class ExactLoaders(Callback):
-    """Any data module's plain loaders made exact: evaluation sharded without padding, the training order drawn from
-    the run seed and resumable mid-epoch. A plain loader: a DataLoader over a map-style data set with a batch size;
-    loaders that shard themselves, and others, are left to Lightning (with a warning under ddp)."""
+    """Any data module's plain loaders (a DataLoader of a map-style data set, with a batch size) made exact: evaluation
+    unpadded, the training order from the run seed, resumable mid-epoch. Others are left to Lightning."""
 
     def __init__(self, datamodule: Any, seed: int):
         self.seed = seed
@@ -144,14 +124,13 @@ class ExactLoaders(Callback):
                 setattr(datamodule, name, _LoaderHook(datamodule, name, self))
 
     def state_dict(self) -> dict[str, Any]:
-        # Saved beside Lightning's own loader state, restored before the first train loader is built (Lightning
-        # #20550 restores the loader's too late when the model reads estimated_stepping_batches: project.engine.compat).
-        return {"train_loader": loader_state(self.sampler, self.batch_size)} if self.sampler else {}
+        # Beside Lightning's own loader state, which it restores too late (#20550, project.engine.compat).
+        return {"train_loader": self.sampler.loader_state(self.batch_size)} if self.sampler else {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state = state_dict.get("train_loader")
         if state is not None and self.sampler is not None:  # built already (fsdp2 restores late): resume it once
-            restore_loader_state(self.sampler, self.batch_size, state)
+            self.sampler.restore_loader_state(self.batch_size, state)
             state = None
         self._resume_state = state
 
@@ -171,7 +150,7 @@ class ExactLoaders(Callback):
                                         shuffle=isinstance(loader.sampler, RandomSampler), keys=False)
         self.batch_size = loader.batch_size
         if self._resume_state is not None:
-            restore_loader_state(self.sampler, loader.batch_size, self._resume_state)
+            self.sampler.restore_loader_state(loader.batch_size, self._resume_state)
             self._resume_state = None
         return _rebuild(loader, self.sampler, ResumableDataLoader)
 
