@@ -170,12 +170,6 @@ def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Te
     return files
 
 
-def load_exported(folder: str | Path) -> tuple[nn.Module, dict[str, Any]]:
-    """The exported network (a callable nn.Module) and its model.json, with torch alone (no project, no Lightning)."""
-    folder = Path(folder)
-    return torch.export.load(folder / "model.pt2").module(), json.loads((folder / "model.json").read_text())
-
-
 def export_module(model, datamodule, out_dir: str | Path, *, onnx: bool = True) -> dict[str, Path]:
     """Export a model's `network` (else the model) with the data module's class names and eval preprocessing."""
     preprocessing = eval_preprocessing(datamodule)
