@@ -83,10 +83,6 @@ class ProjectParser(LightningArgumentParser):
         return super().dump(cfg, *args, **kwargs)
 
 
-def class_path(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def run_seed(seed_everything) -> int:
     """The run seed the data order and augmentations derive from; `seed_everything: false` gives 0."""
     return seed_everything if isinstance(seed_everything, int) and not isinstance(seed_everything, bool) else 0
@@ -130,7 +126,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
         parser.link_arguments("data.init_args.batch_size", "model.init_args.batch_size")
         parser.link_arguments("seed_everything", "data.init_args.seed", compute_fn=run_seed)
         parser.link_arguments("seed_everything", "model.init_args.seed", compute_fn=run_seed)
-        parser.set_defaults({key: {"class_path": class_path(cls)} for key, cls in
+        parser.set_defaults({key: {"class_path": f"{cls.__module__}.{cls.__qualname__}"} for key, cls in
                              (("model", DEFAULTS.model), ("data", DEFAULTS.data)) if cls is not None})
         parser.add_argument("--ddp_timeout_minutes", type=float, default=10.0,
                             help="ddp, ddp_spawn, fsdp2: a rank that stops answering ends the job after this long "
@@ -188,7 +184,9 @@ class ProjectCLI(CheckpointReadOnceCLI):
             print(task_line(job_id, self.plan.run_dir or config.trainer.default_root_dir), flush=True)
 
     def instantiate_trainer(self, **kwargs):
-        trainer_config = (self.config_init[self.subcommand] if self.subcommand else self.config_init)["trainer"]
+        init = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer_config = init["trainer"]
         plugins = trainer_config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
@@ -200,8 +198,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
             # Lightning's own plugin needs CUDA; this one picks torch's SyncBatchNorm or a gloo one at set-up.
             plugins.append(SyncBatchNormAnyBackend())
         trainer_config["plugins"] = plugins
-        subcommand_config = self.config[self.subcommand] if self.subcommand else self.config
-        timeout = timedelta(minutes=subcommand_config.get("ddp_timeout_minutes") or 10.0)
+        timeout = timedelta(minutes=config.get("ddp_timeout_minutes") or 10.0)
         strategy = trainer_config.get("strategy")
         if strategy in ("ddp", "ddp_spawn"):
             start_method = "spawn" if strategy == "ddp_spawn" else "popen"
@@ -217,10 +214,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
         if trainer_config.get("enable_checkpointing") is False:
             # The checkpoint groups (best, last.ckpt) are callbacks too: without checkpointing, inert ones instead
             # (the Trainer refuses checkpoint callbacks with enable_checkpointing=false).
-            config = self.config_init[self.subcommand] if self.subcommand else self.config_init
             for key in ("checkpoint", "last_checkpoint"):
-                config[key] = Callback()
-        config = self.config[self.subcommand] if self.subcommand else self.config
+                init[key] = Callback()
         # Any data module's plain loaders: exact evaluation and a resumable training order (project.engine.samplers).
         callbacks += [ExactLoaders(self.datamodule, run_seed(config.seed_everything)), CheckpointValues()]
         trainer = super().instantiate_trainer(**kwargs)
