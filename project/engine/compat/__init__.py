@@ -115,8 +115,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         name="values logged with prog_bar=True are read on the host at every batch end, whatever the bar's "
              "refresh rate",
         where="project/engine/callbacks/progress_bar.py (the bar reads its values when it refreshes); nothing is "
-              "logged "
-              "with prog_bar=True",
+              "logged with prog_bar=True",
         upstream="no upstream issue found; seen in _LoggerConnector.on_batch_end -> _ResultCollection.metrics",
         seen="lightning 2.6.6",
         delete_when="stock self.log(prog_bar=True) no longer converts to a Python number on every batch",
@@ -137,8 +136,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="CSVLogger deletes the run dir's metrics.csv when a resumed fit starts again there",
         where="project/engine/run/trackers.py continue_csv_logs (called from project/engine/cli.py "
-              "after_instantiate_classes): "
-              "the rows before the checkpoint's step are written back and appended to",
+              "after_instantiate_classes): the rows before the checkpoint's step are written back and appended to",
         upstream="introduced by Lightning PR #19446 (2.2.1, for #19432: appending under another header); no "
                  "upstream issue found that asks to keep the rows on a resume",
         seen="lightning 2.2.1-2.6.6",

@@ -32,6 +32,7 @@ from optuna.storages.journal import JournalFileSymlinkLock
 from optuna.trial import TrialState
 
 from project.engine.errors import DiskFullError
+from project.engine.run.slurm import slurm_job_id
 
 # Trial attributes in the storage: the run dir, who runs it, and what the fit said about itself.
 RUN_DIR, WORKER, HEARTBEAT = "run_dir", "worker", "heartbeat"
@@ -192,8 +193,6 @@ class Worker:
         self.signal = self.signal or signum
         # Not SIGINT: a terminal sent it to the fit already, and a second one would mean "stop without saving".
         if self.child is not None and self.child.poll() is None and signum != signal.SIGINT:
-            from project.engine.run.slurm import slurm_job_id
-
             # A fit outside Slurm has no SIGUSR1 handler (it would die of it): it gets a SIGTERM instead.
             self.child.send_signal(signum if signum == signal.SIGTERM or slurm_job_id() else signal.SIGTERM)
 
