@@ -1,10 +1,8 @@
-"""The command line: LightningCLI over any LightningModule and LightningDataModule, with the run's safety rails.
+"""LightningCLI over any LightningModule and LightningDataModule, with the run's safety rails (docs/how-it-works.md).
 
     python -m project fit --config configs/quickstart.yaml
     python -m project fit --config configs/quickstart.yaml --data.class_path my_data.MyData --data.init_args.x=1
     python -m project validate --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt
-
-What it adds to LightningCLI, in the order a run meets it: docs/how-it-works.md.
 """
 
 import sys

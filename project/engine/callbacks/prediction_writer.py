@@ -1,9 +1,7 @@
-"""Write the predictions of `predict` to one CSV: path, then the top-k class names and probabilities, in path order.
+"""predict's CSV: path, then the top-k class names and probabilities, in path order (docs/how-it-works.md#predict).
 
     python -m project predict --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt \
         --data.predict_root path/to/images [--predictions.output predictions.csv]
-
-Under ddp, global rank 0 alone writes every rank's rows; how the file is kept whole: docs/how-it-works.md#predict.
 """
 
 import csv

@@ -1,8 +1,6 @@
-"""The progress bar: train/loss, img/s, data wait and the latest val/acc1, read on the host only when it refreshes.
+"""The progress bar, read on the host only when it refreshes (docs/how-it-works.md#performance-you-can-see).
 
     python -m project fit --config configs/quickstart.yaml        # refreshes every trainer.log_every_n_steps steps
-
-Why nothing is logged with prog_bar=True: docs/how-it-works.md#performance-you-can-see.
 """
 
 from typing import Any

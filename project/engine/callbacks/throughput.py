@@ -1,8 +1,6 @@
-"""ThroughputLogger: images/s (per device and in total), step time, data-wait share and MFU, under perf/ in the logs.
+"""images/s, step time, data-wait share and MFU under perf/ in the logs (docs/how-it-works.md#performance-you-can-see).
 
     python -m project fit --config configs/quickstart.yaml      # on by default; tensorboard --logdir runs/quickstart
-
-The keys and what they measure: docs/how-it-works.md#performance-you-can-see.
 """
 
 import copy

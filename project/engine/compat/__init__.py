@@ -1,8 +1,6 @@
-"""Workarounds for bugs and gaps in Lightning, torch and jsonargparse: each with its upstream issue and its end.
+"""Workarounds for Lightning, torch and jsonargparse, each with its issue, its end and a canary (docs/workarounds.md).
 
     python -m tools.workarounds_table --write docs/workarounds.md     # the table, from this registry
-
-Every entry has a strict-xfail canary in tests/test_compat.py; how the registry works: docs/workarounds.md.
 """
 
 from dataclasses import dataclass

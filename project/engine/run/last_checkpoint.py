@@ -1,8 +1,6 @@
-"""last.ckpt, the one file a run resumes from: rewritten every few minutes, at every epoch end and on a stop signal.
+"""last.ckpt, rewritten every few minutes, at epoch ends and on a stop signal (docs/reliability.md#what-a-stop-costs).
 
     python -m project fit --config configs/quickstart.yaml --ckpt_path last      # continues at the next batch
-
-What a stop costs, when the ranks agree and why no save comes right before a validation: docs/reliability.md.
 """
 
 import signal

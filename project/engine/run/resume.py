@@ -1,8 +1,6 @@
-"""Which checkpoint a run continues from, and which run dir and logger version it writes into: decided once, here.
+"""Which checkpoint and run dir a run continues in, decided once here (docs/reliability.md#which-checkpoint-wins).
 
     python -m project fit --config configs/quickstart.yaml --ckpt_path last
-
-Which checkpoint wins, and why: docs/reliability.md#which-checkpoint-wins.
 """
 
 import os

@@ -1,10 +1,8 @@
-"""Hyperparameter sweeps with Optuna: every trial an ordinary fit in its own run dir, any number of workers per study.
+"""Optuna sweeps: a sweep file is a fit config with a `sweep:` section (Sweep below); how it runs: docs/sweeps.md.
 
     python -m project sweep --config configs/sweep/quickstart.yaml                 # a worker; start more to share it
     python -m project sweep --summary --config configs/sweep/quickstart.yaml       # trials.csv, plots, the best
     python -m project sweep --help                                                 # fit options, then the sweep's
-
-A sweep file is a fit config with a `sweep:` section (Sweep below); docs/sweeps.md says how it runs.
 """
 
 import argparse

@@ -1,8 +1,6 @@
-"""A sweep's trials: a worker takes the next trial of the shared study, runs it as an ordinary fit, tells the result.
+"""A sweep's workers: each takes a trial of the shared study, runs it as a fit and tells the result (docs/sweeps.md).
 
     python -m project sweep --config configs/sweep/quickstart.yaml      # one worker; start more, anywhere, to share
-
-How workers share, count, retry and prune trials: docs/sweeps.md.
 """
 
 import contextlib

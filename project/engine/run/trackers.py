@@ -1,8 +1,6 @@
-"""Experiment trackers (TensorBoard, CSV, MLflow, W&B; one or a list): one run dir, one tracked run per run.
+"""Experiment trackers, checked at start-up; a resume continues their tracked runs (docs/reliability.md#trackers).
 
     python -m project fit --config configs/quickstart.yaml --config configs/tracking/mlflow.yaml --ckpt_path last
-
-Checked at start-up; a resume continues the tracked runs in `<run dir>/trackers.json` (docs/reliability.md#trackers).
 """
 
 import base64
