@@ -98,12 +98,12 @@ class ProjectCLI(CheckpointReadOnceCLI):
         try:
             super().__init__(*args, **kwargs)
         except BaseException as error:
-            if self.plan is not None and self._failed_before_training(error):
-                self.plan.remove_failed_start()
+            if self.plan is not None and self.plan.lock is not None and self._failed_before_training(error):
+                self.plan.lock.remove_failed_start()
             raise
         finally:
-            if self.plan is not None:
-                self.plan.release()
+            if self.plan is not None and self.plan.lock is not None:
+                self.plan.lock.release()
 
     def _failed_before_training(self, error: BaseException) -> bool:
         """True when the start left nothing worth keeping: it stopped before the Trainer existed, or it was stopped

@@ -28,21 +28,12 @@ class RunPlan:
     reason: str = ""
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     hparams: dict[str, Any] = field(default_factory=dict)  # the chosen checkpoint's model hyperparameters
-    lock: Optional[RunLock] = None  # rank 0 of a fit: the run dir is created and locked until release()
+    lock: Optional[RunLock] = None  # rank 0 of a fit: the run dir is created and locked until lock.release()
 
     def take_checkpoint(self) -> Optional[dict[str, Any]]:
         """The loaded checkpoint, once: the plan keeps no reference (its memory map goes with its last user)."""
         checkpoint, self.checkpoint = self.checkpoint, None
         return checkpoint
-
-    def release(self) -> None:
-        if self.lock is not None:
-            self.lock.release()
-
-    def remove_failed_start(self) -> None:
-        """A start that failed before training: remove what this process created for the run (see RunLock)."""
-        if self.lock is not None:
-            self.lock.remove_failed_start()
 
 
 def describe_checkpoint(path: Path) -> dict[str, Any]:
@@ -102,7 +93,7 @@ def _skipped_note(plan: RunPlan) -> str:
 
 def start_run(subcommand: str, config: Namespace) -> RunPlan:
     """The CLI's one call: plan_run, with the run dir claimed by global rank 0 of a fit (the other ranks write
-    nothing and rely on its lock). The caller ends it: plan.release(), or plan.remove_failed_start()."""
+    nothing and rely on its lock). The caller ends it: plan.lock.release() (remove_failed_start() after a failure)."""
     return plan_run(subcommand, config, claim_run_dir=subcommand == "fit" and env_global_rank() == 0)
 
 

@@ -237,9 +237,7 @@ class Worker:
             tell(self.study, frozen.number, state=TrialState.FAIL)
         except (ValueError, RuntimeError, UpdateFinishedTrialError):
             return  # finished meanwhile, by its worker or by another one
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)
-            self.retry(self.study, frozen)
+        self.retry(self.study, frozen)  # (only its __init__ is experimental)
 
     def _run(self, trial: optuna.trial.Trial) -> Optional[int]:
         """Run one trial and tell its result; an exit code when this worker must stop (bad input), else None."""
