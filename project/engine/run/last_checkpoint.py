@@ -45,8 +45,7 @@ class LastCheckpoint(Checkpoint):
         """
         if check_every_n_steps < 1:
             raise ConfigError(f"last_checkpoint.check_every_n_steps must be >= 1, got {check_every_n_steps}")
-        self.every_minutes = every_minutes
-        self.every_n_steps = every_n_steps
+        self.every_minutes, self.every_n_steps = every_minutes, every_n_steps
         self.check_every_n_steps = check_every_n_steps
         self.path: Optional[Path] = None
         self.saved_at_step: Optional[int] = None

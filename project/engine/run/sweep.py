@@ -9,8 +9,8 @@ import argparse
 import contextlib
 import csv
 import difflib
-import importlib
 import math
+import pydoc
 import re
 import sys
 import warnings
@@ -176,9 +176,8 @@ def check_sweep(sweep: Namespace, config_files: list) -> Optional[optuna.sampler
 
 def build(spec: Namespace, what: str):
     """The Optuna sampler or pruner of a `{class_path, init_args}` the parser checked; a ConfigError if it refuses."""
-    owner, _, name = spec.class_path.rpartition(".")
     try:
-        return getattr(importlib.import_module(owner), name)(**spec.get("init_args", Namespace()).as_dict())
+        return pydoc.locate(spec.class_path)(**spec.get("init_args", Namespace()).as_dict())
     except (TypeError, ValueError) as error:
         raise ConfigError(f"sweep.{what}: {spec.class_path} refuses its arguments ({error})") from None
 
