@@ -106,9 +106,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
                 self.plan.lock.release()
 
     def _failed_before_training(self, error: BaseException) -> bool:
-        """True when the start left nothing worth keeping: it stopped before the Trainer existed, or it was stopped
-        by bad input (here, or on another rank) before its first step. A crash or Ctrl+C mid-run keeps its logs;
-        under ddp_spawn this process never trains (step 0)."""
+        """True when the start left nothing worth keeping: it stopped before the Trainer existed, or on bad input (here
+        or on another rank) before its first step; a crash or Ctrl+C keeps its logs. ddp_spawn's parent never trains."""
         trainer = getattr(self, "trainer", None)
         if trainer is None:
             return True
@@ -296,9 +295,8 @@ def main() -> None:
 
 
 def close_process_group() -> None:
-    """Destroy the process group a finished run leaves (torchrun, srun) before the interpreter exits: left to the
-    interpreter's teardown, gloo's threads aborted a rank now and then ("terminate called without an active
-    exception", exit -6)."""
+    """Destroy a finished run's process group (torchrun, srun) before the interpreter exits: in its teardown, gloo's
+    threads aborted a rank now and then ("terminate called without an active exception", exit -6)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

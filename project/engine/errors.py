@@ -231,8 +231,7 @@ def _notes_of_failed_ranks(wait_s: float = 2.0) -> list[str]:
 
 
 def check_config_files(argv: list[str]) -> None:
-    """Every `--config FILE` exists and is valid YAML; else a ConfigError naming the file, line and column (which
-    jsonargparse's own error lacks)."""
+    """Every `--config FILE` exists and is valid YAML; else a ConfigError naming the file, line and column."""
     files = [arg.split("=", 1)[1] for arg in argv if arg.startswith(("--config=", "-c="))]
     files += [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config", "-c")]
     for name in files:

@@ -176,9 +176,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         canary="test_canary_stock_finetuning_freeze_lets_ddp_ranks_diverge",
     ),
     Workaround(
-        name="torch's AveragedModel.update_parameters reads its device-side counter on the host (2 syncs per "
-             "update), and Lightning's EMAWeightAveraging averages the whole LightningModule after calling "
-             "configure_model",
+        name="torch's AveragedModel.update_parameters reads its device-side counter on the host (2 syncs per update), "
+             "and Lightning's EMAWeightAveraging averages the whole LightningModule after calling configure_model",
         where="project/callbacks/ema.py EMA (a Callback owning its averaged copy of pl_module.network: a foreach "
               "lerp per update, the counter on the device)",
         upstream="no upstream issue found; seen in torch/optim/swa_utils.py and lightning weight_averaging.py",

@@ -137,8 +137,7 @@ def parse(parser: ArgumentParser, args: list[str]) -> Namespace:
 
 # -- the checks, before anything is written --------------------------------------------------------------------------
 def check_sweep(sweep: Namespace, config_files: list) -> Optional[optuna.samplers.BaseSampler]:
-    """Check the settings (a ConfigError for one that cannot work), fill in the study's name and direction; the
-    sampler (None: Optuna's default)."""
+    """Check the settings (ConfigError), fill in the study's name and direction; the sampler (None: Optuna's)."""
     sweep.space, sweep.study = flat(sweep.space), sweep.study or sweep_file_name(config_files)
     if sweep.study is None:
         raise ConfigError("no sweep file: pass --config configs/sweep/<name>.yaml (a YAML file with a `sweep:` "

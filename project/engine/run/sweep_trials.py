@@ -104,10 +104,8 @@ def tell(study: optuna.Study, trial, *args, **kwargs) -> None:
 
 # -- inside the trial's fit ------------------------------------------------------------------------------------------
 class SweepReporter(Callback):
-    """Reports `metric` to the trial at each validation; stops the fit when the study's pruner prunes it.
-
-    Added to each trial's fit by the sweep (`--trainer.callbacks+=`); rank zero reports and decides, every rank stops.
-    """
+    """Reports `metric` to the trial at each validation and stops the fit when the study's pruner prunes it; the sweep
+    adds it to each trial's fit (`--trainer.callbacks+=`): rank zero reports and decides, every rank stops."""
 
     def __init__(self, storage: str, study: str, trial: int, metric: str = "val/acc1",
                  pruner: Optional[optuna.pruners.BasePruner] = None):
