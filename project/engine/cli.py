@@ -166,9 +166,9 @@ class ProjectCLI(CheckpointReadOnceCLI):
         if self.subcommand == "fit" and config.trainer.max_epochs == -1 and config.trainer.max_steps in (None, -1):
             raise ConfigError("trainer.max_epochs=-1 and no trainer.max_steps: the run has no end, and the LR schedule "
                               "needs one; set --trainer.max_epochs or --trainer.max_steps")
-        if self.plan and self.plan.hparams:
-            for line in keep_explicit_model_values(config, self._explicit, self.plan.hparams):
-                rank_zero_info(line)
+        hparams = self.plan.checkpoint.get("hyper_parameters") if self.plan and self.plan.checkpoint else None
+        for line in keep_explicit_model_values(config, self._explicit, hparams or {}):
+            rank_zero_info(line)
         for part in (config.model, config.data):  # after a random pick (seed_everything: true)
             if part.get("init_args") is not None and "seed" in part.init_args:
                 part.init_args.seed = run_seed(config.seed_everything)
@@ -229,8 +229,9 @@ class ProjectCLI(CheckpointReadOnceCLI):
         super().after_instantiate_classes()
         contract.check_data(self.datamodule)
         if self.subcommand and self.plan and self.plan.ckpt_path is not None:
-            # The plan's load, checked, then handed to Lightning's restore (the file is not read again).
-            checkpoint = self.plan.take_checkpoint()
+            # The plan's load, checked, then handed to Lightning's restore (the file is not read again); the plan
+            # keeps no reference to it (its memory map goes with its last user).
+            checkpoint, self.plan.checkpoint = self.plan.checkpoint, None
             check_checkpoint_fits(self.plan.ckpt_path, checkpoint, self.model, self.datamodule)
             if self.subcommand == "fit" and not self.plan.fresh:  # before the Trainer first touches its loggers
                 continue_csv_logs(self.trainer.loggers, checkpoint["global_step"])

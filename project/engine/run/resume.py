@@ -22,18 +22,12 @@ from project.engine.run.trackers import check_trackers, kind_of, logger_entries,
 @dataclass
 class RunPlan:
     ckpt_path: Optional[Path] = None
-    checkpoint: Optional[dict[str, Any]] = None  # ckpt_path's contents, loaded once; handed on by take_checkpoint
+    checkpoint: Optional[dict[str, Any]] = None  # ckpt_path's contents, loaded once; the CLI takes it (and drops it)
     run_dir: Optional[Path] = None  # None: not a fit (Lightning decides where validate/test/predict log)
     fresh: bool = True  # a new run dir (fit without a checkpoint, or from one outside <root>)
     reason: str = ""
     skipped: list[tuple[Path, str]] = field(default_factory=list)
-    hparams: dict[str, Any] = field(default_factory=dict)  # the chosen checkpoint's model hyperparameters
     lock: Optional[RunLock] = None  # rank 0 of a fit: the run dir is created and locked until lock.release()
-
-    def take_checkpoint(self) -> Optional[dict[str, Any]]:
-        """The loaded checkpoint, once: the plan keeps no reference (its memory map goes with its last user)."""
-        checkpoint, self.checkpoint = self.checkpoint, None
-        return checkpoint
 
 
 def describe_checkpoint(path: Path) -> dict[str, Any]:
@@ -119,7 +113,6 @@ def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False)
                                 given_dir, job_dir)
     if chosen is not None:
         plan.ckpt_path, plan.checkpoint = chosen
-        plan.hparams = dict(plan.checkpoint.get("hyper_parameters") or {})
         config.ckpt_path = str(plan.ckpt_path)
     elif requested == "last":
         config.ckpt_path = None
