@@ -4,6 +4,7 @@
 """
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import json
@@ -401,6 +402,4 @@ def last_line(path: Path) -> str:
 def _stop_with_parent() -> None:
     """In the fit's process, before it starts: a SIGTERM when the worker dies (kill -9 too), so it saves and stops."""
     if sys.platform.startswith("linux"):
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
