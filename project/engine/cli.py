@@ -176,8 +176,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
             hook(config)
         for hook in DEFAULTS.config_hooks:
             hook(config, self._explicit)
-        job_id = slurm_job_id()
-        if job_id is not None and self.subcommand and self.plan is not None:
+        if (job_id := slurm_job_id()) is not None and self.subcommand and self.plan is not None:
             print(task_line(job_id, self.plan.run_dir or config.trainer.default_root_dir), flush=True)
 
     def instantiate_trainer(self, **kwargs):

@@ -10,8 +10,6 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 
 from project.engine.callbacks.throughput import ThroughputLogger
 
-SHOWN = ("train/loss", "val/loss", "val/acc1")
-
 
 class StepProgressBar(TQDMProgressBar):
     """TQDMProgressBar that shows our metrics without asking Lightning to convert them every step."""
@@ -19,7 +17,7 @@ class StepProgressBar(TQDMProgressBar):
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         items = super().get_metrics(trainer, pl_module)
         metrics = trainer.callback_metrics
-        for key in SHOWN:
+        for key in ("train/loss", "val/loss", "val/acc1"):
             if key in metrics:
                 items[key] = round(float(metrics[key]), 4)  # the host reads it here, at a refresh only
         for callback in trainer.callbacks:

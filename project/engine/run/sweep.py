@@ -257,8 +257,7 @@ def check_fit_options(parser: ArgumentParser, argv: list[str], config: Namespace
 
 
 def open_study(sweep: Namespace, storage: str, study_dir: Path, sampler, *, create: bool) -> optuna.Study:
-    """The study in its storage, created by the first worker; ConfigError when the storage cannot be opened, or
-    holds a study of that name that optimizes another way."""
+    """The study, made by the first worker; ConfigError if its storage cannot be opened or it optimizes another way."""
     name, made = sweep.study, []
     if "://" not in storage:
         journal = Path(storage)

@@ -208,8 +208,7 @@ class Worker:
                 signal.signal(signum, handler)
 
     def _take_next(self):
-        """The next trial (a retry first), False while the running trials fill the study, None once it is complete;
-        decided under the study dir's lock."""
+        """Under the study's lock: the next trial (a retry first), False while running ones fill it, None once done."""
         with open(self.study_dir / ".sweep.lock", "a") as lock:
             with contextlib.suppress(OSError):  # no POSIX locks: the count may overshoot by a trial per worker
                 fcntl.lockf(lock, fcntl.LOCK_EX)
@@ -374,8 +373,8 @@ def pin_loggers(loggers: Any, run_dir: Path) -> Any:
 
 
 def wait_for_run_dir(run_dir: Path, timeout: float) -> bool:
-    """Wait until no live process holds the run dir's lock (a fit whose worker died saves and stops first); False
-    if one still holds it after `timeout` s."""
+    """Wait until no live process holds the run dir's lock (a dead worker's fit saves and stops first); False after
+    `timeout` s."""
     deadline = time.monotonic() + timeout
     while (run_dir / ".lock").exists():
         with open(run_dir / ".lock", "a") as file:
