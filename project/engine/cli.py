@@ -134,12 +134,9 @@ class ProjectCLI(CheckpointReadOnceCLI):
         parser.add_lightning_class_args(ThroughputLogger, "throughput")
         # `predict` writes a CSV (--predictions.output); in the other subcommands the callback does nothing.
         parser.add_lightning_class_args(PredictionCsvWriter, "predictions")
-        parser.set_defaults({
-            "checkpoint.monitor": "val/acc1",
-            "checkpoint.mode": "max",
-            "checkpoint.filename": "epoch{epoch:03d}-val_acc1={val/acc1:.4f}",
-            "checkpoint.auto_insert_metric_name": False,
-        })
+        parser.set_defaults({"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max",
+                             "checkpoint.filename": "epoch{epoch:03d}-val_acc1={val/acc1:.4f}",
+                             "checkpoint.auto_insert_metric_name": False})
 
     # -- after parsing: the run plan (the one read of the checkpoint), before its hyperparameters are parsed ------
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
@@ -220,8 +217,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
             trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))
         check_process_count(trainer.world_size, trainer.num_devices, trainer.num_nodes)
         record_rank(trainer.global_rank, trainer.world_size)
-        # A torchrun restart must not meet the last attempt's keys.
-        init_attempt_process_group(trainer.strategy, timeout)
+        init_attempt_process_group(trainer.strategy, timeout)  # a torchrun restart must not meet the last one's keys
         return trainer
 
     def after_instantiate_classes(self) -> None:

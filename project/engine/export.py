@@ -1,9 +1,7 @@
-"""Export a trained network for inference without this package: model.pt2 (torch.export), model.onnx, model.json.
+"""Export a network for use without this package: model.pt2, model.onnx, model.json (docs/how-it-works.md#export).
 
     python -m project export --ckpt_path RUN/checkpoints/last.ckpt [--config RUN/config.yaml] [--out_dir DIR]
     python tools/preprocess.py RUN/export cat.jpg        # run it: torch, torchvision and Pillow only
-
-How each file is checked and published: docs/how-it-works.md#export.
 """
 
 import argparse

@@ -126,8 +126,7 @@ class LastCheckpoint(Checkpoint):
         # none): read on every rank before _agree, or rank 0 waits there while the others wait in that reduce.
         trainer.callback_metrics  # noqa: B018
         self._save(trainer, again=True)
-        # A signal that came during the last steps or the validation:
-        signum, _ = self._agree(trainer, trainer.world_size > 1)
+        signum, _ = self._agree(trainer, trainer.world_size > 1)  # one that came in the last steps or the validation
         if signum:
             raise self._stop(trainer, signum)
 
