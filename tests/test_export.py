@@ -19,7 +19,8 @@ from torchvision import models
 
 from conftest import tiny_args
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from project.engine.export import ExportCheckError, export_network, load_exported, main, onnx_available
+from project.engine.export import ExportCheckError, export_network, main, onnx_available
+from tools.preprocess import read_export
 
 PRE = {"resize": 36, "crop": 32, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
 NAMES = ["cat", "dog", "fox"]
@@ -54,7 +55,7 @@ def test_the_exported_program_gives_the_eager_logits_at_any_batch_size(tmp_path,
                            preprocessing=PRE, onnx=False, arch=arch)
     assert sorted(files) == ["json", "pt2"] and not (tmp_path / "model.onnx").exists()
     assert network.training  # the caller's network keeps its mode
-    exported, meta = load_exported(tmp_path)
+    exported, meta = read_export(tmp_path)
     network.eval()
     for batch in (1, 5):
         images = torch.randn(batch, 3, 32, 32)
@@ -141,7 +142,7 @@ def test_large_logits_pass_the_check_relative_to_their_scale(tmp_path):
     assert checked["onnx"]["max_abs_logit"] > 1e5
     # float32 rounding alone at that scale: more than any absolute tolerance of 1e-4 allows, far less than 1e-4 of it
     assert 1e-4 < checked["onnx"]["max_difference"] <= 1e-4 * checked["onnx"]["max_abs_logit"]
-    exported, _ = load_exported(tmp_path)
+    exported, _ = read_export(tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(exported(example), network(example), rtol=0,
                                    atol=1e-5 * checked["pt2"]["max_abs_logit"])
@@ -224,7 +225,7 @@ def test_main_exports_a_trained_run_from_its_checkpoint_and_config(tiny_root, tm
         run = tmp_path / "lightning_logs" / "version_0"
         files = main(["--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--no-onnx"])
     assert files["pt2"] == run / "export" / "model.pt2"
-    exported, meta = load_exported(run / "export")
+    exported, meta = read_export(run / "export")
     assert meta["class_names"] == ["cat", "dog", "fox"] and meta["arch"] == "resnet18"
     assert (meta["preprocessing"]["resize"], meta["preprocessing"]["crop"]) == (32, 32)  # the quickstart's eval sizes
 

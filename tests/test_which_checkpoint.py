@@ -169,7 +169,7 @@ def _start_and_hold(root: Path, barrier, results, release) -> None:
     plan = start_run("fit", config)
     results.put((plan.run_dir.name, config.trainer.logger.init_args.version, os.getpid()))
     release.wait(60)  # holding the lock until every run has claimed
-    plan.release()
+    plan.lock.release()
 
 
 def test_fits_started_at_the_same_moment_each_claim_their_own_version_dir(tmp_path):

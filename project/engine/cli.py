@@ -1,10 +1,8 @@
-"""The command line: LightningCLI over any LightningModule and LightningDataModule, with the run's safety rails.
+"""LightningCLI over any LightningModule and LightningDataModule, with the run's safety rails (docs/how-it-works.md).
 
     python -m project fit --config configs/quickstart.yaml
     python -m project fit --config configs/quickstart.yaml --data.class_path my_data.MyData --data.init_args.x=1
     python -m project validate --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt
-
-What it adds to LightningCLI, in the order a run meets it: docs/how-it-works.md.
 """
 
 import sys
@@ -83,10 +81,6 @@ class ProjectParser(LightningArgumentParser):
         return super().dump(cfg, *args, **kwargs)
 
 
-def class_path(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def run_seed(seed_everything) -> int:
     """The run seed the data order and augmentations derive from; `seed_everything: false` gives 0."""
     return seed_everything if isinstance(seed_everything, int) and not isinstance(seed_everything, bool) else 0
@@ -104,17 +98,16 @@ class ProjectCLI(CheckpointReadOnceCLI):
         try:
             super().__init__(*args, **kwargs)
         except BaseException as error:
-            if self.plan is not None and self._failed_before_training(error):
-                self.plan.remove_failed_start()
+            if self.plan is not None and self.plan.lock is not None and self._failed_before_training(error):
+                self.plan.lock.remove_failed_start()
             raise
         finally:
-            if self.plan is not None:
-                self.plan.release()
+            if self.plan is not None and self.plan.lock is not None:
+                self.plan.lock.release()
 
     def _failed_before_training(self, error: BaseException) -> bool:
-        """True when the start left nothing worth keeping: it stopped before the Trainer existed, or it was stopped
-        by bad input (here, or on another rank) before its first step. A crash or Ctrl+C mid-run keeps its logs;
-        under ddp_spawn this process never trains (step 0)."""
+        """True when the start left nothing worth keeping: it stopped before the Trainer existed, or on bad input (here
+        or on another rank) before its first step; a crash or Ctrl+C keeps its logs. ddp_spawn's parent never trains."""
         trainer = getattr(self, "trainer", None)
         if trainer is None:
             return True
@@ -130,7 +123,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
         parser.link_arguments("data.init_args.batch_size", "model.init_args.batch_size")
         parser.link_arguments("seed_everything", "data.init_args.seed", compute_fn=run_seed)
         parser.link_arguments("seed_everything", "model.init_args.seed", compute_fn=run_seed)
-        parser.set_defaults({key: {"class_path": class_path(cls)} for key, cls in
+        parser.set_defaults({key: {"class_path": f"{cls.__module__}.{cls.__qualname__}"} for key, cls in
                              (("model", DEFAULTS.model), ("data", DEFAULTS.data)) if cls is not None})
         parser.add_argument("--ddp_timeout_minutes", type=float, default=10.0,
                             help="ddp, ddp_spawn, fsdp2: a rank that stops answering ends the job after this long "
@@ -141,12 +134,9 @@ class ProjectCLI(CheckpointReadOnceCLI):
         parser.add_lightning_class_args(ThroughputLogger, "throughput")
         # `predict` writes a CSV (--predictions.output); in the other subcommands the callback does nothing.
         parser.add_lightning_class_args(PredictionCsvWriter, "predictions")
-        parser.set_defaults({
-            "checkpoint.monitor": "val/acc1",
-            "checkpoint.mode": "max",
-            "checkpoint.filename": "epoch{epoch:03d}-val_acc1={val/acc1:.4f}",
-            "checkpoint.auto_insert_metric_name": False,
-        })
+        parser.set_defaults({"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max",
+                             "checkpoint.filename": "epoch{epoch:03d}-val_acc1={val/acc1:.4f}",
+                             "checkpoint.auto_insert_metric_name": False})
 
     # -- after parsing: the run plan (the one read of the checkpoint), before its hyperparameters are parsed ------
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
@@ -173,9 +163,9 @@ class ProjectCLI(CheckpointReadOnceCLI):
         if self.subcommand == "fit" and config.trainer.max_epochs == -1 and config.trainer.max_steps in (None, -1):
             raise ConfigError("trainer.max_epochs=-1 and no trainer.max_steps: the run has no end, and the LR schedule "
                               "needs one; set --trainer.max_epochs or --trainer.max_steps")
-        if self.plan and self.plan.hparams:
-            for line in keep_explicit_model_values(config, self._explicit, self.plan.hparams):
-                rank_zero_info(line)
+        hparams = self.plan.checkpoint.get("hyper_parameters") if self.plan and self.plan.checkpoint else None
+        for line in keep_explicit_model_values(config, self._explicit, hparams or {}):
+            rank_zero_info(line)
         for part in (config.model, config.data):  # after a random pick (seed_everything: true)
             if part.get("init_args") is not None and "seed" in part.init_args:
                 part.init_args.seed = run_seed(config.seed_everything)
@@ -183,12 +173,13 @@ class ProjectCLI(CheckpointReadOnceCLI):
             hook(config)
         for hook in DEFAULTS.config_hooks:
             hook(config, self._explicit)
-        job_id = slurm_job_id()
-        if job_id is not None and self.subcommand and self.plan is not None:
+        if (job_id := slurm_job_id()) is not None and self.subcommand and self.plan is not None:
             print(task_line(job_id, self.plan.run_dir or config.trainer.default_root_dir), flush=True)
 
     def instantiate_trainer(self, **kwargs):
-        trainer_config = (self.config_init[self.subcommand] if self.subcommand else self.config_init)["trainer"]
+        init = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer_config = init["trainer"]
         plugins = trainer_config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
@@ -200,8 +191,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
             # Lightning's own plugin needs CUDA; this one picks torch's SyncBatchNorm or a gloo one at set-up.
             plugins.append(SyncBatchNormAnyBackend())
         trainer_config["plugins"] = plugins
-        subcommand_config = self.config[self.subcommand] if self.subcommand else self.config
-        timeout = timedelta(minutes=subcommand_config.get("ddp_timeout_minutes") or 10.0)
+        timeout = timedelta(minutes=config.get("ddp_timeout_minutes") or 10.0)
         strategy = trainer_config.get("strategy")
         if strategy in ("ddp", "ddp_spawn"):
             start_method = "spawn" if strategy == "ddp_spawn" else "popen"
@@ -217,10 +207,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
         if trainer_config.get("enable_checkpointing") is False:
             # The checkpoint groups (best, last.ckpt) are callbacks too: without checkpointing, inert ones instead
             # (the Trainer refuses checkpoint callbacks with enable_checkpointing=false).
-            config = self.config_init[self.subcommand] if self.subcommand else self.config_init
             for key in ("checkpoint", "last_checkpoint"):
-                config[key] = Callback()
-        config = self.config[self.subcommand] if self.subcommand else self.config
+                init[key] = Callback()
         # Any data module's plain loaders: exact evaluation and a resumable training order (project.engine.samplers).
         callbacks += [ExactLoaders(self.datamodule, run_seed(config.seed_everything)), CheckpointValues()]
         trainer = super().instantiate_trainer(**kwargs)
@@ -229,16 +217,16 @@ class ProjectCLI(CheckpointReadOnceCLI):
             trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))
         check_process_count(trainer.world_size, trainer.num_devices, trainer.num_nodes)
         record_rank(trainer.global_rank, trainer.world_size)
-        # A torchrun restart must not meet the last attempt's keys.
-        init_attempt_process_group(trainer.strategy, timeout)
+        init_attempt_process_group(trainer.strategy, timeout)  # a torchrun restart must not meet the last one's keys
         return trainer
 
     def after_instantiate_classes(self) -> None:
         super().after_instantiate_classes()
         contract.check_data(self.datamodule)
         if self.subcommand and self.plan and self.plan.ckpt_path is not None:
-            # The plan's load, checked, then handed to Lightning's restore (the file is not read again).
-            checkpoint = self.plan.take_checkpoint()
+            # The plan's load, checked, then handed to Lightning's restore (the file is not read again); the plan
+            # keeps no reference to it (its memory map goes with its last user).
+            checkpoint, self.plan.checkpoint = self.plan.checkpoint, None
             check_checkpoint_fits(self.plan.ckpt_path, checkpoint, self.model, self.datamodule)
             if self.subcommand == "fit" and not self.plan.fresh:  # before the Trainer first touches its loggers
                 continue_csv_logs(self.trainer.loggers, checkpoint["global_step"])
@@ -303,9 +291,8 @@ def main() -> None:
 
 
 def close_process_group() -> None:
-    """Destroy the process group a finished run leaves (torchrun, srun) before the interpreter exits: left to the
-    interpreter's teardown, gloo's threads aborted a rank now and then ("terminate called without an active
-    exception", exit -6)."""
+    """Destroy a finished run's process group (torchrun, srun) before the interpreter exits: in its teardown, gloo's
+    threads aborted a rank now and then ("terminate called without an active exception", exit -6)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

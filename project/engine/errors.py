@@ -171,42 +171,36 @@ def rank_label() -> str:
 
 
 def exit_on_user_error(run: Callable[[], object]) -> None:
-    """Run a command's entry point; what goes wrong ends the process through report_and_exit."""
+    """Run a command's entry point: a user error ends it in one line and exit 2, a peer failure in one line and exit 1,
+    a bug with its traceback. Under ddp the culprit also leaves its line in a note the others print last."""
     try:
         run()
     except SystemExit:
         raise
-    except BaseException as error:  # noqa: BLE001  report_and_exit re-raises what is not the user's
-        report_and_exit(error)
+    except BaseException as error:  # noqa: BLE001  what is not the user's is raised again
+        import torch.distributed as dist
 
-
-def report_and_exit(error: BaseException) -> None:
-    """Print a user error as one line and exit 2; print one line for a peer failure and exit 1; else re-raise. Under
-    ddp the culprit also leaves its line in a note that the others print last (docs/reliability.md#bad-input)."""
-    import torch.distributed as dist
-
-    if os.environ.get("PROJECT_DEBUG", "0") not in ("", "0", "false", "False"):
-        raise error  # the traceback
-    message = user_message(error)
-    if message is not None:
-        line = f"error{rank_label()}: {message}"
-        print(line, file=sys.stderr, flush=True)
-        if rank_label():  # the others print the line last, and fail their pending collectives now, not at timeout
-            if (prefix := _note_prefix()) is not None:
-                with contextlib.suppress(OSError):  # the line was printed already; the note only repeats it
-                    Path(f"{prefix}{os.getpid()}").write_text(line + "\n")
-            if dist.is_available() and dist.is_initialized():
-                with contextlib.suppress(Exception):  # closing a broken group may fail too
-                    dist.destroy_process_group()
-        sys.exit(130 if isinstance(error, KeyboardInterrupt) else EXIT_USER_ERROR)
-    if is_peer_failure(error):
+        if os.environ.get("PROJECT_DEBUG", "0") not in ("", "0", "false", "False"):
+            raise  # the traceback
+        if (message := user_message(error)) is not None:
+            line = f"error{rank_label()}: {message}"
+            print(line, file=sys.stderr, flush=True)
+            if rank_label():  # the others print the line last, and fail their pending collectives now, not at timeout
+                if (prefix := _note_prefix()) is not None:
+                    with contextlib.suppress(OSError):  # the line was printed already; the note only repeats it
+                        Path(f"{prefix}{os.getpid()}").write_text(line + "\n")
+                if dist.is_available() and dist.is_initialized():
+                    with contextlib.suppress(Exception):  # closing a broken group may fail too
+                        dist.destroy_process_group()
+            sys.exit(130 if isinstance(error, KeyboardInterrupt) else EXIT_USER_ERROR)
+        if not is_peer_failure(error):
+            raise
         reason = " ".join(str(error).split("] ", 1)[-1].split())[:160]
         print(f"stopped{rank_label()}: another rank failed or stopped answering ({type(error).__name__}: {reason}); "
               "a failing rank prints its own error", file=sys.stderr, flush=True)
         for culprit in _notes_of_failed_ranks():
             print(culprit, file=sys.stderr, flush=True)
         sys.exit(1)
-    raise error
 
 
 def _note_prefix() -> Optional[str]:
@@ -237,8 +231,7 @@ def _notes_of_failed_ranks(wait_s: float = 2.0) -> list[str]:
 
 
 def check_config_files(argv: list[str]) -> None:
-    """Every `--config FILE` exists and is valid YAML; else a ConfigError naming the file, line and column (which
-    jsonargparse's own error lacks)."""
+    """Every `--config FILE` exists and is valid YAML; else a ConfigError naming the file, line and column."""
     files = [arg.split("=", 1)[1] for arg in argv if arg.startswith(("--config=", "-c="))]
     files += [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config", "-c")]
     for name in files:

@@ -1,9 +1,7 @@
-"""Export a trained network for inference without this package: model.pt2 (torch.export), model.onnx, model.json.
+"""Export a network for use without this package: model.pt2, model.onnx, model.json (docs/how-it-works.md#export).
 
     python -m project export --ckpt_path RUN/checkpoints/last.ckpt [--config RUN/config.yaml] [--out_dir DIR]
     python tools/preprocess.py RUN/export cat.jpg        # run it: torch, torchvision and Pillow only
-
-How each file is checked and published: docs/how-it-works.md#export.
 """
 
 import argparse
@@ -38,12 +36,8 @@ class ExportCheckError(UserError, RuntimeError):
     """An exported file does not give the network's logits back; nothing was written."""
 
 
-def _installed(*names: str) -> bool:
-    return all(importlib.util.find_spec(name) for name in names)
-
-
 def onnx_available() -> bool:
-    return _installed("onnx", "onnxscript")  # torch.onnx's exporter needs both
+    return all(importlib.util.find_spec(name) for name in ("onnx", "onnxscript"))  # torch.onnx's exporter needs both
 
 
 def _check_close(file: str, got: torch.Tensor, expected: torch.Tensor, rtol: float, out_dir: Path) -> dict[str, float]:
@@ -73,7 +67,7 @@ def _export_onnx(program: torch.export.ExportedProgram, example: torch.Tensor, e
     """Write model.onnx (and model.onnx.data) from the exported program; check it in onnxruntime when installed."""
     torch.onnx.export(program, (example,), str(path), dynamo=True, input_names=["images"], output_names=["logits"],
                       verbose=False)
-    if not _installed("onnxruntime"):
+    if importlib.util.find_spec("onnxruntime") is None:
         return None
     import onnxruntime
 
@@ -136,14 +130,12 @@ def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Te
     staging = Path(tempfile.mkdtemp(prefix=".export-", suffix=".partial", dir=out_dir))
     try:
         program, checked = _export_pt2(eager, example, expected, staging, rtol, out_dir)
-
         checked["onnx"] = None
         if onnx and onnx_available():
             checked["onnx"] = _export_onnx(program, example, expected, staging / "model.onnx", eager, onnx_rtol,
                                            out_dir)
         elif onnx:
             rank_zero_info("model.onnx skipped: `pip install onnx onnxscript` (and onnxruntime to check it)")
-
         written = {kind: name for kind, name in EXPORT_FILES.items() if (staging / name).exists()}
         (staging / "model.json").write_text(json.dumps({
             "arch": arch or f"{type(network).__module__}.{type(network).__qualname__}",
@@ -164,16 +156,9 @@ def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Te
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    files = {kind: out_dir / name for kind, name in written.items()}
-    files["json"] = out_dir / "model.json"
+    files = {kind: out_dir / name for kind, name in {**written, "json": "model.json"}.items()}
     rank_zero_info(f"exported {', '.join(p.name for p in files.values())} to {out_dir}")
     return files
-
-
-def load_exported(folder: str | Path) -> tuple[nn.Module, dict[str, Any]]:
-    """The exported network (a callable nn.Module) and its model.json, with torch alone (no project, no Lightning)."""
-    folder = Path(folder)
-    return torch.export.load(folder / "model.pt2").module(), json.loads((folder / "model.json").read_text())
 
 
 def export_module(model, datamodule, out_dir: str | Path, *, onnx: bool = True) -> dict[str, Path]:

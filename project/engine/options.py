@@ -109,17 +109,13 @@ def check_value(annotation: Any, value: Any) -> Any:
 
 def check_fields(instance: Any, group: str) -> None:
     """A frozen dataclass's fields checked (from __post_init__) and replaced by their checked values."""
-    hints = typing.get_type_hints(type(instance))
-    for field in dataclasses.fields(instance):
-        try:
-            value = check_value(hints[field.name], getattr(instance, field.name))
-        except ValueError as error:
-            raise ConfigError(f"{group}.{field.name}: {error}") from None
-        object.__setattr__(instance, field.name, value)
+    values = {field.name: getattr(instance, field.name) for field in dataclasses.fields(instance)}
+    for name, value in check_arguments(type(instance), values, group).items():
+        object.__setattr__(instance, name, value)
 
 
 def check_arguments(function: Callable, values: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """A call's annotated arguments (an __init__'s locals()) checked: {name: checked value} for each one given."""
+    """A call's (or a dataclass's) annotated arguments checked: {name: checked value} for each one in `values`."""
     hints = typing.get_type_hints(function)
     checked = {}
     for name in inspect.signature(function).parameters:

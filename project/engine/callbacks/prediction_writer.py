@@ -1,9 +1,7 @@
-"""Write the predictions of `predict` to one CSV: path, then the top-k class names and probabilities, in path order.
+"""predict's CSV: path, then the top-k class names and probabilities, in path order (docs/how-it-works.md#predict).
 
     python -m project predict --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt \
         --data.predict_root path/to/images [--predictions.output predictions.csv]
-
-Under ddp, global rank 0 alone writes every rank's rows; how the file is kept whole: docs/how-it-works.md#predict.
 """
 
 import csv
@@ -15,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -101,12 +100,9 @@ class PredictionCsvWriter(BasePredictionWriter):
         self._reset()
         if not trainer.is_global_zero:
             return
-        # Sorting by index restores the data set's (sorted path) order; a sampler's padding duplicates are dropped.
-        order = torch.argsort(indices, stable=True)
-        indices, probs, classes = indices[order], probs[order], classes[order]
-        keep = torch.ones_like(indices, dtype=torch.bool)
-        keep[1:] = indices[1:] != indices[:-1]
-        indices, probs, classes = indices[keep], probs[keep], classes[keep]
+        # Sorted by index: the data set's (sorted path) order; a sampler's padding duplicates dropped (the first kept).
+        indices, first = np.unique(indices.numpy(), return_index=True)
+        probs, classes = probs[first], classes[first]
         if len(indices) != len(dataset.paths):
             missing = sorted(set(range(len(dataset.paths))) - set(indices.tolist()))
             named = ", ".join(shown(dataset.paths[i]) for i in missing[:MAX_NAMED])

@@ -1,8 +1,6 @@
-"""The progress bar: train/loss, img/s, data wait and the latest val/acc1, read on the host only when it refreshes.
+"""The progress bar, read on the host only when it refreshes (docs/how-it-works.md#performance-you-can-see).
 
     python -m project fit --config configs/quickstart.yaml        # refreshes every trainer.log_every_n_steps steps
-
-Why nothing is logged with prog_bar=True: docs/how-it-works.md#performance-you-can-see.
 """
 
 from typing import Any
@@ -12,8 +10,6 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 
 from project.engine.callbacks.throughput import ThroughputLogger
 
-SHOWN = ("train/loss", "val/loss", "val/acc1")
-
 
 class StepProgressBar(TQDMProgressBar):
     """TQDMProgressBar that shows our metrics without asking Lightning to convert them every step."""
@@ -21,7 +17,7 @@ class StepProgressBar(TQDMProgressBar):
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         items = super().get_metrics(trainer, pl_module)
         metrics = trainer.callback_metrics
-        for key in SHOWN:
+        for key in ("train/loss", "val/loss", "val/acc1"):
             if key in metrics:
                 items[key] = round(float(metrics[key]), 4)  # the host reads it here, at a refresh only
         for callback in trainer.callbacks:

@@ -1,8 +1,6 @@
-"""ThroughputLogger: images/s (per device and in total), step time, data-wait share and MFU, under perf/ in the logs.
+"""images/s, step time, data-wait share and MFU under perf/ in the logs (docs/how-it-works.md#performance-you-can-see).
 
     python -m project fit --config configs/quickstart.yaml      # on by default; tensorboard --logdir runs/quickstart
-
-The keys and what they measure: docs/how-it-works.md#performance-you-can-see.
 """
 
 import copy
@@ -17,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from project.engine.errors import ConfigError
 from project.engine.options import PositiveFloat, check_arguments
-from project.engine.run.training_steps import after_optimizer_step, is_logging_step, logged_step
+from project.engine.run.training_steps import after_optimizer_step, is_logging_step
 
 # Dense peak FLOP/s per GPU from NVIDIA's datasheets, by a substring of the device name, the more specific first
 # (Lightning's table has the H200's sparse figures and misses the name "NVIDIA H200").
@@ -168,11 +166,10 @@ class ThroughputLogger(L.Callback):
             if self.device_peak_flops:
                 metrics["perf/device/mfu"] = device_flops / self.device_peak_flops
         self.windows.append({**metrics, "steps": self._steps, "images": self._images})
-        # Straight to the loggers, as Lightning's ThroughputMonitor does, without self.log's bookkeeping. The step is
-        # the one Lightning writes train/loss at right after this hook (and flushes then).
-        step = logged_step(trainer)
+        # Straight to the loggers, as Lightning's ThroughputMonitor does, without self.log's bookkeeping; at the step
+        # Lightning writes train/loss at right after this hook (and flushes then): one before global_step here.
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
+            logger.log_metrics(metrics, step=trainer.global_step - 1)
         self._reset_window()
         # The next window starts now: the steps after this one count from here (the sync above included).
         self._segment_start = self._last_end = time.perf_counter()

@@ -1,8 +1,6 @@
-"""Workarounds for bugs and gaps in Lightning, torch and jsonargparse: each with its upstream issue and its end.
+"""Workarounds for Lightning, torch and jsonargparse, each with its issue, its end and a canary (docs/workarounds.md).
 
     python -m tools.workarounds_table --write docs/workarounds.md     # the table, from this registry
-
-Every entry has a strict-xfail canary in tests/test_compat.py; how the registry works: docs/workarounds.md.
 """
 
 from dataclasses import dataclass
@@ -115,8 +113,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         name="values logged with prog_bar=True are read on the host at every batch end, whatever the bar's "
              "refresh rate",
         where="project/engine/callbacks/progress_bar.py (the bar reads its values when it refreshes); nothing is "
-              "logged "
-              "with prog_bar=True",
+              "logged with prog_bar=True",
         upstream="no upstream issue found; seen in _LoggerConnector.on_batch_end -> _ResultCollection.metrics",
         seen="lightning 2.6.6",
         delete_when="stock self.log(prog_bar=True) no longer converts to a Python number on every batch",
@@ -137,8 +134,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="CSVLogger deletes the run dir's metrics.csv when a resumed fit starts again there",
         where="project/engine/run/trackers.py continue_csv_logs (called from project/engine/cli.py "
-              "after_instantiate_classes): "
-              "the rows before the checkpoint's step are written back and appended to",
+              "after_instantiate_classes): the rows before the checkpoint's step are written back and appended to",
         upstream="introduced by Lightning PR #19446 (2.2.1, for #19432: appending under another header); no "
                  "upstream issue found that asks to keep the rows on a resume",
         seen="lightning 2.2.1-2.6.6",
@@ -180,9 +176,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         canary="test_canary_stock_finetuning_freeze_lets_ddp_ranks_diverge",
     ),
     Workaround(
-        name="torch's AveragedModel.update_parameters reads its device-side counter on the host (2 syncs per "
-             "update), and Lightning's EMAWeightAveraging averages the whole LightningModule after calling "
-             "configure_model",
+        name="torch's AveragedModel.update_parameters reads its device-side counter on the host (2 syncs per update), "
+             "and Lightning's EMAWeightAveraging averages the whole LightningModule after calling configure_model",
         where="project/callbacks/ema.py EMA (a Callback owning its averaged copy of pl_module.network: a foreach "
               "lerp per update, the counter on the device)",
         upstream="no upstream issue found; seen in torch/optim/swa_utils.py and lightning weight_averaging.py",

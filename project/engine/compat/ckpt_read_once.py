@@ -4,7 +4,7 @@
 """
 
 import dataclasses
-import importlib
+import pydoc
 import sys
 import types
 import typing
@@ -63,10 +63,7 @@ class CheckpointReadOnceCLI(LightningCLI):
             return
         model = self.config[subcommand].model
         class_path = model.get("class_path") if self.subclass_mode_model else None
-        model_class = self._model_class
-        if class_path:  # the config's class (already imported by the parse), never the checkpoint's
-            module, _, name = class_path.rpartition(".")
-            model_class = getattr(importlib.import_module(module), name)
+        model_class = pydoc.locate(class_path) if class_path else self._model_class  # never the checkpoint's
         hparams, dropped = checkpoint_values(model_class, checkpoint.get("hyper_parameters") or {})
         if dropped:
             rank_zero_info(f"checkpoint hyperparameters not used (checkpoints carry values, the config names classes): "

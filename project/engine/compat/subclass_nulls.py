@@ -4,8 +4,6 @@ from collections.abc import Sequence
 
 from jsonargparse import Namespace
 
-NULLS = ("null", "None")
-
 
 def restore_nulls(config: Namespace, argv: Sequence[str]) -> None:
     """Set back to None each `--key=null` (or `--key null`) of `argv` that the parse left as the string 'None'."""
@@ -13,7 +11,7 @@ def restore_nulls(config: Namespace, argv: Sequence[str]) -> None:
         key, sep, value = arg[2:].partition("=")
         if not sep:
             value = argv[index + 1] if index + 1 < len(argv) else ""
-        if not arg.startswith("--") or value not in NULLS:
+        if not arg.startswith("--") or value not in ("null", "None"):
             continue
         head, _, rest = key.partition(".")
         for candidate in (key, f"{head}.init_args.{rest}" if rest and not rest.startswith("init_args.") else key):

@@ -1,8 +1,6 @@
-"""Files that survive kill -9, a full disk and any $TMPDIR, and checkpoints that load without running code.
+"""Atomic, durable files, and checkpoints that load without running code (docs/how-it-works.md#what-a-checkpoint-holds).
 
     from project.engine.run.checkpoint_io import atomic_write   # any file: atomic_write(path, write)
-
-How a save and a load go: docs/how-it-works.md#what-a-checkpoint-holds.
 """
 
 import contextlib

@@ -1,8 +1,6 @@
-"""last.ckpt, the one file a run resumes from: rewritten every few minutes, at every epoch end and on a stop signal.
+"""last.ckpt, rewritten every few minutes, at epoch ends and on a stop signal (docs/reliability.md#what-a-stop-costs).
 
     python -m project fit --config configs/quickstart.yaml --ckpt_path last      # continues at the next batch
-
-What a stop costs, when the ranks agree and why no save comes right before a validation: docs/reliability.md.
 """
 
 import signal
@@ -47,8 +45,7 @@ class LastCheckpoint(Checkpoint):
         """
         if check_every_n_steps < 1:
             raise ConfigError(f"last_checkpoint.check_every_n_steps must be >= 1, got {check_every_n_steps}")
-        self.every_minutes = every_minutes
-        self.every_n_steps = every_n_steps
+        self.every_minutes, self.every_n_steps = every_minutes, every_n_steps
         self.check_every_n_steps = check_every_n_steps
         self.path: Optional[Path] = None
         self.saved_at_step: Optional[int] = None
@@ -129,8 +126,7 @@ class LastCheckpoint(Checkpoint):
         # none): read on every rank before _agree, or rank 0 waits there while the others wait in that reduce.
         trainer.callback_metrics  # noqa: B018
         self._save(trainer, again=True)
-        # A signal that came during the last steps or the validation:
-        signum, _ = self._agree(trainer, trainer.world_size > 1)
+        signum, _ = self._agree(trainer, trainer.world_size > 1)  # one that came in the last steps or the validation
         if signum:
             raise self._stop(trainer, signum)
 

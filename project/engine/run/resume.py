@@ -1,8 +1,6 @@
-"""Which checkpoint a run continues from, and which run dir and logger version it writes into: decided once, here.
+"""Which checkpoint and run dir a run continues in, decided once here (docs/reliability.md#which-checkpoint-wins).
 
     python -m project fit --config configs/quickstart.yaml --ckpt_path last
-
-Which checkpoint wins, and why: docs/reliability.md#which-checkpoint-wins.
 """
 
 import os
@@ -24,27 +22,12 @@ from project.engine.run.trackers import check_trackers, kind_of, logger_entries,
 @dataclass
 class RunPlan:
     ckpt_path: Optional[Path] = None
-    checkpoint: Optional[dict[str, Any]] = None  # ckpt_path's contents, loaded once; handed on by take_checkpoint
+    checkpoint: Optional[dict[str, Any]] = None  # ckpt_path's contents, loaded once; the CLI takes it (and drops it)
     run_dir: Optional[Path] = None  # None: not a fit (Lightning decides where validate/test/predict log)
     fresh: bool = True  # a new run dir (fit without a checkpoint, or from one outside <root>)
     reason: str = ""
     skipped: list[tuple[Path, str]] = field(default_factory=list)
-    hparams: dict[str, Any] = field(default_factory=dict)  # the chosen checkpoint's model hyperparameters
-    lock: Optional[RunLock] = None  # rank 0 of a fit: the run dir is created and locked until release()
-
-    def take_checkpoint(self) -> Optional[dict[str, Any]]:
-        """The loaded checkpoint, once: the plan keeps no reference (its memory map goes with its last user)."""
-        checkpoint, self.checkpoint = self.checkpoint, None
-        return checkpoint
-
-    def release(self) -> None:
-        if self.lock is not None:
-            self.lock.release()
-
-    def remove_failed_start(self) -> None:
-        """A start that failed before training: remove what this process created for the run (see RunLock)."""
-        if self.lock is not None:
-            self.lock.remove_failed_start()
+    lock: Optional[RunLock] = None  # rank 0 of a fit: the run dir is created and locked until lock.release()
 
 
 def describe_checkpoint(path: Path) -> dict[str, Any]:
@@ -104,7 +87,7 @@ def _skipped_note(plan: RunPlan) -> str:
 
 def start_run(subcommand: str, config: Namespace) -> RunPlan:
     """The CLI's one call: plan_run, with the run dir claimed by global rank 0 of a fit (the other ranks write
-    nothing and rely on its lock). The caller ends it: plan.release(), or plan.remove_failed_start()."""
+    nothing and rely on its lock). The caller ends it: plan.lock.release() (remove_failed_start() after a failure)."""
     return plan_run(subcommand, config, claim_run_dir=subcommand == "fit" and env_global_rank() == 0)
 
 
@@ -130,7 +113,6 @@ def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False)
                                 given_dir, job_dir)
     if chosen is not None:
         plan.ckpt_path, plan.checkpoint = chosen
-        plan.hparams = dict(plan.checkpoint.get("hyper_parameters") or {})
         config.ckpt_path = str(plan.ckpt_path)
     elif requested == "last":
         config.ckpt_path = None

@@ -25,8 +25,7 @@ def version_name(version: int | str) -> str:
 
 def logger_version(name: str) -> int | str:
     """What a logger's `version` must be for it to write into the dir called `name` (version_name's inverse)."""
-    number = version_of(name)
-    return name if number is None else number
+    return name if (number := version_of(name)) is None else number
 
 
 def next_version(logs: Path) -> int:

@@ -15,8 +15,7 @@ def as_requested(signum: int) -> int:
 
 
 class StopRequests:
-    """Flag-only handlers until `restore`; `received` is the first stop signal (0: none), passed on to `forward`
-    if it is a SIGTERM or SIGHUP."""
+    """Flag-only handlers until `restore`; `received`: the first stop signal (0: none); a TERM/HUP goes to `forward`."""
 
     def __init__(self, signums: tuple[int, ...], forward: Optional[Callable[[int], None]] = None):
         self.received = 0

@@ -38,11 +38,9 @@ def task_line(job_id: str, run_dir: object) -> str:
 
 
 def requeue(job_id: str) -> tuple[bool, str]:
-    """`scontrol requeue <job id>`: (True, "") when Slurm took it, else (False, why)."""
+    """`scontrol requeue <job id>`: (whether Slurm took it, why not)."""
     try:
         result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     except OSError as error:  # no scontrol on the compute node's PATH
         return False, str(error)
-    if result.returncode != 0:
-        return False, f"exit {result.returncode}: {result.stderr.strip()}"
-    return True, ""
+    return result.returncode == 0, f"exit {result.returncode}: {result.stderr.strip()}"

@@ -1,18 +1,16 @@
-"""Hyperparameter sweeps with Optuna: every trial an ordinary fit in its own run dir, any number of workers per study.
+"""Optuna sweeps: a sweep file is a fit config with a `sweep:` section (Sweep below); how it runs: docs/sweeps.md.
 
     python -m project sweep --config configs/sweep/quickstart.yaml                 # a worker; start more to share it
     python -m project sweep --summary --config configs/sweep/quickstart.yaml       # trials.csv, plots, the best
     python -m project sweep --help                                                 # fit options, then the sweep's
-
-A sweep file is a fit config with a `sweep:` section (Sweep below); docs/sweeps.md says how it runs.
 """
 
 import argparse
 import contextlib
 import csv
 import difflib
-import importlib
 import math
+import pydoc
 import re
 import sys
 import warnings
@@ -139,8 +137,7 @@ def parse(parser: ArgumentParser, args: list[str]) -> Namespace:
 
 # -- the checks, before anything is written --------------------------------------------------------------------------
 def check_sweep(sweep: Namespace, config_files: list) -> Optional[optuna.samplers.BaseSampler]:
-    """Check the settings (a ConfigError for one that cannot work), fill in the study's name and direction; the
-    sampler (None: Optuna's default)."""
+    """Check the settings (ConfigError), fill in the study's name and direction; the sampler (None: Optuna's)."""
     sweep.space, sweep.study = flat(sweep.space), sweep.study or sweep_file_name(config_files)
     if sweep.study is None:
         raise ConfigError("no sweep file: pass --config configs/sweep/<name>.yaml (a YAML file with a `sweep:` "
@@ -178,9 +175,8 @@ def check_sweep(sweep: Namespace, config_files: list) -> Optional[optuna.sampler
 
 def build(spec: Namespace, what: str):
     """The Optuna sampler or pruner of a `{class_path, init_args}` the parser checked; a ConfigError if it refuses."""
-    owner, _, name = spec.class_path.rpartition(".")
     try:
-        return getattr(importlib.import_module(owner), name)(**spec.get("init_args", Namespace()).as_dict())
+        return pydoc.locate(spec.class_path)(**spec.get("init_args", Namespace()).as_dict())
     except (TypeError, ValueError) as error:
         raise ConfigError(f"sweep.{what}: {spec.class_path} refuses its arguments ({error})") from None
 
@@ -261,8 +257,7 @@ def check_fit_options(parser: ArgumentParser, argv: list[str], config: Namespace
 
 
 def open_study(sweep: Namespace, storage: str, study_dir: Path, sampler, *, create: bool) -> optuna.Study:
-    """The study in its storage, created by the first worker; ConfigError when the storage cannot be opened, or
-    holds a study of that name that optimizes another way."""
+    """The study, made by the first worker; ConfigError if its storage cannot be opened or it optimizes another way."""
     name, made = sweep.study, []
     if "://" not in storage:
         journal = Path(storage)

@@ -1,11 +1,10 @@
-"""A sweep's trials: a worker takes the next trial of the shared study, runs it as an ordinary fit, tells the result.
+"""A sweep's workers: each takes a trial of the shared study, runs it as a fit and tells the result (docs/sweeps.md).
 
     python -m project sweep --config configs/sweep/quickstart.yaml      # one worker; start more, anywhere, to share
-
-How workers share, count, retry and prune trials: docs/sweeps.md.
 """
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import json
@@ -32,6 +31,7 @@ from optuna.storages.journal import JournalFileSymlinkLock
 from optuna.trial import TrialState
 
 from project.engine.errors import DiskFullError
+from project.engine.run.slurm import slurm_job_id
 
 # Trial attributes in the storage: the run dir, who runs it, and what the fit said about itself.
 RUN_DIR, WORKER, HEARTBEAT = "run_dir", "worker", "heartbeat"
@@ -105,10 +105,8 @@ def tell(study: optuna.Study, trial, *args, **kwargs) -> None:
 
 # -- inside the trial's fit ------------------------------------------------------------------------------------------
 class SweepReporter(Callback):
-    """Reports `metric` to the trial at each validation; stops the fit when the study's pruner prunes it.
-
-    Added to each trial's fit by the sweep (`--trainer.callbacks+=`); rank zero reports and decides, every rank stops.
-    """
+    """Reports `metric` to the trial at each validation and stops the fit when the study's pruner prunes it; the sweep
+    adds it to each trial's fit (`--trainer.callbacks+=`): rank zero reports and decides, every rank stops."""
 
     def __init__(self, storage: str, study: str, trial: int, metric: str = "val/acc1",
                  pruner: Optional[optuna.pruners.BasePruner] = None):
@@ -192,8 +190,6 @@ class Worker:
         self.signal = self.signal or signum
         # Not SIGINT: a terminal sent it to the fit already, and a second one would mean "stop without saving".
         if self.child is not None and self.child.poll() is None and signum != signal.SIGINT:
-            from project.engine.run.slurm import slurm_job_id
-
             # A fit outside Slurm has no SIGUSR1 handler (it would die of it): it gets a SIGTERM instead.
             self.child.send_signal(signum if signum == signal.SIGTERM or slurm_job_id() else signal.SIGTERM)
 
@@ -212,8 +208,7 @@ class Worker:
                 signal.signal(signum, handler)
 
     def _take_next(self):
-        """The next trial (a retry first), False while the running trials fill the study, None once it is complete;
-        decided under the study dir's lock."""
+        """Under the study's lock: the next trial (a retry first), False while running ones fill it, None once done."""
         with open(self.study_dir / ".sweep.lock", "a") as lock:
             with contextlib.suppress(OSError):  # no POSIX locks: the count may overshoot by a trial per worker
                 fcntl.lockf(lock, fcntl.LOCK_EX)
@@ -240,9 +235,7 @@ class Worker:
             tell(self.study, frozen.number, state=TrialState.FAIL)
         except (ValueError, RuntimeError, UpdateFinishedTrialError):
             return  # finished meanwhile, by its worker or by another one
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)
-            self.retry(self.study, frozen)
+        self.retry(self.study, frozen)  # (only its __init__ is experimental)
 
     def _run(self, trial: optuna.trial.Trial) -> Optional[int]:
         """Run one trial and tell its result; an exit code when this worker must stop (bad input), else None."""
@@ -380,8 +373,8 @@ def pin_loggers(loggers: Any, run_dir: Path) -> Any:
 
 
 def wait_for_run_dir(run_dir: Path, timeout: float) -> bool:
-    """Wait until no live process holds the run dir's lock (a fit whose worker died saves and stops first); False
-    if one still holds it after `timeout` s."""
+    """Wait until no live process holds the run dir's lock (a dead worker's fit saves and stops first); False after
+    `timeout` s."""
     deadline = time.monotonic() + timeout
     while (run_dir / ".lock").exists():
         with open(run_dir / ".lock", "a") as file:
@@ -408,6 +401,4 @@ def last_line(path: Path) -> str:
 def _stop_with_parent() -> None:
     """In the fit's process, before it starts: a SIGTERM when the worker dies (kill -9 too), so it saves and stops."""
     if sys.platform.startswith("linux"):
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

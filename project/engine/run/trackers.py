@@ -1,8 +1,6 @@
-"""Experiment trackers (TensorBoard, CSV, MLflow, W&B; one or a list): one run dir, one tracked run per run.
+"""Experiment trackers, checked at start-up; a resume continues their tracked runs (docs/reliability.md#trackers).
 
     python -m project fit --config configs/quickstart.yaml --config configs/tracking/mlflow.yaml --ckpt_path last
-
-Checked at start-up; a resume continues the tracked runs in `<run dir>/trackers.json` (docs/reliability.md#trackers).
 """
 
 import base64
@@ -162,8 +160,7 @@ def point_trackers(trainer: Namespace, run_dir: Path, *, resuming: bool) -> None
                                f"{run_dir} instead, beside its checkpoints and config.yaml")
             args.save_dir = str(run_dir)
             args.id = args.get("id") or ids.get("wandb") or secrets.token_hex(4)  # W&B's own: 8 of [a-z0-9]
-            # dict_kwargs (the **kwargs of WandbLogger) are passed to wandb.init
-            if commit:
+            if commit:  # dict_kwargs: WandbLogger's **kwargs, which it passes to wandb.init
                 entry.dict_kwargs = {**(entry.get("dict_kwargs") or {}), "config": {"git_commit": commit}}
 
 

@@ -8,11 +8,6 @@ def after_optimizer_step(trainer: L.Trainer, batch_idx: int) -> bool:
     return (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 == trainer.num_training_batches
 
 
-def logged_step(trainer: L.Trainer) -> int:
-    """The step Lightning writes this optimizer step's metrics at (train/loss): one before global_step here."""
-    return trainer.global_step - 1
-
-
 def is_logging_step(trainer: L.Trainer, batch_idx: int) -> bool:
     """True on the batch ends where Lightning writes step metrics (every log_every_n_steps optimizer steps)."""
     if not after_optimizer_step(trainer, batch_idx):
