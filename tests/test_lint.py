@@ -12,9 +12,9 @@ from conftest import REPO
 
 LINTED = ("project", "tests", "bench", "tools")
 MAX_FUNCTION_LINES = 60
-# Issue 28's goal is 7,000 lines, plus what issues 30 (shards, +279) and 31 (fsdp2, +146) may add: 7,425. Until it
-# is met, today's size is the ceiling (7,639 on 2026-12-03): the house may only shrink. Lower this number as it does.
-MAX_PROJECT_LINES = 7_639
+# Issue 28's goal, 7,000 lines, plus what issues 30 (shards, +279) and 31 (fsdp2, +151) added: 7,430 (they may add up
+# to 600 and 300 in all). 7,415 on 2026-12-03: the house may only shrink; lower this number as it does.
+MAX_PROJECT_LINES = 7_415
 
 
 def test_ruff_finds_nothing():
