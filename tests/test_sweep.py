@@ -67,9 +67,11 @@ def assert_value_is_the_logs_best(trial, row: dict) -> list[tuple[int, float]]:
 
 
 @pytest.mark.slow
-def test_two_workers_share_a_study_of_4_trials_none_run_twice_values_are_the_logs_best(tmp_path, capsys):
-    # A worker whose trial ended waits for the other's with a nap of min(heartbeat_interval, 5 s): 1 s here.
-    args = sweep_args(tmp_path, "--sweep.n_trials=4", "--sweep.heartbeat_interval=1", "--trainer.max_epochs=2")
+def test_two_workers_share_a_study_of_4_trials_none_run_twice_values_are_the_logs_best(tiny_root, tmp_path, capsys):
+    # A worker whose trial ended waits for the other's with a nap of min(heartbeat_interval, 5 s): 1 s here. The
+    # trials fit the tiny images (17 to validate, not the digits' 355: 5 s a validation on a busy 2-core machine).
+    args = sweep_args(tmp_path, "--sweep.n_trials=4", "--sweep.heartbeat_interval=1", "--trainer.max_epochs=2",
+                      f"--data.root={tiny_root}")
     workers = [start_project(args) for _ in range(2)]
     outputs = [worker.communicate(timeout=1800) for worker in workers]
     for worker, (out, err) in zip(workers, outputs):
@@ -229,12 +231,12 @@ def test_bad_sweep_input_in_a_real_process_is_one_line_on_stderr(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_diverged_trial_fails_and_a_used_up_grid_ends_the_sweep_with_its_summary(tmp_path, capsys):
+def test_a_diverged_trial_fails_and_a_used_up_grid_ends_the_sweep_with_its_summary(tiny_root, tmp_path, capsys):
     # val/acc1 of NaN logits is a number (argmax picks class 0): the diverged trial must fail, not rank. The grid has
     # 2 points and n_trials is 4: Optuna's GridSampler calls study.stop() after the last one (a RuntimeError outside
     # study.optimize), and would then repeat points. The worker runs in this process; its trials are processes.
     args = ["--config", str(SWEEP), f"--trainer.default_root_dir={tmp_path}", "--sweep.n_trials=4",
-            "--trainer.max_epochs=1", "--trainer.limit_train_batches=3",
+            "--trainer.max_epochs=1", "--trainer.limit_train_batches=3", f"--data.root={tiny_root}",
             "--sweep.space={model.optim.lr_per_256: {choices: [0.1, 1.0e+6]}}",
             "--sweep.sampler={class_path: GridSampler, init_args: {search_space: "
             "{model.optim.lr_per_256: [0.1, 1.0e+6]}}}"]
