@@ -1,5 +1,5 @@
-"""slurm/train.sbatch on a real two-node Slurm (tests/slurm_cluster.py): multi-node DDP, preemption, requeue, resume
-(of a run on shards).
+"""slurm/train.sbatch on a real two-node Slurm (tests/slurm_cluster.py): multi-node training (sharded: fsdp2),
+preemption, requeue, resume (of a run on shards).
 
     bash .ci/install_slurm.sh && python -m pytest tests/test_slurm.py --durations=0
 
@@ -89,9 +89,12 @@ def jobs(slurm, tiny_root, tmp_path_factory) -> dict[str, Job]:
     """
     out = tmp_path_factory.mktemp("jobs")
     # The two training jobs read the tiny images as shards (project.data.ShardDataModule): its loader state is the one
-    # a requeue must carry; the folder module's resumes are tested in test_resume.py.
+    # a requeue must carry; the folder module's resumes are tested in test_resume.py. They train sharded (fsdp2: the
+    # gather of its one-file checkpoint at the signal, the scatter at the resume); ddp is the same to Slurm (the same
+    # cluster environment and launch) and is tested on every other multi-process path.
     assert make_shards(["--source", str(tiny_root), "--out", str(out / "shards"), "--shard-size", "8"]) == 0
-    shards = [*EPOCHS, "--data.class_path=project.data.ShardDataModule", f"--data.init_args.shards={out / 'shards'}"]
+    shards = [*EPOCHS, "--data.class_path=project.data.ShardDataModule", f"--data.init_args.shards={out / 'shards'}",
+              "--config", str(REPO / "configs" / "fsdp.yaml")]
     specs = {
         "uninterrupted": (TWO_NODES, tiny_args(tiny_root, out / "uninterrupted", *shards)),
         # Held as step 7 (epoch 1) starts until the signal has arrived: it cannot finish before the test signals it.
@@ -147,7 +150,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes_to_the_weights_of_an_uni
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_two_node_job_trains_one_ddp_run_over_both_nodes(slurm, jobs):
+def test_two_node_job_trains_one_sharded_run_over_both_nodes(slurm, jobs):
     job = jobs["uninterrupted"]
     record = slurm.wait_until_done(job.id, JOB_TIMEOUT)
     log = job.text()
@@ -161,6 +164,7 @@ def test_two_node_job_trains_one_ddp_run_over_both_nodes(slurm, jobs):
     run_dir = job.run_dir()
     assert [p.name for p in (job.root / "lightning_logs").iterdir()] == [run_dir.name]
     assert sorted(p.name for p in run_dir.glob("*.yaml")) == ["config.yaml", "hparams.yaml"]
+    assert "  strategy: fsdp2\n" in (run_dir / "config.yaml").read_text()
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert len(checkpoints) == 2 and "last.ckpt" in checkpoints, checkpoints
     assert not list(job.root.rglob("hpc_ckpt_*.ckpt"))
