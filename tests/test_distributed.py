@@ -96,12 +96,15 @@ def validate_metrics(checkpoint: Path, tiny_root: Path, run_dir: Path, devices: 
 
 def test_validate_is_exact_with_1_2_and_3_processes_on_an_odd_val_set(ddp_run, tiny_root, tmp_path):
     checkpoint = ddp_run / "lightning_logs/version_0/checkpoints/last.ckpt"
-    # 17 val images in batches of 4: shards of 17, 9+8 and 6+6+5 images; padding would count some twice
-    one, two, three = (validate_metrics(checkpoint, tiny_root, tmp_path / f"w{n}", n) for n in (1, 2, 3))
+    # 17 val images in batches of 4: shards of 17, 9+8 and 6+6+5 images; padding would count some twice. 2 processes:
+    # the fit's own validation of the weights it saved last (at its last epoch's end), in batches of 8 (8+1 and 8).
+    one, three = (validate_metrics(checkpoint, tiny_root, tmp_path / f"w{n}", n) for n in (1, 3))
+    scalars = read_scalars(ddp_run / "lightning_logs" / "version_0")
+    two = {key: scalars[key][-1][1] for key in ("val/acc1", "val/acc5", "val/loss")}
     # Neither 0 nor 1: there, padding and means of per-rank means would give the same number (acc5 is 1: 3 classes).
     assert 0 < one["val/acc1"] < 1
     assert one["val/acc1"] == two["val/acc1"] == three["val/acc1"]
-    assert two["val/loss"] == pytest.approx(one["val/loss"], rel=1e-6)
+    assert two["val/loss"] == pytest.approx(one["val/loss"], rel=1e-5)  # float32 forwards of other batch sizes
     assert three["val/loss"] == pytest.approx(one["val/loss"], rel=1e-6)
     # and each reduced accuracy is a count over all 17 images, not a mean of per-rank means (9+8, 6+6+5 shards)
     for metrics in (two, three):
