@@ -54,9 +54,16 @@ def peak_flops(device: torch.device, dtype: str) -> Optional[float]:
     return get_available_flops(device, _TORCH_DTYPES[dtype])
 
 
+def meta_copy(network: torch.nn.Module) -> torch.nn.Module:
+    """A weightless copy of `network` on the meta device, made without copying its weights first."""
+    memo = {id(t): torch.nn.Parameter(t.to("meta"), t.requires_grad) for t in network.parameters()}
+    memo.update({id(t): t.to("meta") for t in network.buffers()})
+    return copy.deepcopy(network, memo)
+
+
 def train_flops_per_image(network: torch.nn.Module, batch_shape: torch.Size) -> float:
     """FLOPs of one training step (forward + backward) per image, counted on a weightless meta-device copy."""
-    meta = copy.deepcopy(network).to("meta")
+    meta = meta_copy(network)  # a no-op copy of one already there
     images = torch.empty(batch_shape, device="meta")
     return measure_flops(meta, lambda: meta(images), lambda logits: logits.sum()) / batch_shape[0]
 
@@ -81,6 +88,7 @@ class ThroughputLogger(L.Callback):
         self.windows: list[dict[str, float]] = []  # every logged window, for benchmarks reading the figures back
         self.device_peak_flops = self.peak_flops  # resolved at setup: the argument, else the table
         self._flops_counted = False
+        self._meta_network: Optional[torch.nn.Module] = None  # the network as setup found it, weightless
         self._devices = self._world_size = 1
         self._device = torch.device("cpu")
         self._reset_window()
@@ -102,6 +110,10 @@ class ThroughputLogger(L.Callback):
         self._devices = trainer.num_devices * trainer.num_nodes
         dtype = compute_dtype(str(trainer.precision), self._device)
         self.device_peak_flops = self.peak_flops or peak_flops(self._device, dtype)
+        # Copied now, before configure_model may shard it (fsdp2: FLOPs cannot be counted on sharded weights)
+        network = getattr(pl_module, "network", None)
+        if self.count_flops and stage == "fit" and isinstance(network, torch.nn.Module):
+            self._meta_network = meta_copy(network)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_end = None  # the first fetch of an epoch starts the loader's workers: not a per-step cost
@@ -120,7 +132,7 @@ class ThroughputLogger(L.Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int):
         if self.count_flops and not self._flops_counted:
-            self._count_flops(pl_module, batch)
+            self._count_flops(batch)
             self._last_end = None  # the counting is no data wait
         now = time.perf_counter()
         if self._segment_start is None:
@@ -128,9 +140,9 @@ class ThroughputLogger(L.Callback):
         elif self._last_end is not None:
             self._wait += now - self._last_end
 
-    def _count_flops(self, pl_module: L.LightningModule, batch: Any) -> None:
+    def _count_flops(self, batch: Any) -> None:
         self._flops_counted = True  # once, whatever happens
-        network = getattr(pl_module, "network", None)
+        network = self._meta_network
         images = batch[0] if isinstance(batch, (list, tuple)) else batch
         if not isinstance(network, torch.nn.Module) or not isinstance(images, torch.Tensor):
             rank_zero_warn("ThroughputLogger: no `network` module or image batch to count FLOPs on; no tflops/MFU")
