@@ -20,6 +20,7 @@ from project.engine.errors import CheckpointError
 from project.engine.export import main as export_main
 from project.engine.run.checkpoint_io import SHARDS, load_trusted_format
 from project.engine.strategies import FSDPStrategy
+from project.engine.strategies.fsdp import by_position
 from test_distributed import CPU_DDP, assert_ok, in_process
 from test_resume import EVERY_STEP, LAST, assert_same_training, final_state
 
@@ -66,10 +67,16 @@ def test_fsdp_steps_as_ddp_does_and_its_checkpoint_evaluates_exactly_at_1_2_and_
     # Later steps drift apart in float32 as ddp drifts from itself: this tiny network turns 1e-7 in the weights into
     # 4e-2 in the next gradient (docs/how-it-works.md#fsdp); ModelParallelStrategy refuses 64-true.
     ddp_run = tmp_path / "ddp"  # the fixture's run under ddp
-    assert_ok(run_project(["fit", *tiny_args(tiny_root, ddp_run, *EPOCHS), *CPU_DDP, after_step(ddp_run)]))
+    ddp_args = [*CPU_DDP, after_step(ddp_run), after_step(ddp_run, 2)]
+    assert_ok(run_project(["fit", *tiny_args(tiny_root, ddp_run, *EPOCHS), *ddp_args]))
     fsdp, reference = final_state(fsdp_run / "step1.ckpt"), final_state(ddp_run / "step1.ckpt")
     assert fsdp["step"] == reference["step"] == 1
     assert_same_training(fsdp, reference, tolerance=1e-5)
+    # ddp's step-1 checkpoint continued under fsdp (mid-epoch, sharded) for one step: ddp's step 2, to 1e-5 as above.
+    continued = tmp_path / "continued"
+    assert_ok(run_project(["fit", *tiny_args(tiny_root, continued, *EPOCHS), *FSDP, *SHARDED,
+                           "--trainer.max_steps=2", f"--ckpt_path={ddp_run / 'step1.ckpt'}"], timeout=300))
+    assert_same_training(trained(continued, tmp_path), final_state(ddp_run / "step2.ckpt"), tolerance=1e-5)
     # The checkpoint is a ddp one, key for key: what validates and exports in one process (python -m project export).
     assert {k: v.shape for k, v in fsdp["weights"].items()} == {k: v.shape for k, v in reference["weights"].items()}
     # 17 val images: shards of 17, 9+8 and 6+6+5; padding would count some twice. 2 ranks: the fit's own validation
@@ -173,3 +180,19 @@ def test_a_sharded_save_killed_before_its_file_leaves_the_previous_checkpoint_an
     other = sharded_checkpoint(tmp_path, name="epoch=0-step=1.ckpt")
     FSDPStrategy(sharded=True).remove_checkpoint(path)  # as ModelCheckpoint drops one from its top k
     assert sorted(p.name for p in tmp_path.iterdir()) == [".epoch=0-step=1.ckpt.1.shards", other.name]
+
+
+def test_optimizer_states_are_matched_to_parameters_by_position_in_their_groups_as_torch_optim_does():
+    # Two groups (decay_norm_and_bias=false) of Sequential(Linear(4, 3), BatchNorm1d(3), Linear(3, 2)): the matrices,
+    # then the vectors. Lightning's one-file fsdp checkpoint numbers them in model order, torch.optim (ddp) in group
+    # order; FSDP's rekey_optim_state_dict reads both in model order, which gives ddp's 2.weight momentum to 0.bias.
+    shapes = {"0.weight": (3, 4), "2.weight": (2, 3), "0.bias": (3,), "1.weight": (3,), "1.bias": (3,), "2.bias": (2,)}
+    names = list(shapes)  # the optimizer's order
+    for groups in ([[0, 4], [1, 2, 3, 5]], [[0, 1], [2, 3, 4, 5]]):  # fsdp one-file, ddp
+        ids = [i for group in groups for i in group]
+        state = {"state": {i: {"momentum_buffer": torch.zeros(shapes[name])} for i, name in zip(ids, names)},
+                 "param_groups": [{"lr": 0.1, "params": group} for group in groups]}
+        by_name = by_position(state, names)
+        assert {name: tuple(s["momentum_buffer"].shape) for name, s in by_name["state"].items()} == shapes
+        assert [g["params"] for g in by_name["param_groups"]] == [names[:2], names[2:]]
+        assert [g["params"] for g in by_position(by_name)["param_groups"]] == [[0, 1], [2, 3, 4, 5]]  # torch.optim's

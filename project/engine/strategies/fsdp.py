@@ -7,6 +7,7 @@ The model shards itself in configure_model with `shard` (which blocks: the room'
 
 import functools
 import glob
+import itertools
 import pickle
 import shutil
 import time
@@ -22,7 +23,7 @@ from torch import nn
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel, OptimStateKeyType, fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.checkpoint import checkpoint
 
 from project.engine.errors import CheckpointError, ConfigError, untrusted_checkpoint_message
@@ -105,8 +106,11 @@ class FSDPStrategy(ModelParallelStrategy):
         loaded = self.checkpoint_io.load_checkpoint(Path(self.broadcast(str(checkpoint_path))))
         full = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)
         set_model_state_dict(self.model, loaded["state_dict"], options=full)
+        names = {param: name for name, param in self.model.named_parameters()}
         for optimizer, state in zip(self.optimizers, loaded.get("optimizer_states", [])):
-            state = FullyShardedDataParallel.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_NAME, self.model)
+            # By position in the groups, as torch.optim loads it (FSDP's rekey goes by model order: wrong for a ddp
+            # checkpoint whose groups are not in model order, decay_norm_and_bias=false)
+            state = by_position(state, [names[param] for group in optimizer.param_groups for param in group["params"]])
             set_optimizer_state_dict(self.model, optimizer, state, options=full)
         return loaded
 
@@ -191,12 +195,13 @@ def read_sharded(path: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
     return checkpoint
 
 
-def by_position(state: dict[str, Any]) -> dict[str, Any]:
-    """An optimizer state keyed by parameter name as torch.optim keys it: by position in its parameter groups."""
+def by_position(state: dict[str, Any], keys: Optional[list] = None) -> dict[str, Any]:
+    """An optimizer state relabelled by position in its parameter groups, as torch.optim matches one to its parameters:
+    to 0, 1, ... (as torch.optim keys it), or to `keys` (parameter names)."""
     groups = state.get("param_groups", [])
-    ids = {name: index for index, name in enumerate(name for group in groups for name in group["params"])}
-    return {"state": {ids[name]: value for name, value in state.get("state", {}).items()},
-            "param_groups": [{**group, "params": [ids[name] for name in group["params"]]} for group in groups]}
+    new = dict(zip((key for group in groups for key in group["params"]), keys or itertools.count()))
+    return {"state": {new[key]: value for key, value in state.get("state", {}).items()},
+            "param_groups": [{**group, "params": [new[key] for key in group["params"]]} for group in groups]}
 
 
 if FSDPStrategy.strategy_name not in StrategyRegistry:
