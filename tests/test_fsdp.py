@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch import nn
 
 from conftest import CONFIGS, callback, project_in_process, read_scalars, run_project, tiny_args
 from project.engine.cli import close_process_group
@@ -21,6 +22,7 @@ from project.engine.export import main as export_main
 from project.engine.run.checkpoint_io import SHARDS, load_trusted_format
 from project.engine.strategies import FSDPStrategy
 from project.engine.strategies.fsdp import by_position
+from project.weights import load_pretrained
 from test_distributed import CPU_DDP, assert_ok, in_process
 from test_resume import EVERY_STEP, LAST, assert_same_training, final_state
 
@@ -139,9 +141,9 @@ def sharded_checkpoint(directory: Path, lr: object = 0.1, name: str = "last.ckpt
     """A small sharded checkpoint as strategy fsdp2 writes one: <directory>/<name>, and the folder it names beside it
     with the tensors and the optimizer's values (DCP torch.saves each non-tensor item, here the LR)."""
     folder = directory / f".{name}.{stamp}.shards"
-    tensors = {"state_dict": {"w": torch.ones(2)},
-               "optimizer_0": {"state": {"w": {"momentum_buffer": torch.zeros(2)}},
-                               "param_groups": [{"lr": lr, "params": ["w"]}]}}
+    tensors = {"state_dict": {"network.0.weight": torch.ones(2, 2)},  # an ImageClassifier's network: Linear(2, 2)
+               "optimizer_0": {"state": {"network.0.weight": {"momentum_buffer": torch.zeros(2, 2)}},
+                               "param_groups": [{"lr": lr, "params": ["network.0.weight"]}]}}
     with warnings.catch_warnings():  # "torch.distributed is disabled ... assuming ... a single process": it is
         warnings.simplefilter("ignore")
         dcp.save(tensors, storage_writer=dcp.FileSystemWriter(folder), no_dist=True)
@@ -153,10 +155,13 @@ def sharded_checkpoint(directory: Path, lr: object = 0.1, name: str = "last.ckpt
 def test_crafted_shards_are_refused_in_one_line_and_run_nothing(crafted, tmp_path):
     path, ran = sharded_checkpoint(tmp_path), tmp_path / "ran"
     loaded = load_trusted_format(path)  # one process, no process group: the one-file checkpoint it stands for
-    assert loaded["state_dict"]["w"].tolist() == [1, 1] and loaded["global_step"] == 1
+    assert loaded["state_dict"]["network.0.weight"].tolist() == [[1, 1], [1, 1]] and loaded["global_step"] == 1
     (optimizer,) = loaded["optimizer_states"]  # keyed by position, as torch.optim keys it
     assert optimizer["param_groups"] == [{"lr": 0.1, "params": [0]}]
-    assert optimizer["state"][0]["momentum_buffer"].shape == (2,)
+    assert optimizer["state"][0]["momentum_buffer"].shape == (2, 2)
+    network = nn.Sequential(nn.Linear(2, 2, bias=False))  # fine-tuning from it: --model.finetune.weights <ckpt>
+    load_pretrained(network, str(path), arch=None, num_classes=2)
+    assert network[0].weight.tolist() == [[1, 1], [1, 1]]
     if crafted == "bytes item":  # read by DCP's own planner with torch.load(weights_only=False)
         path = sharded_checkpoint(tmp_path, lr=RunsCode(os.system, f"touch {ran}"), stamp=2)
     else:  # read by DCP's own reader with pickle.load
