@@ -151,7 +151,8 @@ def sharded_checkpoint(directory: Path, lr: object = 0.1, name: str = "last.ckpt
     return directory / name
 
 
-@pytest.mark.parametrize("crafted", ["metadata calls os.system", "metadata calls builtins.exec", "bytes item"])
+@pytest.mark.parametrize("crafted", ["metadata calls os.system", "metadata calls builtins.exec", "bytes item",
+                                     "metadata cut short", "metadata not DCP's"])
 def test_crafted_shards_are_refused_in_one_line_and_run_nothing(crafted, tmp_path):
     path, ran = sharded_checkpoint(tmp_path), tmp_path / "ran"
     loaded = load_trusted_format(path)  # one process, no process group: the one-file checkpoint it stands for
@@ -162,15 +163,19 @@ def test_crafted_shards_are_refused_in_one_line_and_run_nothing(crafted, tmp_pat
     network = nn.Sequential(nn.Linear(2, 2, bias=False))  # fine-tuning from it: --model.finetune.weights <ckpt>
     load_pretrained(network, str(path), arch=None, num_classes=2)
     assert network[0].weight.tolist() == [[1, 1], [1, 1]]
+    metadata, expected = tmp_path / ".last.ckpt.1.shards" / ".metadata", "is not a trusted checkpoint: it holds pickled"
     if crafted == "bytes item":  # read by DCP's own planner with torch.load(weights_only=False)
         path = sharded_checkpoint(tmp_path, lr=RunsCode(os.system, f"touch {ran}"), stamp=2)
+    elif crafted.startswith("metadata cut") or crafted.startswith("metadata not"):  # damaged: not code, one line too
+        metadata.write_bytes(metadata.read_bytes()[:100] if "cut" in crafted else pickle.dumps([1, {"a": 2}]))
+        expected = r"last.ckpt is not a complete checkpoint: its shards .last.ckpt.1.shards do not load \("
     else:  # read by DCP's own reader with pickle.load
         payload = RunsCode(os.system, f"touch {ran}") if "system" in crafted else RunsCode(exec, f"open('{ran}', 'w')")
         pickle.loads(pickle.dumps(payload))  # it is live: a plain unpickling runs it
         assert ran.exists()
         ran.unlink()
-        (tmp_path / ".last.ckpt.1.shards" / ".metadata").write_bytes(pickle.dumps(payload))
-    with pytest.raises(CheckpointError, match="is not a trusted checkpoint: it holds pickled objects") as refused:
+        metadata.write_bytes(pickle.dumps(payload))
+    with pytest.raises(CheckpointError, match=expected) as refused:
         load_trusted_format(path)
     assert "\n" not in str(refused.value)
     assert not ran.exists()

@@ -89,12 +89,17 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], object], *, mode
                                 f"(if any) is intact. {fix}") from error
         raise
     if fsync:
-        fd = os.open(path.parent, os.O_RDONLY)
-        with contextlib.suppress(OSError):  # some filesystems refuse fsync on directories; the rename is still atomic
-            os.fsync(fd)
-        os.close(fd)
+        fsync_directory(path.parent)
     remove_stale_partials(path.parent)
     return path
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make the names in `directory` durable (its files' own contents need their own fsync)."""
+    fd = os.open(directory, os.O_RDONLY)
+    with contextlib.suppress(OSError):  # some filesystems refuse fsync on directories; a rename is still atomic
+        os.fsync(fd)
+    os.close(fd)
 
 
 def load_trusted_format(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:

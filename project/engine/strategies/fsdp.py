@@ -27,7 +27,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.checkpoint import checkpoint
 
 from project.engine.errors import CheckpointError, ConfigError, untrusted_checkpoint_message
-from project.engine.run.checkpoint_io import SHARDS
+from project.engine.run.checkpoint_io import SHARDS, fsync_directory
 
 
 def checkpoint_activations(blocks: Iterable[nn.Module]) -> None:
@@ -127,6 +127,7 @@ class FSDPStrategy(ModelParallelStrategy):
         dcp.save(tensors, storage_writer=dcp.FileSystemWriter(folder),  # fsyncs every file
                  planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True))
         if self.is_global_zero:
+            fsync_directory(folder)  # the shards' names (DCP fsyncs their contents), before the file that names them
             self.checkpoint_io.save_checkpoint({**checkpoint, SHARDS: folder.name}, path)
             remove_shards(path, keep=folder.name)
 
@@ -159,7 +160,7 @@ class MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self.ALLOWED or module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"Weights only load failed: Unsupported global: {module}:{name} in .metadata")
+        raise pickle.UnpicklingError(f"Weights only load failed: Unsupported global: {module}:{name}, not DCP metadata")
 
 
 class WeightsOnlyLoadPlanner(_EmptyStateDictLoadPlanner):
@@ -183,12 +184,10 @@ def read_sharded(path: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
         reader.set_up_storage_reader(metadata, True)
         (plan,) = reader.prepare_global_plan(planner.create_global_plan([planner.create_local_plan()]))
         reader.read_data(planner.finish_plan(plan), planner).wait()
-    except pickle.UnpicklingError as error:
-        raise CheckpointError(untrusted_checkpoint_message(error, folder)) from error
-    except (OSError, RuntimeError, EOFError, ValueError, KeyError, AssertionError) as error:
+    except Exception as error:  # pickled code, or a folder missing, damaged or crafted otherwise: one line each
         reason = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
-        raise CheckpointError(f"{path} is not a complete checkpoint: its shards {folder.name} do not load "
-                              f"({reason})") from error
+        raise CheckpointError(untrusted_checkpoint_message(error, folder) or f"{path} is not a complete checkpoint: "
+                              f"its shards {folder.name} do not load ({reason})") from error
     checkpoint["state_dict"] = tensors.pop("state_dict")
     if tensors:  # not a weights-only save
         checkpoint["optimizer_states"] = [by_position(tensors[f"optimizer_{i}"]) for i in range(len(tensors))]
