@@ -20,6 +20,7 @@ from torchvision.models import WeightsEnum, get_model_weights
 
 from project.backbones import NETWORK, classifier_head, head_outputs, torchvision_weights
 from project.engine.errors import ConfigError, MissingInputError
+from project.engine.run.checkpoint_io import SHARDS, load_trusted_format
 
 CKPT_PREFIX = NETWORK + "."  # the network of a HasNetwork module (ImageClassifier), in its checkpoints
 # torchvision's DenseNet files predate a rename of 'norm.1' to 'norm1' (relu, conv): renamed as its builder does.
@@ -100,6 +101,8 @@ def _from_file(path: Path) -> dict[str, torch.Tensor]:
         ) from None
     except Exception as error:
         raise ConfigError(f"{path} is not a torch checkpoint ({type(error).__name__}: {error})") from None
+    if isinstance(content, Mapping) and SHARDS in content:  # a sharded checkpoint (strategy fsdp2): its folder too
+        content = load_trusted_format(path)
     if isinstance(content, Mapping) and isinstance(content.get("state_dict"), Mapping):
         # One of our Lightning checkpoints: the network is the `network.` part of `state_dict` (with EMA, the average).
         state = _copy_with_metadata(content["state_dict"],

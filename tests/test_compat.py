@@ -494,3 +494,25 @@ def test_canary_stock_model_parallel_strategy_ignores_sync_batchnorm(tmp_path, m
         finally:
             close_process_group()
     assert any(isinstance(m, nn.SyncBatchNorm) for m in model.modules())
+
+
+@canary("test_canary_stock_dcp_runs_code_from_a_crafted_checkpoint")
+def test_canary_stock_dcp_runs_code_from_a_crafted_checkpoint(tmp_path):
+    import contextlib
+    import pickle
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from test_fsdp import RunsCode
+
+    ran = {part: tmp_path / part for part in ("metadata", "bytes")}
+    with warnings.catch_warnings():  # "torch.distributed is disabled ...": one process, as intended
+        warnings.simplefilter("ignore")
+        dcp.save({"lr": RunsCode(os.system, f"touch {ran['bytes']}")}, checkpoint_id=tmp_path / "bytes", no_dist=True)
+        with contextlib.suppress(Exception):
+            dcp.load({"lr": 0.0}, checkpoint_id=tmp_path / "bytes", no_dist=True)  # DefaultLoadPlanner
+    (tmp_path / "bytes" / ".metadata").write_bytes(pickle.dumps(RunsCode(os.system, f"touch {ran['metadata']}")))
+    with contextlib.suppress(Exception):
+        dcp.FileSystemReader(tmp_path / "bytes").read_metadata()
+    assert not any(path.exists() for path in ran.values()), "stock DCP ran a crafted checkpoint's pickled call"

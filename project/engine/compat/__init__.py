@@ -205,4 +205,14 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         delete_when="a stock ModelParallelStrategy converts the BatchNorm layers with sync_batchnorm=True",
         canary="test_canary_stock_model_parallel_strategy_ignores_sync_batchnorm",
     ),
+    Workaround(
+        name="torch distributed checkpoint (DCP) reads a folder's .metadata with pickle.load and its non-tensor items "
+             "with torch.load(weights_only=False): a crafted sharded checkpoint runs code when it is loaded",
+        where="project/engine/strategies/fsdp.py MetadataUnpickler, WeightsOnlyLoadPlanner, read_sharded (called from "
+              "project/engine/run/checkpoint_io.py load_trusted_format)",
+        upstream="pytorch#189308 (open; .metadata); fix PR #191326 closed unmerged; load_bytes: no issue found",
+        seen="torch 2.14.1 (filesystem.py FileSystemReader.read_metadata, default_planner.py load_bytes)",
+        delete_when="stock DCP refuses a pickled global beyond its metadata types in both places",
+        canary="test_canary_stock_dcp_runs_code_from_a_crafted_checkpoint",
+    ),
 )

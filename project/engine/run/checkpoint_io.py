@@ -19,6 +19,7 @@ from project.engine.errors import CheckpointError, DiskFullError, untrusted_chec
 
 PARTIAL_SUFFIX = ".partial"  # temp files are `.<name>.<host>-<pid>.partial`: never a name `--ckpt_path last` picks
 HOST = socket.gethostname().replace(".", "_")
+SHARDS = "shards"  # a sharded checkpoint's key for its folder of tensors (strategies/fsdp.py, sharded=True)
 
 
 def local_path(path: Any) -> Optional[str]:
@@ -88,12 +89,17 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], object], *, mode
                                 f"(if any) is intact. {fix}") from error
         raise
     if fsync:
-        fd = os.open(path.parent, os.O_RDONLY)
-        with contextlib.suppress(OSError):  # some filesystems refuse fsync on directories; the rename is still atomic
-            os.fsync(fd)
-        os.close(fd)
+        fsync_directory(path.parent)
     remove_stale_partials(path.parent)
     return path
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make the names in `directory` durable (its files' own contents need their own fsync)."""
+    fd = os.open(directory, os.O_RDONLY)
+    with contextlib.suppress(OSError):  # some filesystems refuse fsync on directories; a rename is still atomic
+        os.fsync(fd)
+    os.close(fd)
 
 
 def load_trusted_format(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
@@ -114,6 +120,10 @@ def load_trusted_format(path: str | Path, map_location: Any = "cpu", *, mmap: bo
         raise CheckpointError(_why_it_did_not_load(path, error)) from error
     if not isinstance(loaded, dict):
         raise CheckpointError(f"{path} holds a {type(loaded).__name__}, not a checkpoint dictionary")
+    if SHARDS in loaded:
+        from project.engine.strategies.fsdp import read_sharded
+
+        return read_sharded(path, loaded)
     return loaded
 
 

@@ -6,19 +6,28 @@ The model shards itself in configure_model with `shard` (which blocks: the room'
 """
 
 import functools
+import glob
+import itertools
+import pickle
+import shutil
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 from torch import nn
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel, OptimStateKeyType, fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.checkpoint import checkpoint
 
-from project.engine.errors import ConfigError
+from project.engine.errors import CheckpointError, ConfigError, untrusted_checkpoint_message
+from project.engine.run.checkpoint_io import SHARDS, fsync_directory
 
 
 def checkpoint_activations(blocks: Iterable[nn.Module]) -> None:
@@ -47,13 +56,17 @@ def shard(network: nn.Module, blocks: Iterable[nn.Module], mesh: Any) -> None:
 
 class FSDPStrategy(ModelParallelStrategy):
     """ModelParallelStrategy as pure data parallelism (every process one shard; no tensor parallelism), whose
-    checkpoints are the project's: one file, gathered on rank 0, written atomically, read with weights_only=True."""
+    checkpoints are the project's: written atomically, read weights-only, one file or (sharded) a file and a folder."""
 
     strategy_name = "fsdp2"
 
-    def __init__(self, **kwargs: Any) -> None:
-        # Sharded (torch distributed checkpoint) folders are not offered: see docs/how-it-works.md#fsdp.
-        super().__init__(tensor_parallel_size=1, save_distributed_checkpoint=False, **kwargs)
+    def __init__(self, sharded: bool = False, **kwargs: Any) -> None:
+        """
+        Args:
+            sharded: each process writes its own shards of a checkpoint (torch distributed checkpoint), into a folder
+                beside the .ckpt file, which keeps the rest: no gather on rank 0. False: one file, as under ddp.
+        """
+        super().__init__(tensor_parallel_size=1, save_distributed_checkpoint=sharded, **kwargs)
 
     def setup_environment(self) -> None:
         if self._layer_sync is not None:  # ModelParallelStrategy never applies it: BatchNorm would stay per rank
@@ -87,23 +100,107 @@ class FSDPStrategy(ModelParallelStrategy):
             module.unshard() if gathered else module.reshard()
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict[str, Any]:
-        """The full checkpoint through the CheckpointIO (the run plan's copy, or a weights_only read), its weights and
-        optimizer state then scattered into the shards. Lightning's own reads it again with torch's default."""
-        path = Path(self.broadcast(str(checkpoint_path)))
-        if path.is_dir():
-            raise ConfigError(f"{path} is a folder (a sharded torch distributed checkpoint): strategy fsdp2 resumes "
-                              "from the one-file checkpoints it writes (last.ckpt)")
-        loaded = self.checkpoint_io.load_checkpoint(path)
+        """The full checkpoint through the CheckpointIO (the run plan's copy, or a weights-only read; a sharded one's
+        folder read in), its weights and optimizer state then scattered into the shards. (Lightning's own reads meta.pt
+        with torch's default, DCP's .metadata with pickle.load.)"""
+        loaded = self.checkpoint_io.load_checkpoint(Path(self.broadcast(str(checkpoint_path))))
         full = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)
         set_model_state_dict(self.model, loaded["state_dict"], options=full)
+        names = {param: name for name, param in self.model.named_parameters()}
         for optimizer, state in zip(self.optimizers, loaded.get("optimizer_states", [])):
-            state = FullyShardedDataParallel.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_NAME, self.model)
+            # By position in the groups, as torch.optim loads it (FSDP's rekey goes by model order: wrong for a ddp
+            # checkpoint whose groups are not in model order, decay_norm_and_bias=false)
+            state = by_position(state, [names[param] for group in optimizer.param_groups for param in group["params"]])
             set_optimizer_state_dict(self.model, optimizer, state, options=full)
         return loaded
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
+        if not self._save_distributed_checkpoint:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        # Every rank writes its shards into a new folder; then rank 0 replaces the .ckpt file (atomically) with the
+        # rest and the folder's name. Until that rename the previous checkpoint (file and folder) is the one read.
+        path = Path(self.broadcast(str(filepath)))
+        folder = path.with_name(self.broadcast(f".{path.name}.{time.time_ns()}.shards"))
+        optimizers = enumerate(checkpoint.pop("optimizer_states", []))
+        tensors = {"state_dict": checkpoint.pop("state_dict"), **{f"optimizer_{i}": state for i, state in optimizers}}
+        # Buffers are not sharded and differ per rank: rank 0's are kept, as in a one-file checkpoint.
+        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(folder),  # fsyncs every file
+                 planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True))
+        if self.is_global_zero:
+            fsync_directory(folder)  # the shards' names (DCP fsyncs their contents), before the file that names them
+            self.checkpoint_io.save_checkpoint({**checkpoint, SHARDS: folder.name}, path)
+            remove_shards(path, keep=folder.name)
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        super().remove_checkpoint(filepath)  # ModelCheckpoint's, of checkpoints no longer in its top k
+        if self.is_global_zero:
+            remove_shards(Path(filepath))
 
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
         strategy_registry.register(cls.strategy_name, cls, description="torch FSDP2, one-file checkpoints")
+
+
+def remove_shards(path: Path, keep: str = "") -> None:
+    """Delete the shard folders of checkpoint `path` but `keep`: earlier saves, and saves killed before their file."""
+    for folder in path.parent.glob(f".{glob.escape(path.name)}.*.shards"):
+        if folder.name != keep and folder.name[len(path.name) + 2:-len(".shards")].isdigit():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """DCP's .metadata holds its dataclasses, torch sizes and dtypes, and plain values; no other global loads."""
+
+    ALLOWED = {("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "StorageMeta", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata",
+        "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING")} | {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+        ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.ALLOWED or module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"Weights only load failed: Unsupported global: {module}:{name}, not DCP metadata")
+
+
+class WeightsOnlyLoadPlanner(_EmptyStateDictLoadPlanner):
+    """DCP's planner for reading a whole checkpoint in one process, its non-tensor items read weights-only."""
+
+    def load_bytes(self, read_item: Any, value: Any) -> None:
+        set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn],
+                    torch.load(value, weights_only=True))
+
+
+def read_sharded(path: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The one-file checkpoint a sharded one stands for, read in one process (no process group): its state_dict and
+    optimizer_states (keyed by position, as torch.optim keys them) from the folder it names, beside it."""
+    folder = path.parent / Path(str(checkpoint.pop(SHARDS))).name
+    tensors: dict[str, Any] = {}
+    try:
+        with open(folder / ".metadata", "rb") as file:
+            metadata = MetadataUnpickler(file).load()
+        reader, planner = dcp.FileSystemReader(folder), WeightsOnlyLoadPlanner()
+        planner.set_up_planner(tensors, metadata, True)
+        reader.set_up_storage_reader(metadata, True)
+        (plan,) = reader.prepare_global_plan(planner.create_global_plan([planner.create_local_plan()]))
+        reader.read_data(planner.finish_plan(plan), planner).wait()
+    except Exception as error:  # pickled code, or a folder missing, damaged or crafted otherwise: one line each
+        reason = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
+        raise CheckpointError(untrusted_checkpoint_message(error, folder) or f"{path} is not a complete checkpoint: "
+                              f"its shards {folder.name} do not load ({reason})") from error
+    checkpoint["state_dict"] = tensors.pop("state_dict")
+    if tensors:  # not a weights-only save
+        checkpoint["optimizer_states"] = [by_position(tensors[f"optimizer_{i}"]) for i in range(len(tensors))]
+    return checkpoint
+
+
+def by_position(state: dict[str, Any], keys: Optional[list] = None) -> dict[str, Any]:
+    """An optimizer state relabelled by position in its parameter groups, as torch.optim matches one to its parameters:
+    to 0, 1, ... (as torch.optim keys it), or to `keys` (parameter names)."""
+    groups = state.get("param_groups", [])
+    new = dict(zip((key for group in groups for key in group["params"]), keys or itertools.count()))
+    return {"state": {new[key]: value for key, value in state.get("state", {}).items()},
+            "param_groups": [{**group, "params": [new[key] for key in group["params"]]} for group in groups]}
 
 
 if FSDPStrategy.strategy_name not in StrategyRegistry:
