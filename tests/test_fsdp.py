@@ -87,6 +87,7 @@ def test_fsdp_steps_as_ddp_does_and_its_checkpoint_evaluates_exactly_at_1_2_and_
     one, three = (validate(fsdp_run / LAST, tiny_root, tmp_path / f"w{n}", n) for n in (1, 3))
     scalars = read_scalars(fsdp_run / "lightning_logs" / "version_0")
     two = {key: scalars[key][-1][1] for key in ("val/acc1", "val/loss")}
+    assert "perf/device/tflops" in scalars  # FLOPs counted on the network before it was sharded
     assert one["val/acc1"] == two["val/acc1"] == three["val/acc1"]
     # float32 forwards of other batch compositions: 1.1e-6 measured at 3 ranks (the counts above are exact)
     assert two["val/loss"] == pytest.approx(one["val/loss"], rel=1e-5)

@@ -45,10 +45,15 @@ def shard(network: nn.Module, blocks: Iterable[nn.Module], mesh: Any) -> None:
         return
     # Each rank shards its own copy: they must start equal, from rank 0's (as DDP broadcasts them), or the ranks'
     # shards would be pieces of different initialisations (each process draws its own).
-    group = mesh.get_group()
+    # configure_model runs before the network moves to its device, and NCCL broadcasts device tensors only: there,
+    # one tensor at a time through the device (gloo: in place).
+    group, device = mesh.get_group(), torch.device(mesh.device_type)
     with torch.no_grad():
         for tensor in [*network.parameters(), *network.buffers()]:
-            dist.broadcast(tensor, src=dist.get_global_rank(group, 0), group=group)
+            moved = tensor.to(device)
+            dist.broadcast(moved, src=dist.get_global_rank(group, 0), group=group)
+            if moved is not tensor:
+                tensor.copy_(moved)
     for block in blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(network, mesh=mesh)
