@@ -27,7 +27,7 @@ from test_distributed import CPU_DDP, assert_ok, in_process
 from test_resume import EVERY_STEP, LAST, assert_same_training, final_state
 
 FSDP = ["--config", str(CONFIGS / "fsdp.yaml"), "--trainer.devices=2"]
-SHARDED = ["--trainer.strategy=project.engine.strategies.FSDPStrategy", "--trainer.strategy.sharded=true"]
+SHARDED = ["--trainer.strategy=fsdp2_sharded"]
 # 40 images, batches of 8 over 2 ranks: 2 steps an epoch; 3 epochs, validated once at the end.
 EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3"]
 

@@ -126,7 +126,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
         parser.set_defaults({key: {"class_path": f"{cls.__module__}.{cls.__qualname__}"} for key, cls in
                              (("model", DEFAULTS.model), ("data", DEFAULTS.data)) if cls is not None})
         parser.add_argument("--ddp_timeout_minutes", type=float, default=10.0,
-                            help="ddp, ddp_spawn, fsdp2: a rank that stops answering ends the job after this long "
+                            help="ddp, ddp_spawn, fsdp2(_sharded): a rank that stops answering ends the job after this long "
                                  "(torch's default is 30 minutes)")
         # Checkpoint callbacks: best by val/acc1 (ModelCheckpoint), then last.ckpt, which must save after it.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -196,8 +196,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
         if strategy in ("ddp", "ddp_spawn"):
             start_method = "spawn" if strategy == "ddp_spawn" else "popen"
             trainer_config["strategy"] = DDPStrategy(timeout=timeout, start_method=start_method)
-        elif strategy == FSDPStrategy.strategy_name:
-            trainer_config["strategy"] = FSDPStrategy(timeout=timeout)
+        elif strategy in ("fsdp2", "fsdp2_sharded"):
+            trainer_config["strategy"] = FSDPStrategy(timeout=timeout, sharded=strategy == "fsdp2_sharded")
         callbacks = list(trainer_config.get("callbacks") or [])
         own_bar = any(isinstance(c, ProgressBar) for c in callbacks)
         if trainer_config.get("enable_progress_bar", True) is not False and not own_bar:

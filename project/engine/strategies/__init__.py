@@ -1,4 +1,4 @@
-"""Strategies the Trainer lacks; importing this package registers them by name (strategy="dp", strategy="fsdp2")."""
+"""Strategies the Trainer lacks; importing this package registers them by name: "dp", "fsdp2", "fsdp2_sharded"."""
 
 from project.engine.strategies.dp import DataParallelStrategy
 from project.engine.strategies.fsdp import FSDPStrategy

@@ -1,4 +1,4 @@
-"""strategy="fsdp2": torch's FSDP2 (`fully_shard`) through Lightning's ModelParallelStrategy, on CPU (gloo) too.
+"""strategy="fsdp2" (or "fsdp2_sharded"): torch's FSDP2 (`fully_shard`) by Lightning's ModelParallelStrategy, on CPU too.
 
     python -m project fit --config configs/quickstart.yaml --config configs/fsdp.yaml --trainer.devices=2
 
@@ -144,6 +144,8 @@ class FSDPStrategy(ModelParallelStrategy):
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
         strategy_registry.register(cls.strategy_name, cls, description="torch FSDP2, one-file checkpoints")
+        strategy_registry.register(f"{cls.strategy_name}_sharded", cls, description="torch FSDP2, sharded checkpoints",
+                                   sharded=True)
 
 
 def remove_shards(path: Path, keep: str = "") -> None:
