@@ -126,8 +126,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
         parser.set_defaults({key: {"class_path": f"{cls.__module__}.{cls.__qualname__}"} for key, cls in
                              (("model", DEFAULTS.model), ("data", DEFAULTS.data)) if cls is not None})
         parser.add_argument("--ddp_timeout_minutes", type=float, default=10.0,
-                            help="ddp, ddp_spawn, fsdp2(_sharded): a rank that stops answering ends the job after this long "
-                                 "(torch's default is 30 minutes)")
+                            help="ddp, ddp_spawn, fsdp2(_sharded): a rank that stops answering ends the job after "
+                                 "this long (torch's default is 30 minutes)")
         # Checkpoint callbacks: best by val/acc1 (ModelCheckpoint), then last.ckpt, which must save after it.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")

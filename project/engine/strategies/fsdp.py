@@ -1,4 +1,4 @@
-"""strategy="fsdp2" (or "fsdp2_sharded"): torch's FSDP2 (`fully_shard`) by Lightning's ModelParallelStrategy, on CPU too.
+"""strategy="fsdp2" (or "fsdp2_sharded"): torch's FSDP2 (`fully_shard`) by Lightning's ModelParallelStrategy, CPU too.
 
     python -m project fit --config configs/quickstart.yaml --config configs/fsdp.yaml --trainer.devices=2
 
