@@ -133,7 +133,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="every batch, Lightning calls each per-batch hook on every callback and the module, inherited no-ops "
-             "too, and inspects the step's signature twice: 1.4M of ours' 3.8M instructions a step over a plain loop",
+             "too, and inspects the step's signature twice: 1.4M of the 3.8M instructions ours adds to a plain step",
         where="project/engine/compat/batch_dispatch.py LeanBatchDispatch (added in project/engine/cli.py)",
         upstream="no upstream issue found (searched 2026-12-03); CPU overhead in general: #8857, #6196 (won't fix)",
         seen="lightning 2.6.6 (trainer/call.py _call_callback_hooks, signature_utils.is_param_in_hook_signature)",
