@@ -453,7 +453,7 @@ class HookNames(L.Callback):
 
 
 def dispatch_of_a_fit(tmp_path, monkeypatch, callbacks: list) -> tuple[list, int, L.LightningModule]:
-    """(the profiler actions of a 6-batch fit, inspect.getfullargspec calls during it, the trained module)."""
+    """(the profiler actions of a 6-batch fit and its validation, inspect.getfullargspec calls, the trained module)."""
     from lightning.pytorch.profilers import PassThroughProfiler
 
     class Recorder(PassThroughProfiler):
@@ -468,7 +468,7 @@ def dispatch_of_a_fit(tmp_path, monkeypatch, callbacks: list) -> tuple[list, int
     monkeypatch.setattr(inspect, "getfullargspec", lambda f: (reads.__setitem__(0, reads[0] + 1), stock_read(f))[1])
     torch.manual_seed(0)
     model, profiler = Tiny(), Recorder()
-    trainer(tmp_path, limit_val_batches=0, profiler=profiler, callbacks=callbacks).fit(model)
+    trainer(tmp_path, profiler=profiler, callbacks=callbacks).fit(model)  # with validation: its batch hooks too
     return profiler.actions, reads[0], model
 
 
