@@ -7,6 +7,7 @@
     python bench/overhead.py --ddp --check-every 1        # our stop-signal agreement every step, not every 10th
     python bench/overhead.py --ddp --lightning-sigterm-broadcast    # with Lightning's per-step broadcast kept
     python bench/overhead.py --lightning-log-move           # with Lightning's no-op move in every self.log kept
+    python bench/overhead.py --lightning-batch-dispatch     # with Lightning's no-op per-batch hook calls kept in ours
     python bench/overhead.py --accelerator gpu --precision bf16-mixed --channels-last --arch resnet50 \
         --image-size 224 --batch-size 256 --block 10 --tolerance 0.05     # one GPU (bash bench/gpu_all.sh runs it)
 
@@ -63,6 +64,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from project.backbones import build_network  # noqa: E402
 from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, NormalizeBatch  # noqa: E402
 from project.engine.cli import cli_main  # noqa: E402
+from project.engine.compat.batch_dispatch import LeanBatchDispatch  # noqa: E402
 from project.engine.compat.log_device_move import skip_same_device_moves  # noqa: E402
 from project.engine.compat.sigterm_broadcast import restore_lightning_sigterm_broadcast  # noqa: E402
 from project.optim import parameter_groups, scaled_lr, warmup_then_decay  # noqa: E402
@@ -255,6 +257,8 @@ def interleaved_run(args, batches, world: int, workdir: Path, classes: Path, arm
         skip_same_device_moves(trainer, skip=not args.lightning_log_move)
         if args.lightning_sigterm_broadcast:
             trainer.callbacks.append(StockSigtermBroadcast())
+        if args.lightning_batch_dispatch:  # the CLI's LeanBatchDispatch out: every hook called, every step inspected
+            trainer.callbacks[:] = [c for c in trainer.callbacks if not isinstance(c, LeanBatchDispatch)]
     trainer.fit(model, datamodule=SyntheticDataModule(
         num_classes=args.num_classes, batch_size=args.batch_size, image_size=args.image_size,
         batches_per_epoch=args.steps, distinct_batches=args.distinct, seed=args.seed,
@@ -334,6 +338,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lightning-log-move", action="store_true",
                         help="keep Lightning's move of each logged value to its own device in ours, which the template "
                              "skips (project/engine/compat/log_device_move.py; its cost)")
+    parser.add_argument("--lightning-batch-dispatch", action="store_true",
+                        help="keep Lightning's calls of no-op per-batch hooks and its per-step signature reads in "
+                             "ours, which the template skips (project/engine/compat/batch_dispatch.py; their cost)")
     args = parser.parse_args(argv)
     if args.accelerator == "gpu" and not torch.cuda.is_available():
         parser.error("--accelerator gpu needs a CUDA device; none is visible here")
@@ -395,7 +402,8 @@ def main(argv: list[str]) -> int:
     result = {
         "variant": f"ddp x{world} (gloo)" if world > 1 else "single process", "check_every": args.check_every,
         "lightning_sigterm_broadcast": args.lightning_sigterm_broadcast,
-        "lightning_log_move": args.lightning_log_move, "progress_bar": args.progress_bar,
+        "lightning_log_move": args.lightning_log_move, "lightning_batch_dispatch": args.lightning_batch_dispatch,
+        "progress_bar": args.progress_bar,
         "accelerator": args.accelerator, "precision": args.precision, "channels_last": args.channels_last,
         "block": args.block, "ours_images_per_sec": args.batch_size * world / ours["mean_step_s"],
         "arch": args.arch, "image_size": args.image_size, "batch_size": args.batch_size, "steps": args.steps,

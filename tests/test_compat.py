@@ -439,6 +439,65 @@ def test_skipping_the_same_device_move_logs_train_loss_on_the_same_steps_with_th
     assert ours == stock and len(ours[1]) == 6
 
 
+class HookNames(L.Callback):
+    """Counts the per-batch hooks it overrides; the profiler below records every hook Lightning enters."""
+
+    def __init__(self):
+        self.calls = {"on_train_batch_end": 0, "on_before_backward": 0}
+
+    def on_train_batch_end(self, *args):
+        self.calls["on_train_batch_end"] += 1
+
+    def on_before_backward(self, *args):
+        self.calls["on_before_backward"] += 1
+
+
+def dispatch_of_a_fit(tmp_path, monkeypatch, callbacks: list) -> tuple[list, int, L.LightningModule]:
+    """(the profiler actions of a 6-batch fit and its validation, inspect.getfullargspec calls, the trained module)."""
+    from lightning.pytorch.profilers import PassThroughProfiler
+
+    class Recorder(PassThroughProfiler):
+        def __init__(self):
+            super().__init__()
+            self.actions = []
+
+        def start(self, action_name: str) -> None:
+            self.actions.append(action_name)
+
+    reads, stock_read = [0], inspect.getfullargspec
+    monkeypatch.setattr(inspect, "getfullargspec", lambda f: (reads.__setitem__(0, reads[0] + 1), stock_read(f))[1])
+    torch.manual_seed(0)
+    model, profiler = Tiny(), Recorder()
+    trainer(tmp_path, profiler=profiler, callbacks=callbacks).fit(model)  # with validation: its batch hooks too
+    return profiler.actions, reads[0], model
+
+
+@canary("test_canary_stock_fit_dispatches_no_op_hooks_and_inspects_the_step_every_batch")
+def test_canary_stock_fit_dispatches_no_op_hooks_and_inspects_the_step_every_batch(tmp_path, monkeypatch):
+    actions, reads, _ = dispatch_of_a_fit(tmp_path, monkeypatch, [L.Callback()])
+    no_op_calls = actions.count("[Callback]Callback.on_before_backward")  # a plain Callback's, inherited
+    assert no_op_calls == 0 or reads < 6, f"{no_op_calls} no-op hook calls, {reads} signature reads in 6 batches"
+
+
+def test_lean_dispatch_skips_inherited_no_ops_and_runs_the_overridden_hooks(tmp_path, monkeypatch):
+    from project.engine.compat.batch_dispatch import BATCH_HOOKS, LeanBatchDispatch
+
+    def fit(lean: bool):
+        counting = HookNames()
+        callbacks = [counting, L.Callback()] + [LeanBatchDispatch()] * lean
+        actions, _, model = dispatch_of_a_fit(tmp_path / str(lean), monkeypatch, callbacks)
+        return actions, counting.calls, model.layer.weight.detach().clone()
+
+    (stock, stock_calls, stock_weight), (lean, lean_calls, lean_weight) = fit(False), fit(True)
+    assert stock_calls == lean_calls == {"on_train_batch_end": 6, "on_before_backward": 6}
+    assert torch.equal(stock_weight, lean_weight)
+    assert stock.count("[Callback]Callback.on_before_backward") == 6
+    assert not [a for a in lean if a.startswith("[Callback]Callback.") and a.split(".")[-1] in BATCH_HOOKS]
+    assert lean.count("[Callback]HookNames.on_before_backward") == 6
+    module_hook = "[LightningModule]Tiny.on_before_backward"  # the module's inherited no-op
+    assert module_hook in stock and module_hook not in lean
+
+
 @canary("test_canary_stock_subclass_mode_parses_a_null_dataclass_field_as_the_string_none")
 def test_canary_stock_subclass_mode_parses_a_null_dataclass_field_as_the_string_none():
     from lightning.pytorch.cli import LightningCLI

@@ -25,6 +25,7 @@ from project.engine import contract
 from project.engine.callbacks.prediction_writer import PredictionCsvWriter
 from project.engine.callbacks.progress_bar import StepProgressBar
 from project.engine.callbacks.throughput import ThroughputLogger
+from project.engine.compat.batch_dispatch import LeanBatchDispatch
 from project.engine.compat.batch_limits import Trainer
 from project.engine.compat.ckpt_hparams import explicit_values, keep_explicit_model_values
 from project.engine.compat.ckpt_read_once import CheckpointReadOnceCLI
@@ -213,6 +214,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
         callbacks += [ExactLoaders(self.datamodule, run_seed(config.seed_everything)), CheckpointValues()]
         trainer = super().instantiate_trainer(**kwargs)
         skip_same_device_moves(trainer)  # self.log without Lightning's no-op move (project/engine/compat)
+        trainer.callbacks.append(LeanBatchDispatch())  # and its per-batch dispatch without no-op hooks (the same)
         if trainer.loggers:  # LearningRateMonitor raises without a logger (Lightning #17159)
             trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))
         check_process_count(trainer.world_size, trainer.num_devices, trainer.num_nodes)
@@ -260,14 +262,9 @@ def cli_main(args: Optional[list[str]] = None, *, run: bool = True) -> ProjectCL
     """Entry point of `python -m project`; tests call it in-process with a list of arguments."""
     record_rank(None)  # this run's Trainer records its own (a process may build several: notebooks, tests)
     return ProjectCLI(
-        L.LightningModule,
-        L.LightningDataModule,
-        subclass_mode_model=True,  # any module by class_path; the room's are the defaults (use_defaults)
-        subclass_mode_data=True,
-        parser_class=ProjectParser,
+        L.LightningModule, L.LightningDataModule, args=args, run=run, parser_class=ProjectParser,
+        subclass_mode_model=True, subclass_mode_data=True,  # any module by class_path; the room's are the defaults
         trainer_class=Trainer,  # Lightning's, with `limit_*_batches: 1` meaning one batch (project/engine/compat)
-        args=args,
-        run=run,
         seed_everything_default=42,  # fixed, so a resumed or requeued job continues the same data order
         auto_configure_optimizers=False,  # the model's configure_optimizers scales the LR: no --optimizer override
         save_config_callback=KeepingSaveConfigCallback,

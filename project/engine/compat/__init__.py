@@ -132,6 +132,15 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         canary="test_canary_stock_self_log_moves_the_metric_to_the_device_it_is_already_on",
     ),
     Workaround(
+        name="every batch, Lightning calls each per-batch hook on every callback and the module, inherited no-ops "
+             "too, and inspects the step's signature twice: 1.4M of the 3.8M instructions ours adds to a plain step",
+        where="project/engine/compat/batch_dispatch.py LeanBatchDispatch (added in project/engine/cli.py)",
+        upstream="no upstream issue found (searched 2026-12-03); CPU overhead in general: #8857, #6196 (won't fix)",
+        seen="lightning 2.6.6 (trainer/call.py _call_callback_hooks, signature_utils.is_param_in_hook_signature)",
+        delete_when="a stock fit skips inherited no-op callback hooks, or inspects the step once (delete that half)",
+        canary="test_canary_stock_fit_dispatches_no_op_hooks_and_inspects_the_step_every_batch",
+    ),
+    Workaround(
         name="CSVLogger deletes the run dir's metrics.csv when a resumed fit starts again there",
         where="project/engine/run/trackers.py continue_csv_logs (called from project/engine/cli.py "
               "after_instantiate_classes): the rows before the checkpoint's step are written back and appended to",
