@@ -66,7 +66,6 @@ from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, NormalizeBatch 
 from project.engine.cli import cli_main  # noqa: E402
 from project.engine.compat.batch_dispatch import LeanBatchDispatch  # noqa: E402
 from project.engine.compat.log_device_move import skip_same_device_moves  # noqa: E402
-from project.engine.compat.sigterm_broadcast import restore_lightning_sigterm_broadcast  # noqa: E402
 from project.optim import parameter_groups, scaled_lr, warmup_then_decay  # noqa: E402
 from synthetic import ReplayedBatches, SyntheticDataModule, synthetic_batches  # noqa: E402
 
@@ -193,7 +192,8 @@ class StockSigtermBroadcast(L.Callback):
     (Lightning runs Checkpoint callbacks after all others, so this hook, at the epoch start, is the first that can)."""
 
     def on_train_epoch_start(self, trainer, pl_module):
-        restore_lightning_sigterm_broadcast(trainer)
+        # undo project.engine.compat.sigterm_broadcast's skip (--lightning-sigterm-broadcast measures its cost)
+        vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)
         assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop), "the stock broadcast is still off"
 
 

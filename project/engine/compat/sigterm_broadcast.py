@@ -3,11 +3,6 @@
 import lightning as L
 
 
-def restore_lightning_sigterm_broadcast(trainer: L.Trainer) -> None:
-    """Undo the skip (bench/overhead.py --lightning-sigterm-broadcast measures its cost)."""
-    vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)
-
-
 def take_over_lightning_sigterm(trainer: L.Trainer) -> bool:
     """Skip the per-step broadcast (this Trainer only); clear Lightning's SIGTERM flag and say whether it was set."""
     if hasattr(trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor"):

@@ -66,10 +66,6 @@ def redact(text: str) -> str:
     return re.sub(r"(\b[a-zA-Z][\w+.-]*://[^/@\s:]*):[^/@\s]*@", r"\1:***@", text)
 
 
-def _mlflow_uri(args: Namespace) -> Optional[str]:
-    return args.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
-
-
 def _check_wandb(entry: Namespace) -> None:
     args, kwargs = entry.init_args, entry.get("dict_kwargs") or {}
     mode = os.environ.get("WANDB_MODE") or kwargs.get("mode") or ""
@@ -99,7 +95,7 @@ def _wandb_key_known(url: str) -> bool:
 
 
 def _check_mlflow(args: Namespace) -> None:
-    uri = _mlflow_uri(args)
+    uri = args.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
     allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true")
     if (uri is None or uri.startswith("file:") or "://" not in uri) and not allowed:
         where = uri or f"file store {args.get('save_dir') or './mlruns'}"
@@ -165,7 +161,7 @@ def point_trackers(trainer: Namespace, run_dir: Path, *, resuming: bool) -> None
 
 
 def _tracking_uri(given: Optional[str]) -> str:
-    """The URI MLflow uses: the given one, else its own default (MLflow's logger sets it as current)."""
+    """The URI MLflow uses: the given one, else $MLFLOW_TRACKING_URI or its default (the logger sets it current)."""
     import mlflow
 
     return given or mlflow.get_tracking_uri()
@@ -176,7 +172,7 @@ def _mlflow_run_continues(args: Namespace, ids: dict[str, str]) -> bool:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    uri, was = _tracking_uri(_mlflow_uri(args)), ids.get("mlflow_tracking_uri")
+    uri, was = _tracking_uri(args.get("tracking_uri")), ids.get("mlflow_tracking_uri")
     client = MlflowClient(uri)
     why = None
     if was is not None and was != redact(uri):
