@@ -5,8 +5,10 @@ process, crafted shards refused without running them, and one-line refusals of w
     python -m pytest tests/test_fsdp.py --durations=0
 """
 
+import dataclasses
 import os
 import pickle
+import shutil
 import warnings
 from pathlib import Path
 
@@ -154,7 +156,7 @@ def sharded_checkpoint(directory: Path, lr: object = 0.1, name: str = "last.ckpt
 
 
 @pytest.mark.parametrize("crafted", ["metadata calls os.system", "metadata calls builtins.exec", "bytes item",
-                                     "metadata cut short", "metadata not DCP's"])
+                                     "metadata cut short", "metadata not DCP's", "folder outside", "file outside"])
 def test_crafted_shards_are_refused_in_one_line_and_run_nothing(crafted, tmp_path):
     path, ran = sharded_checkpoint(tmp_path), tmp_path / "ran"
     loaded = load_trusted_format(path)  # one process, no process group: the one-file checkpoint it stands for
@@ -171,6 +173,16 @@ def test_crafted_shards_are_refused_in_one_line_and_run_nothing(crafted, tmp_pat
     elif crafted.startswith("metadata cut") or crafted.startswith("metadata not"):  # damaged: not code, one line too
         metadata.write_bytes(metadata.read_bytes()[:100] if "cut" in crafted else pickle.dumps([1, {"a": 2}]))
         expected = r"last.ckpt is not a complete checkpoint: its shards .last.ckpt.1.shards do not load \("
+    elif crafted == "folder outside":  # the file names the folder above it
+        torch.save({"epoch": 0, "global_step": 1, SHARDS: ".."}, path)
+        expected = r"do not load \('\.\.' is not a shard folder's name\)"
+    elif crafted == "file outside":  # .metadata points DCP's reader at a file beside the folder (it would load it)
+        shards = pickle.loads(metadata.read_bytes())
+        for name, info in shards.storage_data.items():
+            shutil.copyfile(metadata.parent / info.relative_path, tmp_path / "elsewhere.distcp")
+            shards.storage_data[name] = dataclasses.replace(info, relative_path="../elsewhere.distcp")
+        metadata.write_bytes(pickle.dumps(shards))
+        expected = r"do not load \(its \.metadata names files outside its folder\)"
     else:  # read by DCP's own reader with pickle.load
         payload = RunsCode(os.system, f"touch {ran}") if "system" in crafted else RunsCode(exec, f"open('{ran}', 'w')")
         pickle.loads(pickle.dumps(payload))  # it is live: a plain unpickling runs it

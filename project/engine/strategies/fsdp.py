@@ -184,8 +184,12 @@ def read_sharded(path: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
     folder = path.parent / Path(str(checkpoint.pop(SHARDS))).name
     tensors: dict[str, Any] = {}
     try:
+        if folder.name in (".", "..") or not folder.name.endswith(".shards"):  # a crafted name: nothing outside
+            raise ValueError(f"{folder.name!r} is not a shard folder's name")
         with open(folder / ".metadata", "rb") as file:
             metadata = MetadataUnpickler(file).load()
+        if any(Path(info.relative_path).name != info.relative_path for info in metadata.storage_data.values()):
+            raise ValueError("its .metadata names files outside its folder")
         reader, planner = dcp.FileSystemReader(folder), WeightsOnlyLoadPlanner()
         planner.set_up_planner(tensors, metadata, True)
         reader.set_up_storage_reader(metadata, True)
