@@ -351,7 +351,6 @@ def test_canary_stock_averaged_model_update_reads_the_counter_on_the_host(monkey
     assert reads == []
 
 
-
 def test_the_private_launcher_class_compat_spawn_names_still_tells_spawning_from_training(tmp_path):
     from project.engine.compat.spawn import trains_in_this_process
 
