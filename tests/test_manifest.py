@@ -7,6 +7,7 @@ lacking a class, in another order, is labelled by name; a bad manifest is one li
 import csv
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -23,15 +24,26 @@ MANIFEST = "project.data.ManifestDataModule"
 
 
 def write_manifest(path: Path, rows: list[tuple[str, str]], columns=("path", "label")) -> Path:
-    """rows of (image path, label), the paths written relative to the manifest; CSV, or JSON Lines for .jsonl."""
+    """rows of (image path, label), the paths written relative to the manifest; CSV, or JSON Lines for .jsonl. An image
+    outside the manifest's folder is copied into it first (a manifest names files inside its folder only)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [(os.path.relpath(image, path.parent), label) for image, label in rows]
+    rows = [(os.path.relpath(_beside(Path(image), path.parent), path.parent) if os.path.isfile(image) else image, label)
+            for image, label in rows]
     if path.suffix == ".jsonl":
         path.write_text("".join(json.dumps(dict(zip(columns, row))) + "\n" for row in rows))
     else:
         with open(path, "w", newline="") as file:
             csv.writer(file).writerows([columns, *rows])
     return path
+
+
+def _beside(image: Path, folder: Path) -> Path:
+    if folder.resolve() in image.resolve().parents:
+        return image
+    copy = folder / "images" / image.parent.parent.name / image.parent.name / image.name  # images/val/3/0001.jpg
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(image, copy)
+    return copy
 
 
 def digits(split: str, per_class: int, skip: tuple[str, ...] = ()) -> list[tuple[str, str]]:
@@ -58,7 +70,7 @@ def test_a_val_split_lacking_a_class_in_another_order_is_labelled_by_name(manife
                               batch_size=4, num_workers=0, pin_memory=False)
     assert data.class_names == sorted(NAMES) and data.num_classes == 10
     data.setup("validate")
-    labels = {Path(path).relative_to(resolve_root("embedded:digits")).as_posix(): label
+    labels = {Path(path).relative_to(manifests["val"].parent / "images").as_posix(): label
               for path, label in data.datasets["val"].samples}
     assert len(labels) == 27 and not any(path.startswith("val/3/") for path in labels)
     seven, zero = (min(p for p in labels if p.startswith(f"val/{digit}/")) for digit in (7, 0))
@@ -98,6 +110,10 @@ BAD = {
     "empty split": (lambda d: write_manifest(d / "val.csv", []), "manifest {val} lists no images (data.val_manifest)"),
     "duplicated path": (lambda d: write_manifest(d / "val.csv", digits("val", 2)[:1] * 2),
                         "is listed twice (lines 2 and 3): list each image once"),
+    "a device outside": (lambda d: write_manifest(d / "val.csv", [("/dev/zero", "one")]),
+                         "manifest {val}, line 2: '/dev/zero' names a file outside"),
+    "a file outside": (lambda d: write_manifest(d / "val.jsonl", [("../../elsewhere/a.png", "one")]),
+                       "manifest {val}, line 1: '../../elsewhere/a.png' names a file outside"),
 }
 
 

@@ -222,3 +222,70 @@ def test_s3_shards_without_the_extra_name_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "boto3", None)  # as if not installed
     with pytest.raises(ConfigError, match=re.escape('s3:// shards need boto3: pip install -e ".[shards]"')):
         ShardDataModule(shards="s3://datasets/tiny")
+
+
+def crafted_copy(shards, folder, change) -> str:
+    """A copy of the shard set whose index.json is `change(index)` applied to it, or the bytes `change`."""
+    folder.mkdir()
+    for path in shards.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    index = json.loads((shards / "index.json").read_text())
+    body = change if isinstance(change, bytes) else json.dumps(change(index) or index).encode()
+    (folder / "index.json").write_bytes(body)
+    return str(folder)
+
+
+# (what is wrong with the index, how it is made, the text of the one line)
+DAMAGED = {
+    "not JSON": (b'{"format": "proj', "index.json is not JSON"),
+    "not an object": (b"[1, 2]", "index.json is 'list', expected project-shards/1"),
+    "no splits": (lambda index: index.pop("splits") and None, "'splits' lacks the train and val lists of shards"),
+    "labels and lengths disagree": (lambda index: index["splits"]["val"][1]["labels"].pop() and None,
+                                    "splits.val[1] (val-00001.shard): its lengths, labels and bytes do not agree"),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED))
+def test_a_damaged_index_is_one_line_naming_it(case, shards, tmp_path):
+    change, expected = DAMAGED[case]
+    with pytest.raises(ConfigError, match=re.escape(expected)) as error:
+        ShardDataModule(shards=crafted_copy(shards, tmp_path / "set", change))
+    assert "\n" not in str(error.value) and "index.json" in str(error.value)
+
+
+def test_a_local_index_naming_files_outside_its_folder_reads_nothing_there(shards, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "a.shard").write_bytes((shards / "train-00000.shard").read_bytes())
+    for k, name in enumerate(["../elsewhere/a.shard", str(elsewhere / "a.shard"), "sub/../../elsewhere/a.shard"]):
+        def rename(index, name=name):
+            index["splits"]["train"][0]["file"] = name
+        with pytest.raises(ConfigError, match=re.escape(f"{name!r} names a file outside")):
+            ShardDataModule(shards=crafted_copy(shards, tmp_path / f"set{k}", rename))._images("train", None)[0]
+
+
+def test_a_missing_shard_is_one_line_before_a_run_dir_is_made(shards, tmp_path, monkeypatch, capsys):
+    folder = crafted_copy(shards, tmp_path / "set", lambda index: None)
+    (tmp_path / "set" / "val-00001.shard").unlink()
+    run = tmp_path / "run"
+    code, _, err = project_in_process(["fit", *fit_args(folder, run)], monkeypatch, capsys)
+    assert code == 2 and re.search(r"val-00001.shard is missing: copy the whole shard set", one_line(err)), err[-2000:]
+    assert not run.exists()
+
+
+@pytest.mark.slow
+def test_an_s3_index_naming_a_path_outside_the_cache_writes_nothing_there(shards, object_store, tmp_path,
+                                                                           monkeypatch):
+    for name, value in object_store.items():
+        monkeypatch.setenv(name, value)
+    s3 = boto3.session.Session().client("s3")
+    index = json.loads((shards / "index.json").read_text())
+    escape = "../../../site-packages/x.pth"  # from the cache's datasets/evil/: three folders up, then down
+    index["splits"]["train"][0]["file"] = escape
+    shard = (shards / "train-00000.shard").read_bytes()
+    for key, body in ((f"evil/{escape}", shard), ("evil/index.json", json.dumps(index).encode())):
+        s3.put_object(Bucket="datasets", Key=key, Body=body)
+    cache = tmp_path / "cache"
+    with pytest.raises(ConfigError, match=re.escape(f"{escape!r} names a file outside")):
+        ShardDataModule(shards="s3://datasets/evil", cache_dir=str(cache))._images("train", None)[0]
+    assert not (tmp_path / "site-packages").exists() and not cache.exists()

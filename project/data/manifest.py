@@ -7,12 +7,12 @@ and `label`, paths relative to the manifest), with every option of the folder mo
 
 import csv
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
 from project.data.image_data import ImageDataModule, Samples
+from project.data.listed_paths import inside
 from project.engine.errors import ConfigError
 
 COLUMNS = ("path", "label")
@@ -52,7 +52,7 @@ def read_manifest(option: str, value: str) -> list[tuple[str, str]]:
     for number, record in _records(manifest):
         if record["path"] in (None, "") or record["label"] in (None, ""):
             raise ConfigError(f"manifest {manifest}, line {number}: expected an image path and a label, got {record}")
-        path = os.path.normpath(manifest.parent / str(record["path"]))
+        path = str(inside(manifest.parent, str(record["path"]), f"manifest {manifest}, line {number}"))
         if path in first_line:
             raise ConfigError(f"manifest {manifest}: {record['path']} is listed twice (lines {first_line[path]} and "
                               f"{number}): list each image once")

@@ -22,6 +22,7 @@ from torch.utils.data import Dataset, get_worker_info
 from project.data.decoders import DEVICE_DECODERS
 from project.data.embedded import cache_dir as data_cache
 from project.data.image_data import ImageDataModule
+from project.data.listed_paths import inside
 from project.data.training_samples import SeededSamples
 from project.engine.errors import ConfigError, UnreadableImageError
 from project.engine.options import PositiveInt
@@ -67,6 +68,9 @@ def s3_error(error: Exception, url: str) -> Exception:
     if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "ExpiredToken"):
         return ConfigError(f"{url}: the object store refused the credentials ({code}): check AWS_ACCESS_KEY_ID, "
                            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's permissions")
+    if code in ("NoSuchKey", "404") and url.endswith(".shard"):
+        return ConfigError(f"{url}: missing from the object store: copy the whole shard set again, or rewrite it with "
+                           "python -m tools.make_shards")
     if code in ("NoSuchKey", "404"):
         return ConfigError(f"{url}: no {INDEX} there: not a finished shard set; write one with python -m "
                            "tools.make_shards --source ROOT --out URL")
@@ -112,10 +116,23 @@ class ShardStore:
             raise s3_error(error, self.location) from None
         except Exception as error:
             raise s3_error(error, self.location) from None
-        index = json.loads(body)
-        if index.get("format") != FORMAT:
-            raise ConfigError(f"data.shards: {self.location}/{INDEX} is {index.get('format')!r}, expected {FORMAT}: "
-                              "rewrite it with python -m tools.make_shards")
+        where = f"data.shards: {self.location}/{INDEX}"
+        try:
+            index = json.loads(body)
+        except ValueError as error:
+            raise ConfigError(f"{where} is not JSON ({error}): rewrite it with python -m tools.make_shards") from None
+        if not isinstance(index, dict) or index.get("format") != FORMAT:
+            found = index.get("format") if isinstance(index, dict) else type(index).__name__
+            raise ConfigError(f"{where} is {found!r}, expected {FORMAT}: rewrite it with python -m tools.make_shards")
+        check_index(index, where, self.cache)
+        if not self.remote:  # a missing or cut shard now, in one line, not in the first worker that reads it
+            for shard in (shard for shards in index["splits"].values() for shard in shards):
+                path = self.cache / shard["file"]
+                if not path.is_file() or path.stat().st_size != shard["bytes"]:
+                    size = path.stat().st_size if path.is_file() else None
+                    state = "is missing" if size is None else f"has {size} bytes, not {shard['bytes']}"
+                    raise ConfigError(f"data.shards: {path} {state}: copy the whole shard set again, or rewrite it "
+                                      "with python -m tools.make_shards")
         return index
 
     def local(self, name: str, size: int, sha256: Optional[str] = None) -> Path:
@@ -139,6 +156,35 @@ class ShardStore:
                 atomic_write(path, lambda file: file.write(data), fsync=False,
                              fix="Free space there or pass another data.cache_dir")
         return path
+
+
+def check_index(index: dict[str, Any], where: str, folder: Path) -> None:
+    """An index.json is untrusted input: its classes, and every shard's file name (inside `folder`: the S3 cache is
+    written there), size and per-image lengths and labels, checked before anything is read or written."""
+    classes, splits = index.get("classes"), index.get("splits")
+    if not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
+        raise ConfigError(f"{where}: 'classes' is not a list of class names: rewrite it with python -m "
+                          "tools.make_shards")
+    if not (isinstance(splits, dict) and isinstance(splits.get("train"), list) and isinstance(splits.get("val"), list)):
+        raise ConfigError(f"{where}: 'splits' lacks the train and val lists of shards: rewrite it with python -m "
+                          "tools.make_shards")
+    for split, shards in splits.items():
+        for k, shard in enumerate(shards if isinstance(shards, list) else [None]):
+            entry = f"{where}, splits.{split}[{k}]"
+            if not isinstance(shard, dict) or not all(key in shard for key in ("file", "bytes", "lengths", "labels")):
+                raise ConfigError(f"{entry}: expected an object with file, bytes, lengths and labels: rewrite it with "
+                                  "python -m tools.make_shards")
+            inside(folder, shard["file"], entry)
+            lengths, labels = shard["lengths"], shard["labels"]
+            sizes_ok = (isinstance(lengths, list) and all(type(n) is int and n > 0 for n in lengths)
+                        and type(shard["bytes"]) is int and sum(lengths) == shard["bytes"])
+            labels_ok = (isinstance(labels, list) and len(labels) == len(lengths)
+                         and all(type(y) is int and 0 <= y < len(classes) for y in labels))
+            if not (sizes_ok and labels_ok):
+                raise ConfigError(f"{entry} ({shard['file']}): its lengths, labels and bytes do not agree (a label per "
+                                  f"image below {len(classes)}, lengths summing to bytes): rewrite it with python -m "
+                                  "tools.make_shards")
+            shard["file"] = os.path.normpath(shard["file"])
 
 
 def decode_bytes(data: bytes, decoder: str, where: str):
