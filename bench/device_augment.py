@@ -1,5 +1,5 @@
 """Device augmentation per batch: the uint8 presets image by image (the old decoder=nvjpeg path) against batch-wise
-(project.data.device_decode), in kernel launches and milliseconds, train and eval.
+(classifier_engine.data.device_decode), in kernel launches and milliseconds, train and eval.
 
     python bench/device_augment.py --jpegs runs/gpu_all/fake_imagenet --device cuda    # bash bench/gpu_all.sh runs it
     python bench/device_augment.py --jpegs /tmp/jpegs --device cpu --batch 64         # op counts on a CPU
@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from project.data.device_decode import DeviceDecoder, TrainCrop, eval_batch, load_for_device, resized_crops  # noqa: E402
-from project.data.transforms import eval_preset, train_preset  # noqa: E402
+from classifier_engine.data.device_decode import DeviceDecoder, TrainCrop, eval_batch, load_for_device, resized_crops  # noqa: E402
+from classifier_engine.data.transforms import eval_preset, train_preset  # noqa: E402
 
 
 class CountOps(TorchDispatchMode):

@@ -4,7 +4,7 @@
 # data against the real pipeline on generated ImageNet-shaped JPEGs with CPU decoding (torchvision, torchcodec) and
 # GPU decoding (nvjpeg, torchcodec-cuda) on every core, our Trainer path against a plain PyTorch loop, device
 # augmentation per batch, and one short fit through configs/gpu.yaml, dp, ddp (one device), fp16, bf16, fsdp2 (one
-# device) and the JPEGs as shards (project.data.ShardDataModule).
+# device) and the JPEGs as shards (classifier_engine.data.ShardDataModule).
 #   bash bench/gpu_all.sh            # one GPU: runs/gpu_all/table.md; parts (*.json) and logs beside it
 #   bash bench/gpu_all.sh --tiny     # the same code on CPU (resnet18, 32 px, 32-true, a few steps; 4 of the 7 fits):
 #                                    # tests/test_bench.py
@@ -124,7 +124,7 @@ log "shards: exit $? (log: $out/shards.log)"
 fits=(gpu "" dp "--trainer.strategy=dp" ddp "--trainer.strategy=ddp --trainer.devices=1"
       fp16 "--config configs/fp16.yaml" bf16 "--config configs/bf16.yaml"
       fsdp "--config configs/fsdp.yaml --trainer.devices=1"
-      shards "--data.class_path=project.data.ShardDataModule --data.init_args.shards=$out/shards")
+      shards "--data.class_path=classifier_engine.data.ShardDataModule --data.init_args.shards=$out/shards")
 fit() {  # name, seconds, extra arguments: one fit, its exit code in fits/<name>.code
     local name=$1 seconds=$2
     rm -rf "${out:?}/fits/$name"

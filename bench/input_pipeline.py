@@ -36,10 +36,10 @@ from torchvision import transforms as v1
 from torchvision.datasets.folder import pil_loader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from project.data.decoders import DEVICE_DECODERS, LOADERS, unavailable  # noqa: E402
-from project.data.device_decode import DevicePipeline, TrainCrop, load_for_device  # noqa: E402
-from project.data.image_folders import EncodedBatch  # noqa: E402
-from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, NormalizeBatch, eval_preset, train_preset  # noqa: E402
+from classifier_engine.data.decoders import DEVICE_DECODERS, LOADERS, unavailable  # noqa: E402
+from classifier_engine.data.device_decode import DevicePipeline, TrainCrop, load_for_device  # noqa: E402
+from classifier_engine.data.image_folders import EncodedBatch  # noqa: E402
+from classifier_engine.data.transforms import IMAGENET_MEAN, IMAGENET_STD, NormalizeBatch, eval_preset, train_preset  # noqa: E402
 
 # ImageNet's commonest shapes (landscape and portrait 4:3, 3:2), jittered: "around 500x375".
 SHAPES = [(500, 375), (375, 500), (500, 333), (500, 400), (333, 500), (640, 480)]

@@ -17,9 +17,9 @@ schedule (project.optim), the same step count and the same threads, and must end
     stock   a minimal LightningModule (StockClassifier: loss, self.log("train/loss"), the same optimizer and schedule)
             under a stock `lightning.Trainer` with what a user gets without asking: its default TensorBoard logger and
             its default ModelCheckpoint (one save at the epoch end), no callbacks of ours;
-    ours    ImageClassifier and the Trainer as `python -m project fit` builds them (project.engine.cli.cli_main: its
+    ours    ImageClassifier and the Trainer as `python -m project fit` builds them (classifier_engine.cli.cli_main: its
             callbacks, plugins and strategy), fed the same synthetic data; self.log without Lightning's no-op move
-            (project/engine/compat/log_device_move.py, installed here too until the CLI does it).
+            (engine/classifier_engine/compat/log_device_move.py, installed here too until the CLI does it).
 Both Lightning arms log every 10 steps, validate never and show no progress bar (--progress-bar: one in both,
 refreshed every 10 steps). After two short untimed warm-up rounds, each round trains one Lightning arm, stock and
 ours in turn, with a fresh plain loop beside it in the same process, taking turns one step at a time: after each of
@@ -62,10 +62,10 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from project.backbones import build_network  # noqa: E402
-from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, NormalizeBatch  # noqa: E402
-from project.engine.cli import cli_main  # noqa: E402
-from project.engine.compat.batch_dispatch import LeanBatchDispatch  # noqa: E402
-from project.engine.compat.log_device_move import skip_same_device_moves  # noqa: E402
+from classifier_engine.data.transforms import IMAGENET_MEAN, IMAGENET_STD, NormalizeBatch  # noqa: E402
+from classifier_engine.cli import cli_main  # noqa: E402
+from classifier_engine.compat.batch_dispatch import LeanBatchDispatch  # noqa: E402
+from classifier_engine.compat.log_device_move import skip_same_device_moves  # noqa: E402
 from project.optim import parameter_groups, scaled_lr, warmup_then_decay  # noqa: E402
 from synthetic import ReplayedBatches, SyntheticDataModule, synthetic_batches  # noqa: E402
 
@@ -192,7 +192,7 @@ class StockSigtermBroadcast(L.Callback):
     (Lightning runs Checkpoint callbacks after all others, so this hook, at the epoch start, is the first that can)."""
 
     def on_train_epoch_start(self, trainer, pl_module):
-        # undo project.engine.compat.sigterm_broadcast's skip (--lightning-sigterm-broadcast measures its cost)
+        # undo classifier_engine.compat.sigterm_broadcast's skip (--lightning-sigterm-broadcast measures its cost)
         vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)
         assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop), "the stock broadcast is still off"
 
@@ -253,7 +253,7 @@ def interleaved_run(args, batches, world: int, workdir: Path, classes: Path, arm
     else:
         model, trainer = ours_through_the_cli(args, world, workdir, classes)
         trainer.callbacks.append(interleave)
-        # Until project.engine.cli installs it (a no-op then); --lightning-log-move keeps Lightning's move.
+        # Until classifier_engine.cli installs it (a no-op then); --lightning-log-move keeps Lightning's move.
         skip_same_device_moves(trainer, skip=not args.lightning_log_move)
         if args.lightning_sigterm_broadcast:
             trainer.callbacks.append(StockSigtermBroadcast())
@@ -337,10 +337,10 @@ def main(argv: list[str]) -> int:
                         help="keep Lightning's per-step SIGTERM broadcast in ours, which the template skips (its cost)")
     parser.add_argument("--lightning-log-move", action="store_true",
                         help="keep Lightning's move of each logged value to its own device in ours, which the template "
-                             "skips (project/engine/compat/log_device_move.py; its cost)")
+                             "skips (engine/classifier_engine/compat/log_device_move.py; its cost)")
     parser.add_argument("--lightning-batch-dispatch", action="store_true",
                         help="keep Lightning's calls of no-op per-batch hooks and its per-step signature reads in "
-                             "ours, which the template skips (project/engine/compat/batch_dispatch.py; their cost)")
+                             "ours, which the template skips (engine/classifier_engine/compat/batch_dispatch.py; their cost)")
     args = parser.parse_args(argv)
     if args.accelerator == "gpu" and not torch.cuda.is_available():
         parser.error("--accelerator gpu needs a CUDA device; none is visible here")

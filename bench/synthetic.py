@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD, NormalizeBatch
+from classifier_engine.data.transforms import IMAGENET_MEAN, IMAGENET_STD, NormalizeBatch
 
 
 def synthetic_batches(

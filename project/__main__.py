@@ -1,13 +1,13 @@
 """python -m project {fit,validate,test,predict,export,sweep} --config configs/quickstart.yaml
 
-`export` is project.engine.export (a run's checkpoint as torch.export / ONNX files), `sweep` project.engine.run.sweep
+`export` is classifier_engine.export (a run's checkpoint as torch.export / ONNX files), `sweep` classifier_engine.run.sweep
 (Optuna trials, each an ordinary fit); the others are LightningCLI's.
 """
 
 import sys
 
-from project.engine.cli import cli_main, main
-from project.engine.errors import exit_on_user_error
+from classifier_engine.cli import cli_main, main
+from classifier_engine.errors import exit_on_user_error
 
 MORE_SUBCOMMANDS = """
   More subcommands (not LightningCLI's):
@@ -16,11 +16,11 @@ MORE_SUBCOMMANDS = """
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["export"]:
-        from project.engine.export import main as export_main
+        from classifier_engine.export import main as export_main
 
         exit_on_user_error(lambda: export_main(sys.argv[2:]))
     elif sys.argv[1:2] == ["sweep"]:
-        from project.engine.run.sweep import main as sweep_main
+        from classifier_engine.run.sweep import main as sweep_main
 
         exit_on_user_error(lambda: sweep_main(sys.argv[2:], cli_main))
     elif sys.argv[1:] in (["-h"], ["--help"]):  # LightningCLI lists its own subcommands only

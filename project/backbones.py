@@ -15,7 +15,7 @@ from torch import nn
 from torchvision import models
 from torchvision.models import WeightsEnum
 
-from project.engine.errors import ConfigError
+from classifier_engine.errors import ConfigError
 
 NETWORK = "network"  # the attribute of HasNetwork; its tensors are `network.*` in a checkpoint's state_dict
 

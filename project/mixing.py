@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
 
-from project.engine.errors import ConfigError
-from project.engine.options import BelowOne, NonNegativeFloat, UnitInterval, check_fields
+from classifier_engine.errors import ConfigError
+from classifier_engine.options import BelowOne, NonNegativeFloat, UnitInterval, check_fields
 
 
 class BatchMixer:

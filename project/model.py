@@ -19,10 +19,10 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from project.backbones import Network, NetworkRunner, build_network, shard_blocks
 from project.callbacks.finetuning import FineTuning, FreezeBackbone
-from project.engine.errors import ConfigError
-from project.engine.options import PositiveInt, check_arguments
-from project.engine.seeds import StepSeed, batch_seed
-from project.engine.strategies.fsdp import checkpoint_activations, shard
+from classifier_engine.errors import ConfigError
+from classifier_engine.options import PositiveInt, check_arguments
+from classifier_engine.seeds import StepSeed, batch_seed
+from classifier_engine.strategies.fsdp import checkpoint_activations, shard
 from project.mixing import Loss
 from project.optim import (
     Optimization,

@@ -14,8 +14,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from project.backbones import classifier_head
-from project.engine.errors import CheckpointError, ConfigError
-from project.engine.options import BelowOne, NonNegativeFloat, NonNegativeInt, PositiveFloat, ShrinkFactor, check_fields
+from classifier_engine.errors import CheckpointError, ConfigError
+from classifier_engine.options import BelowOne, NonNegativeFloat, NonNegativeInt, PositiveFloat, ShrinkFactor, check_fields
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from torch import nn
 from torchvision.models import WeightsEnum, get_model_weights
 
 from project.backbones import NETWORK, classifier_head, head_outputs, torchvision_weights
-from project.engine.errors import ConfigError, MissingInputError
-from project.engine.run.checkpoint_io import SHARDS, load_trusted_format
+from classifier_engine.errors import ConfigError, MissingInputError
+from classifier_engine.run.checkpoint_io import SHARDS, load_trusted_format
 
 CKPT_PREFIX = NETWORK + "."  # the network of a HasNetwork module (ImageClassifier), in its checkpoints
 # torchvision's DenseNet files predate a rename of 'norm.1' to 'norm1' (relu, conv): renamed as its builder does.

@@ -30,7 +30,7 @@ class SignalAtStep(L.Callback):
 
 class HoldUntilSignalled(L.Callback):
     """Holds rank `rank` as optimizer step `step` is about to start, writes `marker`, and waits there until a stop
-    signal has reached this process (project.engine.run.last_checkpoint's flag): the test then signals a run that is
+    signal has reached this process (classifier_engine.run.last_checkpoint's flag): the test then signals a run that is
     provably still training, however long the signal takes to arrive."""
 
     def __init__(self, step: int, marker: str, rank: int = 0, timeout_s: float = 600):

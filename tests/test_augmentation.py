@@ -8,8 +8,8 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from project.data.training_samples import SeededSamples
-from project.data.transforms import AUTO_AUGMENT_POLICIES, NormalizeBatch, eval_preset, train_preset
+from classifier_engine.data.training_samples import SeededSamples
+from classifier_engine.data.transforms import AUTO_AUGMENT_POLICIES, NormalizeBatch, eval_preset, train_preset
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 

@@ -21,7 +21,7 @@ from project.backbones import (
     family_of,
     head_outputs,
 )
-from project.engine.cli import cli_main
+from classifier_engine.cli import cli_main
 
 # The family the README promises; RESNET_ARCHS must offer exactly these (and the tests below run each).
 PROMISED_ARCHS = {

@@ -18,8 +18,8 @@ import yaml
 
 from conftest import QUICKSTART, SHRINK, project_in_process
 from project import ImageClassifier, ImageNetDataModule
-from project.engine.cli import cli_main
-from project.engine.compat.ckpt_read_once import checkpoint_values
+from classifier_engine.cli import cli_main
+from classifier_engine.compat.ckpt_read_once import checkpoint_values
 
 MY_NET = '''
 from torch import nn

@@ -18,7 +18,7 @@ from torch import nn
 
 from conftest import read_scalars, run_project, tiny_args
 from project import ImageClassifier, ImageNetDataModule
-from project.engine.cli import cli_main
+from classifier_engine.cli import cli_main
 
 TRAIN_KEYS = {"train/loss", "train/lr", "val/loss", "val/acc1", "val/acc5"}
 TEST_KEYS = {"test/loss", "test/acc1", "test/acc5"}

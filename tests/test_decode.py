@@ -19,11 +19,11 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from project.data.datamodule import ImageNetDataModule
-from project.data.decoders import image_loader, main, resolve_decoder
-from project.data.image_folders import DecodedImages, collate_readable
-from project.data.layout import folder_samples
-from project.engine.errors import UnreadableImageError
+from classifier_engine.data.folder import ImageNetDataModule
+from classifier_engine.data.decoders import image_loader, main, resolve_decoder
+from classifier_engine.data.image_folders import DecodedImages, collate_readable
+from classifier_engine.data.layout import folder_samples
+from classifier_engine.errors import UnreadableImageError
 
 HAS_TORCHCODEC = importlib.util.find_spec("torchcodec") is not None
 NEEDS_TORCHCODEC = pytest.mark.skipif(not HAS_TORCHCODEC,
@@ -137,7 +137,7 @@ def test_skip_mode_leaves_the_file_out_and_counts_it(folder_with_a_broken_file, 
     root, victim = folder_with_a_broken_file
     dataset = DecodedImages(folder_samples(root / "train"), transform=pil_to_tensor if decoder == "pil" else None,
                                  decoder=decoder, on_corrupt="skip")
-    with caplog.at_level(logging.WARNING, logger="project.data.image_folders"):
+    with caplog.at_level(logging.WARNING, logger="classifier_engine.data.image_folders"):
         batches = list(DataLoader(dataset, batch_size=8, collate_fn=collate_readable))
     assert sum(len(targets) for _images, targets in batches) == len(dataset) - 1
     [message] = [r.getMessage() for r in caplog.records if str(victim) in r.getMessage()]
@@ -178,7 +178,7 @@ import torchvision.io
 import torchvision.transforms.v2  # torchvision's own JPEG augmentation imports them: loaded before they go
 for name in ("decode_image", "decode_jpeg", "ImageReadMode"):
     delattr(torchvision.io, name)  # what a torchvision without image decoders looks like to `from ... import`
-from project.data.decoders import image_loader, resolve_decoder
+from classifier_engine.data.decoders import image_loader, resolve_decoder
 print(resolve_decoder("auto"), tuple(image_loader("auto")(PATH).shape))
 for name in ("torchvision", "nvjpeg"):
     try:

@@ -16,10 +16,10 @@ from PIL import Image
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision import tv_tensors
 
-from project.data.datamodule import ImageNetDataModule
-from project.data.decoders import DEVICE_DECODERS as DEVICE_DECODER_NAMES
-from project.data.decoders import decode_torchvision
-from project.data.device_decode import (
+from classifier_engine.data.folder import ImageNetDataModule
+from classifier_engine.data.decoders import DEVICE_DECODERS as DEVICE_DECODER_NAMES
+from classifier_engine.data.decoders import decode_torchvision
+from classifier_engine.data.device_decode import (
     Crop,
     DevicePipeline,
     TrainCrop,
@@ -28,11 +28,11 @@ from project.data.device_decode import (
     load_for_device,
     resized_crops,
 )
-from project.data.image_folders import DecodedImages, EncodedBatch, EncodedImages, collate_encoded
-from project.data.layout import folder_samples
-from project.data.training_samples import SeededSamples
-from project.data.transforms import eval_preset, train_preset
-from project.engine.errors import ConfigError
+from classifier_engine.data.image_folders import DecodedImages, EncodedBatch, EncodedImages, collate_encoded
+from classifier_engine.data.layout import folder_samples
+from classifier_engine.data.training_samples import SeededSamples
+from classifier_engine.data.transforms import eval_preset, train_preset
+from classifier_engine.errors import ConfigError
 from test_decode import two_colour
 
 NEEDS_TORCHCODEC = pytest.mark.skipif(importlib.util.find_spec("torchcodec") is None,
@@ -246,7 +246,7 @@ def test_fit_with_device_decode_skips_a_broken_jpeg(tiny_root, tmp_path, caplog,
     import shutil
 
     from conftest import tiny_args
-    from project.engine.cli import cli_main
+    from classifier_engine.cli import cli_main
 
     root = tmp_path / "data"
     shutil.copytree(tiny_root, root)
@@ -254,7 +254,7 @@ def test_fit_with_device_decode_skips_a_broken_jpeg(tiny_root, tmp_path, caplog,
     victim.write_bytes(victim.read_bytes()[:300])
     args = tiny_args(root, tmp_path / "run", f"--data.decoder={decoder}", "--data.on_corrupt=skip",
                      "--trainer.limit_val_batches=1", "--trainer.logger=false")
-    with caplog.at_level(logging.WARNING, logger="project.data.device_decode"):
+    with caplog.at_level(logging.WARNING, logger="classifier_engine.data.device_decode"):
         cli = cli_main(["fit", *args])
     assert cli.trainer.state.finished and cli.trainer.global_step == 5  # 40 images - 1 skipped, batches of 8
     [message] = [r.getMessage() for r in caplog.records if str(victim) in r.getMessage()]

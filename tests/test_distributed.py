@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import CONFIGS, read_scalars, run_project, tiny_args
-from project.engine.cli import cli_main, close_process_group
+from classifier_engine.cli import cli_main, close_process_group
 from test_strategies import NO_AUGMENT, relative_difference
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ def in_process(args: list[str]) -> None:
         try:
             cli_main(args)
         finally:
-            close_process_group()  # what project.engine.cli.main does after the run
+            close_process_group()  # what classifier_engine.cli.main does after the run
 
 
 def run_files(run_dir: Path) -> dict[str, list[Path]]:

@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torchmetrics import MeanMetric
 
-import project.engine.strategies  # noqa: F401  registers strategy="dp"
+import classifier_engine.strategies  # noqa: F401  registers strategy="dp"
 from project.callbacks.ema import EMA, torchvision_ema_decay
 from project.data import ImageNetDataModule
 

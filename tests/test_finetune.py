@@ -15,9 +15,9 @@ import torch
 from torchvision import models
 
 from conftest import CONFIGS, QUICKSTART, SHRINK, callback, tiny_args
-from project.engine.cli import cli_main, main
-from project.engine.errors import exit_on_user_error
-from project.engine.export import main as export_main
+from classifier_engine.cli import cli_main, main
+from classifier_engine.errors import exit_on_user_error
+from classifier_engine.export import main as export_main
 from project.weights import hub_file
 from test_weights import hub, imagenet_resnet18  # noqa: F401  (the offline torch hub fixture)
 

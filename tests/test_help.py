@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from conftest import CONFIGS, project_in_process
-from project.engine.errors import ConfigError
+from classifier_engine.errors import ConfigError
 from project.model import ImageClassifier
 
 MY_NET = """

@@ -14,13 +14,13 @@ import pytest
 
 from conftest import QUICKSTART, SHRINK, project_in_process
 from project.data import ManifestDataModule
-from project.data.embedded import resolve_root
-from project.engine.errors import ConfigError
-from project.engine.export import main as export_main
+from classifier_engine.data.embedded import resolve_root
+from classifier_engine.errors import ConfigError
+from classifier_engine.export import main as export_main
 
 # Class names whose sorted order is not the digits' order: a label mapped by position would show.
 NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-MANIFEST = "project.data.ManifestDataModule"
+MANIFEST = "classifier_engine.data.ManifestDataModule"
 
 
 def write_manifest(path: Path, rows: list[tuple[str, str]], columns=("path", "label")) -> Path:

@@ -12,7 +12,7 @@ from torch import nn
 
 from conftest import read_scalars, tiny_args
 from project.backbones import build_network
-from project.engine.cli import cli_main
+from classifier_engine.cli import cli_main
 from project.optim import parameter_groups, scaled_lr, warmup_then_decay
 
 
@@ -159,7 +159,7 @@ def _fit_tiny(tiny_root, run_dir, *, ckpt_path=None, logger=False, **model_optio
 def test_a_resume_with_another_optimizer_stops_before_anything_is_logged(tiny_root, tmp_path):
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from project.engine.errors import CheckpointError
+    from classifier_engine.errors import CheckpointError
     from project.optim import Optimization
 
     _fit_tiny(tiny_root, tmp_path / "first")
@@ -176,7 +176,7 @@ def test_a_resume_with_another_optimizer_stops_before_anything_is_logged(tiny_ro
 
 
 def test_a_resume_with_other_parameter_groups_names_the_setting_that_changed(tiny_root, tmp_path):
-    from project.engine.errors import CheckpointError
+    from classifier_engine.errors import CheckpointError
 
     _fit_tiny(tiny_root, tmp_path / "first")
     path = tmp_path / "first" / "step.ckpt"

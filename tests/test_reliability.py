@@ -26,10 +26,10 @@ from conftest import (
     tiny_args,
 )
 from project import ImageClassifier, ImageNetDataModule
-from project.engine.cli import cli_main
-from project.engine.errors import CheckpointError, exit_on_user_error
-from project.engine.export import main as export_main
-from project.engine.run.checkpoint_io import AtomicCheckpointIO
+from classifier_engine.cli import cli_main
+from classifier_engine.errors import CheckpointError, exit_on_user_error
+from classifier_engine.export import main as export_main
+from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
 from tools.local_services import free_port
 
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
@@ -55,7 +55,7 @@ def trained(tiny_root, tmp_path_factory) -> Path:
 SAVE_LOOP = """
 import sys, torch
 from pathlib import Path
-from project.engine.run.checkpoint_io import AtomicCheckpointIO
+from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
 from tools.local_services import free_port
 io, path = AtomicCheckpointIO(), Path(sys.argv[1])
 for version in range(1000):

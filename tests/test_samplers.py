@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from project.engine.errors import ConfigError
-from project.engine.samplers import ExactDistributedSampler, ResumableDataLoader, ResumableSampler
+from classifier_engine.errors import ConfigError
+from classifier_engine.samplers import ExactDistributedSampler, ResumableDataLoader, ResumableSampler
 
 
 class Indices(Dataset):

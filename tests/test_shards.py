@@ -1,4 +1,4 @@
-"""Shards (tools/make_shards.py, project.data.ShardDataModule): a conversion that resumes and is never half-valid, a
+"""Shards (tools/make_shards.py, classifier_engine.data.ShardDataModule): a conversion that resumes and is never half-valid, a
 chunk-aware order drawn from the seed, exact resume and exact evaluation, and a real object store (moto's server).
 
     python -m pytest tests/test_shards.py --durations=0
@@ -17,7 +17,7 @@ from PIL import Image
 from conftest import CONFIGS, QUICKSTART, SHRINK, callback, project_in_process, run_project
 from project import cli_main
 from project.data import ShardDataModule
-from project.engine.errors import ConfigError
+from classifier_engine.errors import ConfigError
 from tools.local_services import free_port, s3_server
 from tools.make_shards import encode
 from tools.make_shards import main as make_shards
@@ -34,7 +34,7 @@ def shards(tiny_root, tmp_path_factory):
 
 
 def fit_args(shards, run_dir, *extra: str) -> list[str]:
-    return ["--config", str(QUICKSTART), *SHRINK, "--data.class_path=project.data.ShardDataModule",
+    return ["--config", str(QUICKSTART), *SHRINK, "--data.class_path=classifier_engine.data.ShardDataModule",
             f"--data.init_args.shards={shards}", "--trainer.max_epochs=2", f"--trainer.default_root_dir={run_dir}",
             *extra]
 

@@ -9,9 +9,9 @@ import torch
 import yaml
 
 from conftest import CONFIGS, callback, read_scalars, tiny_args
-from project.engine.cli import cli_main
-from project.engine.run.last_checkpoint import LastCheckpoint
-from project.engine.strategies import DataParallelStrategy
+from classifier_engine.cli import cli_main
+from classifier_engine.run.last_checkpoint import LastCheckpoint
+from classifier_engine.strategies import DataParallelStrategy
 
 # Every config composed onto the quickstart, except the quickstart's own and the folders of model and recipe configs.
 STRATEGY_CONFIGS = sorted(p.name for p in CONFIGS.glob("*.yaml") if not p.name.startswith("quickstart"))
@@ -68,7 +68,7 @@ def fit(tiny_root: Path, run_dir: Path, *extra: str):
 
 
 def last_checkpoint(cli) -> Path:
-    """The run's last.ckpt (project.engine.run.last_checkpoint)."""
+    """The run's last.ckpt (classifier_engine.run.last_checkpoint)."""
     (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, LastCheckpoint)]
     return callback.path
 

@@ -1,4 +1,4 @@
-"""Sweeps (project/engine/run/sweep.py) on configs/sweep/quickstart.yaml: workers share a study, each trial a real fit
+"""Sweeps (engine/classifier_engine/run/sweep.py) on configs/sweep/quickstart.yaml: workers share a study, each trial a real fit
 whose value is the best val/acc1 its TensorBoard events hold; pruned, diverged, preempted and killed trials; bad input
 is one line before any trial; the journal survives a record cut short and a full disk.
 
@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from conftest import CONFIGS, read_scalars, run_project, start_project
-from project.engine.cli import cli_main
-from project.engine.errors import DiskFullError, exit_on_user_error
-from project.engine.run.sweep import legible_parallel_coordinates
-from project.engine.run.sweep import main as sweep_main
-from project.engine.run.sweep_trials import open_storage
+from classifier_engine.cli import cli_main
+from classifier_engine.errors import DiskFullError, exit_on_user_error
+from classifier_engine.run.sweep import legible_parallel_coordinates
+from classifier_engine.run.sweep import main as sweep_main
+from classifier_engine.run.sweep_trials import open_storage
 
 SWEEP = CONFIGS / "sweep" / "quickstart.yaml"
 FAST_HEARTBEAT = ["--sweep.heartbeat_interval=1", "--sweep.grace_period=4"]

@@ -12,8 +12,8 @@ import torch
 
 from conftest import read_scalars, tiny_args
 from project.backbones import build_network
-from project.engine.callbacks.throughput import compute_dtype, peak_flops, train_flops_per_image
-from project.engine.cli import cli_main
+from classifier_engine.callbacks.throughput import compute_dtype, peak_flops, train_flops_per_image
+from classifier_engine.cli import cli_main
 
 PERF_KEYS = {
     "perf/images_per_sec",

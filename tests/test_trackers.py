@@ -137,7 +137,7 @@ def test_tensorboard_mlflow_wandb_offline_and_csv_stopped_and_resumed_are_one_ru
     assert "wandb sync" in output
     # CSV beside them: moved from save_dir "elsewhere" into the one run dir, with TensorBoard's events and the run's
     # files; its metrics.csv continues across the resume (Lightning's CSVLogger alone would have deleted the first
-    # start's rows: project.engine.run.trackers.continue_csv_logs), each step once, the steps TensorBoard holds.
+    # start's rows: classifier_engine.run.trackers.continue_csv_logs), each step once, the steps TensorBoard holds.
     assert (run_dir / "metrics.csv").is_file()
     with open(run_dir / "metrics.csv", newline="") as file:
         rows = list(csv_module.DictReader(file))
@@ -207,7 +207,7 @@ def test_a_tracking_uri_with_a_password_is_used_and_never_printed(tiny_root, tmp
                                                                   monkeypatch):
     from jsonargparse import Namespace
 
-    from project.engine.run.trackers import check_trackers, redact
+    from classifier_engine.run.trackers import check_trackers, redact
 
     with_password = mlflow_server.replace("http://", "http://ann:s3cret@")  # basic auth, as MLflow's client takes it
     entry = Namespace(class_path="lightning.pytorch.loggers.MLFlowLogger",
@@ -227,7 +227,7 @@ def _resume_plan(root: Path, uri: str, experiment: str, recorded: dict):
     import torch
     from jsonargparse import Namespace
 
-    from project.engine.run.resume import plan_run
+    from classifier_engine.run.resume import plan_run
 
     run_dir = root / "lightning_logs" / "version_0"
     (run_dir / "checkpoints").mkdir(parents=True)
@@ -243,7 +243,7 @@ def _resume_plan(root: Path, uri: str, experiment: str, recorded: dict):
 @pytest.mark.parametrize("case", ["run deleted", "experiment deleted", "another tracking uri"])
 def test_a_resume_whose_mlflow_run_cannot_continue_starts_a_new_one_said_or_stops_in_one_line(tmp_path, mlflow_server,
                                                                                                 case):
-    from project.engine.errors import ConfigError
+    from classifier_engine.errors import ConfigError
 
     client = mlflow.tracking.MlflowClient(mlflow_server)
     experiment = f"gone-{case.replace(' ', '-')}"
@@ -295,7 +295,7 @@ def test_wandb_online_without_an_api_key_is_one_line_at_once(tiny_root, tmp_path
 def test_an_explicit_wandb_save_dir_is_said_to_move_into_the_run_dir(tmp_path):
     from jsonargparse import Namespace
 
-    from project.engine.run.trackers import point_trackers
+    from classifier_engine.run.trackers import point_trackers
 
     entry = Namespace(class_path="lightning.pytorch.loggers.WandbLogger",
                       init_args=Namespace(project="x", save_dir=str(tmp_path / "mine")))
@@ -307,7 +307,7 @@ def test_an_explicit_wandb_save_dir_is_said_to_move_into_the_run_dir(tmp_path):
 
 
 def test_tracked_parameters_are_named_as_the_cli_spells_them_without_init_args():
-    from project.engine.run.trackers import flat_config
+    from classifier_engine.run.trackers import flat_config
 
     config = {"model": {"class_path": "project.ImageClassifier", "init_args": {"arch": "resnet18",
                                                                               "optim": {"lr_per_256": 0.2}}},

@@ -1,4 +1,4 @@
-"""project.engine.run.training_steps answers from public Trainer attributes what Lightning decides privately: which
+"""classifier_engine.run.training_steps answers from public Trainer attributes what Lightning decides privately: which
 batch ends follow an optimizer step, and on which of those it writes step metrics (none with log_every_n_steps=0). Each
 answer is held against Lightning's own (`_logger_connector.should_update_logs`, `fit_loop._should_accumulate`) on a real
 fit, with and without gradient accumulation and with a last, partial accumulation window."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from project.engine.run.training_steps import after_optimizer_step, is_logging_step
+from classifier_engine.run.training_steps import after_optimizer_step, is_logging_step
 
 
 class Tiny(L.LightningModule):

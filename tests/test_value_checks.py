@@ -4,7 +4,7 @@ expects, exit 2, no traceback, no run dir (issue 21, item 3).
     python -m pytest tests/test_value_checks.py -q
 
 Most cases run in-process (the real CLI parser, or the class called from Python) and read the line
-project.engine.errors.user_message prints; a few run `python -m project fit` for the whole contract.
+classifier_engine.errors.user_message prints; a few run `python -m project fit` for the whole contract.
 """
 
 import argparse
@@ -21,11 +21,11 @@ from project import ImageNetDataModule
 from project.backbones import FAMILIES, build_network, family_of, image_size_problem
 from project.callbacks.ema import EMA
 from project.callbacks.finetuning import FineTuning, FreezeBackbone
-from project.data.image_data import ImageDataModule
-from project.data.training_samples import ProgressiveResizing
-from project.engine.callbacks.throughput import ThroughputLogger
-from project.engine.cli import cli_main
-from project.engine.errors import ConfigError, UserError, user_message
+from classifier_engine.data.image_data import ImageDataModule
+from classifier_engine.data.training_samples import ProgressiveResizing
+from classifier_engine.callbacks.throughput import ThroughputLogger
+from classifier_engine.cli import cli_main
+from classifier_engine.errors import ConfigError, UserError, user_message
 from project.mixing import Loss
 from project.model import ImageClassifier
 from project.optim import Optimization
@@ -49,7 +49,7 @@ def assert_one_short_line(message, expected: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Data options: ImageNetDataModule.__init__ and its base's (types in project/engine/options.py), ProgressiveResizing
+# Data options: ImageNetDataModule.__init__ and its base's (types in engine/classifier_engine/options.py), ProgressiveResizing
 # ------------------------------------------------------------------------------------------------------------------
 
 RAMP_INVERTED = "--data.progressive_resizing={start_size: 64, end_size: 32, start_epoch: 5, end_epoch: 2}"
@@ -191,7 +191,7 @@ def test_python_m_project_stops_on_a_bad_data_value_with_one_line_exit_2_and_not
 
 # ------------------------------------------------------------------------------------------------------------------
 # Model options: ImageClassifier.__init__, its groups (Optimization, Loss, FineTuning), the callbacks' options
-# (types in project/engine/options.py: parse-time checks; __post_init__ / __init__ checks for Python callers)
+# (types in engine/classifier_engine/options.py: parse-time checks; __post_init__ / __init__ checks for Python callers)
 # ------------------------------------------------------------------------------------------------------------------
 
 def classifier(**overrides) -> ImageClassifier:
@@ -380,7 +380,7 @@ MODEL_CLI_CASES = {
     "peak FLOP/s without counting": (["--throughput.peak_flops=4e14", "--throughput.count_flops=false"],
                                      "drop --throughput.peak_flops or set --throughput.count_flops=true", "init"),
     "EMA device": ([EMA_CALLBACK, "--trainer.callbacks.device=gpu"], "EMA.device: expected a torch device", "init"),
-    # model.image_sizes, linked from the data module (project.engine.cli): sizes a network cannot take.
+    # model.image_sizes, linked from the data module (classifier_engine.cli): sizes a network cannot take.
     "an arch too deep for 32 px": (["--model.arch=inception_v3"],
                                    "model.arch inception_v3 cannot take the 32 px images "
                                    "of data.train_crop_size", "init"),

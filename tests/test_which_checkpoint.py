@@ -1,4 +1,4 @@
-"""Which checkpoint wins, and which run dir a run writes into: each row of README "Resume" (project.engine.run.resume),
+"""Which checkpoint wins, and which run dir a run writes into: each row of README "Resume" (classifier_engine.run.resume),
 in-process.
 
     python -m pytest tests/test_which_checkpoint.py
@@ -13,12 +13,12 @@ import pytest
 import torch
 from jsonargparse import Namespace
 
-from project.engine.errors import CheckpointError
-from project.engine.run.resume import plan_run, start_run
+from classifier_engine.errors import CheckpointError
+from classifier_engine.run.resume import plan_run, start_run
 
 
 def write_checkpoint(path: Path, step: int, *, epoch: int = 0, mtime: float | None = None) -> Path:
-    """A small but complete Lightning-format checkpoint (the keys project.engine.run.resume checks, real tensors)."""
+    """A small but complete Lightning-format checkpoint (the keys classifier_engine.run.resume checks, real tensors)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"state_dict": {"network.w": torch.full((2,), float(step))}, "epoch": epoch, "global_step": step,
                 "hyper_parameters": {"arch": "resnet18", "num_classes": 3}}, path)
@@ -145,7 +145,7 @@ def test_a_tensorboard_logger_with_its_own_save_dir_and_name_is_where_runs_are_f
 
 
 def test_a_remote_root_is_refused_in_one_line(tmp_path):
-    from project.engine.errors import ConfigError
+    from classifier_engine.errors import ConfigError
 
     with pytest.raises(ConfigError,
                        match="trainer.default_root_dir s3://bucket/runs: runs write to a local or mounted"):
@@ -194,7 +194,7 @@ def test_fits_started_at_the_same_moment_each_claim_their_own_version_dir(tmp_pa
 
 def test_a_rerun_of_a_run_without_file_loggers_from_its_config_yaml_is_a_new_run(tiny_root, tmp_path):
     from conftest import tiny_args
-    from project.engine.cli import cli_main
+    from classifier_engine.cli import cli_main
 
     short = ["--trainer.logger=false", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
     first = cli_main(["fit", *tiny_args(tiny_root, tmp_path, *short)])

@@ -1,4 +1,4 @@
-"""Pack an ImageNet-layout folder (or CSV manifests) into the shards project.data.ShardDataModule reads.
+"""Pack an ImageNet-layout folder (or CSV manifests) into the shards classifier_engine.data.ShardDataModule reads.
 
     python -m tools.make_shards --source /datasets/imagenet --out s3://my-bucket/imagenet-256 --workers 16
 
@@ -24,11 +24,11 @@ from typing import Optional
 
 from PIL import Image
 
-from project.data.layout import check_layout, folder_samples, read_class_labels
-from project.data.manifest import read_manifest
-from project.data.shards import FORMAT, INDEX, s3_client, s3_error, split_url
-from project.engine.errors import ConfigError, DiskFullError
-from project.engine.run.checkpoint_io import atomic_write
+from classifier_engine.data.layout import check_layout, folder_samples, read_class_labels
+from classifier_engine.data.manifest import read_manifest
+from classifier_engine.data.shards import FORMAT, INDEX, s3_client, s3_error, split_url
+from classifier_engine.errors import ConfigError, DiskFullError
+from classifier_engine.run.checkpoint_io import atomic_write
 
 
 @dataclass(frozen=True)

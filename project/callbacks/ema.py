@@ -19,8 +19,8 @@ from torch import nn
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from project.backbones import NETWORK, HasNetwork
-from project.engine.errors import ConfigError
-from project.engine.options import NonNegativeFloat, PositiveInt, UnitInterval, check_arguments
+from classifier_engine.errors import ConfigError
+from classifier_engine.options import NonNegativeFloat, PositiveInt, UnitInterval, check_arguments
 
 
 def torchvision_ema_decay(decay: float, images_per_update: int, epochs: float) -> float:

@@ -14,8 +14,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from project.backbones import HasNetwork, classifier_head
-from project.engine.errors import ConfigError
-from project.engine.options import NonNegativeInt, PositiveFloat, check_arguments, check_fields
+from classifier_engine.errors import ConfigError
+from classifier_engine.options import NonNegativeInt, PositiveFloat, check_arguments, check_fields
 
 
 @dataclass(frozen=True)

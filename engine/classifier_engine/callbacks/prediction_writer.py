@@ -1,0 +1,158 @@
+"""predict's CSV: path, then the top-k class names and probabilities, in path order (docs/how-it-works.md#predict).
+
+    python -m project predict --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt \
+        --data.predict_root path/to/images [--predictions.output predictions.csv]
+"""
+
+import csv
+import io
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from classifier_engine.contract import display_names
+from classifier_engine.errors import ConfigError, DiskFullError, UserError, shown
+from classifier_engine.run.checkpoint_io import atomic_write
+
+MAX_NAMED = 5  # unpredicted images named in the warning
+
+
+def gather_rows(pl_module: L.LightningModule, rows: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Concatenate every rank's rows (shards may differ in length) on every rank."""
+    device = pl_module.device
+    counts = pl_module.all_gather(torch.tensor([rows.shape[0]], device=device)).reshape(world_size)
+    # all_gather needs equal shapes on every rank: pad to the longest shard, then cut each back.
+    padded = rows.new_zeros((int(counts.max()), *rows.shape[1:]))
+    padded[: rows.shape[0]] = rows
+    gathered = pl_module.all_gather(padded.to(device)).reshape(world_size, *padded.shape).cpu()
+    return torch.cat([gathered[rank, : int(count)] for rank, count in enumerate(counts.tolist())])
+
+
+class PredictionCsvWriter(BasePredictionWriter):
+    """Collects (index, top-k probabilities, top-k classes) per batch; one CSV at the end of the predict epoch. Takes
+    batches of (images, indices into the data set's `paths`) and predict_step's {"probs": (B, k), "classes": (B, k)}."""
+
+    def __init__(self, output: Optional[str] = None):
+        """
+        Args:
+            output: CSV file to write; None writes predictions.csv into the predict run's log dir.
+        """
+        super().__init__(write_interval="batch")
+        self.output = output
+        self.written: Optional[Path] = None
+        self._dataset: Any = None
+        self._output: Optional[Path] = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._indices, self._probs, self._classes = [], [], []
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # log_dir is agreed on by a collective call, so every rank computes it, not only rank 0.
+        run_dir = Path(trainer.log_dir or trainer.default_root_dir)
+        self._output = Path(self.output) if self.output else run_dir / "predictions.csv"
+        if trainer.is_global_zero:
+            _check_writable(self._output)  # before any image is predicted, not after all of them
+
+    def on_predict_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._reset()
+        loaders = trainer.predict_dataloaders
+        self._dataset = getattr(loaders[0] if isinstance(loaders, (list, tuple)) else loaders, "dataset", None)
+        if not hasattr(self._dataset, "paths"):  # nothing is written then
+            rank_zero_warn(f"no predictions CSV written: the predict data set ({type(self._dataset).__name__}) has no "
+                           "`paths` to name the rows with; predict through the data module (--data.predict_root, "
+                           "classifier_engine.data.predict)")
+            self._dataset = None
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        if self._dataset is None:
+            return
+        if dataloader_idx != 0:
+            raise ValueError(f"PredictionCsvWriter writes one predict dataloader, got dataloader_idx={dataloader_idx}")
+        if not (isinstance(batch, Sequence) and len(batch) == 2 and isinstance(prediction, Mapping)):
+            raise TypeError("PredictionCsvWriter expects batches of (images, indices) and predictions {'probs', "
+                            f"'classes'}}; got a {type(batch).__name__} batch and a {type(prediction).__name__} "
+                            "prediction. Predict through ImageNetDataModule.predict_dataloader "
+                            "(classifier_engine.data.predict.ImagePathDataset).")
+        self._indices.append(torch.as_tensor(batch[1]).detach().cpu().long())
+        self._probs.append(prediction["probs"].detach().float().cpu())
+        self._classes.append(prediction["classes"].detach().cpu().long())
+
+    def on_predict_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        dataset = self._dataset
+        if dataset is None:
+            return
+        names = display_names(trainer.datamodule, pl_module.hparams.get("num_classes"))
+        k = self._probs[0].shape[1] if self._probs else min(5, len(names))
+        indices, probs, classes = (
+            gather_rows(pl_module, torch.cat(rows) if rows else empty, trainer.world_size)
+            for rows, empty in ((self._indices, torch.empty(0, dtype=torch.long)), (self._probs, torch.empty(0, k)),
+                                (self._classes, torch.empty(0, k, dtype=torch.long))))
+        output = self._output
+        self._reset()
+        if not trainer.is_global_zero:
+            return
+        # Sorted by index: the data set's (sorted path) order; a sampler's padding duplicates dropped (the first kept).
+        indices, first = np.unique(indices.numpy(), return_index=True)
+        probs, classes = probs[first], classes[first]
+        if len(indices) != len(dataset.paths):
+            missing = sorted(set(range(len(dataset.paths))) - set(indices.tolist()))
+            named = ", ".join(shown(dataset.paths[i]) for i in missing[:MAX_NAMED])
+            more = f" and {len(missing) - MAX_NAMED} more" if len(missing) > MAX_NAMED else ""
+            rank_zero_warn(f"predicted {len(indices)} of {len(dataset.paths)} images; not in the CSV: {named}{more} "
+                           "(unreadable with data.on_corrupt=skip, or cut by limit_predict_batches)")
+        content = csv_bytes([dataset.paths[i] for i in indices.tolist()], probs, classes, names)
+        self.written = _write_or_rescue(output, content, len(indices))
+        rank_zero_info(f"predictions for {len(indices)} images written to {shown(output)}")
+
+
+def _check_writable(output: Path) -> None:
+    """Create a file beside `output` and remove it: a bad --predictions.output fails now, in one line."""
+    try:
+        if output.is_dir():
+            raise IsADirectoryError(21, "a folder is there")
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=output.parent, prefix=f".{output.name}.", suffix=".probe"):
+            pass
+    except OSError as error:
+        raise ConfigError(f"cannot write the predictions to {shown(output)} ({error.strerror or error}): pass "
+                          "--predictions.output FILE.csv in a folder you can write to") from error
+
+
+def csv_bytes(paths: list, probs: torch.Tensor, classes: torch.Tensor, names: list[str]) -> bytes:
+    """The CSV: header, then one row per path; each path cell holds the name's exact bytes (os.fsencode)."""
+    k = probs.shape[1]
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(["path", *(f"{col}_{rank}" for rank in range(1, k + 1) for col in ("class", "prob"))])
+    top_class = int(classes.max()) if classes.numel() else -1
+    label = [*names, *map(str, range(len(names), top_class + 1))]  # indices for unnamed classes
+    for path, row_probs, row_classes in zip(paths, probs.tolist(), classes.tolist()):
+        cells = [item for c, p in zip(row_classes, row_probs) for item in (label[c], f"{p:.6f}")]
+        # surrogateescape both ways: a byte that is not UTF-8 becomes a lone surrogate here and that byte again below.
+        writer.writerow([os.fsencode(path).decode("utf-8", "surrogateescape"), *cells])
+    return text.getvalue().encode("utf-8", "surrogateescape")
+
+
+def _write_or_rescue(output: Path, content: bytes, rows: int) -> Path:
+    """atomic_write `output`; if that fails, write the rows into $TMPDIR and raise an error line that says where."""
+    try:
+        return atomic_write(output, lambda file: file.write(content))
+    except (OSError, DiskFullError) as error:
+        reason = "no space left on the device" if isinstance(error, DiskFullError) else error.strerror or str(error)
+        rescue = Path(tempfile.gettempdir()) / f"{output.stem}.{os.getpid()}{output.suffix}"
+        try:
+            atomic_write(rescue, lambda file: file.write(content))
+        except (OSError, DiskFullError):
+            raise error from None
+        raise UserError(f"could not write {shown(output)} ({reason}); the predictions for {rows} images were written "
+                        f"to {shown(rescue)} instead: move that file where you want it (or fix the cause and predict "
+                        "again)") from error

@@ -1,0 +1,297 @@
+"""LightningCLI over any LightningModule and LightningDataModule, with the run's safety rails (docs/how-it-works.md).
+
+    python -m project fit --config configs/quickstart.yaml
+    python -m project fit --config configs/quickstart.yaml --data.class_path my_data.MyData --data.init_args.x=1
+    python -m project validate --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt
+"""
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Optional
+
+import lightning as L
+from jsonargparse import Namespace
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ProgressBar
+from lightning.pytorch.cli import LightningArgumentParser
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+import classifier_engine.strategies  # noqa: F401  registers strategy="dp" before any Trainer is built
+from classifier_engine import contract
+from classifier_engine.callbacks.prediction_writer import PredictionCsvWriter
+from classifier_engine.callbacks.progress_bar import StepProgressBar
+from classifier_engine.callbacks.throughput import ThroughputLogger
+from classifier_engine.compat.batch_dispatch import LeanBatchDispatch
+from classifier_engine.compat.batch_limits import Trainer
+from classifier_engine.compat.ckpt_hparams import explicit_values, keep_explicit_model_values
+from classifier_engine.compat.ckpt_read_once import CheckpointReadOnceCLI
+from classifier_engine.compat.elastic_store import init_attempt_process_group
+from classifier_engine.compat.log_device_move import skip_same_device_moves
+from classifier_engine.compat.moved_options import explain_moved_options
+from classifier_engine.compat.spawn import trains_in_this_process
+from classifier_engine.compat.subclass_nulls import restore_nulls
+from classifier_engine.errors import ConfigError, is_peer_failure, record_rank, user_message
+from classifier_engine.run import RunPlan, start_run
+from classifier_engine.run.checkpoint_checks import CheckpointValues, check_checkpoint_fits
+from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
+from classifier_engine.run.last_checkpoint import LastCheckpoint, stops_reach_spawned_ranks
+from classifier_engine.run.launchers import check_process_count
+from classifier_engine.run.saved_config import KeepingSaveConfigCallback
+from classifier_engine.run.slurm import cluster_environment, slurm_job_id, task_line
+from classifier_engine.run.trackers import continue_csv_logs, how_to_look
+from classifier_engine.samplers import ExactLoaders
+from classifier_engine.strategies.fsdp import FSDPStrategy
+from classifier_engine.strategies.sync_batchnorm import SyncBatchNormAnyBackend
+
+ConfigHook = Callable[[Namespace, Namespace], None]
+TidyHook = Callable[[Namespace], None]
+
+
+@dataclass
+class Defaults:
+    """What `python -m project` builds when the config names no class: the room hands these in (project/__init__.py).
+    config_hooks run on the subcommand's config (and the values given explicitly) before anything is built;
+    tidy_hooks also before it is printed or saved, so `--print_config` and config.yaml show what is built."""
+
+    model: Optional[type] = None
+    data: Optional[type] = None
+    config_hooks: Sequence[ConfigHook] = ()
+    tidy_hooks: Sequence[TidyHook] = ()
+
+
+DEFAULTS = Defaults()
+
+
+def use_defaults(model: type, data: type, config_hooks: Sequence[ConfigHook] = (),
+                 tidy_hooks: Sequence[TidyHook] = ()) -> None:
+    """Make `model` and `data` the classes a config without `class_path` builds."""
+    DEFAULTS.model, DEFAULTS.data = model, data
+    DEFAULTS.config_hooks, DEFAULTS.tidy_hooks = tuple(config_hooks), tuple(tidy_hooks)
+
+
+class ProjectParser(LightningArgumentParser):
+    def dump(self, cfg: Namespace, *args, **kwargs) -> str:  # --print_config and the saved config.yaml
+        if DEFAULTS.tidy_hooks and isinstance(cfg.get("model"), Namespace):
+            cfg = cfg.clone()
+            for hook in DEFAULTS.tidy_hooks:
+                hook(cfg)
+        return super().dump(cfg, *args, **kwargs)
+
+
+def run_seed(seed_everything) -> int:
+    """The run seed the data order and augmentations derive from; `seed_everything: false` gives 0."""
+    return seed_everything if isinstance(seed_everything, int) and not isinstance(seed_everything, bool) else 0
+
+
+class ProjectCLI(CheckpointReadOnceCLI):
+    """Defined in the package (not __main__) so ddp_spawn can pickle it."""
+
+    plan: Optional[RunPlan] = None
+    _checkpoint_io: Optional[AtomicCheckpointIO] = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        # LightningCLI runs the whole command in __init__: the run dir claimed while parsing is released (or, after
+        # a failed start, removed) here.
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException as error:
+            if self.plan is not None and self.plan.lock is not None and self._failed_before_training(error):
+                self.plan.lock.remove_failed_start()
+            raise
+        finally:
+            if self.plan is not None and self.plan.lock is not None:
+                self.plan.lock.release()
+
+    def _failed_before_training(self, error: BaseException) -> bool:
+        """True when the start left nothing worth keeping: it stopped before the Trainer existed, or on bad input (here
+        or on another rank) before its first step; a crash or Ctrl+C keeps its logs. ddp_spawn's parent never trains."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return True
+        bad_input = user_message(error) is not None or is_peer_failure(error)
+        return (trainer.global_step == 0 and bad_input and not isinstance(error, KeyboardInterrupt)
+                and trains_in_this_process(trainer))
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # Links reach a class only when it has the argument: any LightningModule / LightningDataModule works.
+        parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
+        parser.link_arguments("data", "model.init_args.image_sizes", compute_fn=contract.image_sizes,
+                              apply_on="instantiate")
+        parser.link_arguments("data.init_args.batch_size", "model.init_args.batch_size")
+        parser.link_arguments("seed_everything", "data.init_args.seed", compute_fn=run_seed)
+        parser.link_arguments("seed_everything", "model.init_args.seed", compute_fn=run_seed)
+        parser.set_defaults({key: {"class_path": f"{cls.__module__}.{cls.__qualname__}"} for key, cls in
+                             (("model", DEFAULTS.model), ("data", DEFAULTS.data)) if cls is not None})
+        parser.add_argument("--ddp_timeout_minutes", type=float, default=10.0,
+                            help="ddp, ddp_spawn, fsdp2(_sharded): a rank that stops answering ends the job after "
+                                 "this long (torch's default is 30 minutes)")
+        # Checkpoint callbacks: best by val/acc1 (ModelCheckpoint), then last.ckpt, which must save after it.
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+        parser.add_lightning_class_args(ThroughputLogger, "throughput")
+        # `predict` writes a CSV (--predictions.output); in the other subcommands the callback does nothing.
+        parser.add_lightning_class_args(PredictionCsvWriter, "predictions")
+        parser.set_defaults({"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max",
+                             "checkpoint.filename": "epoch{epoch:03d}-val_acc1={val/acc1:.4f}",
+                             "checkpoint.auto_insert_metric_name": False})
+
+    # -- after parsing: the run plan (the one read of the checkpoint), before its hyperparameters are parsed ------
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if not isinstance(args, (dict, Namespace)):
+            given = sys.argv[1:] if args is None else args
+            restore_nulls(self.config[subcommand] if subcommand else self.config, given)
+        self._explicit = explicit_values(parser, args, self.config, subcommand)
+        if subcommand:
+            self.plan = start_run(subcommand, self.config[subcommand])
+            self.save_config_kwargs = {**self.save_config_kwargs, "run_dir": self.plan.run_dir}
+            if subcommand == "fit" and self.plan.reason:
+                rank_zero_info(self.plan.reason)
+            for path, why in self.plan.skipped:
+                rank_zero_warn(f"skipped checkpoint {path}: {why}")
+
+    def loaded_checkpoint(self) -> Optional[dict]:
+        """For the checkpoint's hyperparameters (compat/ckpt_read_once.py): the plan's load, not a new one."""
+        return self.plan.checkpoint if self.plan is not None else None
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand == "fit" and config.trainer.max_epochs == -1 and config.trainer.max_steps in (None, -1):
+            raise ConfigError("trainer.max_epochs=-1 and no trainer.max_steps: the run has no end, and the LR schedule "
+                              "needs one; set --trainer.max_epochs or --trainer.max_steps")
+        hparams = self.plan.checkpoint.get("hyper_parameters") if self.plan and self.plan.checkpoint else None
+        for line in keep_explicit_model_values(config, self._explicit, hparams or {}):
+            rank_zero_info(line)
+        for part in (config.model, config.data):  # after a random pick (seed_everything: true)
+            if part.get("init_args") is not None and "seed" in part.init_args:
+                part.init_args.seed = run_seed(config.seed_everything)
+        for hook in DEFAULTS.tidy_hooks:
+            hook(config)
+        for hook in DEFAULTS.config_hooks:
+            hook(config, self._explicit)
+        if (job_id := slurm_job_id()) is not None and self.subcommand and self.plan is not None:
+            print(task_line(job_id, self.plan.run_dir or config.trainer.default_root_dir), flush=True)
+
+    def instantiate_trainer(self, **kwargs):
+        init = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer_config = init["trainer"]
+        plugins = trainer_config.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            self._checkpoint_io = AtomicCheckpointIO()
+            plugins.append(self._checkpoint_io)
+        if (environment := cluster_environment()) is not None:
+            plugins.append(environment)
+        if trainer_config.get("sync_batchnorm"):
+            # Lightning's own plugin needs CUDA; this one picks torch's SyncBatchNorm or a gloo one at set-up.
+            plugins.append(SyncBatchNormAnyBackend())
+        trainer_config["plugins"] = plugins
+        timeout = timedelta(minutes=config.get("ddp_timeout_minutes") or 10.0)
+        strategy = trainer_config.get("strategy")
+        if strategy in ("ddp", "ddp_spawn"):
+            start_method = "spawn" if strategy == "ddp_spawn" else "popen"
+            trainer_config["strategy"] = DDPStrategy(timeout=timeout, start_method=start_method)
+        elif strategy in ("fsdp2", "fsdp2_sharded"):
+            trainer_config["strategy"] = FSDPStrategy(timeout=timeout, sharded=strategy == "fsdp2_sharded")
+        callbacks = list(trainer_config.get("callbacks") or [])
+        own_bar = any(isinstance(c, ProgressBar) for c in callbacks)
+        if trainer_config.get("enable_progress_bar", True) is not False and not own_bar:
+            # Each refresh reads the logged tensors on the host (a GPU sync): only on logging steps.
+            callbacks.append(StepProgressBar(refresh_rate=trainer_config.get("log_every_n_steps") or 50))
+        trainer_config["callbacks"] = callbacks
+        if trainer_config.get("enable_checkpointing") is False:
+            # The checkpoint groups (best, last.ckpt) are callbacks too: without checkpointing, inert ones instead
+            # (the Trainer refuses checkpoint callbacks with enable_checkpointing=false).
+            for key in ("checkpoint", "last_checkpoint"):
+                init[key] = Callback()
+        # Any data module's plain loaders: exact evaluation and a resumable training order (classifier_engine.samplers).
+        callbacks += [ExactLoaders(self.datamodule, run_seed(config.seed_everything)), CheckpointValues()]
+        trainer = super().instantiate_trainer(**kwargs)
+        skip_same_device_moves(trainer)  # self.log without Lightning's no-op move (engine/classifier_engine/compat)
+        trainer.callbacks.append(LeanBatchDispatch())  # and its per-batch dispatch without no-op hooks (the same)
+        if trainer.loggers:  # LearningRateMonitor raises without a logger (Lightning #17159)
+            trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))
+        check_process_count(trainer.world_size, trainer.num_devices, trainer.num_nodes)
+        record_rank(trainer.global_rank, trainer.world_size)
+        init_attempt_process_group(trainer.strategy, timeout)  # a torchrun restart must not meet the last one's keys
+        return trainer
+
+    def after_instantiate_classes(self) -> None:
+        super().after_instantiate_classes()
+        contract.check_data(self.datamodule)
+        if self.subcommand and self.plan and self.plan.ckpt_path is not None:
+            # The plan's load, checked, then handed to Lightning's restore (the file is not read again); the plan
+            # keeps no reference to it (its memory map goes with its last user).
+            checkpoint, self.plan.checkpoint = self.plan.checkpoint, None
+            check_checkpoint_fits(self.plan.ckpt_path, checkpoint, self.model, self.datamodule)
+            if self.subcommand == "fit" and not self.plan.fresh:  # before the Trainer first touches its loggers
+                continue_csv_logs(self.trainer.loggers, checkpoint["global_step"])
+            if self._checkpoint_io is not None:
+                self._checkpoint_io.hand_over(self.plan.ckpt_path, checkpoint)
+
+    def fit(self, model, datamodule=None, **kwargs) -> None:
+        with stops_reach_spawned_ranks(self.trainer):  # ddp_spawn: this process only waits for the ranks
+            self.trainer.fit(model, datamodule=datamodule, **kwargs)
+        rank_zero_info(where_the_run_went(self.trainer, self.plan.run_dir if self.plan else None))
+
+
+def where_the_run_went(trainer, run_dir: Optional[Path] = None) -> str:
+    """The last line of a fit: the run dir (the plan's; else Lightning's), its checkpoints and how to look at it."""
+    last = next((c.path for c in trainer.callbacks if isinstance(c, LastCheckpoint) and c.path), None)
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
+    run_dir = Path(run_dir or trainer.log_dir or trainer.default_root_dir)
+    parts = [f"run dir {run_dir}"]
+    if best:
+        monitored = f" ({trainer.checkpoint_callback.monitor} {float(score):.4f})" if score is not None else ""
+        parts.append(f"best checkpoint {best}{monitored}")
+    if last:
+        parts.append(f"last {last}")
+    if looks := how_to_look(trainer.loggers, run_dir):
+        parts.append("look at it with: " + ", ".join(looks))
+    return "; ".join(parts)
+
+
+def cli_main(args: Optional[list[str]] = None, *, run: bool = True) -> ProjectCLI:
+    """Entry point of `python -m project`; tests call it in-process with a list of arguments."""
+    record_rank(None)  # this run's Trainer records its own (a process may build several: notebooks, tests)
+    return ProjectCLI(
+        L.LightningModule, L.LightningDataModule, args=args, run=run, parser_class=ProjectParser,
+        subclass_mode_model=True, subclass_mode_data=True,  # any module by class_path; the room's are the defaults
+        trainer_class=Trainer,  # Lightning's, with `limit_*_batches: 1` meaning one batch (engine/classifier_engine/compat)
+        seed_everything_default=42,  # fixed, so a resumed or requeued job continues the same data order
+        auto_configure_optimizers=False,  # the model's configure_optimizers scales the LR: no --optimizer override
+        save_config_callback=KeepingSaveConfigCallback,
+        save_config_kwargs={"overwrite": True},  # a resumed run writes its config; the previous one is kept
+        # Parse errors raise (main() prints them as one line) instead of printing the whole usage and exiting.
+        parser_kwargs={"prog": "python -m project", "exit_on_error": False,
+                       **{sub: {"exit_on_error": False} for sub in ("fit", "validate", "test", "predict")}},
+    )
+
+
+def main() -> None:
+    """`python -m project`: user errors as one line and exit 2 (PROJECT_DEBUG=1 shows the traceback)."""
+    from classifier_engine.errors import check_config_files, exit_on_user_error
+
+    def run() -> None:
+        check_config_files(sys.argv[1:])
+        explain_moved_options(cli_main)  # a key of the flat ImageClassifier (model.lr_per_256): its new name
+
+    exit_on_user_error(run)
+    close_process_group()
+
+
+def close_process_group() -> None:
+    """Destroy a finished run's process group (torchrun, srun) before the interpreter exits: in its teardown, gloo's
+    threads aborted a rank now and then ("terminate called without an active exception", exit -6)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # no rank tears down its sockets while another still talks to it
+        dist.destroy_process_group()

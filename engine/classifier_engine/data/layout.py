@@ -1,0 +1,83 @@
+"""The classes of an ImageFolder-layout root (train/<class>/, val/<class>/): the folders, checked (an error that names
+the fix), and their human-readable names from ROOT/class_index.json (written by tools/prepare_imagenet.py)."""
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
+from classifier_engine.errors import ConfigError
+
+CLASS_INDEX_FILE = "class_index.json"
+EXPECTED_LAYOUT = "expected layout: ROOT/train/<class>/<image>.JPEG and ROOT/val/<class>/<image>.JPEG"
+
+
+class DataLayoutError(ConfigError):
+    """The data root does not have the train/<class>/ and val/<class>/ layout."""
+
+
+def _class_dirs(split_dir: Path) -> list[str]:
+    # As ImageFolder.find_classes lists them, hidden folders included: one skipped here would shift every label.
+    return sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
+
+
+def _has_image(class_dir: Path) -> bool:
+    walk = os.walk(class_dir, followlinks=True)  # stops at the first image
+    return any(name.lower().endswith(IMG_EXTENSIONS) for _folder, _subfolders, files in walk for name in files)
+
+
+def check_split(root: Path, split: str) -> list[str]:
+    """Return the sorted class names of ROOT/split, or raise DataLayoutError saying what is wrong."""
+    split_dir = root / split
+    if not split_dir.is_dir():
+        raise DataLayoutError(f"data root {root} has no '{split}/' folder; {EXPECTED_LAYOUT}")
+    classes = _class_dirs(split_dir)
+    if not classes:
+        raise DataLayoutError(f"{split_dir} holds no class folders; {EXPECTED_LAYOUT}")
+    empty = [c for c in classes if not _has_image(split_dir / c)]
+    if empty:
+        shown = ", ".join(empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
+        raise DataLayoutError(f"{split_dir} has {len(empty)} class folder(s) without images ({shown}); every class "
+                              f"needs an image (extensions: {IMG_EXTENSIONS}). Fill or remove the empty folders.")
+    return classes
+
+
+def check_layout(root: str | os.PathLike) -> list[str]:
+    """Validate ROOT/train and ROOT/val and return the class names (sorted, as ImageFolder indexes them)."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise DataLayoutError(f"data root {root} {'is a file, not a folder' if root.exists() else 'does not exist'}; "
+                              f"pass --data.root pointing to your data set ({EXPECTED_LAYOUT}), or use --data.root "
+                              "embedded:digits for the built-in quickstart data")
+    train_classes = check_split(root, "train")
+    _check_known(root / "val", check_split(root, "val"), train_classes)
+    return train_classes
+
+
+def _check_known(split_dir: Path, classes: list[str], train_classes: list[str]) -> None:
+    # A split may lack classes (labelled by name, below); a class that train/ lacks has no label at all.
+    unknown = sorted(set(classes) - set(train_classes))
+    if unknown:
+        raise DataLayoutError(f"{split_dir} holds class folders that {split_dir.parent / 'train'} lacks: "
+                              f"{unknown[:20]}; every class needs its train/ folder (a label is its index in train/)")
+
+
+def folder_samples(split_dir: Path, class_names: Optional[list[str]] = None) -> list[tuple[str, int]]:
+    """(path, label) of every image in split_dir/<class>/, the label being the class's position in `class_names`
+    (the split's own folders when None), so a split lacking some classes is labelled by name."""
+    present = _class_dirs(split_dir)
+    class_names = present if class_names is None else class_names
+    _check_known(split_dir, present, class_names)
+    return make_dataset(str(split_dir), {name: i for i, name in enumerate(class_names)}, IMG_EXTENSIONS,
+                        allow_empty=True)
+
+
+def read_class_labels(root: Path, class_names: list[str]) -> list[str]:
+    """Human-readable names for the class folders, from ROOT/class_index.json; the folder name where it has none."""
+    index_file = Path(root) / CLASS_INDEX_FILE
+    if not index_file.is_file():
+        return list(class_names)
+    names = {entry["wnid"]: entry["name"] for entry in json.loads(index_file.read_text())}
+    return [names.get(folder, folder) for folder in class_names]

@@ -1,0 +1,308 @@
+"""ShardDataModule: images packed into shards by tools/make_shards.py, read from a local or parallel-filesystem folder
+or from s3://bucket/prefix (through a node-local cache), with every option of the folder module (docs/data-at-scale.md).
+
+    python -m project fit --config configs/quickstart.yaml --data.class_path classifier_engine.data.ShardDataModule \
+        --data.init_args.shards s3://my-bucket/imagenet-256 --data.init_args.cache_dir /local/nvme/shards
+"""
+
+import bisect
+import fcntl
+import hashlib
+import io
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from PIL import Image
+from torch.utils.data import Dataset, get_worker_info
+
+from classifier_engine.data.decoders import DEVICE_DECODERS
+from classifier_engine.data.embedded import cache_dir as data_cache
+from classifier_engine.data.image_data import ImageDataModule
+from classifier_engine.data.listed_paths import inside
+from classifier_engine.data.training_samples import SeededSamples
+from classifier_engine.errors import ConfigError, UnreadableImageError
+from classifier_engine.options import PositiveInt
+from classifier_engine.run.checkpoint_io import atomic_write
+from classifier_engine.samplers import ResumableSampler
+
+logger = logging.getLogger(__name__)
+INDEX = "index.json"  # written last, atomically, by tools/make_shards.py: a folder without it is not a shard set
+FORMAT = "project-shards/1"
+EXTRA = 'pip install -e ".[shards]"'
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """(bucket, key prefix without a trailing slash) of s3://bucket/prefix."""
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    return bucket, prefix.strip("/")
+
+
+def s3_client():
+    """An S3 client configured as the AWS tools are: AWS_ENDPOINT_URL (MinIO, a local server), AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY, AWS_PROFILE, AWS_REGION... are read from the environment by boto3, never from our config."""
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError:
+        raise ConfigError(f"s3:// shards need boto3: {EXTRA}") from None
+    config = Config(connect_timeout=5, read_timeout=60, retries={"max_attempts": 3})
+    return boto3.session.Session().client("s3", config=config)  # a new session reads the variables again
+
+
+def s3_error(error: Exception, url: str) -> Exception:
+    """A botocore error as one line naming what to fix (the endpoint and keys are never printed: they may be secret)."""
+    import botocore.exceptions as be
+
+    if isinstance(error, (be.EndpointConnectionError, be.ConnectTimeoutError, be.ConnectionClosedError)):
+        return ConfigError(f"{url}: cannot reach the object store (the endpoint in AWS_ENDPOINT_URL, or AWS's when "
+                           "unset): check that variable and that the server is up")
+    if isinstance(error, be.NoCredentialsError):
+        return ConfigError(f"{url}: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)")
+    code = error.response.get("Error", {}).get("Code", "") if isinstance(error, be.ClientError) else ""
+    if code == "NoSuchBucket":
+        return ConfigError(f"{url}: bucket {split_url(url)[0]!r} does not exist: create it, or fix the s3:// URL")
+    if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "ExpiredToken"):
+        return ConfigError(f"{url}: the object store refused the credentials ({code}): check AWS_ACCESS_KEY_ID, "
+                           "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's permissions")
+    if code in ("NoSuchKey", "404") and url.endswith(".shard"):
+        return ConfigError(f"{url}: missing from the object store: copy the whole shard set again, or rewrite it with "
+                           "python -m tools.make_shards")
+    if code in ("NoSuchKey", "404"):
+        return ConfigError(f"{url}: no {INDEX} there: not a finished shard set; write one with python -m "
+                           "tools.make_shards --source ROOT --out URL")
+    return error
+
+
+class ShardStore:
+    """Where the shards are: a folder (read in place), or s3://bucket/prefix (each shard downloaded whole, once, into
+    `cache_dir`, and read from there: one sequential GET per shard, never random reads across the object store)."""
+
+    def __init__(self, location: str, cache_dir: Optional[str] = None):
+        self.location, self.remote = location, location.startswith("s3://")
+        if self.remote:
+            bucket, prefix = split_url(location)
+            self.cache = Path(cache_dir or data_cache() / "shards").expanduser() / bucket / prefix
+        else:
+            self.cache = Path(location).expanduser()
+        self._client, self._pid = None, None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None, "_pid": None}  # ddp_spawn, spawned workers: a new client there
+
+    def client(self):
+        if self._pid != os.getpid():  # a client per process: DataLoader workers fork
+            self._client, self._pid = s3_client(), os.getpid()
+        return self._client
+
+    def read_index(self) -> dict[str, Any]:
+        try:
+            if self.remote:
+                bucket, prefix = split_url(self.location)
+                body = self.client().get_object(Bucket=bucket, Key=f"{prefix}/{INDEX}".lstrip("/"))["Body"].read()
+            else:
+                body = (self.cache / INDEX).read_bytes()
+        except FileNotFoundError:
+            why = "no such folder" if not self.cache.exists() else f"no {INDEX}: a conversion not finished"
+            raise ConfigError(f"data.shards: {self.location}: {why}; write the shards with python -m "
+                              f"tools.make_shards --source ROOT --out {self.location}") from None
+        except OSError as error:
+            if not self.remote:
+                raise ConfigError(f"data.shards: cannot read {self.cache / INDEX} ({error.strerror or error})"
+                                  ) from None
+            raise s3_error(error, self.location) from None
+        except Exception as error:
+            raise s3_error(error, self.location) from None
+        where = f"data.shards: {self.location}/{INDEX}"
+        try:
+            index = json.loads(body)
+        except ValueError as error:
+            raise ConfigError(f"{where} is not JSON ({error}): rewrite it with python -m tools.make_shards") from None
+        if not isinstance(index, dict) or index.get("format") != FORMAT:
+            found = index.get("format") if isinstance(index, dict) else type(index).__name__
+            raise ConfigError(f"{where} is {found!r}, expected {FORMAT}: rewrite it with python -m tools.make_shards")
+        check_index(index, where, self.cache)
+        if not self.remote:  # a missing or cut shard now, in one line, not in the first worker that reads it
+            for shard in (shard for shards in index["splits"].values() for shard in shards):
+                path = self.cache / shard["file"]
+                if not path.is_file() or path.stat().st_size != shard["bytes"]:
+                    size = path.stat().st_size if path.is_file() else None
+                    state = "is missing" if size is None else f"has {size} bytes, not {shard['bytes']}"
+                    raise ConfigError(f"data.shards: {path} {state}: copy the whole shard set again, or rewrite it "
+                                      "with python -m tools.make_shards")
+        return index
+
+    def local(self, name: str, size: int, sha256: Optional[str] = None) -> Path:
+        """The shard's path on this node, downloaded first (one process per node at a time, checked against the
+        index's sha256) when it is remote."""
+        path = self.cache / name
+        if not self.remote or (path.is_file() and path.stat().st_size == size):
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.parent / f".{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers and ranks of the node wait for this download
+            if not (path.is_file() and path.stat().st_size == size):
+                bucket, prefix = split_url(self.location)
+                try:
+                    data = self.client().get_object(Bucket=bucket, Key=f"{prefix}/{name}".lstrip("/"))["Body"].read()
+                except Exception as error:
+                    raise s3_error(error, f"{self.location}/{name}") from None
+                if sha256 and hashlib.sha256(data).hexdigest() != sha256:
+                    raise ConfigError(f"{self.location}/{name} is not the shard its {INDEX} lists (sha256 differs): "
+                                      f"delete {name} and {name}.json there and rerun python -m tools.make_shards")
+                atomic_write(path, lambda file: file.write(data), fsync=False,
+                             fix="Free space there or pass another data.cache_dir")
+        return path
+
+
+def check_index(index: dict[str, Any], where: str, folder: Path) -> None:
+    """An index.json is untrusted input: its classes, and every shard's file name (inside `folder`: the S3 cache is
+    written there), size and per-image lengths and labels, checked before anything is read or written."""
+    classes, splits = index.get("classes"), index.get("splits")
+    if not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
+        raise ConfigError(f"{where}: 'classes' is not a list of class names: rewrite it with python -m "
+                          "tools.make_shards")
+    if not (isinstance(splits, dict) and isinstance(splits.get("train"), list) and isinstance(splits.get("val"), list)):
+        raise ConfigError(f"{where}: 'splits' lacks the train and val lists of shards: rewrite it with python -m "
+                          "tools.make_shards")
+    for split, shards in splits.items():
+        for k, shard in enumerate(shards if isinstance(shards, list) else [None]):
+            entry = f"{where}, splits.{split}[{k}]"
+            if not isinstance(shard, dict) or not all(key in shard for key in ("file", "bytes", "lengths", "labels")):
+                raise ConfigError(f"{entry}: expected an object with file, bytes, lengths and labels: rewrite it with "
+                                  "python -m tools.make_shards")
+            inside(folder, shard["file"], entry)
+            lengths, labels = shard["lengths"], shard["labels"]
+            sizes_ok = (isinstance(lengths, list) and all(type(n) is int and n > 0 for n in lengths)
+                        and type(shard["bytes"]) is int and sum(lengths) == shard["bytes"])
+            labels_ok = (isinstance(labels, list) and len(labels) == len(lengths)
+                         and all(type(y) is int and 0 <= y < len(classes) for y in labels))
+            if not (sizes_ok and labels_ok):
+                raise ConfigError(f"{entry} ({shard['file']}): its lengths, labels and bytes do not agree (a label per "
+                                  f"image below {len(classes)}, lengths summing to bytes): rewrite it with python -m "
+                                  "tools.make_shards")
+            shard["file"] = os.path.normpath(shard["file"])
+
+
+def decode_bytes(data: bytes, decoder: str, where: str):
+    """RGB image of an encoded image: a uint8 tensor (torchvision, torchcodec) or a PIL image (pil)."""
+    try:
+        if decoder == "pil":
+            with Image.open(io.BytesIO(data)) as image:
+                return image.convert("RGB")
+        tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if decoder == "torchcodec":
+            from torchcodec.decoders import decode_image
+            return decode_image(tensor, mode="RGB")
+        from torchvision.io import ImageReadMode, decode_image
+        return decode_image(tensor, mode=ImageReadMode.RGB)
+    except (OSError, RuntimeError, ValueError) as error:
+        message = (f"cannot decode {where} ({str(error).strip()[:200]}); rewrite the shard set with python -m "
+                   "tools.make_shards, or set data.on_corrupt=skip")
+        raise UnreadableImageError(message) from error
+
+
+class ShardImages(Dataset):
+    """(image, label) of every sample of one split's shards, by global index (shard after shard, as listed)."""
+
+    def __init__(self, store: ShardStore, shards: list[dict[str, Any]], transform=None, *, decoder: str,
+                 on_corrupt: str = "error", window: int = 4):
+        self.store, self.shards, self.transform = store, shards, transform
+        self.decoder, self.on_corrupt, self.window = decoder, on_corrupt, window  # window: read by ShardOrderSampler
+        self.sizes = [len(shard["labels"]) for shard in shards]
+        self.starts = [0]
+        for size in self.sizes:
+            self.starts.append(self.starts[-1] + size)
+        self.offsets = [[0, *torch.tensor(shard["lengths"]).cumsum(0).tolist()] for shard in shards]
+        self._files: dict[int, Any] = {}
+        self._pid = None
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_files": {}, "_pid": None}
+
+    def _read(self, shard: int, item: int) -> bytes:
+        if self._pid != os.getpid():  # file handles are per process (DataLoader workers fork)
+            self._files, self._pid = {}, os.getpid()
+        if shard not in self._files:
+            entry = self.shards[shard]
+            self._files[shard] = open(self.store.local(entry["file"], entry["bytes"], entry.get("sha256")), "rb")
+        start, end = self.offsets[shard][item], self.offsets[shard][item + 1]
+        return os.pread(self._files[shard].fileno(), end - start, start)
+
+    def __getitem__(self, index: int):
+        shard = bisect.bisect_right(self.starts, index) - 1
+        item = index - self.starts[shard]
+        where = f"{self.store.location}/{self.shards[shard]['file']} (image {item})"
+        try:
+            image = decode_bytes(self._read(shard, item), self.decoder, where)
+        except UnreadableImageError as error:
+            if self.on_corrupt == "error":
+                raise
+            worker = get_worker_info()
+            logger.warning("skipped %s [%s]", error, f"worker {worker.id}" if worker else "main process")
+            return None
+        label = self.shards[shard]["labels"][item]
+        return (self.transform(image) if self.transform is not None else image), label
+
+
+class ShardOrderSampler(ResumableSampler):
+    """ResumableSampler whose shuffle is chunk-aware: the shards in an order drawn from (seed, epoch), then the images
+    of each `window` consecutive shards shuffled together, so each shard is read once per epoch, a window at a time."""
+
+    def permutation(self, generator: torch.Generator) -> list[int]:
+        images = self.dataset.dataset if isinstance(self.dataset, SeededSamples) else self.dataset
+        shards = torch.randperm(len(images.sizes), generator=generator).tolist()
+        order = []
+        for first in range(0, len(shards), images.window):
+            members = torch.cat([torch.arange(images.starts[s], images.starts[s + 1])
+                                 for s in shards[first:first + images.window]])
+            order += members[torch.randperm(len(members), generator=generator)].tolist()
+        return order
+
+
+class ShardDataModule(ImageDataModule):
+    """The classes and splits of a shard set written by tools/make_shards.py; labels are class names in its index."""
+
+    train_sampler_class = ShardOrderSampler
+
+    def __init__(self, shards: Optional[str] = None, cache_dir: Optional[str] = None, shuffle_window: PositiveInt = 4,
+                 **options):
+        """
+        Args:
+            shards: folder (local or a parallel filesystem) or s3://bucket/prefix written by python -m
+                tools.make_shards; the object store's endpoint and keys come from AWS_ENDPOINT_URL,
+                AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (never from the config).
+            cache_dir: node-local folder s3:// shards are downloaded to, each once (default
+                $PROJECT_DATA_CACHE/shards, else ~/.cache/project/shards); it needs room for the whole shard set.
+            shuffle_window: shards whose images are shuffled together (more: a better shuffle, more open shards).
+            **options: the options every image data module has (classifier_engine.data.image_data.ImageDataModule).
+        """
+        super().__init__(**options)
+        if shards is None:
+            raise ConfigError("data.shards is not set: pass --data.shards DIR or s3://bucket/prefix (written by "
+                              "python -m tools.make_shards)")
+        if self.decoder in DEVICE_DECODERS:
+            raise ConfigError(f"data.decoder={self.decoder}: shards decode in the DataLoader workers: choose auto, "
+                              "torchvision, torchcodec or pil")
+        self.store = ShardStore(shards, cache_dir)
+        self.index = self.store.read_index()  # now, not in setup(): the CLI links num_classes into the model
+        self.class_names = list(self.index["classes"])
+        self.num_classes = len(self.class_names)
+        self.class_labels = list(self.index.get("class_labels") or self.class_names)
+        self.shuffle_window = shuffle_window
+
+    def _images(self, split: str, transform) -> ShardImages:  # the base's setup builds the splits from these
+        shards = self.index["splits"].get(split) or self.index["splits"]["val"]  # no test split: test on val
+        return ShardImages(self.store, shards, transform, decoder=self.decoder, on_corrupt=self.hparams.on_corrupt,
+                           window=self.shuffle_window)
+
+    def setup(self, stage: str) -> None:
+        if stage == "predict" and not self.hparams.predict_root:
+            raise ConfigError("predict with shards reads a folder of images: pass --data.predict_root DIR")
+        super().setup(stage)

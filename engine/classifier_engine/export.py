@@ -1,0 +1,208 @@
+"""Export a network for use without this package: model.pt2, model.onnx, model.json (docs/how-it-works.md#export).
+
+    python -m project export --ckpt_path RUN/checkpoints/last.ckpt [--config RUN/config.yaml] [--out_dir DIR]
+    python tools/preprocess.py RUN/export cat.jpg        # run it: torch, torchvision and Pillow only
+"""
+
+import argparse
+import copy
+import importlib.util
+import inspect
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import lightning as L
+import torch
+import yaml
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from classifier_engine.contract import display_names, eval_preprocessing
+from classifier_engine.errors import ConfigError, UserError
+from classifier_engine.run.checkpoint_io import load_trusted_format
+
+PREPROCESSING_KEYS = ("resize", "crop", "mean", "std")
+# What an export writes besides model.json, by kind (model.onnx keeps its weights in model.onnx.data, beside it).
+EXPORT_FILES = {"pt2": "model.pt2", "onnx": "model.onnx", "onnx_data": "model.onnx.data"}
+
+
+class ExportCheckError(UserError, RuntimeError):
+    """An exported file does not give the network's logits back; nothing was written."""
+
+
+def onnx_available() -> bool:
+    return all(importlib.util.find_spec(name) for name in ("onnx", "onnxscript"))  # torch.onnx's exporter needs both
+
+
+def _check_close(file: str, got: torch.Tensor, expected: torch.Tensor, rtol: float, out_dir: Path) -> dict[str, float]:
+    """Compare the logits relative to their scale: max |got - expected| <= rtol * max(1, max |expected|)."""
+    scale = max(1.0, expected.abs().max().item())
+    difference = (got.float() - expected.float()).abs().max().item() if got.shape == expected.shape else math.inf
+    if not math.isfinite(difference) or difference > rtol * scale:
+        shapes = "" if got.shape == expected.shape else f", shape {tuple(got.shape)} for {tuple(expected.shape)}"
+        raise ExportCheckError(f"the exported {file} does not reproduce the network: logits differ by up to "
+                               f"{difference:.3g}, {difference / scale:.2g} of the largest logit {scale:.3g} (allowed "
+                               f"{rtol:g}{shapes}); nothing was written to {out_dir}. The network may branch on its "
+                               "input or on global state, which export fixes at trace time")
+    return {"max_difference": difference, "max_abs_logit": scale, "rtol": rtol}
+
+
+def _check_file(file: str, run: Callable[[torch.Tensor], torch.Tensor], eager: nn.Module, example: torch.Tensor,
+                expected: torch.Tensor, rtol: float, out_dir: Path) -> dict[str, float]:
+    """`run` (an exported file) checked against the reference logits and at batch 1; model.json records the worse."""
+    with torch.no_grad():
+        checks = [_check_close(file, run(example), expected, rtol, out_dir),
+                  _check_close(f"{file} (at batch 1)", run(example[:1]), eager(example[:1]), rtol, out_dir)]
+    return max(checks, key=lambda check: check["max_difference"] / check["max_abs_logit"])
+
+
+def _export_onnx(program: torch.export.ExportedProgram, example: torch.Tensor, expected: torch.Tensor, path: Path,
+                 eager: nn.Module, rtol: float, out_dir: Path) -> Optional[dict[str, float]]:
+    """Write model.onnx (and model.onnx.data) from the exported program; check it in onnxruntime when installed."""
+    torch.onnx.export(program, (example,), str(path), dynamo=True, input_names=["images"], output_names=["logits"],
+                      verbose=False)
+    if importlib.util.find_spec("onnxruntime") is None:
+        return None
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return _check_file(path.name, lambda batch: torch.from_numpy(session.run(None, {"images": batch.numpy()})[0]),
+                       eager, example, expected, rtol, out_dir)
+
+
+def _publish(staging: Path, out_dir: Path) -> None:
+    """Move the checked files into out_dir, model.json last; files of an earlier export that this one lacks go."""
+    # From here until the new model.json lands, out_dir holds no claim of a complete export.
+    (out_dir / "model.json").unlink(missing_ok=True)
+    for stale in EXPORT_FILES.values():
+        if not (staging / stale).exists():
+            (out_dir / stale).unlink(missing_ok=True)
+    for file in sorted(staging.iterdir(), key=lambda f: f.name == "model.json"):
+        os.replace(file, out_dir / file.name)
+
+
+def _eager_reference(network: nn.Module, example: torch.Tensor, preprocessing: dict[str, Any],
+                     num_classes: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """A CPU float32 eval copy of the network, the example batch (>= 2: export specialises 1) and its logits."""
+    missing = [key for key in PREPROCESSING_KEYS if key not in preprocessing]
+    if missing:
+        raise ValueError(f"preprocessing lacks {missing}: expected the keys {list(PREPROCESSING_KEYS)}")
+    if example.ndim != 4 or example.shape[1] != 3:
+        raise ValueError(f"example must be an N x 3 x H x W batch, got shape {tuple(example.shape)}")
+    eager = copy.deepcopy(network).cpu().float().eval()
+    example = example.detach().cpu().float()
+    if example.shape[0] < 2:
+        example = example.expand(2, -1, -1, -1).contiguous()
+    with torch.no_grad():
+        expected = eager(example)
+    if expected.ndim != 2 or expected.shape[1] != num_classes:
+        raise ValueError(f"the network gives logits of shape {tuple(expected.shape)} for {num_classes} class names")
+    if not torch.isfinite(expected).all():
+        raise ExportCheckError("the network's logits are not finite (inf or nan) on an ordinary input: its weights "
+                               "diverged; export a checkpoint from before the loss did (RUN/checkpoints/)")
+    return eager, example, expected
+
+
+def _export_pt2(eager: nn.Module, example: torch.Tensor, expected: torch.Tensor, staging: Path, rtol: float,
+                out_dir: Path) -> tuple[torch.export.ExportedProgram, dict[str, Any]]:
+    """model.pt2 written into `staging` and checked."""
+    program = torch.export.export(eager, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    torch.export.save(program, staging / "model.pt2")
+    reloaded = torch.export.load(staging / "model.pt2").module()
+    return program, {"pt2": _check_file("model.pt2", reloaded, eager, example, expected, rtol, out_dir)}
+
+
+def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Tensor, class_names: Sequence[str],
+                   preprocessing: dict[str, Any], onnx: bool = True, arch: Optional[str] = None, rtol: float = 1e-5,
+                   onnx_rtol: float = 1e-4) -> dict[str, Path]:
+    """Write model.pt2, model.onnx (if `onnx` and installed) and model.json into out_dir once their logits on `example`
+    (a preprocessed NCHW batch) match the eager network's within rtol (onnx_rtol) of max(1, the largest eager logit)."""
+    out_dir = Path(out_dir)
+    eager, example, expected = _eager_reference(network, example, preprocessing, len(class_names))
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".export-", suffix=".partial", dir=out_dir))
+    try:
+        program, checked = _export_pt2(eager, example, expected, staging, rtol, out_dir)
+        checked["onnx"] = None
+        if onnx and onnx_available():
+            checked["onnx"] = _export_onnx(program, example, expected, staging / "model.onnx", eager, onnx_rtol,
+                                           out_dir)
+        elif onnx:
+            rank_zero_info("model.onnx skipped: `pip install onnx onnxscript` (and onnxruntime to check it)")
+        written = {kind: name for kind, name in EXPORT_FILES.items() if (staging / name).exists()}
+        (staging / "model.json").write_text(json.dumps({
+            "arch": arch or f"{type(network).__module__}.{type(network).__qualname__}",
+            "num_classes": len(class_names),
+            "class_names": list(class_names),
+            "input": {"name": "images", "layout": "NCHW", "dtype": "float32", "channels": "RGB",
+                      "values": "pixel / 255, then (x - mean) / std per channel"},
+            "preprocessing": {"interpolation": "bilinear", **preprocessing},
+            "files": written,
+            # Each file's largest logit difference from the eager network, and the rule it passed.
+            "checked": {**checked, "rule": "max |exported - eager| <= rtol * max(1, max |eager|)"},
+            "torch_version": torch.__version__,
+        }, indent=2) + "\n")
+        _publish(staging, out_dir)
+    except BaseException:
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    files = {kind: out_dir / name for kind, name in {**written, "json": "model.json"}.items()}
+    rank_zero_info(f"exported {', '.join(p.name for p in files.values())} to {out_dir}")
+    return files
+
+
+def export_module(model, datamodule, out_dir: str | Path, *, onnx: bool = True) -> dict[str, Path]:
+    """Export a model's `network` (else the model) with the data module's class names and eval preprocessing."""
+    preprocessing = eval_preprocessing(datamodule)
+    if preprocessing is None:
+        raise ConfigError(f"data module {type(datamodule).__qualname__} offers no eval_preprocessing(): export "
+                          "writes the resize, crop, mean and std into model.json (see engine/classifier_engine/contract.py)")
+    network, hparams, crop = getattr(model, "network", model), getattr(model, "hparams", {}), preprocessing.crop
+    torchvision_net = type(network).__module__.startswith("torchvision.")
+    example = torch.randn(2, 3, crop, crop, generator=torch.Generator().manual_seed(0))
+    return export_network(network, out_dir, example=example, preprocessing=preprocessing.as_dict(), onnx=onnx,
+                          class_names=display_names(datamodule, hparams.get("num_classes")),
+                          arch=hparams.get("arch") if torchvision_net else None)
+
+
+def build_from_run(ckpt_path: Path, config: Path):
+    """The run's model (with the checkpoint's weights: EMA's averaged ones, if any) and data module."""
+    from classifier_engine.cli import cli_main
+
+    settings = yaml.safe_load(config.read_text())
+    # The saved config is `fit`'s: the options LightningCLI made of Trainer.fit's arguments (ckpt_path, weights_only)
+    # do not exist without a subcommand. It skips the model, data module and loaders (those are sections, or none).
+    for option in set(inspect.signature(L.Trainer.fit).parameters) - LightningCLI.subcommands()["fit"]:
+        settings.pop(option, None)
+    settings["trainer"] = {**(settings.get("trainer") or {}), "accelerator": "cpu", "devices": 1, "logger": False}
+    cli = cli_main(settings, run=False)
+    cli.model.load_state_dict(load_trusted_format(ckpt_path)["state_dict"])
+    return cli.model, cli.datamodule
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict[str, Path]:
+    """`python -m project export`: export a run's checkpoint next to it (RUN/export/ by default)."""
+    parser = argparse.ArgumentParser(prog="python -m project export", description=__doc__.splitlines()[0])
+    parser.add_argument("--ckpt_path", type=Path, required=True, help="RUN/checkpoints/best.ckpt or last.ckpt")
+    parser.add_argument("--config", type=Path, help="the run's config.yaml (default: RUN/config.yaml)")
+    parser.add_argument("--out_dir", type=Path, help="where to write (default: RUN/export)")
+    parser.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True, help="also write model.onnx")
+    args = parser.parse_args(argv)
+    if not args.ckpt_path.is_file():
+        parser.error(f"--ckpt_path {args.ckpt_path} is not a file")
+    run_dir = args.ckpt_path.resolve().parent.parent  # RUN/checkpoints/x.ckpt
+    config = args.config or run_dir / "config.yaml"
+    if not config.is_file():
+        parser.error(f"no config at {config}: pass --config RUN/config.yaml, the config the run saved")
+    model, datamodule = build_from_run(args.ckpt_path, config)
+    return export_module(model, datamodule, args.out_dir or run_dir / "export", onnx=args.onnx)

@@ -1,0 +1,83 @@
+"""Does the chosen checkpoint fit the model and the data? Checked before anything is written, with one line if not.
+
+    python -m project validate --config configs/quickstart.yaml --ckpt_path other_project.ckpt
+    # error: checkpoint other_project.ckpt was trained on other classes: class 3 is 'fox' there and 'ant' here; ...
+"""
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+from classifier_engine.errors import CheckpointError
+
+CLASS_NAMES = "class_names"  # the checkpoint's key for the data's class names, in label order
+
+
+class CheckpointValues(Callback):
+    """What every checkpoint carries: the data's class names (checked against the data by name when it is loaded),
+    and values only: LightningCLI's `_class_path` / `_instantiator` (code it would import on load) are left out."""
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        names = getattr(trainer.datamodule, "class_names", None)
+        if names is not None:
+            checkpoint[CLASS_NAMES] = [str(name) for name in names]
+        for key in ("hyper_parameters", "datamodule_hyper_parameters"):
+            for code in ("_class_path", "_instantiator"):
+                (checkpoint.get(key) or {}).pop(code, None)
+
+
+def saved_class_names(checkpoint: Mapping[str, Any]) -> Optional[list[str]]:
+    """The class names a checkpoint was trained on (older checkpoints: in the data module's state), or None."""
+    if CLASS_NAMES in checkpoint:
+        return list(checkpoint[CLASS_NAMES])
+    for value in checkpoint.values():
+        if isinstance(value, Mapping) and isinstance(value.get(CLASS_NAMES), list):
+            return list(value[CLASS_NAMES])
+    return None
+
+
+def check_class_names(path: Path, checkpoint: Mapping[str, Any], datamodule: Any) -> None:
+    """The same count under other names, or in another order, would give silently wrong labels: refused here."""
+    saved, names = saved_class_names(checkpoint), getattr(datamodule, "class_names", None)
+    if saved is None or names is None or len(saved) != len(names):
+        return  # a count that differs is the network check's (a head of another size)
+    for index, (there, here) in enumerate(zip(saved, map(str, names))):
+        if there != here:
+            raise CheckpointError(
+                f"checkpoint {path} was trained on other classes: class {index} is {there!r} there and {here!r} in "
+                "the data; use data with the checkpoint's class folders (names and order), or fine-tune from its "
+                f"weights with a new head: --model.finetune.weights {path} (no --ckpt_path)")
+
+
+def check_checkpoint_fits(path: Path, checkpoint: dict[str, Any], model: L.LightningModule,
+                          datamodule: L.LightningDataModule | None) -> None:
+    """CheckpointError naming what differs: the class names, the class count, the network (keys, shapes)."""
+    check_class_names(path, checkpoint, datamodule)
+    saved, expected = checkpoint["state_dict"], model.state_dict()
+    missing = [key for key in expected if key not in saved]
+    unexpected = [key for key in saved if key not in expected]
+    mismatched = [key for key in expected if key in saved and tuple(saved[key].shape) != tuple(expected[key].shape)]
+    if not (missing or unexpected or mismatched):
+        return
+    hparams = checkpoint.get("hyper_parameters") or {}
+    saved_classes, classes = hparams.get("num_classes"), model.hparams.get("num_classes")
+    if not (missing or unexpected) and saved_classes is not None and classes is not None and saved_classes != classes:
+        raise CheckpointError(f"checkpoint {path} has {saved_classes} classes, the data has {classes}: use a "
+                              "checkpoint trained on these classes, or start from its weights with a new head: "
+                              f"--model.finetune.weights {path} (no --ckpt_path)")
+    there, here = hparams.get("arch"), model.hparams.get("arch")
+    network = f" (its model.arch is {there!r}, this model's is {here!r})" if "arch" in hparams and there != here else ""
+    if mismatched:
+        key = mismatched[0]
+        detail = f"{key} is {tuple(saved[key].shape)} there and {tuple(expected[key].shape)} here"
+    elif missing:
+        detail = f"it lacks {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+    else:
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        detail = f"it has {unexpected[0]} that this model lacks{more}"
+    raise CheckpointError(f"checkpoint {path} holds another network{network}: {detail}. Build the same model (its "
+                          "run's config.yaml: --config <run>/config.yaml), or start from its weights with "
+                          f"--model.finetune.weights {path}")

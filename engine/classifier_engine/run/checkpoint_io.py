@@ -1,0 +1,178 @@
+"""Atomic, durable files, and checkpoints that load without running code (docs/how-it-works.md#what-a-checkpoint-holds).
+
+    from classifier_engine.run.checkpoint_io import atomic_write   # any file: atomic_write(path, write)
+"""
+
+import contextlib
+import errno
+import os
+import pickle
+import socket
+import zipfile
+from pathlib import Path
+from typing import IO, Any, Callable, Optional
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from classifier_engine.errors import CheckpointError, DiskFullError, untrusted_checkpoint_message
+
+PARTIAL_SUFFIX = ".partial"  # temp files are `.<name>.<host>-<pid>.partial`: never a name `--ckpt_path last` picks
+HOST = socket.gethostname().replace(".", "_")
+SHARDS = "shards"  # a sharded checkpoint's key for its folder of tensors (strategies/fsdp.py, sharded=True)
+
+
+def local_path(path: Any) -> Optional[str]:
+    """`path` without its file:// prefix, or None for a remote store (s3://, gs://: their own semantics)."""
+    text = str(path)
+    return text.removeprefix("file://") if "://" not in text or text.startswith("file://") else None
+
+
+def partial_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{HOST}-{os.getpid()}{PARTIAL_SUFFIX}")
+
+
+def remove_stale_partials(directory: Path) -> None:
+    """Delete temp files that a killed write on this host left behind; a live writer's, and other hosts', are kept."""
+    for leftover in directory.glob(f".*.{HOST}-*{PARTIAL_SUFFIX}"):
+        pid = leftover.name.removesuffix(PARTIAL_SUFFIX).rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            leftover.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, under another user
+        pass
+    return True
+
+
+def _disk_full(error: Optional[BaseException]) -> bool:
+    """ENOSPC or EDQUOT, raised directly or behind a writer (torch's: a RuntimeError whose context is the OSError)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[IO], object], *, mode: str = "wb",
+                 check: Optional[Callable[[Path], object]] = None, fsync: bool = True,
+                 fix: str = "Free space there, or write it elsewhere") -> Path:
+    """Write `path` all or nothing: `write(file)` fills a temp file beside it ("wb", or "w": UTF-8, newline=""); then
+    fsync, `check(temp path)` (raise to refuse it), rename over `path`, fsync the directory (fsync=False: atomic, not
+    durable). A failure leaves the previous `path` as it was; a full disk raises DiskFullError (`fix` last)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = partial_path(path)
+    text = {"encoding": "utf-8", "newline": ""} if "b" not in mode else {}
+    try:
+        with open(temp, mode, **text) as file:
+            write(file)
+            file.flush()
+            if fsync:
+                try:
+                    os.fsync(file.fileno())
+                except OSError as error:  # a filesystem without fsync (EINVAL): the rename below is still atomic
+                    if error.errno not in (errno.EINVAL, errno.ENOTSUP):
+                        raise
+        if check is not None:
+            check(temp)
+        os.replace(temp, path)
+    except BaseException as error:
+        temp.unlink(missing_ok=True)
+        if _disk_full(error):
+            raise DiskFullError(f"no space left on {path.parent} while saving {path.name}; the previous {path.name} "
+                                f"(if any) is intact. {fix}") from error
+        raise
+    if fsync:
+        fsync_directory(path.parent)
+    remove_stale_partials(path.parent)
+    return path
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make the names in `directory` durable (its files' own contents need their own fsync)."""
+    fd = os.open(directory, os.O_RDONLY)
+    with contextlib.suppress(OSError):  # some filesystems refuse fsync on directories; a rename is still atomic
+        os.fsync(fd)
+    os.close(fd)
+
+
+def load_trusted_format(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
+    """torch.load(weights_only=True) with one-line errors: missing file, not a checkpoint, pickled code. Opens the
+    file once (twice with mmap); a file that fails is examined afterwards."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist" + (" (it is a folder)" if path.is_dir() else "") +
+                              "; pass a .ckpt file, or --ckpt_path last for the newest one under the run's root")
+    try:
+        try:
+            loaded = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        except RuntimeError as error:
+            if not (mmap and "mmap can only be used with files saved with" in str(error)):
+                raise
+            loaded = torch.load(path, map_location=map_location, weights_only=True)  # a legacy (non-zip) file
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as error:
+        raise CheckpointError(_why_it_did_not_load(path, error)) from error
+    if not isinstance(loaded, dict):
+        raise CheckpointError(f"{path} holds a {type(loaded).__name__}, not a checkpoint dictionary")
+    if SHARDS in loaded:
+        from classifier_engine.strategies.fsdp import read_sharded
+
+        return read_sharded(path, loaded)
+    return loaded
+
+
+def _why_it_did_not_load(path: Path, error: BaseException) -> str:
+    """The one line for a file torch.load refused: not an archive at all, pickled code, or damaged."""
+    with open(path, "rb") as file:
+        head = file.read(4)
+    size = path.stat().st_size
+    if not (head.startswith(b"PK") or head.startswith(b"\x80")):  # torch.save's zip archive, or a legacy pickle
+        return (f"{path} is not a checkpoint: a .ckpt file is a torch.save archive, this one starts with {head!r} "
+                f"({size} bytes)")
+    if (untrusted := untrusted_checkpoint_message(error, path)) is not None:
+        return untrusted
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if isinstance(error, pickle.UnpicklingError):
+        return f"{path} is not a checkpoint torch can read ({reason[:160]})"
+    return f"{path} is not a complete checkpoint ({size} bytes; {reason[:160]})"
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's CheckpointIO with same-directory, fsynced, atomic saves and weights_only loading."""
+
+    _handed: Optional[tuple[str, dict[str, Any]]] = None  # (real path, checkpoint) from hand_over
+
+    def hand_over(self, path: Path, checkpoint: dict[str, Any]) -> None:
+        """The next load of `path` returns `checkpoint` (already loaded, and checked, by the run plan) once."""
+        self._handed = (os.path.realpath(path), checkpoint)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
+        if storage_options is not None or local_path(path) is None:
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        try:  # ZipFile reads the central directory, written last: the archive is whole
+            atomic_write(local_path(path), lambda file: torch.save(checkpoint, file),
+                         check=lambda temp: zipfile.ZipFile(temp).close(),
+                         fix="Free space or point --trainer.default_root_dir at a larger disk, then resume with "
+                             "--ckpt_path last")
+        except DiskFullError as full:
+            raise CheckpointError(str(full)) from full.__cause__
+
+    def load_checkpoint(self, path: Any, map_location: Optional[Callable] = lambda storage, loc: storage,
+                        weights_only: Optional[bool] = None) -> dict[str, Any]:
+        local = local_path(path)
+        if local is None:
+            return super().load_checkpoint(path, map_location, weights_only=True)
+        if self._handed is not None and self._handed[0] == os.path.realpath(local):
+            checkpoint, self._handed = self._handed[1], None  # given once: the run does not keep it alive
+            return checkpoint
+        return load_trusted_format(local, map_location)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # ddp_spawn pickles the Trainer for its processes: they read the file themselves rather than receive a copy.
+        return {**self.__dict__, "_handed": None}

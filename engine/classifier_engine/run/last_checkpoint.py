@@ -1,0 +1,191 @@
+"""last.ckpt, rewritten every few minutes, at epoch ends and on a stop signal (docs/reliability.md#what-a-stop-costs).
+
+    python -m project fit --config configs/quickstart.yaml --ckpt_path last      # continues at the next batch
+"""
+
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.multiprocessing import ProcessExitedException
+
+from classifier_engine.compat.sigterm_broadcast import take_over_lightning_sigterm
+from classifier_engine.compat.spawn import trains_in_this_process
+from classifier_engine.errors import CheckpointError, ConfigError
+from classifier_engine.run.run_dirs import CHECKPOINTS
+from classifier_engine.run.signals import STOP_SIGNALS, StopRequests, as_requested
+from classifier_engine.run.slurm import requeue, slurm_job_id
+from classifier_engine.run.training_steps import after_optimizer_step, validation_follows
+
+LAST = "last.ckpt"
+
+
+class RunStopped(SystemExit):
+    """The run stopped on a signal after saving last.ckpt; exit code 143 (SIGTERM, SIGHUP) or 130 (SIGINT)."""
+
+
+class LastCheckpoint(Checkpoint):
+    """Keeps <run dir>/checkpoints/last.ckpt current (see the module docstring for when, and what a stop costs)."""
+
+    def __init__(self, every_minutes: Optional[float] = 10.0, every_n_steps: Optional[int] = None,
+                 check_every_n_steps: int = 10):
+        """
+        Args:
+            every_minutes: rewrite last.ckpt after this many minutes of training (None: at epoch ends and stops only).
+            every_n_steps: also rewrite it every this many optimizer steps (None: off).
+            check_every_n_steps: under ddp, the ranks agree on stops and the time every this many optimizer steps
+                (one tiny all-reduce); a single process checks every step, at no cost.
+        """
+        if check_every_n_steps < 1:
+            raise ConfigError(f"last_checkpoint.check_every_n_steps must be >= 1, got {check_every_n_steps}")
+        self.every_minutes, self.every_n_steps = every_minutes, every_n_steps
+        self.check_every_n_steps = check_every_n_steps
+        self.path: Optional[Path] = None
+        self.saved_at_step: Optional[int] = None
+        self._stops: Optional[StopRequests] = None
+        self._stopping: Optional[RunStopped] = None  # saved and said: raised once this step's metrics are logged
+        self._last_save_time = 0.0
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        # Each rank chose its checkpoint itself (resume.py); different ones would make their collectives disagree.
+        chosen = trainer.strategy.broadcast(str(trainer.ckpt_path))
+        if chosen != str(trainer.ckpt_path):
+            raise CheckpointError(f"rank {trainer.global_rank} chose checkpoint {trainer.ckpt_path} but rank 0 chose "
+                                  f"{chosen}: are the ranks seeing the same files (a shared filesystem's caching)?")
+
+    # Lightning installs its handlers in Trainer._run, after every setup hook: ours at the sanity check or train start.
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit":
+            self._take_over_signals(trainer)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Beside ModelCheckpoint's (it resolves its folder in its own setup: known here; the CLI always has one).
+        folders = [c.dirpath for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath]
+        folder = folders[0] if folders else Path(trainer.log_dir or trainer.default_root_dir, CHECKPOINTS)
+        self.path = Path(trainer.strategy.broadcast(str(Path(folder) / LAST)))
+        self._last_save_time = time.monotonic()
+        self._take_over_signals(trainer)
+
+    def _take_over_signals(self, trainer: L.Trainer) -> None:
+        if self._stops is not None:
+            return
+        signums = STOP_SIGNALS + ((signal.SIGUSR1,) if slurm_job_id() is not None else ())
+        # Ranks Lightning started itself may not get a SIGTERM sent to PID 1 (docker stop): rank 0 passes it on.
+        kill = getattr(trainer.strategy.launcher, "kill", None) if trainer.is_global_zero else None
+        self._stops = StopRequests(signums, forward=kill)
+        # Lightning's flag, set if a SIGTERM came before this, is ours from now on (its per-step broadcast can go).
+        if take_over_lightning_sigterm(trainer):
+            self._stops.received = self._stops.received or signal.SIGTERM
+
+    def _restore_handlers(self, *hook_args: Any, **hook_kwargs: Any) -> None:
+        if self._stops is not None:
+            self._stops.restore()
+            self._stops = None
+
+    # At train end, or on an exception: before Lightning restores the handlers it found (in its teardown, which runs
+    # before the callbacks' teardown hooks); the other order would leave Lightning's SIGTERM handler installed.
+    on_train_end = on_exception = teardown = _restore_handlers
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        # Lightning logs a step's metrics after its on_train_batch_end: a stop raised there lost the step's train/loss.
+        if self._stopping is not None:
+            raise self._stopping
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        # Not right before a validation: a run resumed from a checkpoint saved there would skip that validation
+        # (Lightning fast-forwards it), so such saves and stops wait for the next batch or the epoch's end.
+        if (self._stops is None or not after_optimizer_step(trainer, batch_idx)
+                or validation_follows(trainer, batch_idx)):
+            return
+        step, distributed = trainer.global_step, trainer.world_size > 1
+        checks = not distributed or step % self.check_every_n_steps == 0
+        signum, time_due = self._agree(trainer, distributed) if checks else (0, False)
+        if signum:
+            self._stopping = self._stop(trainer, signum)
+        elif time_due or (self.every_n_steps and step % self.every_n_steps == 0):
+            self._save(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After the epoch's validation and ModelCheckpoint's save (Checkpoint callbacks run last, in list order).
+        if self._stopping is not None:  # the stop step was the epoch's last
+            raise self._stopping
+        if self._stops is None:
+            return
+        # The epoch's sync_dist metrics are reduced by their first reader (rank 0's progress bar; the others have
+        # none): read on every rank before _agree, or rank 0 waits there while the others wait in that reduce.
+        trainer.callback_metrics  # noqa: B018
+        self._save(trainer, again=True)
+        signum, _ = self._agree(trainer, trainer.world_size > 1)  # one that came in the last steps or the validation
+        if signum:
+            raise self._stop(trainer, signum)
+
+    def _agree(self, trainer: L.Trainer, distributed: bool) -> tuple[int, bool]:
+        """(stop signal any rank got, 0 if none; rank 0's clock says a timed save is due), the same on all ranks."""
+        signum = self._stops.received or (signal.SIGTERM if trainer.received_sigterm else 0)
+        due = self.every_minutes is not None and time.monotonic() - self._last_save_time >= 60 * self.every_minutes
+        if not distributed:
+            return signum, due
+        flags = torch.tensor([signum, float(due and trainer.is_global_zero)], device=trainer.strategy.root_device)
+        flags = trainer.strategy.reduce(flags, reduce_op="max")
+        signum, due = flags.tolist()  # the one host sync, every check_every_n_steps steps
+        return int(signum), bool(due)
+
+    def _save(self, trainer: L.Trainer, again: bool = False) -> Path:
+        """Write last.ckpt once a step; `again` (an epoch end) writes it after the validation too."""
+        if again or self.saved_at_step != trainer.global_step:
+            trainer.save_checkpoint(self.path, weights_only=False)
+            self.saved_at_step, self._last_save_time = trainer.global_step, time.monotonic()
+        return self.path
+
+    def _stop(self, trainer: L.Trainer, signum: int) -> RunStopped:
+        """Save, requeue or say so; the exit to raise."""
+        path = self._save(trainer)
+        name = signal.Signals(signum).name
+        where = f"epoch {trainer.current_epoch}, global step {trainer.global_step}"
+        if signum == signal.SIGUSR1 and (job_id := slurm_job_id()) is not None:
+            code = 0
+            if trainer.is_global_zero:
+                requeued, why = requeue(job_id)
+                if requeued:
+                    rank_zero_info(f"Slurm job {job_id}: {name} at {where}; saved {path}; requeued, it resumes there")
+                else:
+                    code = 1
+                    rank_zero_warn(f"Slurm job {job_id}: {name} at {where}; saved {path}, but scontrol requeue failed "
+                                   f"({why}): submit again with --ckpt_path {path}")
+            return RunStopped(code)
+        bar = trainer.progress_bar_callback
+        if trainer.is_global_zero and isinstance(bar, TQDMProgressBar) and bar.is_enabled:
+            print(flush=True)  # the bar's line has no end while it is drawn: this line gets its own
+        as_term = " (as SIGTERM)" if signum != as_requested(signum) else ""
+        rank_zero_info(f"stopped by {name}{as_term} at {where}; last checkpoint: {path} "
+                       "(continue with the same command and --ckpt_path last)")
+        return RunStopped(128 + as_requested(signum))
+
+
+@contextmanager
+def stops_reach_spawned_ranks(trainer: L.Trainer) -> Iterator[None]:
+    """Around trainer.fit: under ddp_spawn this process only waits for the ranks it spawned, so a stop signal sent to
+    it (docker stop, kill PID) is passed on to them (they save and stop as above) and it exits with their code."""
+    if trains_in_this_process(trainer):
+        yield
+        return
+    stops = StopRequests(STOP_SIGNALS, forward=trainer.strategy.launcher.kill)
+    try:
+        yield
+    except ProcessExitedException as exited:
+        if stops.received and exited.exit_code in (128 + signal.SIGTERM, 128 + signal.SIGINT):
+            raise RunStopped(exited.exit_code) from None  # the ranks saved and said so
+        raise
+    finally:
+        stops.restore()

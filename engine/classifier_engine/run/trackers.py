@@ -1,0 +1,289 @@
+"""Experiment trackers, checked at start-up; a resume continues their tracked runs (docs/reliability.md#trackers).
+
+    python -m project fit --config configs/quickstart.yaml --config configs/tracking/mlflow.yaml --ckpt_path last
+"""
+
+import base64
+import csv
+import importlib
+import json
+import netrc
+import os
+import re
+import secrets
+import socket
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional
+
+from jsonargparse import Namespace
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+
+from classifier_engine.errors import ConfigError
+from classifier_engine.run.checkpoint_io import atomic_write
+
+TRACKERS_FILE = "trackers.json"
+_KINDS = {"TensorBoardLogger": "tensorboard", "CSVLogger": "csv", "MLFlowLogger": "mlflow", "WandbLogger": "wandb"}
+
+
+def logger_entries(trainer: Namespace) -> list[Namespace]:
+    """The configured loggers as class_path/init_args namespaces (the default logger, `True`, is none of them)."""
+    logger = trainer.get("logger")
+    entries = [item for item in (logger if isinstance(logger, list) else [logger]) if isinstance(item, Namespace)]
+    for entry in entries:
+        if entry.get("init_args") is None:  # a class_path alone: its options are set in here
+            entry.init_args = Namespace()
+    return entries
+
+
+def kind_of(entry: Namespace) -> str:
+    """'tensorboard', 'csv', 'mlflow', 'wandb' or 'other' for a logger's class_path."""
+    return _KINDS.get(str(entry.get("class_path", "")).rsplit(".", 1)[-1], "other")
+
+
+def check_trackers(trainer: Namespace) -> None:
+    """ConfigError for a tracker that cannot work: a missing package, MLflow's refused file store, no server answer."""
+    for entry in logger_entries(trainer):
+        kind = kind_of(entry)
+        try:  # the package the logger will import (a broken install fails here too)
+            if kind in ("mlflow", "wandb", "tensorboard"):
+                importlib.import_module(kind)
+        except ImportError:
+            raise ConfigError(f"trainer.logger {entry.class_path} needs the {kind} package, which is not installed: "
+                              f"pip install -e \".[tracking]\" (or pip install {kind})") from None
+        if kind == "mlflow":
+            _check_mlflow(entry.init_args)
+        elif kind == "wandb":
+            _check_wandb(entry)
+
+
+def redact(text: str) -> str:
+    """A URI's password as `***` (http://user:***@host): what may be printed or sent to a tracker."""
+    return re.sub(r"(\b[a-zA-Z][\w+.-]*://[^/@\s:]*):[^/@\s]*@", r"\1:***@", text)
+
+
+def _check_wandb(entry: Namespace) -> None:
+    args, kwargs = entry.init_args, entry.get("dict_kwargs") or {}
+    mode = os.environ.get("WANDB_MODE") or kwargs.get("mode") or ""
+    if args.get("offline") or mode in ("offline", "dryrun", "disabled"):
+        return
+    url = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+    offline = "run offline with WANDB_MODE=offline and `wandb sync` the run later"
+    parts = urllib.parse.urlsplit(url)
+    try:  # 5 s; W&B alone waits ~2 minutes
+        socket.create_connection((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)), 5).close()
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"W&B (online) at {redact(url)} cannot be reached ({error}): check the network, or "
+                          f"{offline}") from None
+    if not _wandb_key_known(url):  # else wandb.init fails ~10 s later, with a traceback, after the run dir exists
+        raise ConfigError(f"W&B (online) has no API key for {redact(url)}: run `wandb login` (it writes ~/.netrc) "
+                          f"or set WANDB_API_KEY, or {offline}")
+
+
+def _wandb_key_known(url: str) -> bool:
+    """Whether an API key is where `wandb login` puts it (~/.netrc, for the server's host) or in WANDB_API_KEY."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators(urllib.parse.urlsplit(url).hostname) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def _check_mlflow(args: Namespace) -> None:
+    uri = args.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
+    allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true")
+    if (uri is None or uri.startswith("file:") or "://" not in uri) and not allowed:
+        where = uri or f"file store {args.get('save_dir') or './mlruns'}"
+        raise ConfigError(f"MLflow 3 refuses its file store ({where}): set trainer.logger's tracking_uri to a "
+                          "database (sqlite:///runs/mlflow.db) or a server (http://127.0.0.1:5000, started with "
+                          "`mlflow server --backend-store-uri sqlite:///mlflow.db`), or MLFLOW_ALLOW_FILE_STORE=true")
+    if uri and uri.startswith(("http://", "https://")):
+        parts = urllib.parse.urlsplit(uri)  # user:password@host is MLflow's basic auth; urllib takes it as a header
+        request = urllib.request.Request(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]).geturl().rstrip("/")
+                                         + "/health")
+        if parts.username is not None:
+            token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                answer.read()
+        except (urllib.error.URLError, OSError, ValueError) as error:
+            reason = redact(str(getattr(error, "reason", error)))
+            raise ConfigError(f"the MLflow tracking server {redact(uri)} does not answer ({reason}): start it (mlflow "
+                              "server --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000) or fix "
+                              "trainer.logger's tracking_uri") from None
+
+
+def read_tracked_runs(run_dir: Path) -> dict[str, str]:
+    """The tracked-run ids a previous start of this run dir recorded ({} for a new run dir)."""
+    try:
+        loaded = json.loads((run_dir / TRACKERS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in loaded.items()} if isinstance(loaded, dict) else {}
+
+
+def git_commit() -> Optional[str]:
+    """The checkout's commit (with '-dirty' for uncommitted changes), or None outside a git checkout."""
+    try:  # --exclude='*': the commit's hash, never a tag's name
+        described = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40", "--exclude=*"],
+                                   capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return described.stdout.strip() if described.returncode == 0 else None
+
+
+def point_trackers(trainer: Namespace, run_dir: Path, *, resuming: bool) -> None:
+    """Point the trackers at the run dir's tracked runs (when resuming) and W&B's files into it; tag the commit."""
+    ids = read_tracked_runs(run_dir) if resuming else {}
+    commit = git_commit()
+    for entry in logger_entries(trainer):
+        kind, args = kind_of(entry), entry.init_args
+        if kind == "mlflow":
+            if ids.get("mlflow") and _mlflow_run_continues(args, ids):
+                args.run_id = ids["mlflow"]
+            if commit:
+                args.tags = {**(args.get("tags") or {}), "git_commit": commit}
+        elif kind == "wandb":
+            given = args.get("save_dir")
+            if given and Path(given).resolve().parent != run_dir.resolve().parent:  # not a run dir of these logs
+                rank_zero_warn(f"trainer.logger WandbLogger save_dir {given}: W&B's local files go into the run dir "
+                               f"{run_dir} instead, beside its checkpoints and config.yaml")
+            args.save_dir = str(run_dir)
+            args.id = args.get("id") or ids.get("wandb") or secrets.token_hex(4)  # W&B's own: 8 of [a-z0-9]
+            if commit:  # dict_kwargs: WandbLogger's **kwargs, which it passes to wandb.init
+                entry.dict_kwargs = {**(entry.get("dict_kwargs") or {}), "config": {"git_commit": commit}}
+
+
+def _tracking_uri(given: Optional[str]) -> str:
+    """The URI MLflow uses: the given one, else $MLFLOW_TRACKING_URI or its default (the logger sets it current)."""
+    import mlflow
+
+    return given or mlflow.get_tracking_uri()
+
+
+def _mlflow_run_continues(args: Namespace, ids: dict[str, str]) -> bool:
+    """True when the run dir's MLflow run can go on here; else a line says a new one starts."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    uri, was = _tracking_uri(args.get("tracking_uri")), ids.get("mlflow_tracking_uri")
+    client = MlflowClient(uri)
+    why = None
+    if was is not None and was != redact(uri):
+        why = f"it was tracked at {was}, this run tracks at {redact(uri)}"
+    else:
+        try:
+            run = client.get_run(ids["mlflow"])
+            experiment = client.get_experiment(run.info.experiment_id)
+            if "deleted" in (run.info.lifecycle_stage, experiment.lifecycle_stage):
+                why = "it was deleted" if run.info.lifecycle_stage == "deleted" else "its experiment was deleted"
+        except MlflowException as error:
+            why = f"the tracking server does not have it ({redact(str(error)).splitlines()[0][:120]})"
+    name = args.get("experiment_name") or "lightning_logs"
+    found = client.get_experiment_by_name(name)
+    if found is not None and found.lifecycle_stage == "deleted":
+        raise ConfigError(f"the MLflow experiment {name!r} is deleted on {redact(uri)}: restore it (mlflow "
+                          f"experiments restore --experiment-id {found.experiment_id}) or set trainer.logger's "
+                          "experiment_name to another one")
+    if why:
+        rank_zero_warn(f"the run dir's MLflow run {ids['mlflow']} cannot continue ({why}): a new MLflow run starts")
+    return why is None
+
+
+def record_tracked_runs(loggers: list, run_dir: Path) -> None:
+    """Write the tracked-run ids into the run dir (global rank 0, once the runs exist), so a resume continues them."""
+    ids = read_tracked_runs(run_dir)
+    for logger in loggers:
+        kind = _KINDS.get(type(logger).__name__)
+        if kind == "mlflow":
+            ids.update(mlflow=logger.run_id, mlflow_experiment_id=logger.experiment_id,
+                       mlflow_tracking_uri=redact(_tracking_uri(None)))  # a resume elsewhere starts a new run
+        elif kind == "wandb":
+            ids["wandb"] = logger.experiment.id
+    if ids:
+        atomic_write(run_dir / TRACKERS_FILE, lambda file: file.write(json.dumps(ids, indent=1) + "\n"), mode="w")
+
+
+def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'model': {'arch': 'resnet18'}} -> {'model.arch': 'resnet18'}: a tracker's parameters, one per option."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and "class_path" in value:  # a part chosen by class: its options as the CLI
+            flat[f"{name}.class_path"] = value["class_path"]   # spells them (--model.arch), without init_args
+            flat.update(flat_config(value.get("init_args") or {}, name + "."))
+        elif isinstance(value, dict) and value:
+            flat.update(flat_config(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def log_config(loggers: list, config: dict[str, Any], config_file: Path) -> None:
+    """Send the resolved config to each tracker: its options as parameters, config.yaml as an artifact."""
+    params = {k: (v if isinstance(v, (int, float, bool)) or v is None else redact(v if isinstance(v, str) else
+                                                                                   json.dumps(v, default=str)))
+              for k, v in flat_config(config).items()}
+    for logger in loggers:
+        kind = _KINDS.get(type(logger).__name__)
+        if kind == "mlflow":
+            client, run_id = logger.experiment, logger.run_id
+            present = client.get_run(run_id).data.params  # a resumed run: MLflow does not let a parameter change
+            logger.log_hyperparams({k: v for k, v in params.items() if k not in present})
+            if config_file.is_file():
+                client.log_artifact(run_id, str(config_file))
+        elif kind == "wandb":
+            logger.experiment.config.update(params, allow_val_change=True)
+            if config_file.is_file():
+                logger.experiment.save(str(config_file), base_path=str(config_file.parent), policy="now")
+        elif kind in ("tensorboard", "csv"):
+            logger.log_hyperparams(params)
+
+
+def how_to_look(loggers: list, run_dir: Path) -> list[str]:
+    """For the closing line: per tracker, the command or address that shows this run."""
+    parts: list[str] = []
+    for logger in loggers:
+        kind = _KINDS.get(type(logger).__name__)
+        if kind == "tensorboard":
+            parts.append(f"tensorboard --logdir {run_dir.parent}")
+        elif kind == "csv":
+            parts.append(f"metrics in {Path(logger.log_dir) / 'metrics.csv'}")
+        elif kind == "mlflow":
+            uri = redact(_tracking_uri(None))  # the logger set it when it started its run
+            where = f"experiments/{logger.experiment_id}/runs/{logger.run_id}"
+            parts.append(f"MLflow {uri.rstrip('/')}/#/{where}" if uri.startswith(("http://", "https://")) else
+                         f"MLflow run {logger.run_id}: mlflow ui --backend-store-uri {uri}")
+        elif kind == "wandb":
+            run = logger.experiment
+            offline = getattr(run, "offline", False) or os.environ.get("WANDB_MODE") in ("offline", "dryrun")
+            parts.append(f"W&B offline run {run.id}: wandb sync {Path(run.dir).parent}" if offline else
+                         f"W&B {run.entity}/{run.project}/runs/{run.id}")
+    return parts
+
+
+def continue_csv_logs(loggers: list, resume_step: int) -> None:
+    """A resumed fit keeps each CSVLogger's rows before `resume_step` (Lightning's deletes metrics.csv, PR #19446):
+    called before the Trainer first touches its loggers, it moves the file aside, then writes its rows back."""
+    if rank_zero_only.rank != 0:
+        return
+    for logger in (logger for logger in loggers if isinstance(logger, CSVLogger)):
+        path = Path(logger.log_dir) / "metrics.csv"
+        aside = path.with_name(path.name + ".resume")
+        if path.is_file():
+            os.replace(path, aside)
+        if not aside.is_file():  # (one left by a start that crashed here is taken up)
+            continue
+        writer = logger.experiment  # created now, with no metrics.csv to delete
+        with open(aside, newline="") as file:
+            reader = csv.DictReader(file)
+            writer.metrics_keys = list(reader.fieldnames or [])  # the header it writes, and appends under
+            writer.metrics = [row for row in reader if int(float(row.get("step") or 0)) < resume_step]
+        writer.save()  # a new metrics.csv with these rows; until it is whole, the rows are in metrics.csv.resume
+        os.remove(aside)

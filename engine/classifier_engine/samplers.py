@@ -1,0 +1,186 @@
+"""Samplers: exact evaluation at any world size, and a training order that resumes at any batch.
+
+    python -m project fit --config configs/quickstart.yaml --ckpt_path last    # continues mid-epoch where it stopped
+"""
+
+from typing import Any, Iterator, Optional
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
+
+from classifier_engine.errors import ConfigError
+from classifier_engine.seeds import order_seed
+
+
+class ExactDistributedSampler(UnrepeatedDistributedSampler):
+    """Every sample once over all ranks: shards rank::world_size, unpadded (docs/how-it-works.md#exact-evaluation)."""
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int):
+        if len(dataset) < num_replicas:
+            # A rank without a single image would have no batch: Lightning stops with an unclear error, or hangs.
+            raise ConfigError(f"{len(dataset)} images for {num_replicas} processes: rank {num_replicas - 1} would "
+                              "evaluate none; evaluate with fewer processes (--trainer.devices) or more images")
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+
+
+Key = tuple[int, int, int]  # (index, epoch, repeat): what a training sample's augmentation is seeded from
+
+
+class ResumableSampler(DistributedSampler):
+    """The training order: a shuffle drawn from (seed, epoch), sharded rank::world_size, resumable at any position.
+    Yields keys (index, epoch, repeat) for SeededSamples (plain indices with keys=False); `repeats` > 1 is repeated
+    augmentation, in epochs of the same length. docs/how-it-works.md#resumable-order."""
+
+    def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, seed: int, repeats: int = 1,
+                 shuffle: bool = True, keys: bool = True):
+        if repeats < 1:
+            raise ConfigError(f"data.ra_reps must be >= 1, got {repeats}")
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
+        self.repeats = repeats
+        self.keys = keys  # False: plain indices, for a data set that does not seed its own augmentation
+        self.position = 0  # global samples of the epoch in progress already handed out as batches
+        self.epoch_in_progress = 0
+        self._resume_at: Optional[tuple[int, int]] = None  # (epoch, position) to continue from
+
+    def epoch_order(self, epoch: int) -> list[tuple[int, int]]:
+        """The global order of `epoch` as (index, repeat), total_size long (wrapped around to fill the last batch)."""
+        generator = torch.Generator().manual_seed(order_seed(self.seed, epoch))
+        permutation = self.permutation(generator) if self.shuffle else list(range(len(self.dataset)))
+        order = [(index, repeat) for index in permutation for repeat in range(self.repeats)]
+        while len(order) < self.total_size:  # as DistributedSampler pads: the first samples again
+            order += order[: self.total_size - len(order)]
+        return order[: self.total_size]
+
+    def permutation(self, generator: torch.Generator) -> list[int]:
+        """One epoch's shuffle of the indices (a subclass may draw it chunk-aware: engine/classifier_engine/data/shards.py)."""
+        return torch.randperm(len(self.dataset), generator=generator).tolist()
+
+    def resume(self, epoch: int, position: int) -> None:
+        """Continue `epoch` after its first `position` global samples (the next iteration of that epoch only)."""
+        self._resume_at = (epoch, position)
+
+    def loader_state(self, batch_size: Optional[int]) -> dict[str, Any]:
+        """Rank-independent: the epoch in progress, the global samples it consumed, and what the order depends on."""
+        return {"epoch": self.epoch_in_progress, "position": self.position, "seed": self.seed,
+                "world_size": self.num_replicas, "batch_size": batch_size, "dataset_size": len(self.dataset),
+                "repeats": self.repeats}
+
+    def restore_loader_state(self, batch_size: Optional[int], state: dict[str, Any]) -> None:
+        """Resume where `state` stopped; a changed order or batching still covers the rest of the epoch."""
+        now = {"seed": self.seed, "world_size": self.num_replicas, "batch_size": batch_size,
+               "dataset_size": len(self.dataset), "repeats": self.repeats}
+        changed = {key: (state.get(key), value) for key, value in now.items() if state.get(key) != value}
+        if changed and state.get("position"):
+            what = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())
+            rank_zero_warn(f"resuming mid-epoch with {what}: the rest of epoch {state['epoch']} is not the order an "
+                           "uninterrupted run would have seen (resume with the same settings for an exact resume)")
+            if "dataset_size" in changed or "seed" in changed or "repeats" in changed:
+                return  # another order altogether: start the epoch over rather than skip unrelated samples
+        self.resume(int(state["epoch"]), int(state["position"]))
+
+    def __iter__(self) -> Iterator[Key]:
+        epoch, (resume_epoch, position) = self.epoch, self._resume_at or (None, 0)
+        self._resume_at = None
+        self.epoch_in_progress, self.position = epoch, position if resume_epoch == epoch else 0
+        order = self.epoch_order(epoch)[self.position :][self.rank :: self.num_replicas]
+        if not self.keys:
+            return (index for index, _ in order)
+        return ((index, epoch, repeat) for index, repeat in order)
+
+
+class ResumableDataLoader(DataLoader):
+    """The training DataLoader, with Lightning's stateful-loader protocol: its state counts the global samples
+    handed to the training loop, and iteration starts lazily (Lightning #20550, classifier_engine.compat)."""
+
+    def __iter__(self):
+        sampler: ResumableSampler = self.sampler  # the data modules and ExactLoaders build it with one
+        step = (self.batch_size or 1) * sampler.num_replicas
+        for batch in super().__iter__():
+            sampler.position += step
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.loader_state(self.batch_size)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.restore_loader_state(self.batch_size, state)
+
+
+class ExactLoaders(Callback):
+    """Any data module's plain loaders (a DataLoader of a map-style data set, with a batch size) made exact: evaluation
+    unpadded, the training order from the run seed, resumable mid-epoch. Others are left to Lightning."""
+
+    def __init__(self, datamodule: Any, seed: int):
+        self.seed = seed
+        self.sampler: Optional[ResumableSampler] = None
+        self.batch_size: Optional[int] = None
+        self._resume_state: Optional[dict[str, Any]] = None
+        for name in ("train_dataloader", "val_dataloader", "test_dataloader"):
+            if getattr(type(datamodule), name) is not getattr(L.LightningDataModule, name):
+                setattr(datamodule, name, _LoaderHook(datamodule, name, self))
+
+    def state_dict(self) -> dict[str, Any]:
+        # Beside Lightning's own loader state, which it restores too late (#20550, classifier_engine.compat).
+        return {"train_loader": self.sampler.loader_state(self.batch_size)} if self.sampler else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = state_dict.get("train_loader")
+        if state is not None and self.sampler is not None:  # built already (fsdp2 restores late): resume it once
+            self.sampler.restore_loader_state(self.batch_size, state)
+            state = None
+        self._resume_state = state
+
+    def exact(self, loader: Any, name: str, trainer: Any) -> Any:
+        world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        if isinstance(loader, DataLoader) and isinstance(loader.sampler, DistributedSampler):
+            return loader  # it shards itself (ours do)
+        if not _plain(loader):
+            if world_size > 1:
+                rank_zero_warn(f"{name}: not a plain DataLoader over a map-style data set; Lightning shards it (padded "
+                               "evaluation, no mid-epoch resume)")
+            return loader
+        if name != "train_dataloader":
+            exact = ExactDistributedSampler(loader.dataset, world_size, rank) if world_size > 1 else None
+            return _rebuild(loader, exact) if exact else loader
+        self.sampler = ResumableSampler(loader.dataset, num_replicas=world_size, rank=rank, seed=self.seed,
+                                        shuffle=isinstance(loader.sampler, RandomSampler), keys=False)
+        self.batch_size = loader.batch_size
+        if self._resume_state is not None:
+            self.sampler.restore_loader_state(loader.batch_size, self._resume_state)
+            self._resume_state = None
+        return _rebuild(loader, self.sampler, ResumableDataLoader)
+
+
+class _LoaderHook:
+    """A data module's loader hook, run through ExactLoaders. Picklable (ddp_spawn); `__wrapped__` lets Lightning's
+    is_overridden see the data module's own method."""
+
+    def __init__(self, datamodule: Any, name: str, loaders: ExactLoaders):
+        self.datamodule, self.name, self.loaders = datamodule, name, loaders
+
+    @property
+    def __wrapped__(self):
+        return getattr(type(self.datamodule), self.name).__get__(self.datamodule)
+
+    def __call__(self):
+        return self.loaders.exact(self.__wrapped__(), self.name, self.datamodule.trainer)
+
+
+def _plain(loader: Any) -> bool:
+    return (type(loader) is DataLoader and loader.batch_size is not None and hasattr(loader.dataset, "__len__")
+            and isinstance(loader.sampler, (RandomSampler, SequentialSampler)))
+
+
+def _rebuild(loader: DataLoader, sampler: Any, cls: type[DataLoader] = DataLoader) -> DataLoader:
+    """`loader` again, with `sampler` (torch's DataLoader cannot swap one in place)."""
+    workers = loader.num_workers
+    return cls(loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=workers,
+               collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+               timeout=loader.timeout, worker_init_fn=loader.worker_init_fn, generator=loader.generator,
+               multiprocessing_context=loader.multiprocessing_context if workers else None,
+               prefetch_factor=loader.prefetch_factor if workers else None,
+               persistent_workers=loader.persistent_workers)

@@ -1,0 +1,96 @@
+"""strategy="dp": torch DataParallel for Lightning 2, which removed its own (PR #16748).
+
+    python -m project fit --config configs/dp_8gpu.yaml --data.root /datasets/imagenet
+
+What runs where: docs/how-it-works.md#what-stays-the-same-whichever-strategy-you-pick.
+"""
+
+from typing import Any, Optional
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
+from torch import nn
+
+from classifier_engine.errors import ConfigError
+
+
+class _LightningForward(nn.Module):
+    """The LightningModule's own forward as a module DataParallel can replicate (bypassing the patched one)."""
+
+    def __init__(self, lightning_module: L.LightningModule):
+        super().__init__()
+        self.lightning_module = lightning_module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        module = self.lightning_module
+        return type(module).forward(module, *args, **kwargs)
+
+
+class DataParallelStrategy(ParallelStrategy):
+    """One process driving all visible GPUs of the node with torch.nn.DataParallel around the forward pass."""
+
+    strategy_name = "dp"
+
+    def __init__(self, parallel_devices: Optional[list[torch.device]] = None, **kwargs: Any):
+        super().__init__(parallel_devices=parallel_devices, **kwargs)
+        self._data_parallel: Optional[nn.DataParallel] = None
+        self.num_nodes = 1  # set by the Trainer from num_nodes; checked in setup_environment
+
+    @property
+    def root_device(self) -> torch.device:
+        assert self.parallel_devices, "dp: parallel_devices are set by the Trainer"
+        return self.parallel_devices[0]
+
+    # One process, whatever the cluster environment says.
+    global_rank = local_rank = node_rank = property(lambda self: 0)
+    world_size = property(lambda self: 1)
+    is_distributed = property(lambda self: False)  # so Lightning adds no DistributedSampler: one process, global batch
+    distributed_sampler_kwargs = property(lambda self: {"num_replicas": 1, "rank": 0})
+
+    @property
+    def device_ids(self) -> list[int]:
+        return [d.index for d in self.parallel_devices or [] if d.type == "cuda"]
+
+    def setup_environment(self) -> None:
+        if self._layer_sync is not None:
+            raise ConfigError("dp does not support sync_batchnorm: torch's SyncBatchNorm needs one process per GPU. "
+                              "Use --trainer.strategy=ddp, or set --trainer.sync_batchnorm=false.")
+        if self.num_nodes > 1:
+            raise ConfigError("dp runs on one node: use --trainer.strategy=ddp for several nodes.")
+        super().setup_environment()
+
+    def model_to_device(self) -> None:
+        assert self.model is not None
+        self.model.to(self.root_device)
+
+    def setup(self, trainer: L.Trainer) -> None:
+        super().setup(trainer)
+        module = self.lightning_module
+        self._data_parallel = nn.DataParallel(_LightningForward(module), device_ids=self.device_ids or None)
+        # An instance attribute shadows the class's forward for `module(x)`; set outside nn.Module.__setattr__
+        # so the wrapper is not registered as a submodule (state_dict keys stay free of `module.`).
+        object.__setattr__(module, "forward", self._data_parallel)
+
+    def teardown(self) -> None:
+        module = self.lightning_module
+        if module is not None and "forward" in module.__dict__:
+            del module.__dict__["forward"]
+        self._data_parallel = None
+        super().teardown()
+
+    def reduce(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return tensor  # one process: already computed on the gathered outputs
+
+    def all_gather(self, tensor: torch.Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> torch.Tensor:
+        return tensor
+
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+
+if DataParallelStrategy.strategy_name not in StrategyRegistry:
+    StrategyRegistry.register("dp", DataParallelStrategy, description="torch DataParallel over the forward pass")

@@ -1,0 +1,219 @@
+"""strategy="fsdp2" (or "fsdp2_sharded"): torch's FSDP2 (`fully_shard`) by Lightning's ModelParallelStrategy, CPU too.
+
+    python -m project fit --config configs/quickstart.yaml --config configs/fsdp.yaml --trainer.devices=2
+
+The model shards itself in configure_model with `shard` (which blocks: the room's choice); docs/how-it-works.md#fsdp.
+"""
+
+import functools
+import glob
+import itertools
+import pickle
+import shutil
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
+from torch import nn
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.utils.checkpoint import checkpoint
+
+from classifier_engine.errors import CheckpointError, ConfigError, untrusted_checkpoint_message
+from classifier_engine.run.checkpoint_io import SHARDS, fsync_directory
+
+
+def checkpoint_activations(blocks: Iterable[nn.Module]) -> None:
+    """Recompute each block's activations in the backward pass instead of keeping them: less memory, ~1/3 more compute.
+    The forward is wrapped in place (no wrapper module), so parameter names and checkpoints stay as they were."""
+    for block in blocks:
+        if not isinstance(block.forward, functools.partial):  # configure_model may run more than once
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+
+def shard(network: nn.Module, blocks: Iterable[nn.Module], mesh: Any) -> None:
+    """FSDP2: each block's parameters sharded over `mesh` (gathered just before the block runs, freed after), then
+    the rest with the root. Once: a network already sharded is left as it is."""
+    if isinstance(network, FSDPModule):
+        return
+    # Each rank shards its own copy: they must start equal, from rank 0's (as DDP broadcasts them), or the ranks'
+    # shards would be pieces of different initialisations (each process draws its own).
+    # configure_model runs before the network moves to its device, and NCCL broadcasts device tensors only: there,
+    # one tensor at a time through the device (gloo: in place).
+    group, device = mesh.get_group(), torch.device(mesh.device_type)
+    with torch.no_grad():
+        for tensor in [*network.parameters(), *network.buffers()]:
+            moved = tensor.to(device)
+            dist.broadcast(moved, src=dist.get_global_rank(group, 0), group=group)
+            if moved is not tensor:
+                tensor.copy_(moved)
+    for block in blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(network, mesh=mesh)
+
+
+class FSDPStrategy(ModelParallelStrategy):
+    """ModelParallelStrategy as pure data parallelism (every process one shard; no tensor parallelism), whose
+    checkpoints are the project's: written atomically, read weights-only, one file or (sharded) a file and a folder."""
+
+    strategy_name = "fsdp2"
+
+    def __init__(self, sharded: bool = False, **kwargs: Any) -> None:
+        """
+        Args:
+            sharded: each process writes its own shards of a checkpoint (torch distributed checkpoint), into a folder
+                beside the .ckpt file, which keeps the rest: no gather on rank 0. False: one file, as under ddp.
+        """
+        super().__init__(tensor_parallel_size=1, save_distributed_checkpoint=sharded, **kwargs)
+
+    def setup_environment(self) -> None:
+        if self._layer_sync is not None:  # ModelParallelStrategy never applies it: BatchNorm would stay per rank
+            raise ConfigError("sync_batchnorm is not applied under strategy fsdp2 (its BatchNorm layers would keep "
+                              "per-process statistics): set --trainer.sync_batchnorm=false, or use strategy ddp")
+        # Lightning's "auto" is one data-parallel group per node; here every process is one (tensor_parallel_size=1).
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+    # Exact evaluation gives ranks shards of unequal batch counts: a forward that all-gathers would wait forever for a
+    # rank with no batch left. Evaluation runs on weights gathered once, at its start, on every rank; sharded after.
+    # Buffers are not sharded: each rank's BatchNorm statistics are its own data's. Every rank evaluates rank 0's, the
+    # ones a checkpoint keeps (DDP broadcasts them before each forward for the same reason).
+    def on_validation_start(self) -> None:
+        self._gather(True)
+        with torch.no_grad():
+            for buffer in self.model.buffers():
+                dist.broadcast(buffer, src=0)
+
+    def on_validation_end(self) -> None:
+        self._gather(False)
+
+    on_test_start = on_predict_start = on_validation_start
+    on_test_end = on_predict_end = on_validation_end
+
+    def _gather(self, gathered: bool) -> None:
+        sharded = [module for module in self.model.modules() if isinstance(module, FSDPModule)]
+        for index, module in enumerate(sharded):
+            # FSDP2's own defaults when not evaluating: the root (the first) keeps its weights after the forward
+            module.set_reshard_after_forward(not gathered and index > 0, recurse=False)
+            module.unshard() if gathered else module.reshard()
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict[str, Any]:
+        """The full checkpoint through the CheckpointIO (the run plan's copy, or a weights-only read; a sharded one's
+        folder read in), its weights and optimizer state then scattered into the shards. (Lightning's own reads meta.pt
+        with torch's default, DCP's .metadata with pickle.load.)"""
+        loaded = self.checkpoint_io.load_checkpoint(Path(self.broadcast(str(checkpoint_path))))
+        full = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)
+        set_model_state_dict(self.model, loaded["state_dict"], options=full)
+        names = {param: name for name, param in self.model.named_parameters()}
+        for optimizer, state in zip(self.optimizers, loaded.get("optimizer_states", [])):
+            # By position in the groups, as torch.optim loads it (FSDP's rekey goes by model order: wrong for a ddp
+            # checkpoint whose groups are not in model order, decay_norm_and_bias=false)
+            state = by_position(state, [names[param] for group in optimizer.param_groups for param in group["params"]])
+            set_optimizer_state_dict(self.model, optimizer, state, options=full)
+        return loaded
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
+        if not self._save_distributed_checkpoint:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        # Every rank writes its shards into a new folder; then rank 0 replaces the .ckpt file (atomically) with the
+        # rest and the folder's name. Until that rename the previous checkpoint (file and folder) is the one read.
+        path = Path(self.broadcast(str(filepath)))
+        folder = path.with_name(self.broadcast(f".{path.name}.{time.time_ns()}.shards"))
+        optimizers = enumerate(checkpoint.pop("optimizer_states", []))
+        tensors = {"state_dict": checkpoint.pop("state_dict"), **{f"optimizer_{i}": state for i, state in optimizers}}
+        # Buffers are not sharded and differ per rank: rank 0's are kept, as in a one-file checkpoint.
+        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(folder),  # fsyncs every file
+                 planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True))
+        if self.is_global_zero:
+            fsync_directory(folder)  # the shards' names (DCP fsyncs their contents), before the file that names them
+            self.checkpoint_io.save_checkpoint({**checkpoint, SHARDS: folder.name}, path)
+            remove_shards(path, keep=folder.name)
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        super().remove_checkpoint(filepath)  # ModelCheckpoint's, of checkpoints no longer in its top k
+        if self.is_global_zero:
+            remove_shards(Path(filepath))
+
+    @classmethod
+    def register_strategies(cls, strategy_registry) -> None:
+        strategy_registry.register(cls.strategy_name, cls, description="torch FSDP2, one-file checkpoints")
+        strategy_registry.register(f"{cls.strategy_name}_sharded", cls, description="torch FSDP2, sharded checkpoints",
+                                   sharded=True)
+
+
+def remove_shards(path: Path, keep: str = "") -> None:
+    """Delete the shard folders of checkpoint `path` but `keep`: earlier saves, and saves killed before their file."""
+    for folder in path.parent.glob(f".{glob.escape(path.name)}.*.shards"):
+        if folder.name != keep and folder.name[len(path.name) + 2:-len(".shards")].isdigit():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """DCP's .metadata holds its dataclasses, torch sizes and dtypes, and plain values; no other global loads."""
+
+    ALLOWED = {("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "StorageMeta", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata",
+        "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING")} | {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+        ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.ALLOWED or module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"Weights only load failed: Unsupported global: {module}:{name}, not DCP metadata")
+
+
+class WeightsOnlyLoadPlanner(_EmptyStateDictLoadPlanner):
+    """DCP's planner for reading a whole checkpoint in one process, its non-tensor items read weights-only."""
+
+    def load_bytes(self, read_item: Any, value: Any) -> None:
+        set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn],
+                    torch.load(value, weights_only=True))
+
+
+def read_sharded(path: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The one-file checkpoint a sharded one stands for, read in one process (no process group): its state_dict and
+    optimizer_states (keyed by position, as torch.optim keys them) from the folder it names, beside it."""
+    folder = path.parent / Path(str(checkpoint.pop(SHARDS))).name
+    tensors: dict[str, Any] = {}
+    try:
+        if folder.name in (".", "..") or not folder.name.endswith(".shards"):  # a crafted name: nothing outside
+            raise ValueError(f"{folder.name!r} is not a shard folder's name")
+        with open(folder / ".metadata", "rb") as file:
+            metadata = MetadataUnpickler(file).load()
+        if any(Path(info.relative_path).name != info.relative_path for info in metadata.storage_data.values()):
+            raise ValueError("its .metadata names files outside its folder")
+        reader, planner = dcp.FileSystemReader(folder), WeightsOnlyLoadPlanner()
+        planner.set_up_planner(tensors, metadata, True)
+        reader.set_up_storage_reader(metadata, True)
+        (plan,) = reader.prepare_global_plan(planner.create_global_plan([planner.create_local_plan()]))
+        reader.read_data(planner.finish_plan(plan), planner).wait()
+    except Exception as error:  # pickled code, or a folder missing, damaged or crafted otherwise: one line each
+        reason = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
+        raise CheckpointError(untrusted_checkpoint_message(error, folder) or f"{path} is not a complete checkpoint: "
+                              f"its shards {folder.name} do not load ({reason})") from error
+    checkpoint["state_dict"] = tensors.pop("state_dict")
+    if tensors:  # not a weights-only save
+        checkpoint["optimizer_states"] = [by_position(tensors[f"optimizer_{i}"]) for i in range(len(tensors))]
+    return checkpoint
+
+
+def by_position(state: dict[str, Any], keys: Optional[list] = None) -> dict[str, Any]:
+    """An optimizer state relabelled by position in its parameter groups, as torch.optim matches one to its parameters:
+    to 0, 1, ... (as torch.optim keys it), or to `keys` (parameter names)."""
+    groups = state.get("param_groups", [])
+    new = dict(zip((key for group in groups for key in group["params"]), keys or itertools.count()))
+    return {"state": {new[key]: value for key, value in state.get("state", {}).items()},
+            "param_groups": [{**group, "params": [new[key] for key in group["params"]]} for group in groups]}
+
+
+if FSDPStrategy.strategy_name not in StrategyRegistry:
+    FSDPStrategy.register_strategies(StrategyRegistry)
+

@@ -1,6 +1,0 @@
-"""Strategies the Trainer lacks; importing this package registers them by name: "dp", "fsdp2", "fsdp2_sharded"."""
-
-from project.engine.strategies.dp import DataParallelStrategy
-from project.engine.strategies.fsdp import FSDPStrategy
-
-__all__ = ["DataParallelStrategy", "FSDPStrategy"]
