@@ -1,32 +1,14 @@
 """python -m project {fit,validate,test,predict,export,sweep} --config configs/quickstart.yaml
 
-`export` is classifier_engine.export (a run's checkpoint as torch.export / ONNX files), `sweep` classifier_engine.run.sweep
-(Optuna trials, each an ordinary fit); the others are LightningCLI's.
+The default model and data of this template, handed to the engine's CLI (LightningCLI, plus export and sweep).
 """
 
-import sys
+from classifier_engine import main
 
-from classifier_engine.cli import cli_main, main
-from classifier_engine.errors import exit_on_user_error
-
-MORE_SUBCOMMANDS = """
-  More subcommands (not LightningCLI's):
-    export              A run's checkpoint as torch.export and ONNX files: python -m project export --help
-    sweep               Hyperparameter sweeps (Optuna), each trial a fit: python -m project sweep --help"""
+from project.data import ImageNetDataModule
+from project.model import ImageClassifier, backbone_replaces_arch
+from project.weights import apply_weights_eval_sizes
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["export"]:
-        from classifier_engine.export import main as export_main
-
-        exit_on_user_error(lambda: export_main(sys.argv[2:]))
-    elif sys.argv[1:2] == ["sweep"]:
-        from classifier_engine.run.sweep import main as sweep_main
-
-        exit_on_user_error(lambda: sweep_main(sys.argv[2:], cli_main))
-    elif sys.argv[1:] in (["-h"], ["--help"]):  # LightningCLI lists its own subcommands only
-        try:
-            main()
-        finally:
-            print(MORE_SUBCOMMANDS, flush=True)
-    else:
-        main()
+    main(model=ImageClassifier, data=ImageNetDataModule, config_hooks=[apply_weights_eval_sizes],
+         tidy_hooks=[backbone_replaces_arch])

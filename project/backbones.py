@@ -11,11 +11,10 @@ from collections.abc import Mapping
 from typing import Optional, Protocol, runtime_checkable
 
 import torch
+from classifier_engine import ConfigError
 from torch import nn
 from torchvision import models
 from torchvision.models import WeightsEnum
-
-from classifier_engine.errors import ConfigError
 
 NETWORK = "network"  # the attribute of HasNetwork; its tensors are `network.*` in a checkpoint's state_dict
 

@@ -1,4 +1,4 @@
-"""ImageNetDataModule: the data the template trains on, ImageNet or any folder of class folders (or the embedded digits).
+"""ImageNetDataModule: the data the template trains on: ImageNet, any folder of class folders, the embedded digits.
 
     python -m project fit --config configs/quickstart.yaml                        # --data.root embedded:digits
     python -m project fit --config configs/ddp_8gpu.yaml --data.root /datasets/imagenet

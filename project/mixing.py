@@ -8,10 +8,9 @@ from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
-from torchvision.transforms import v2
-
-from classifier_engine.errors import ConfigError
+from classifier_engine import ConfigError
 from classifier_engine.options import BelowOne, NonNegativeFloat, UnitInterval, check_fields
+from torchvision.transforms import v2
 
 
 class BatchMixer:

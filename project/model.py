@@ -13,16 +13,14 @@ from typing import Optional
 import lightning as L
 import torch
 import torch.nn.functional as F
+from classifier_engine import ConfigError, StepSeed, batch_seed, checkpoint_activations, shard
+from classifier_engine.options import PositiveInt, check_arguments
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.backbones import Network, NetworkRunner, build_network, shard_blocks
 from project.callbacks.finetuning import FineTuning, FreezeBackbone
-from classifier_engine.errors import ConfigError
-from classifier_engine.options import PositiveInt, check_arguments
-from classifier_engine.seeds import StepSeed, batch_seed
-from classifier_engine.strategies.fsdp import checkpoint_activations, shard
 from project.mixing import Loss
 from project.optim import (
     Optimization,

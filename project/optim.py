@@ -10,12 +10,19 @@ from typing import Literal, Optional
 
 import lightning as L
 import torch
+from classifier_engine import CheckpointError, ConfigError
+from classifier_engine.options import (
+    BelowOne,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    ShrinkFactor,
+    check_fields,
+)
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from project.backbones import classifier_head
-from classifier_engine.errors import CheckpointError, ConfigError
-from classifier_engine.options import BelowOne, NonNegativeFloat, NonNegativeInt, PositiveFloat, ShrinkFactor, check_fields
 
 
 @dataclass(frozen=True)

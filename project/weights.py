@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from classifier_engine import ConfigError, MissingInputError, load_checkpoint
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torchvision.models import WeightsEnum, get_model_weights
 
 from project.backbones import NETWORK, classifier_head, head_outputs, torchvision_weights
-from classifier_engine.errors import ConfigError, MissingInputError
-from classifier_engine.run.checkpoint_io import SHARDS, load_trusted_format
 
 CKPT_PREFIX = NETWORK + "."  # the network of a HasNetwork module (ImageClassifier), in its checkpoints
 # torchvision's DenseNet files predate a rename of 'norm.1' to 'norm1' (relu, conv): renamed as its builder does.
@@ -88,6 +87,10 @@ def _from_hub(arch: str, name: str, entry: WeightsEnum) -> dict[str, torch.Tenso
     return _copy_with_metadata(state, lambda key: _OLD_DENSENET_KEY.sub(r"\1\2", key))
 
 
+def _all_tensors(content: Mapping) -> bool:
+    return all(isinstance(v, torch.Tensor) for v in content.values())
+
+
 def _from_file(path: Path) -> dict[str, torch.Tensor]:
     try:
         content = torch.load(path, map_location="cpu", weights_only=True)
@@ -101,8 +104,8 @@ def _from_file(path: Path) -> dict[str, torch.Tensor]:
         ) from None
     except Exception as error:
         raise ConfigError(f"{path} is not a torch checkpoint ({type(error).__name__}: {error})") from None
-    if isinstance(content, Mapping) and SHARDS in content:  # a sharded checkpoint (strategy fsdp2): its folder too
-        content = load_trusted_format(path)
+    if isinstance(content, Mapping) and "state_dict" not in content and not _all_tensors(content):
+        content = load_checkpoint(path)  # a sharded checkpoint (strategy fsdp2_sharded): its weights are in a folder
     if isinstance(content, Mapping) and isinstance(content.get("state_dict"), Mapping):
         # One of our Lightning checkpoints: the network is the `network.` part of `state_dict` (with EMA, the average).
         state = _copy_with_metadata(content["state_dict"],
@@ -112,7 +115,7 @@ def _from_file(path: Path) -> dict[str, torch.Tensor]:
             raise ConfigError(f"{path} is a Lightning checkpoint without `{CKPT_PREFIX}` weights (first key "
                               f"{first!r}): expected an ImageClassifier checkpoint or a plain state_dict file")
         return state
-    if isinstance(content, Mapping) and content and all(isinstance(v, torch.Tensor) for v in content.values()):
+    if isinstance(content, Mapping) and content and _all_tensors(content):
         return content
     raise ConfigError(f"{path} holds a {type(content).__name__}, not a state_dict (name -> tensor) nor a Lightning "
                       ".ckpt: save one with torch.save(network.state_dict(), path)")

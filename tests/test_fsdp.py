@@ -21,7 +21,7 @@ from conftest import CONFIGS, callback, project_in_process, read_scalars, run_pr
 from classifier_engine.cli import close_process_group
 from classifier_engine.errors import CheckpointError
 from classifier_engine.export import main as export_main
-from classifier_engine.run.checkpoint_io import SHARDS, load_trusted_format
+from classifier_engine.run.checkpoint_io import SHARDS, load_checkpoint
 from classifier_engine.strategies import FSDPStrategy
 from classifier_engine.strategies.fsdp import by_position
 from project.weights import load_pretrained
@@ -42,7 +42,7 @@ def after_step(run_dir: Path, step: int = 1) -> str:
 def trained(path: Path, tmp_path: Path) -> dict:
     """final_state of a checkpoint as the project reads it (a sharded one: its file, and the shards it names)."""
     one_file = tmp_path / f"{os.urandom(4).hex()}.ckpt"
-    torch.save(load_trusted_format(path if path.is_file() else path / LAST), one_file)
+    torch.save(load_checkpoint(path if path.is_file() else path / LAST), one_file)
     return final_state(one_file)
 
 
@@ -159,7 +159,7 @@ def sharded_checkpoint(directory: Path, lr: object = 0.1, name: str = "last.ckpt
                                      "metadata cut short", "metadata not DCP's", "folder outside", "file outside"])
 def test_crafted_shards_are_refused_in_one_line_and_run_nothing(crafted, tmp_path):
     path, ran = sharded_checkpoint(tmp_path), tmp_path / "ran"
-    loaded = load_trusted_format(path)  # one process, no process group: the one-file checkpoint it stands for
+    loaded = load_checkpoint(path)  # one process, no process group: the one-file checkpoint it stands for
     assert loaded["state_dict"]["network.0.weight"].tolist() == [[1, 1], [1, 1]] and loaded["global_step"] == 1
     (optimizer,) = loaded["optimizer_states"]  # keyed by position, as torch.optim keys it
     assert optimizer["param_groups"] == [{"lr": 0.1, "params": [0]}]
@@ -190,7 +190,7 @@ def test_crafted_shards_are_refused_in_one_line_and_run_nothing(crafted, tmp_pat
         ran.unlink()
         metadata.write_bytes(pickle.dumps(payload))
     with pytest.raises(CheckpointError, match=expected) as refused:
-        load_trusted_format(path)
+        load_checkpoint(path)
     assert "\n" not in str(refused.value)
     assert not ran.exists()
 
@@ -200,7 +200,7 @@ def test_a_sharded_save_killed_before_its_file_leaves_the_previous_checkpoint_an
     killed = tmp_path / ".last.ckpt.2.shards"  # a later save's shards, killed before rank 0 replaced last.ckpt
     killed.mkdir()
     (killed / "__0_0.distcp").write_bytes(b"half")
-    assert load_trusted_format(path)["global_step"] == 1
+    assert load_checkpoint(path)["global_step"] == 1
     other = sharded_checkpoint(tmp_path, name="epoch=0-step=1.ckpt")
     FSDPStrategy(sharded=True).remove_checkpoint(path)  # as ModelCheckpoint drops one from its top k
     assert sorted(p.name for p in tmp_path.iterdir()) == [".epoch=0-step=1.ckpt.1.shards", other.name]

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -31,7 +32,6 @@ from classifier_engine.compat.ckpt_hparams import explicit_values, keep_explicit
 from classifier_engine.compat.ckpt_read_once import CheckpointReadOnceCLI
 from classifier_engine.compat.elastic_store import init_attempt_process_group
 from classifier_engine.compat.log_device_move import skip_same_device_moves
-from classifier_engine.compat.moved_options import explain_moved_options
 from classifier_engine.compat.spawn import trains_in_this_process
 from classifier_engine.compat.subclass_nulls import restore_nulls
 from classifier_engine.errors import ConfigError, is_peer_failure, record_rank, user_message
@@ -51,9 +51,9 @@ ConfigHook = Callable[[Namespace, Namespace], None]
 TidyHook = Callable[[Namespace], None]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Defaults:
-    """What `python -m project` builds when the config names no class: the room hands these in (project/__init__.py).
+    """What a config that names no class builds, from the entry point (`cli_main(model=..., data=...)`).
     config_hooks run on the subcommand's config (and the values given explicitly) before anything is built;
     tidy_hooks also before it is printed or saved, so `--print_config` and config.yaml show what is built."""
 
@@ -63,21 +63,13 @@ class Defaults:
     tidy_hooks: Sequence[TidyHook] = ()
 
 
-DEFAULTS = Defaults()
-
-
-def use_defaults(model: type, data: type, config_hooks: Sequence[ConfigHook] = (),
-                 tidy_hooks: Sequence[TidyHook] = ()) -> None:
-    """Make `model` and `data` the classes a config without `class_path` builds."""
-    DEFAULTS.model, DEFAULTS.data = model, data
-    DEFAULTS.config_hooks, DEFAULTS.tidy_hooks = tuple(config_hooks), tuple(tidy_hooks)
-
-
 class ProjectParser(LightningArgumentParser):
+    tidy_hooks: Sequence[TidyHook] = ()  # the entry point's (Defaults), set by ProjectCLI.init_parser
+
     def dump(self, cfg: Namespace, *args, **kwargs) -> str:  # --print_config and the saved config.yaml
-        if DEFAULTS.tidy_hooks and isinstance(cfg.get("model"), Namespace):
+        if self.tidy_hooks and isinstance(cfg.get("model"), Namespace):
             cfg = cfg.clone()
-            for hook in DEFAULTS.tidy_hooks:
+            for hook in self.tidy_hooks:
                 hook(cfg)
         return super().dump(cfg, *args, **kwargs)
 
@@ -93,9 +85,10 @@ class ProjectCLI(CheckpointReadOnceCLI):
     plan: Optional[RunPlan] = None
     _checkpoint_io: Optional[AtomicCheckpointIO] = None
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, defaults: Defaults = Defaults(), **kwargs) -> None:
         # LightningCLI runs the whole command in __init__: the run dir claimed while parsing is released (or, after
         # a failed start, removed) here.
+        self.defaults = defaults
         try:
             super().__init__(*args, **kwargs)
         except BaseException as error:
@@ -116,6 +109,11 @@ class ProjectCLI(CheckpointReadOnceCLI):
         return (trainer.global_step == 0 and bad_input and not isinstance(error, KeyboardInterrupt)
                 and trains_in_this_process(trainer))
 
+    def init_parser(self, **kwargs) -> LightningArgumentParser:
+        parser = super().init_parser(**kwargs)
+        parser.tidy_hooks = self.defaults.tidy_hooks
+        return parser
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Links reach a class only when it has the argument: any LightningModule / LightningDataModule works.
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
@@ -125,7 +123,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
         parser.link_arguments("seed_everything", "data.init_args.seed", compute_fn=run_seed)
         parser.link_arguments("seed_everything", "model.init_args.seed", compute_fn=run_seed)
         parser.set_defaults({key: {"class_path": f"{cls.__module__}.{cls.__qualname__}"} for key, cls in
-                             (("model", DEFAULTS.model), ("data", DEFAULTS.data)) if cls is not None})
+                             (("model", self.defaults.model), ("data", self.defaults.data)) if cls is not None})
         parser.add_argument("--ddp_timeout_minutes", type=float, default=10.0,
                             help="ddp, ddp_spawn, fsdp2(_sharded): a rank that stops answering ends the job after "
                                  "this long (torch's default is 30 minutes)")
@@ -170,9 +168,9 @@ class ProjectCLI(CheckpointReadOnceCLI):
         for part in (config.model, config.data):  # after a random pick (seed_everything: true)
             if part.get("init_args") is not None and "seed" in part.init_args:
                 part.init_args.seed = run_seed(config.seed_everything)
-        for hook in DEFAULTS.tidy_hooks:
+        for hook in self.defaults.tidy_hooks:
             hook(config)
-        for hook in DEFAULTS.config_hooks:
+        for hook in self.defaults.config_hooks:
             hook(config, self._explicit)
         if (job_id := slurm_job_id()) is not None and self.subcommand and self.plan is not None:
             print(task_line(job_id, self.plan.run_dir or config.trainer.default_root_dir), flush=True)
@@ -213,7 +211,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
         # Any data module's plain loaders: exact evaluation and a resumable training order (classifier_engine.samplers).
         callbacks += [ExactLoaders(self.datamodule, run_seed(config.seed_everything)), CheckpointValues()]
         trainer = super().instantiate_trainer(**kwargs)
-        skip_same_device_moves(trainer)  # self.log without Lightning's no-op move (engine/classifier_engine/compat)
+        skip_same_device_moves(trainer)  # self.log without Lightning's no-op move (classifier_engine/compat)
         trainer.callbacks.append(LeanBatchDispatch())  # and its per-batch dispatch without no-op hooks (the same)
         if trainer.loggers:  # LearningRateMonitor raises without a logger (Lightning #17159)
             trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))
@@ -258,32 +256,67 @@ def where_the_run_went(trainer, run_dir: Optional[Path] = None) -> str:
     return "; ".join(parts)
 
 
-def cli_main(args: Optional[list[str]] = None, *, run: bool = True) -> ProjectCLI:
-    """Entry point of `python -m project`; tests call it in-process with a list of arguments."""
+def cli_main(args: Optional[list[str]] = None, *, model: Optional[type] = None, data: Optional[type] = None,
+             config_hooks: Sequence[ConfigHook] = (), tidy_hooks: Sequence[TidyHook] = (),
+             run: bool = True) -> ProjectCLI:
+    """LightningCLI over any LightningModule and LightningDataModule; `model` and `data` are the classes a config that
+    names none builds (a template's). Tests call it in-process with a list of arguments."""
     record_rank(None)  # this run's Trainer records its own (a process may build several: notebooks, tests)
     return ProjectCLI(
         L.LightningModule, L.LightningDataModule, args=args, run=run, parser_class=ProjectParser,
-        subclass_mode_model=True, subclass_mode_data=True,  # any module by class_path; the room's are the defaults
-        trainer_class=Trainer,  # Lightning's, with `limit_*_batches: 1` meaning one batch (engine/classifier_engine/compat)
+        defaults=Defaults(model, data, tuple(config_hooks), tuple(tidy_hooks)),
+        subclass_mode_model=True, subclass_mode_data=True,  # any module by class_path; the entry point's are defaults
+        trainer_class=Trainer,  # Lightning's, with `limit_*_batches: 1` meaning one batch (classifier_engine/compat)
         seed_everything_default=42,  # fixed, so a resumed or requeued job continues the same data order
         auto_configure_optimizers=False,  # the model's configure_optimizers scales the LR: no --optimizer override
         save_config_callback=KeepingSaveConfigCallback,
         save_config_kwargs={"overwrite": True},  # a resumed run writes its config; the previous one is kept
         # Parse errors raise (main() prints them as one line) instead of printing the whole usage and exiting.
-        parser_kwargs={"prog": "python -m project", "exit_on_error": False,
+        parser_kwargs={"prog": f"python -m {entry_module()}", "exit_on_error": False,
                        **{sub: {"exit_on_error": False} for sub in ("fit", "validate", "test", "predict")}},
     )
 
 
-def main() -> None:
-    """`python -m project`: user errors as one line and exit 2 (PROJECT_DEBUG=1 shows the traceback)."""
+MORE_SUBCOMMANDS = """
+  More subcommands (not LightningCLI's):
+    export              A run's checkpoint as torch.export and ONNX files: python -m {prog} export --help
+    sweep               Hyperparameter sweeps (Optuna), each trial a fit: python -m {prog} sweep --help"""
+
+
+def entry_module() -> str:
+    """The package `python -m` ran (`project`, `classifier_engine`), for usage lines; the library's own otherwise."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = spec.name.removesuffix(".__main__") if spec is not None and spec.name else ""
+    return name or "classifier_engine"
+
+
+def main(argv: Optional[list[str]] = None, **defaults) -> None:
+    """`python -m <package> {fit,validate,test,predict,export,sweep} ...`: `defaults` as cli_main takes them; user
+    errors as one line and exit 2 (PROJECT_DEBUG=1 shows the traceback)."""
     from classifier_engine.errors import check_config_files, exit_on_user_error
 
-    def run() -> None:
-        check_config_files(sys.argv[1:])
-        explain_moved_options(cli_main)  # a key of the flat ImageClassifier (model.lr_per_256): its new name
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with_defaults = partial(cli_main, **defaults)
+    if argv[:1] == ["export"]:
+        from classifier_engine.export import main as export_main
 
-    exit_on_user_error(run)
+        exit_on_user_error(lambda: export_main(argv[1:]))
+        return
+    if argv[:1] == ["sweep"]:
+        from classifier_engine.run.sweep import main as sweep_main
+
+        exit_on_user_error(lambda: sweep_main(argv[1:], with_defaults))
+        return
+
+    def run() -> None:
+        check_config_files(argv)
+        with_defaults(argv)
+
+    try:
+        exit_on_user_error(run)
+    finally:
+        if argv in (["-h"], ["--help"]):  # LightningCLI lists its own subcommands only
+            print(MORE_SUBCOMMANDS.format(prog=entry_module()), flush=True)
     close_process_group()
 
 

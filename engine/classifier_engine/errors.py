@@ -137,7 +137,7 @@ def readable_parse_error(text: str) -> str:
 
 
 def untrusted_checkpoint_message(error: BaseException, path: object = None) -> Optional[str]:
-    """The one line (load_trusted_format's and user_message's) for torch.load(weights_only=True) refusing pickles."""
+    """The one line (load_checkpoint's and user_message's) for torch.load(weights_only=True) refusing pickles."""
     text = str(error)
     if not (isinstance(error, pickle.UnpicklingError) and re.search("Weights only load failed|WeightsUnpickler", text)):
         return None

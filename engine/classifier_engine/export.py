@@ -25,7 +25,7 @@ from torch import nn
 
 from classifier_engine.contract import display_names, eval_preprocessing
 from classifier_engine.errors import ConfigError, UserError
-from classifier_engine.run.checkpoint_io import load_trusted_format
+from classifier_engine.run.checkpoint_io import load_checkpoint
 
 PREPROCESSING_KEYS = ("resize", "crop", "mean", "std")
 # What an export writes besides model.json, by kind (model.onnx keeps its weights in model.onnx.data, beside it).
@@ -166,7 +166,7 @@ def export_module(model, datamodule, out_dir: str | Path, *, onnx: bool = True) 
     preprocessing = eval_preprocessing(datamodule)
     if preprocessing is None:
         raise ConfigError(f"data module {type(datamodule).__qualname__} offers no eval_preprocessing(): export "
-                          "writes the resize, crop, mean and std into model.json (see engine/classifier_engine/contract.py)")
+                          "writes the resize, crop, mean and std into model.json (see classifier_engine/contract.py)")
     network, hparams, crop = getattr(model, "network", model), getattr(model, "hparams", {}), preprocessing.crop
     torchvision_net = type(network).__module__.startswith("torchvision.")
     example = torch.randn(2, 3, crop, crop, generator=torch.Generator().manual_seed(0))
@@ -186,7 +186,7 @@ def build_from_run(ckpt_path: Path, config: Path):
         settings.pop(option, None)
     settings["trainer"] = {**(settings.get("trainer") or {}), "accelerator": "cpu", "devices": 1, "logger": False}
     cli = cli_main(settings, run=False)
-    cli.model.load_state_dict(load_trusted_format(ckpt_path)["state_dict"])
+    cli.model.load_state_dict(load_checkpoint(ckpt_path)["state_dict"])
     return cli.model, cli.datamodule
 
 

@@ -56,7 +56,7 @@ class ResumableSampler(DistributedSampler):
         return order[: self.total_size]
 
     def permutation(self, generator: torch.Generator) -> list[int]:
-        """One epoch's shuffle of the indices (a subclass may draw it chunk-aware: engine/classifier_engine/data/shards.py)."""
+        """One epoch's shuffle of the indices (a subclass may draw it chunk-aware: classifier_engine/data/shards.py)."""
         return torch.randperm(len(self.dataset), generator=generator).tolist()
 
     def resume(self, epoch: int, position: int) -> None:

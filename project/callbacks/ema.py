@@ -14,13 +14,13 @@ from typing import Any, Optional
 
 import lightning as L
 import torch
+from classifier_engine import ConfigError
+from classifier_engine.options import NonNegativeFloat, PositiveInt, UnitInterval, check_arguments
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from project.backbones import NETWORK, HasNetwork
-from classifier_engine.errors import ConfigError
-from classifier_engine.options import NonNegativeFloat, PositiveInt, UnitInterval, check_arguments
 
 
 def torchvision_ema_decay(decay: float, images_per_update: int, epochs: float) -> float:

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from typing import Optional
 
 import lightning as L
+from classifier_engine import ConfigError
+from classifier_engine.options import NonNegativeInt, PositiveFloat, check_arguments, check_fields
 from lightning.pytorch.callbacks import BaseFinetuning
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from project.backbones import HasNetwork, classifier_head
-from classifier_engine.errors import ConfigError
-from classifier_engine.options import NonNegativeInt, PositiveFloat, check_arguments, check_fields
 
 
 @dataclass(frozen=True)

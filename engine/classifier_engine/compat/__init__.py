@@ -20,7 +20,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="jsonargparse parses `null` on the command line as the string 'None' for an Optional[str] field of a "
              "dataclass argument of a class given by class_path (`--model.finetune.weights=null`)",
-        where="engine/classifier_engine/compat/subclass_nulls.py restore_nulls (called from engine/classifier_engine/cli.py "
+        where="classifier_engine/compat/subclass_nulls.py restore_nulls (called from classifier_engine/cli.py "
               "parse_arguments)",
         upstream="no upstream issue found (jsonargparse's issues searched 2026-12-03); to report with the canary's "
                  "case",
@@ -30,7 +30,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="LightningCLI parses `--trainer.limit_val_batches=1` as 1.0 (100 %)",
-        where="engine/classifier_engine/compat/batch_limits.py: Trainer with int-first limit_*_batches and overfit_batches",
+        where="classifier_engine/compat/batch_limits.py: Trainer with int-first limit_*_batches and overfit_batches",
         upstream="Lightning #21259 (typing's Union cache puts float first)",
         seen="lightning 2.5-2.6.6, jsonargparse 4.30-4.53",
         delete_when="a stock LightningCLI parses `--trainer.limit_val_batches=1` as the int 1",
@@ -38,8 +38,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="LightningCLI's --ckpt_path replaces explicit --model values with the checkpoint's",
-        where="engine/classifier_engine/compat/ckpt_hparams.py (explicit values restored, one line each; called from "
-              "engine/classifier_engine/cli.py)",
+        where="classifier_engine/compat/ckpt_hparams.py (explicit values restored, one line each; called from "
+              "classifier_engine/cli.py)",
         upstream="introduced by Lightning PR #21116 (2.5.5); fix proposed in PR #21455 (open)",
         seen="lightning 2.5.5-2.6.6",
         delete_when="a stock LightningCLI keeps `--model.x` given next to `--ckpt_path`",
@@ -48,8 +48,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="a stateful train loader's state is never restored when configure_optimizers reads "
              "trainer.estimated_stepping_batches (ours does)",
-        where="engine/classifier_engine/data/folder.py state_dict/load_state_dict (the loader position restored before the "
-              "loader is built); engine/classifier_engine/samplers.py ResumableDataLoader iterates lazily",
+        where="classifier_engine/data/folder.py state_dict/load_state_dict (the loader position restored before the "
+              "loader is built); classifier_engine/samplers.py ResumableDataLoader iterates lazily",
         upstream="Lightning #20550 (open; fix PRs #21765, #21770)",
         seen="lightning 2.5-2.6.6",
         delete_when="a stock Trainer calls the train loader's load_state_dict on resume despite "
@@ -59,7 +59,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="ModelCheckpoint(save_last=True) rewrites last.ckpt only when a top-k checkpoint was saved at the same "
              "step: after an epoch that does not improve, last.ckpt is stale",
-        where="engine/classifier_engine/run/last_checkpoint.py writes last.ckpt itself (ModelCheckpoint keeps the best only)",
+        where="classifier_engine/run/last_checkpoint.py writes last.ckpt itself (ModelCheckpoint keeps the best only)",
         upstream="introduced by Lightning PR #21244 (2.6.0); no upstream issue found (downstream: "
                  "openclimatefix/pvnet#542)",
         seen="lightning 2.6.0-2.6.6",
@@ -68,8 +68,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="`fit --ckpt_path last` looks only in the new run's empty version dir: it starts from scratch",
-        where="engine/classifier_engine/run/resume.py (the newest loadable checkpoint under the root; the run continues in its "
-              "dir)",
+        where="classifier_engine/run/resume.py (the newest loadable checkpoint under the root; the run continues in "
+              "its dir)",
         upstream="Lightning #18524 (open), #2735",
         seen="lightning 2.0-2.6.6",
         delete_when="a stock LightningCLI `fit --ckpt_path last` resumes the previous run",
@@ -77,7 +77,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="checkpoint writes are not atomic across filesystems (temp file in $TMPDIR, then a copy in place)",
-        where="engine/classifier_engine/run/checkpoint_io.py atomic_write (temp file beside the target, fsync, rename), which "
+        where="classifier_engine/run/checkpoint_io.py atomic_write (temp file beside the target, fsync, rename), which "
               "AtomicCheckpointIO saves through",
         upstream="Lightning #20270, #20780; fsspec #1972 (open: temp file in the target directory)",
         seen="lightning 2.6.6 with fsspec 2026.9.0",
@@ -86,8 +86,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="Lightning's SLURM auto-requeue saves the checkpoint inside the SIGUSR1 handler (can deadlock ddp)",
-        where="engine/classifier_engine/run/slurm.py (SLURMEnvironment(auto_requeue=False)); the requeue in "
-              "engine/classifier_engine/run/last_checkpoint.py, at an agreed batch end",
+        where="classifier_engine/run/slurm.py (SLURMEnvironment(auto_requeue=False)); the requeue in "
+              "classifier_engine/run/last_checkpoint.py, at an agreed batch end",
         upstream="Lightning #21406 (open; fix PR #21407), #20347",
         seen="lightning 2.4-2.6.6",
         delete_when="stock auto-requeue saves outside the signal handler",
@@ -95,7 +95,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="SIGTERM ends fit with exit code 0 and no checkpoint",
-        where="engine/classifier_engine/run/last_checkpoint.py + engine/classifier_engine/run/signals.py (save, then exit 143)",
+        where="classifier_engine/run/last_checkpoint.py + classifier_engine/run/signals.py (save, then exit 143)",
         upstream="Lightning #19916 (fixed on master by PR #21623, not in 2.6.6)",
         seen="lightning 2.0-2.6.6",
         delete_when="a release with PR #21623: then keep the save, drop the exit-code part",
@@ -103,7 +103,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="Lightning broadcasts a SIGTERM flag and reads it on the host at every DDP step",
-        where="engine/classifier_engine/compat/sigterm_broadcast.py (skipped; our ranks agree every check_every_n_steps)",
+        where="classifier_engine/compat/sigterm_broadcast.py (skipped; our ranks agree every check_every_n_steps)",
         upstream="Lightning PR #20825 (2.5.2); cost: #21487; PR #21640 (open) would make it every n steps",
         seen="lightning 2.5.2-2.6.6",
         delete_when="the stock epoch loop no longer broadcasts every step",
@@ -112,7 +112,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="values logged with prog_bar=True are read on the host at every batch end, whatever the bar's "
              "refresh rate",
-        where="engine/classifier_engine/callbacks/progress_bar.py (the bar reads its values when it refreshes); nothing is "
+        where="classifier_engine/callbacks/progress_bar.py (the bar reads its values when it refreshes); nothing is "
               "logged with prog_bar=True",
         upstream="no upstream issue found; seen in _LoggerConnector.on_batch_end -> _ResultCollection.metrics",
         seen="lightning 2.6.6",
@@ -122,8 +122,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="every self.log moves the logged metric to the value's device, rebuilding (and deep-copying) its 47 "
              "attributes even when it is already there: ~0.15 ms a call hot, ~0.6 ms in a ResNet-18 CPU step",
-        where="engine/classifier_engine/compat/log_device_move.py skip_same_device_moves (training steps; called from "
-              "engine/classifier_engine/cli.py instantiate_trainer)",
+        where="classifier_engine/compat/log_device_move.py skip_same_device_moves (training steps; called from "
+              "classifier_engine/cli.py instantiate_trainer)",
         upstream="no upstream issue found (#17988 is on_epoch syncing). Proposed: `_ResultMetric.to` returns self when "
                  "is_tensor and `self.value.device == device` (all its tensors move together), or "
                  "`_ResultCollection.log` calls it only when `self[key].value.device != value.device`",
@@ -134,7 +134,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="every batch, Lightning calls each per-batch hook on every callback and the module, inherited no-ops "
              "too, and inspects the step's signature twice: 1.4M of the 3.8M instructions ours adds to a plain step",
-        where="engine/classifier_engine/compat/batch_dispatch.py LeanBatchDispatch (added in engine/classifier_engine/cli.py)",
+        where="classifier_engine/compat/batch_dispatch.py LeanBatchDispatch (added in classifier_engine/cli.py)",
         upstream="no upstream issue found (searched 2026-12-03); CPU overhead in general: #8857, #6196 (won't fix)",
         seen="lightning 2.6.6 (trainer/call.py _call_callback_hooks, signature_utils.is_param_in_hook_signature)",
         delete_when="a stock fit skips inherited no-op callback hooks, or inspects the step once (delete that half)",
@@ -142,7 +142,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="CSVLogger deletes the run dir's metrics.csv when a resumed fit starts again there",
-        where="engine/classifier_engine/run/trackers.py continue_csv_logs (called from engine/classifier_engine/cli.py "
+        where="classifier_engine/run/trackers.py continue_csv_logs (called from classifier_engine/cli.py "
               "after_instantiate_classes): the rows before the checkpoint's step are written back and appended to",
         upstream="introduced by Lightning PR #19446 (2.2.1, for #19432: appending under another header); no "
                  "upstream issue found that asks to keep the rows on a resume",
@@ -152,7 +152,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="LearningRateMonitor raises without a logger",
-        where="engine/classifier_engine/cli.py adds it only when the Trainer has a logger",
+        where="classifier_engine/cli.py adds it only when the Trainer has a logger",
         upstream="Lightning #17159 (open, intended behaviour)",
         seen="lightning 2.0-2.6.6",
         delete_when="stock LearningRateMonitor runs without a logger",
@@ -160,7 +160,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="strategy=\"dp\" was removed from Lightning 2",
-        where="engine/classifier_engine/strategies/dp.py (registered as \"dp\")",
+        where="classifier_engine/strategies/dp.py (registered as \"dp\")",
         upstream="Lightning PR #16748 (2.0.0)",
         seen="lightning 2.0-2.6.6",
         delete_when="lightning.pytorch.strategies has a DataParallelStrategy again",
@@ -168,7 +168,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="torch's SyncBatchNorm refuses CPU tensors (gloo)",
-        where="engine/classifier_engine/strategies/sync_batchnorm.py (GlooSyncBatchNorm, swapped in by the CLI on gloo)",
+        where="classifier_engine/strategies/sync_batchnorm.py (GlooSyncBatchNorm, swapped in by the CLI on gloo)",
         upstream="no open torch issue; unmerged PRs pytorch#78081, #78078",
         seen="torch 2.4-2.14.1",
         delete_when="torch.nn.SyncBatchNorm's forward accepts CPU tensors",
@@ -197,8 +197,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="a torchrun restart meets the previous attempt's process-group keys in the agent's store: gloo connects "
              "to a dead rank (connectFullMesh fails) or hangs at 'Initializing distributed'",
-        where="engine/classifier_engine/compat/elastic_store.py init_attempt_process_group (the default process group on a "
-              "PrefixStore named after TORCHELASTIC_RESTART_COUNT; called from engine/classifier_engine/cli.py)",
+        where="classifier_engine/compat/elastic_store.py init_attempt_process_group (the default process group on a "
+              "PrefixStore named after TORCHELASTIC_RESTART_COUNT; called from classifier_engine/cli.py)",
         upstream="pytorch#135712 (closed, still seen); PR #128096 shares the agent's store, PR #135957 dropped the "
                  "per-attempt prefix",
         seen="torch 2.14.1 (static and c10d rendezvous)",
@@ -207,7 +207,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="ModelParallelStrategy ignores sync_batchnorm=True: BatchNorm keeps per-process statistics, unannounced",
-        where="engine/classifier_engine/strategies/fsdp.py FSDPStrategy.setup_environment (refused in one line)",
+        where="classifier_engine/strategies/fsdp.py FSDPStrategy.setup_environment (refused in one line)",
         upstream="no upstream issue found (Lightning's issues searched 2026-12-03): its setup never calls "
                  "_layer_sync.apply, DDPStrategy's does",
         seen="lightning 2.6.6, torch 2.14.1",
@@ -217,8 +217,9 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="torch distributed checkpoint (DCP) reads a folder's .metadata with pickle.load and its non-tensor items "
              "with torch.load(weights_only=False): a crafted sharded checkpoint runs code when it is loaded",
-        where="engine/classifier_engine/strategies/fsdp.py MetadataUnpickler, WeightsOnlyLoadPlanner, read_sharded (called from "
-              "engine/classifier_engine/run/checkpoint_io.py load_trusted_format)",
+        where="classifier_engine/strategies/fsdp.py MetadataUnpickler, WeightsOnlyLoadPlanner, read_sharded (called "
+              "from "
+              "classifier_engine/run/checkpoint_io.py load_checkpoint)",
         upstream="pytorch#189308 (open; .metadata); fix PR #191326 closed unmerged; load_bytes: no issue found",
         seen="torch 2.14.1 (filesystem.py FileSystemReader.read_metadata, default_planner.py load_bytes)",
         delete_when="stock DCP refuses a pickled global beyond its metadata types in both places",

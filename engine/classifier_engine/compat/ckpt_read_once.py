@@ -44,7 +44,7 @@ def checkpoint_values(model_class: type, hparams: Mapping[str, Any]) -> tuple[di
         hints = typing.get_type_hints(model_class.__init__)
     except Exception:  # an annotation that does not resolve: take nothing, the config stands
         hints = {}
-    # A key the class lacks goes on to the parse, which refuses it (a moved option's line: compat.moved_options).
+    # A key the class lacks goes on to the parse, which refuses it in one line.
     taken = {key: value for key, value in hparams.items()
              if (key not in hints or holds_values(hints[key])) and not names_code(value) and key not in CODE_KEYS}
     return taken, [key for key in hparams if key not in taken and key not in ("_class_path", "_instantiator")]

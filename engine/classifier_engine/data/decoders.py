@@ -1,6 +1,6 @@
 """CPU decoders by `data.decoder` name: uint8 RGB, or UnreadableImageError naming the file (why each: docs/imagenet.md).
 
-    python -m classifier_engine.data.decoders /datasets/imagenet        # list the files training would fail on, before a long run
+    python -m classifier_engine.data.decoders /datasets/imagenet  # the files a run would fail on, before it starts
 """
 
 import argparse
@@ -35,7 +35,8 @@ DEVICE_DECODERS = {"nvjpeg": "torchvision", "torchcodec-cuda": "torchcodec"}  # 
 def _unreadable(path: str, reason: str) -> UnreadableImageError:
     error = UnreadableImageError(
         f"cannot decode {path} ({reason}); expected a complete JPEG/PNG/WebP/GIF or another format PIL reads. "
-        "Replace or delete the file (python -m classifier_engine.data.decoders ROOT lists them all), or set data.on_corrupt=skip"
+        "Replace or delete the file (python -m classifier_engine.data.decoders ROOT lists them all), or set "
+        "data.on_corrupt=skip"
     )
     error.path, error.reason = path, reason  # attributes, not args: OSError gives extra args errno meanings
     return error
@@ -137,7 +138,8 @@ def _check(job: tuple[str, str]) -> Optional[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m classifier_engine.data.decoders", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m classifier_engine.data.decoders",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("root", type=Path, help="folder to check (all image files below it)")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="decoding processes")
     parser.add_argument("--decoder", default="auto", help="as data.decoder (a device decoder checks with its CPU one)")

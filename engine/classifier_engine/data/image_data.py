@@ -12,6 +12,7 @@ from typing import Any, Literal, Optional
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
+from classifier_engine.contract import EvalPreprocessing
 from classifier_engine.data.decoders import DEVICE_DECODERS, Decoder, OnCorrupt, resolve_decoder
 from classifier_engine.data.device_decode import DevicePipeline, EncodedBatch, TrainCrop
 from classifier_engine.data.image_folders import DecodedImages, EncodedImages, collate_encoded, collate_readable
@@ -26,7 +27,6 @@ from classifier_engine.data.transforms import (
     eval_preset,
     train_preset,
 )
-from classifier_engine.contract import EvalPreprocessing
 from classifier_engine.errors import ConfigError
 from classifier_engine.options import (
     AreaFraction,

@@ -54,7 +54,8 @@ def collate_readable(batch: list):
     readable = [sample for sample in batch if sample is not None]
     if not readable:
         raise UnreadableImageError(f"all {len(batch)} images of a batch were unreadable (see the warnings naming "
-                                   "them): the data set is damaged; check it with python -m classifier_engine.data.decoders ROOT")
+                                   "them): the data set is damaged; check it with python -m "
+                                   "classifier_engine.data.decoders ROOT")
     return default_collate(readable)
 
 

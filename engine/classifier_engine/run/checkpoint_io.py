@@ -102,7 +102,7 @@ def fsync_directory(directory: Path) -> None:
     os.close(fd)
 
 
-def load_trusted_format(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
     """torch.load(weights_only=True) with one-line errors: missing file, not a checkpoint, pickled code. Opens the
     file once (twice with mmap); a file that fails is examined afterwards."""
     path = Path(path)
@@ -171,7 +171,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if self._handed is not None and self._handed[0] == os.path.realpath(local):
             checkpoint, self._handed = self._handed[1], None  # given once: the run does not keep it alive
             return checkpoint
-        return load_trusted_format(local, map_location)
+        return load_checkpoint(local, map_location)
 
     def __getstate__(self) -> dict[str, Any]:
         # ddp_spawn pickles the Trainer for its processes: they read the file themselves rather than receive a copy.

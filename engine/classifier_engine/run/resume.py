@@ -11,7 +11,7 @@ from typing import Any, Optional
 from jsonargparse import Namespace
 
 from classifier_engine.errors import CheckpointError, ConfigError, env_global_rank
-from classifier_engine.run.checkpoint_io import load_trusted_format, local_path
+from classifier_engine.run.checkpoint_io import load_checkpoint, local_path
 from classifier_engine.run.launchers import torchelastic_restart
 from classifier_engine.run.lock import RunLock, claim, claim_new_version
 from classifier_engine.run.run_dirs import CHECKPOINTS, LOGS, logger_version, next_version, run_dir_of, version_name
@@ -32,7 +32,7 @@ class RunPlan:
 
 def describe_checkpoint(path: Path) -> dict[str, Any]:
     """The checkpoint's contents, memory-mapped (cheap); CheckpointError when it does not load or is not ours."""
-    loaded = load_trusted_format(path, mmap=True)
+    loaded = load_checkpoint(path, mmap=True)
     missing = [key for key in ("state_dict", "epoch", "global_step") if key not in loaded]
     if missing:
         raise CheckpointError(f"{path} is not a Lightning training checkpoint (it lacks {', '.join(missing)})")
