@@ -29,9 +29,10 @@ from torch.utils.data import default_collate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from input_pipeline import BATCH, collating_as_a_worker, generate, machine  # noqa: E402
 from classifier_engine.data.decoders import decode_torchvision  # noqa: E402
 from classifier_engine.data.transforms import train_preset  # noqa: E402
+
+from input_pipeline import BATCH, collating_as_a_worker, generate, machine  # noqa: E402
 
 BASELINE = "baseline: crop + flip"
 

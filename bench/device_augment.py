@@ -20,10 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
 from classifier_engine.data.device_decode import DeviceDecoder, TrainCrop, eval_batch, load_for_device, resized_crops  # noqa: E402
 from classifier_engine.data.transforms import eval_preset, train_preset  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 
 class CountOps(TorchDispatchMode):

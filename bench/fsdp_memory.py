@@ -4,7 +4,7 @@
     python bench/fsdp_memory.py --archs resnet18 --image-size 32 --steps 2      # a quick check (~1 min)
 
 Each (network, strategy) pair runs in 2 fresh processes: torch DistributedDataParallel, or the template's FSDP2 wrapping
-(project.backbones.shard_blocks + classifier_engine.strategies.fsdp.shard, what `strategy: fsdp2` does in configure_model).
+(project.backbones.shard_blocks + classifier_engine.shard, what `strategy: fsdp2` does in configure_model).
 Per rank it reports the training state it holds (parameters + gradients + SGD momentum: the local shard under fsdp2)
 and the peak resident memory of the steps over the process's resident memory before the network was built (sampled
 every 2 ms). Results and the command behind them: docs/benchmarks.md#fsdp-memory.
@@ -26,8 +26,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torchvision import models
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from project.backbones import shard_blocks  # noqa: E402  the checkout's, not an installed copy
 from classifier_engine.strategies.fsdp import shard  # noqa: E402
+
+from project.backbones import shard_blocks  # noqa: E402  the checkout's, not an installed copy
 from tools.local_services import free_port  # noqa: E402
 
 

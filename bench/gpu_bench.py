@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
+from classifier_engine.callbacks.throughput import ThroughputLogger  # noqa: E402
 
 from project.data import ImageNetDataModule  # noqa: E402
-from classifier_engine.callbacks.throughput import ThroughputLogger  # noqa: E402
 from project.model import ImageClassifier  # noqa: E402
 from synthetic import SyntheticDataModule  # noqa: E402
 

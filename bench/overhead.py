@@ -19,7 +19,7 @@ schedule (project.optim), the same step count and the same threads, and must end
             its default ModelCheckpoint (one save at the epoch end), no callbacks of ours;
     ours    ImageClassifier and the Trainer as `python -m project fit` builds them (classifier_engine.cli.cli_main: its
             callbacks, plugins and strategy), fed the same synthetic data; self.log without Lightning's no-op move
-            (engine/classifier_engine/compat/log_device_move.py, installed here too until the CLI does it).
+            (classifier_engine/compat/log_device_move.py, installed here too until the CLI does it).
 Both Lightning arms log every 10 steps, validate never and show no progress bar (--progress-bar: one in both,
 refreshed every 10 steps). After two short untimed warm-up rounds, each round trains one Lightning arm, stock and
 ours in turn, with a fresh plain loop beside it in the same process, taking turns one step at a time: after each of
@@ -57,15 +57,15 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from classifier_engine.compat.batch_dispatch import LeanBatchDispatch  # noqa: E402
+from classifier_engine.compat.log_device_move import skip_same_device_moves  # noqa: E402
+from classifier_engine.data.transforms import IMAGENET_MEAN, IMAGENET_STD, NormalizeBatch  # noqa: E402
 from lightning.pytorch.callbacks import TQDMProgressBar  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
+from project import cli_main  # noqa: E402
 from project.backbones import build_network  # noqa: E402
-from classifier_engine.data.transforms import IMAGENET_MEAN, IMAGENET_STD, NormalizeBatch  # noqa: E402
-from classifier_engine.cli import cli_main  # noqa: E402
-from classifier_engine.compat.batch_dispatch import LeanBatchDispatch  # noqa: E402
-from classifier_engine.compat.log_device_move import skip_same_device_moves  # noqa: E402
 from project.optim import parameter_groups, scaled_lr, warmup_then_decay  # noqa: E402
 from synthetic import ReplayedBatches, SyntheticDataModule, synthetic_batches  # noqa: E402
 
@@ -337,10 +337,10 @@ def main(argv: list[str]) -> int:
                         help="keep Lightning's per-step SIGTERM broadcast in ours, which the template skips (its cost)")
     parser.add_argument("--lightning-log-move", action="store_true",
                         help="keep Lightning's move of each logged value to its own device in ours, which the template "
-                             "skips (engine/classifier_engine/compat/log_device_move.py; its cost)")
+                             "skips (classifier_engine/compat/log_device_move.py; its cost)")
     parser.add_argument("--lightning-batch-dispatch", action="store_true",
                         help="keep Lightning's calls of no-op per-batch hooks and its per-step signature reads in "
-                             "ours, which the template skips (engine/classifier_engine/compat/batch_dispatch.py; their cost)")
+                             "ours, which the template skips (classifier_engine/compat/batch_dispatch.py; their cost)")
     args = parser.parse_args(argv)
     if args.accelerator == "gpu" and not torch.cuda.is_available():
         parser.error("--accelerator gpu needs a CUDA device; none is visible here")

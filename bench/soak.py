@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-growth", type=float, default=None, help="exit 1 if RSS grows more than this (0.05)")
     parser.add_argument("--json", type=Path, default=None, help="also write the summary here")
     args = parser.parse_args(argv)
-    from classifier_engine.cli import cli_main
+    from project import cli_main
 
     warmup = args.warmup if args.warmup is not None else args.steps // 10
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,9 +10,8 @@ from collections.abc import Iterator
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, IterableDataset
-
 from classifier_engine.data.transforms import IMAGENET_MEAN, IMAGENET_STD, NormalizeBatch
+from torch.utils.data import DataLoader, IterableDataset
 
 
 def synthetic_batches(

@@ -13,7 +13,7 @@ from typing import Optional
 import lightning as L
 import torch
 import torch.nn.functional as F
-from classifier_engine import ConfigError, StepSeed, batch_seed, checkpoint_activations, shard
+from classifier_engine import ConfigError, Monitor, StepSeed, batch_seed, checkpoint_activations, shard
 from classifier_engine.options import PositiveInt, check_arguments
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
@@ -63,7 +63,10 @@ def backbone_replaces_arch(config) -> None:
 
 class ImageClassifier(L.LightningModule):
     """Supervised image classification with the ImageNet recipe as defaults (SGD, warmup + cosine, LR per 256); the
-    whole network is the plain nn.Module `self.network` (project.backbones.HasNetwork)."""
+    whole network is the plain nn.Module `self.network` (project.backbones.HasNetwork). The engine's contract:
+    classifier_engine.ClassificationModel."""
+
+    monitor = Monitor("val/acc1", "max")  # the best checkpoint, sweeps' default metric, the progress bar
 
     def __init__(self, num_classes: PositiveInt = 1000, arch: Optional[str] = "resnet50",
                  backbone: Optional[Callable[[int], Network]] = None, zero_init_residual: bool = False,
@@ -183,11 +186,13 @@ class ImageClassifier(L.LightningModule):
     def test_step(self, batch, batch_idx: int) -> None:
         self._evaluate(batch, self.test_loss, self.test_acc1, self.test_acc5, "test")
 
-    def predict_step(self, batch, batch_idx: int) -> dict[str, torch.Tensor]:
+    def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
         images = batch[0] if isinstance(batch, (list, tuple)) else batch
-        probs = self(images).float().softmax(dim=1)
-        top = probs.topk(min(5, probs.shape[1]), dim=1)
-        return {"probs": top.values, "classes": top.indices}
+        return self(images)  # logits: the engine's prediction CSV takes the top 5 classes
+
+    def exportable(self) -> torch.nn.Module:
+        """The contract's: what export writes and the FLOP count runs on, without the training wrapper."""
+        return self.network
 
     # -- optimisation --------------------------------------------------------------------------------------------
     def global_batch_size(self) -> int:

@@ -80,13 +80,13 @@ def project_env(env: dict | None = None) -> dict:
 
 
 def project_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    """`python -m project ARGS` without a new interpreter: classifier_engine.cli.main, what project/__main__.py calls for
+    """`python -m project ARGS` without a new interpreter: project.main, what project/__main__.py calls for
     fit, validate, test and predict (config-file check, moved options, a user error's one line and exit 2), on sys.argv
     as the process has it. (exit code, stdout, stderr) as the process would end; a bug's exception propagates (the
     process would print its traceback and exit 1). os.environ is restored after (the CLI sets PL_GLOBAL_SEED)."""
     from unittest import mock
 
-    from classifier_engine.cli import main
+    from project import main
 
     monkeypatch.setattr(sys, "argv", ["python -m project", *args])
     capsys.readouterr()

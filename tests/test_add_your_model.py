@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 import yaml
+from classifier_engine.export import main as export_main
 
 from conftest import read_scalars, run_project, tiny_args
-from classifier_engine.export import main as export_main
 
 # What a user writes: a plain nn.Module whose first argument is num_classes (the CLI links it from the data).
 MY_MODELS = '''

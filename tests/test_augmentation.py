@@ -6,10 +6,9 @@ on the device, or float workers): the same draws, the same images after normaliz
 
 import pytest
 import torch
-from torchvision.transforms import v2
-
 from classifier_engine.data.training_samples import SeededSamples
 from classifier_engine.data.transforms import AUTO_AUGMENT_POLICIES, NormalizeBatch, eval_preset, train_preset
+from torchvision.transforms import v2
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 

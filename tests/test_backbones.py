@@ -11,7 +11,7 @@ from torchvision import models
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
 from conftest import CONFIGS, tiny_args
-from project import ImageClassifier
+from project import ImageClassifier, cli_main
 from project.backbones import (
     ARCHS,
     FAMILIES,
@@ -21,7 +21,6 @@ from project.backbones import (
     family_of,
     head_outputs,
 )
-from classifier_engine.cli import cli_main
 
 # The family the README promises; RESNET_ARCHS must offer exactly these (and the tests below run each).
 PROMISED_ARCHS = {

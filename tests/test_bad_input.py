@@ -1,5 +1,5 @@
 """README "Bad input": each mistake ends `python -m project` with one line naming the culprit and the fix, exit 2,
-no traceback, and nothing written. Run through the real entry point (classifier_engine.cli.main) in-process, and once under
+no traceback, and nothing written. Run through the real entry point (project.main) in-process, and once under
 ddp x2 in real processes, where the failing rank's message must be the last line.
 
     python -m pytest tests/test_bad_input.py
@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from conftest import CONFIGS, last_line, run_project, tiny_args, write_image_folder
-from project import ImageClassifier
-from classifier_engine.cli import main
+from project import ImageClassifier, main
 
 
 def files_under(root: Path) -> list[str]:
@@ -108,8 +107,9 @@ def test_under_ddp_on_a_busy_machine_the_failing_rank_prints_last_naming_itself_
 
 def test_a_default_root_dir_under_a_file_or_on_a_read_only_filesystem_is_one_line_and_leaves_nothing(tiny_root,
                                                                                                      tmp_path, tmpfs):
-    from classifier_engine.cli import cli_main
     from classifier_engine.errors import ConfigError
+
+    from project import cli_main
 
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from classifier_engine.compat.ckpt_read_once import checkpoint_values
 
 from conftest import QUICKSTART, SHRINK, project_in_process
-from project import ImageClassifier, ImageNetDataModule
-from classifier_engine.cli import cli_main
-from classifier_engine.compat.ckpt_read_once import checkpoint_values
+from project import ImageClassifier, ImageNetDataModule, cli_main
 
 MY_NET = '''
 from torch import nn

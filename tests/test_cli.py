@@ -17,8 +17,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 from torch import nn
 
 from conftest import read_scalars, run_project, tiny_args
-from project import ImageClassifier, ImageNetDataModule
-from classifier_engine.cli import cli_main
+from project import ImageClassifier, ImageNetDataModule, cli_main
 
 TRAIN_KEYS = {"train/loss", "train/lr", "val/loss", "val/acc1", "val/acc5"}
 TEST_KEYS = {"test/loss", "test/acc1", "test/acc5"}

@@ -4,7 +4,7 @@
 
 Each canary runs the stock library on the case its workaround exists for and asserts the FIXED behaviour, so it
 fails today (xfail). When an upgrade fixes the bug the canary passes, strict xfail turns that into a failure, and the
-message says which workaround to delete (engine/classifier_engine/compat/__init__.py WORKAROUNDS, README "Workarounds").
+message says which workaround to delete (classifier_engine/compat/__init__.py WORKAROUNDS, README "Workarounds").
 """
 
 import csv
@@ -18,6 +18,7 @@ import textwrap
 import lightning as L
 import pytest
 import torch
+from classifier_engine.compat import WORKAROUNDS
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -25,7 +26,6 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import QUICKSTART, REPO
-from classifier_engine.compat import WORKAROUNDS
 from tools.local_services import free_port
 
 
@@ -252,9 +252,8 @@ def test_canary_stock_csv_logger_deletes_metrics_csv_when_it_starts_again(tmp_pa
 
 
 def test_a_resumed_csv_logger_keeps_the_rows_before_the_checkpoint_and_appends(tmp_path):
-    from lightning.pytorch.loggers import CSVLogger
-
     from classifier_engine.run.trackers import continue_csv_logs
+    from lightning.pytorch.loggers import CSVLogger
 
     first = CSVLogger(tmp_path, name="logs", version=0)
     for step in range(6):  # the stopped run logged steps 0-5; its checkpoint holds global_step 4
@@ -374,19 +373,18 @@ def test_canary_stock_torchrun_restart_meets_the_previous_attempts_keys():
 
 
 def test_the_private_method_compat_ckpt_read_once_overrides_is_still_called_by_lightning_cli():
-    # engine/classifier_engine/compat/ckpt_read_once.py replaces LightningCLI._parse_ckpt_path: renamed or no longer called from
-    # __init__, the override would be dead and the checkpoint read twice (tests/test_cli.py counts the opens too).
+    # classifier_engine/compat/ckpt_read_once.py replaces LightningCLI._parse_ckpt_path: renamed or no longer called
+    # from __init__, the override would be dead and the checkpoint read twice (tests/test_cli.py counts the opens too).
     assert callable(getattr(LightningCLI, "_parse_ckpt_path", None))
     assert "self._parse_ckpt_path()" in inspect.getsource(LightningCLI.__init__)
 
 
 def test_the_private_members_registered_beside_their_code_still_exist():
-    # project/optim.py sizes the epoch with fit_loop.setup_data(); engine/classifier_engine/strategies/dp.py reads _layer_sync,
+    # project/optim.py sizes the epoch with fit_loop.setup_data(); classifier_engine/strategies/dp.py reads _layer_sync,
     # which Lightning's accelerator connector sets on a strategy that has the attribute.
+    from classifier_engine.strategies.dp import DataParallelStrategy
     from lightning.pytorch.loops.fit_loop import _FitLoop
     from lightning.pytorch.trainer.connectors import accelerator_connector
-
-    from classifier_engine.strategies.dp import DataParallelStrategy
 
     assert callable(getattr(_FitLoop, "setup_data", None))
     assert "self.strategy._layer_sync = self._layer_sync" in inspect.getsource(accelerator_connector)
@@ -411,9 +409,8 @@ def test_canary_stock_self_log_moves_the_metric_to_the_device_it_is_already_on()
 
 
 def test_skipping_the_same_device_move_logs_train_loss_on_the_same_steps_with_the_same_values(tmp_path):
-    from lightning.pytorch.loggers import CSVLogger
-
     from classifier_engine.compat.log_device_move import skip_same_device_moves
+    from lightning.pytorch.loggers import CSVLogger
 
     class CallbackMetrics(L.Callback):
         def __init__(self):
@@ -539,9 +536,8 @@ class BatchNormNet(L.LightningModule):
 def test_canary_stock_model_parallel_strategy_ignores_sync_batchnorm(tmp_path, monkeypatch):
     from unittest import mock
 
-    from lightning.pytorch.strategies import ModelParallelStrategy
-
     from classifier_engine.cli import close_process_group
+    from lightning.pytorch.strategies import ModelParallelStrategy
 
     model = BatchNormNet()
     trainer = L.Trainer(accelerator="cpu", devices=1, strategy=ModelParallelStrategy(1, 1), sync_batchnorm=True,

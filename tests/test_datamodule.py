@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from classifier_engine.contract import EvalPreprocessing
+from classifier_engine.data.embedded import materialize_digits, resolve_root
+from classifier_engine.data.layout import DataLayoutError
+from classifier_engine.errors import ConfigError
 
 from conftest import project_in_process, tiny_args, write_image_folder
 from project import ImageNetDataModule
-from classifier_engine.data.embedded import materialize_digits, resolve_root
-from classifier_engine.data.layout import DataLayoutError
-from classifier_engine.contract import EvalPreprocessing
-from classifier_engine.errors import ConfigError
 
 SIZES = dict(train_crop_size=24, eval_resize_size=32, eval_crop_size=28)  # distinct, so a mixed-up preset shows
 

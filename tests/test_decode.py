@@ -15,15 +15,14 @@ import sys
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from torch.utils.data import DataLoader
-from torchvision.transforms.v2.functional import pil_to_tensor
-
-from classifier_engine.data.folder import ImageNetDataModule
 from classifier_engine.data.decoders import image_loader, main, resolve_decoder
+from classifier_engine.data.folder import ImageNetDataModule
 from classifier_engine.data.image_folders import DecodedImages, collate_readable
 from classifier_engine.data.layout import folder_samples
 from classifier_engine.errors import UnreadableImageError
+from PIL import Image
+from torch.utils.data import DataLoader
+from torchvision.transforms.v2.functional import pil_to_tensor
 
 HAS_TORCHCODEC = importlib.util.find_spec("torchcodec") is not None
 NEEDS_TORCHCODEC = pytest.mark.skipif(not HAS_TORCHCODEC,

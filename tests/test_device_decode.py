@@ -12,11 +12,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from PIL import Image
-from torch.utils._python_dispatch import TorchDispatchMode
-from torchvision import tv_tensors
-
-from classifier_engine.data.folder import ImageNetDataModule
 from classifier_engine.data.decoders import DEVICE_DECODERS as DEVICE_DECODER_NAMES
 from classifier_engine.data.decoders import decode_torchvision
 from classifier_engine.data.device_decode import (
@@ -28,11 +23,16 @@ from classifier_engine.data.device_decode import (
     load_for_device,
     resized_crops,
 )
+from classifier_engine.data.folder import ImageNetDataModule
 from classifier_engine.data.image_folders import DecodedImages, EncodedBatch, EncodedImages, collate_encoded
 from classifier_engine.data.layout import folder_samples
 from classifier_engine.data.training_samples import SeededSamples
 from classifier_engine.data.transforms import eval_preset, train_preset
 from classifier_engine.errors import ConfigError
+from PIL import Image
+from torch.utils._python_dispatch import TorchDispatchMode
+from torchvision import tv_tensors
+
 from test_decode import two_colour
 
 NEEDS_TORCHCODEC = pytest.mark.skipif(importlib.util.find_spec("torchcodec") is None,
@@ -246,7 +246,7 @@ def test_fit_with_device_decode_skips_a_broken_jpeg(tiny_root, tmp_path, caplog,
     import shutil
 
     from conftest import tiny_args
-    from classifier_engine.cli import cli_main
+    from project import cli_main
 
     root = tmp_path / "data"
     shutil.copytree(tiny_root, root)

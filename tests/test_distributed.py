@@ -12,9 +12,10 @@ from unittest import mock
 
 import pytest
 import torch
+from classifier_engine.cli import close_process_group
 
 from conftest import CONFIGS, read_scalars, run_project, tiny_args
-from classifier_engine.cli import cli_main, close_process_group
+from project import cli_main
 from test_strategies import NO_AUGMENT, relative_difference
 
 pytestmark = pytest.mark.slow

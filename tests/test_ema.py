@@ -5,6 +5,7 @@
 
 import warnings
 
+import classifier_engine.strategies  # noqa: F401  registers strategy="dp"
 import lightning as L
 import pytest
 import torch
@@ -13,7 +14,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torchmetrics import MeanMetric
 
-import classifier_engine.strategies  # noqa: F401  registers strategy="dp"
 from project.callbacks.ema import EMA, torchvision_ema_decay
 from project.data import ImageNetDataModule
 

@@ -14,12 +14,12 @@ from unittest import mock
 
 import pytest
 import torch
+from classifier_engine.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from classifier_engine.export import ExportCheckError, export_network, main, onnx_available
 from torch import nn
 from torchvision import models
 
 from conftest import tiny_args
-from classifier_engine.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from classifier_engine.export import ExportCheckError, export_network, main, onnx_available
 from tools.preprocess import read_export
 
 PRE = {"resize": 36, "crop": 32, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
@@ -218,7 +218,7 @@ def test_a_failed_check_ends_the_process_with_one_line_naming_the_file_and_the_d
 
 @pytest.mark.slow  # a real fit first: 3-15 s on 2 shared cores
 def test_main_exports_a_trained_run_from_its_checkpoint_and_config(tiny_root, tmp_path):
-    from classifier_engine.cli import cli_main
+    from project import cli_main
 
     with mock.patch.dict(os.environ):  # the CLI seeds and sets PL_GLOBAL_SEED: keep it out of later tests
         cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--model.arch=resnet18")])

@@ -12,12 +12,12 @@ from unittest import mock
 
 import pytest
 import torch
+from classifier_engine.errors import exit_on_user_error
+from classifier_engine.export import main as export_main
 from torchvision import models
 
 from conftest import CONFIGS, QUICKSTART, SHRINK, callback, tiny_args
-from classifier_engine.cli import cli_main, main
-from classifier_engine.errors import exit_on_user_error
-from classifier_engine.export import main as export_main
+from project import cli_main, main
 from project.weights import hub_file
 from test_weights import hub, imagenet_resnet18  # noqa: F401  (the offline torch hub fixture)
 

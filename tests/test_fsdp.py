@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from torch import nn
-
-from conftest import CONFIGS, callback, project_in_process, read_scalars, run_project, tiny_args
 from classifier_engine.cli import close_process_group
 from classifier_engine.errors import CheckpointError
 from classifier_engine.export import main as export_main
 from classifier_engine.run.checkpoint_io import SHARDS, load_checkpoint
 from classifier_engine.strategies import FSDPStrategy
 from classifier_engine.strategies.fsdp import by_position
+from torch import nn
+
+from conftest import CONFIGS, callback, project_in_process, read_scalars, run_project, tiny_args
 from project.weights import load_pretrained
 from test_distributed import CPU_DDP, assert_ok, in_process
 from test_resume import EVERY_STEP, LAST, assert_same_training, final_state

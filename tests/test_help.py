@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import yaml
+from classifier_engine.errors import ConfigError
 
 from conftest import CONFIGS, project_in_process
-from classifier_engine.errors import ConfigError
 from project.model import ImageClassifier
 
 MY_NET = """

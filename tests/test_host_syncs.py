@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CONFIGS, callback, run_project, tiny_args
-from classifier_engine.cli import cli_main
+from project import cli_main
 
 # 40 images in batches of 4: 10 steps on one process. Steps count from 0; a step logs when (step + 1) % 5 == 0.
 SMALL = ["--data.batch_size=4", "--trainer.log_every_n_steps=5", "--trainer.enable_progress_bar=true",

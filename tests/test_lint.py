@@ -44,7 +44,7 @@ def test_project_stays_within_its_line_budget():
 
 
 def test_the_engine_imports_nothing_of_the_room():
-    """engine/classifier_engine/ is the machinery a template user keeps: it reaches the room only through what
+    """classifier_engine/ is the machinery a template user keeps: it reaches the room only through what
     project/__init__.py hands it (use_defaults), never by import."""
     room = []
     for path in sorted((REPO / "project" / "engine").rglob("*.py")):

@@ -11,12 +11,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from conftest import QUICKSTART, SHRINK, project_in_process
-from project.data import ManifestDataModule
 from classifier_engine.data.embedded import resolve_root
 from classifier_engine.errors import ConfigError
 from classifier_engine.export import main as export_main
+
+from conftest import QUICKSTART, SHRINK, project_in_process
+from project.data import ManifestDataModule
 
 # Class names whose sorted order is not the digits' order: a label mapped by position would show.
 NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]

@@ -6,8 +6,8 @@
 import pytest
 import torch
 import torch.nn.functional as F
-
 from classifier_engine.seeds import batch_seed
+
 from project.mixing import BatchMixer, soft_target_loss
 
 CLASSES = 10

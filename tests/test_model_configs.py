@@ -120,7 +120,7 @@ def test_a_key_of_the_flat_model_is_one_line_naming_its_new_place(given, expecte
                                                                    capsys):
     import sys
 
-    from classifier_engine.cli import main
+    from project import main
 
     if isinstance(given, str):
         old = tmp_path / "old.yaml"

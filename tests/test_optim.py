@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from conftest import read_scalars, tiny_args
+from project import cli_main
 from project.backbones import build_network
-from classifier_engine.cli import cli_main
 from project.optim import parameter_groups, scaled_lr, warmup_then_decay
 
 
@@ -157,9 +157,9 @@ def _fit_tiny(tiny_root, run_dir, *, ckpt_path=None, logger=False, **model_optio
 
 
 def test_a_resume_with_another_optimizer_stops_before_anything_is_logged(tiny_root, tmp_path):
+    from classifier_engine.errors import CheckpointError
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from classifier_engine.errors import CheckpointError
     from project.optim import Optimization
 
     _fit_tiny(tiny_root, tmp_path / "first")

@@ -14,14 +14,14 @@ from unittest import mock
 
 import pytest
 import torch
-from PIL import Image
-
-from conftest import project_in_process, run_project, tiny_args
-from project import ImageClassifier, cli_main
 from classifier_engine.data.decoders import image_loader
 from classifier_engine.data.predict import ImagePathDataset, list_images
 from classifier_engine.data.transforms import eval_preset
 from classifier_engine.errors import UnreadableImageError
+from PIL import Image
+
+from conftest import project_in_process, run_project, tiny_args
+from project import ImageClassifier, cli_main
 
 
 def read_csv(path: Path) -> list[list[str]]:
@@ -278,7 +278,8 @@ def test_predictions_that_find_the_disk_full_are_written_to_tmpdir_and_the_error
     rescue_dir = tmp_path / "tmp"
     rescue_dir.mkdir()
     # TMPDIR=rescue_dir as for a process: tempfile reads it once and caches the answer (tempfile.tempdir), which the
-    # rescue (tempfile.gettempdir(), engine/classifier_engine/callbacks/prediction_writer.py) then returns; both restored after.
+    # rescue (tempfile.gettempdir(), classifier_engine/callbacks/prediction_writer.py) then returns; both restored
+    # after.
     monkeypatch.setenv("TMPDIR", str(rescue_dir))
     monkeypatch.setattr(tempfile, "tempdir", None)
     assert tempfile.gettempdir() == str(rescue_dir)

@@ -12,7 +12,7 @@ import yaml
 from torchvision import models
 
 from conftest import CONFIGS, QUICKSTART, SHRINK
-from classifier_engine.cli import cli_main
+from project import cli_main
 from project.weights import hub_file
 from test_weights import hub, imagenet_resnet18  # noqa: F401  (the offline torch hub fixture)
 

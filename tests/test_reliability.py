@@ -15,6 +15,9 @@ from unittest import mock
 import lightning as L
 import pytest
 import torch
+from classifier_engine.errors import CheckpointError, exit_on_user_error
+from classifier_engine.export import main as export_main
+from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
 
 from conftest import (
     CONFIGS,
@@ -25,11 +28,7 @@ from conftest import (
     start_project,
     tiny_args,
 )
-from project import ImageClassifier, ImageNetDataModule
-from classifier_engine.cli import cli_main
-from classifier_engine.errors import CheckpointError, exit_on_user_error
-from classifier_engine.export import main as export_main
-from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
+from project import ImageClassifier, ImageNetDataModule, cli_main
 from tools.local_services import free_port
 
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import CONFIGS, REPO, callback, project_env, read_scalars, run_project, start_project, tiny_args
-from classifier_engine.cli import cli_main
+from project import cli_main
 
 # 40 images in batches of 8: 5 steps per epoch on one process, 2 per rank under ddp x2 (20 images each, the
 # incomplete last batch dropped: data.drop_last).

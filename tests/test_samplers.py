@@ -8,10 +8,9 @@ from collections import Counter
 
 import pytest
 import torch
-from torch.utils.data import Dataset
-
 from classifier_engine.errors import ConfigError
 from classifier_engine.samplers import ExactDistributedSampler, ResumableDataLoader, ResumableSampler
+from torch.utils.data import Dataset
 
 
 class Indices(Dataset):

@@ -1,5 +1,6 @@
-"""Shards (tools/make_shards.py, classifier_engine.data.ShardDataModule): a conversion that resumes and is never half-valid, a
-chunk-aware order drawn from the seed, exact resume and exact evaluation, and a real object store (moto's server).
+"""Shards (tools/make_shards.py, classifier_engine.ShardDataModule): a conversion that resumes and is never
+half-valid, a chunk-aware order drawn from the seed, exact resume and exact evaluation, and a real object store
+(moto's server).
 
     python -m pytest tests/test_shards.py --durations=0
 """
@@ -12,12 +13,12 @@ import sys
 import boto3
 import pytest
 import torch
+from classifier_engine.errors import ConfigError
 from PIL import Image
 
 from conftest import CONFIGS, QUICKSTART, SHRINK, callback, project_in_process, run_project
 from project import cli_main
 from project.data import ShardDataModule
-from classifier_engine.errors import ConfigError
 from tools.local_services import free_port, s3_server
 from tools.make_shards import encode
 from tools.make_shards import main as make_shards

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from classifier_engine.run.resume import plan_run
 from jsonargparse import Namespace
 
 import slurm_cluster
 from conftest import REPO, TESTS, callback, read_scalars, tiny_args
-from classifier_engine.run.resume import plan_run
 from test_resume import assert_same_training, final_state
 from tools.make_shards import main as make_shards
 
@@ -88,12 +88,14 @@ def jobs(slurm, tiny_root, tmp_path_factory) -> dict[str, Job]:
     Each node offers 4 CPUs and every task takes one, so all of them run side by side.
     """
     out = tmp_path_factory.mktemp("jobs")
-    # The two training jobs read the tiny images as shards (classifier_engine.data.ShardDataModule): its loader state is the one
-    # a requeue must carry; the folder module's resumes are tested in test_resume.py. They train sharded (fsdp2: the
+    # The two training jobs read the tiny images as shards (classifier_engine.ShardDataModule): its loader state is
+    # the one a requeue must carry; the folder module's resumes are tested in test_resume.py. They train sharded
+    # (fsdp2: the
     # gather of its one-file checkpoint at the signal, the scatter at the resume); ddp is the same to Slurm (the same
     # cluster environment and launch) and is tested on every other multi-process path.
     assert make_shards(["--source", str(tiny_root), "--out", str(out / "shards"), "--shard-size", "8"]) == 0
-    shards = [*EPOCHS, "--data.class_path=classifier_engine.data.ShardDataModule", f"--data.init_args.shards={out / 'shards'}",
+    shards = [*EPOCHS, "--data.class_path=classifier_engine.data.ShardDataModule",
+              f"--data.init_args.shards={out / 'shards'}",
               "--config", str(REPO / "configs" / "fsdp.yaml")]
     specs = {
         "uninterrupted": (TWO_NODES, tiny_args(tiny_root, out / "uninterrupted", *shards)),

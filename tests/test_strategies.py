@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-from conftest import CONFIGS, callback, read_scalars, tiny_args
-from classifier_engine.cli import cli_main
 from classifier_engine.run.last_checkpoint import LastCheckpoint
 from classifier_engine.strategies import DataParallelStrategy
+
+from conftest import CONFIGS, callback, read_scalars, tiny_args
+from project import cli_main
 
 # Every config composed onto the quickstart, except the quickstart's own and the folders of model and recipe configs.
 STRATEGY_CONFIGS = sorted(p.name for p in CONFIGS.glob("*.yaml") if not p.name.startswith("quickstart"))

@@ -1,6 +1,6 @@
-"""Sweeps (engine/classifier_engine/run/sweep.py) on configs/sweep/quickstart.yaml: workers share a study, each trial a real fit
-whose value is the best val/acc1 its TensorBoard events hold; pruned, diverged, preempted and killed trials; bad input
-is one line before any trial; the journal survives a record cut short and a full disk.
+"""Sweeps (classifier_engine/run/sweep.py) on configs/sweep/quickstart.yaml: workers share a study, each trial a
+real fit whose value is the best val/acc1 its TensorBoard events hold; pruned, diverged, preempted and killed trials;
+bad input is one line before any trial; the journal survives a record cut short and a full disk.
 
     python -m pytest tests/test_sweep.py -m "not slow"      # bad input, the journal, the plot: in-process
     python -m pytest tests/test_sweep.py --durations=0
@@ -16,13 +16,13 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
-
-from conftest import CONFIGS, read_scalars, run_project, start_project
-from classifier_engine.cli import cli_main
 from classifier_engine.errors import DiskFullError, exit_on_user_error
 from classifier_engine.run.sweep import legible_parallel_coordinates
 from classifier_engine.run.sweep import main as sweep_main
 from classifier_engine.run.sweep_trials import open_storage
+
+from conftest import CONFIGS, read_scalars, run_project, start_project
+from project import cli_main
 
 SWEEP = CONFIGS / "sweep" / "quickstart.yaml"
 FAST_HEARTBEAT = ["--sweep.heartbeat_interval=1", "--sweep.grace_period=4"]

@@ -9,11 +9,11 @@ from unittest import mock
 
 import pytest
 import torch
+from classifier_engine.callbacks.throughput import compute_dtype, peak_flops, train_flops_per_image
 
 from conftest import read_scalars, tiny_args
+from project import cli_main
 from project.backbones import build_network
-from classifier_engine.callbacks.throughput import compute_dtype, peak_flops, train_flops_per_image
-from classifier_engine.cli import cli_main
 
 PERF_KEYS = {
     "perf/images_per_sec",

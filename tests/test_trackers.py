@@ -205,9 +205,8 @@ def test_a_missing_tracker_package_is_one_line_naming_the_extra(tiny_root, tmp_p
 
 def test_a_tracking_uri_with_a_password_is_used_and_never_printed(tiny_root, tmp_path, mlflow_server, capsys,
                                                                   monkeypatch):
-    from jsonargparse import Namespace
-
     from classifier_engine.run.trackers import check_trackers, redact
+    from jsonargparse import Namespace
 
     with_password = mlflow_server.replace("http://", "http://ann:s3cret@")  # basic auth, as MLflow's client takes it
     entry = Namespace(class_path="lightning.pytorch.loggers.MLFlowLogger",
@@ -225,9 +224,8 @@ def test_a_tracking_uri_with_a_password_is_used_and_never_printed(tiny_root, tmp
 def _resume_plan(root: Path, uri: str, experiment: str, recorded: dict):
     """The run plan of `fit --ckpt_path last` into a run dir whose trackers.json holds `recorded`."""
     import torch
-    from jsonargparse import Namespace
-
     from classifier_engine.run.resume import plan_run
+    from jsonargparse import Namespace
 
     run_dir = root / "lightning_logs" / "version_0"
     (run_dir / "checkpoints").mkdir(parents=True)
@@ -293,9 +291,8 @@ def test_wandb_online_without_an_api_key_is_one_line_at_once(tiny_root, tmp_path
 
 
 def test_an_explicit_wandb_save_dir_is_said_to_move_into_the_run_dir(tmp_path):
-    from jsonargparse import Namespace
-
     from classifier_engine.run.trackers import point_trackers
+    from jsonargparse import Namespace
 
     entry = Namespace(class_path="lightning.pytorch.loggers.WandbLogger",
                       init_args=Namespace(project="x", save_dir=str(tmp_path / "mine")))

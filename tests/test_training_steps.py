@@ -6,9 +6,8 @@ fit, with and without gradient accumulation and with a last, partial accumulatio
 import lightning as L
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
-
 from classifier_engine.run.training_steps import after_optimizer_step, is_logging_step
+from torch.utils.data import DataLoader, TensorDataset
 
 
 class Tiny(L.LightningModule):

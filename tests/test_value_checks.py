@@ -15,17 +15,16 @@ import io
 import numpy as np
 import pytest
 import torch
+from classifier_engine.callbacks.throughput import ThroughputLogger
+from classifier_engine.data.image_data import ImageDataModule
+from classifier_engine.data.training_samples import ProgressiveResizing
+from classifier_engine.errors import ConfigError, UserError, user_message
 
 from conftest import QUICKSTART, run_project, tiny_args
-from project import ImageNetDataModule
+from project import ImageNetDataModule, cli_main
 from project.backbones import FAMILIES, build_network, family_of, image_size_problem
 from project.callbacks.ema import EMA
 from project.callbacks.finetuning import FineTuning, FreezeBackbone
-from classifier_engine.data.image_data import ImageDataModule
-from classifier_engine.data.training_samples import ProgressiveResizing
-from classifier_engine.callbacks.throughput import ThroughputLogger
-from classifier_engine.cli import cli_main
-from classifier_engine.errors import ConfigError, UserError, user_message
 from project.mixing import Loss
 from project.model import ImageClassifier
 from project.optim import Optimization
@@ -49,7 +48,7 @@ def assert_one_short_line(message, expected: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Data options: ImageNetDataModule.__init__ and its base's (types in engine/classifier_engine/options.py), ProgressiveResizing
+# Data options: ImageNetDataModule.__init__ and its base's (types in classifier_engine/options.py), ProgressiveResizing
 # ------------------------------------------------------------------------------------------------------------------
 
 RAMP_INVERTED = "--data.progressive_resizing={start_size: 64, end_size: 32, start_epoch: 5, end_epoch: 2}"
@@ -191,7 +190,7 @@ def test_python_m_project_stops_on_a_bad_data_value_with_one_line_exit_2_and_not
 
 # ------------------------------------------------------------------------------------------------------------------
 # Model options: ImageClassifier.__init__, its groups (Optimization, Loss, FineTuning), the callbacks' options
-# (types in engine/classifier_engine/options.py: parse-time checks; __post_init__ / __init__ checks for Python callers)
+# (types in classifier_engine/options.py: parse-time checks; __post_init__ / __init__ checks for Python callers)
 # ------------------------------------------------------------------------------------------------------------------
 
 def classifier(**overrides) -> ImageClassifier:

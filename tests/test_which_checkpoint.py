@@ -1,4 +1,4 @@
-"""Which checkpoint wins, and which run dir a run writes into: each row of README "Resume" (classifier_engine.run.resume),
+"""Which checkpoint wins, and which run dir a run writes into: each row of README "Resume" (run/resume.py),
 in-process.
 
     python -m pytest tests/test_which_checkpoint.py
@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from jsonargparse import Namespace
-
 from classifier_engine.errors import CheckpointError
 from classifier_engine.run.resume import plan_run, start_run
+from jsonargparse import Namespace
 
 
 def write_checkpoint(path: Path, step: int, *, epoch: int = 0, mtime: float | None = None) -> Path:
@@ -194,7 +193,7 @@ def test_fits_started_at_the_same_moment_each_claim_their_own_version_dir(tmp_pa
 
 def test_a_rerun_of_a_run_without_file_loggers_from_its_config_yaml_is_a_new_run(tiny_root, tmp_path):
     from conftest import tiny_args
-    from classifier_engine.cli import cli_main
+    from project import cli_main
 
     short = ["--trainer.logger=false", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
     first = cli_main(["fit", *tiny_args(tiny_root, tmp_path, *short)])

@@ -122,20 +122,19 @@ class ProjectCLI(CheckpointReadOnceCLI):
         parser.link_arguments("data.init_args.batch_size", "model.init_args.batch_size")
         parser.link_arguments("seed_everything", "data.init_args.seed", compute_fn=run_seed)
         parser.link_arguments("seed_everything", "model.init_args.seed", compute_fn=run_seed)
-        parser.set_defaults({key: {"class_path": f"{cls.__module__}.{cls.__qualname__}"} for key, cls in
-                             (("model", self.defaults.model), ("data", self.defaults.data)) if cls is not None})
+        parser.set_defaults({key: {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": {}}
+                             for key, cls in (("model", self.defaults.model), ("data", self.defaults.data)) if cls})
         parser.add_argument("--ddp_timeout_minutes", type=float, default=10.0,
                             help="ddp, ddp_spawn, fsdp2(_sharded): a rank that stops answering ends the job after "
                                  "this long (torch's default is 30 minutes)")
-        # Checkpoint callbacks: best by val/acc1 (ModelCheckpoint), then last.ckpt, which must save after it.
+        # Checkpoint callbacks: the best by the model's Monitor (ModelCheckpoint), then last.ckpt, which saves after.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         parser.add_lightning_class_args(ThroughputLogger, "throughput")
         # `predict` writes a CSV (--predictions.output); in the other subcommands the callback does nothing.
         parser.add_lightning_class_args(PredictionCsvWriter, "predictions")
-        parser.set_defaults({"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max",
-                             "checkpoint.filename": "epoch{epoch:03d}-val_acc1={val/acc1:.4f}",
-                             "checkpoint.auto_insert_metric_name": False})
+        defaults = contract.monitor_options(self.defaults.model)  # a class chosen by class_path: parse_arguments
+        parser.set_defaults({"checkpoint.auto_insert_metric_name": False, **defaults})
 
     # -- after parsing: the run plan (the one read of the checkpoint), before its hyperparameters are parsed ------
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
@@ -145,6 +144,11 @@ class ProjectCLI(CheckpointReadOnceCLI):
             given = sys.argv[1:] if args is None else args
             restore_nulls(self.config[subcommand] if subcommand else self.config, given)
         self._explicit = explicit_values(parser, args, self.config, subcommand)
+        config = self.config[subcommand] if subcommand else self.config
+        if self._explicit.get("checkpoint.monitor") is None and isinstance(config.get("model"), Namespace):
+            for key, value in contract.monitor_options(config.model.get("class_path")).items():  # the chosen class's
+                if self._explicit.get(key) is None:
+                    config[key] = value
         if subcommand:
             self.plan = start_run(subcommand, self.config[subcommand])
             self.save_config_kwargs = {**self.save_config_kwargs, "run_dir": self.plan.run_dir}
@@ -223,6 +227,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
     def after_instantiate_classes(self) -> None:
         super().after_instantiate_classes()
         contract.check_data(self.datamodule)
+        contract.check_model(self.model)
         if self.subcommand and self.plan and self.plan.ckpt_path is not None:
             # The plan's load, checked, then handed to Lightning's restore (the file is not read again); the plan
             # keeps no reference to it (its memory map goes with its last user).
@@ -272,7 +277,7 @@ def cli_main(args: Optional[list[str]] = None, *, model: Optional[type] = None, 
         save_config_callback=KeepingSaveConfigCallback,
         save_config_kwargs={"overwrite": True},  # a resumed run writes its config; the previous one is kept
         # Parse errors raise (main() prints them as one line) instead of printing the whole usage and exiting.
-        parser_kwargs={"prog": f"python -m {entry_module()}", "exit_on_error": False,
+        parser_kwargs={"prog": f"python -m {entry_module(model)}", "exit_on_error": False,
                        **{sub: {"exit_on_error": False} for sub in ("fit", "validate", "test", "predict")}},
     )
 
@@ -283,11 +288,9 @@ MORE_SUBCOMMANDS = """
     sweep               Hyperparameter sweeps (Optuna), each trial a fit: python -m {prog} sweep --help"""
 
 
-def entry_module() -> str:
-    """The package `python -m` ran (`project`, `classifier_engine`), for usage lines; the library's own otherwise."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    name = spec.name.removesuffix(".__main__") if spec is not None and spec.name else ""
-    return name or "classifier_engine"
+def entry_module(model: Optional[type] = None) -> str:
+    """What `python -m` runs, for usage lines: the default model's package (a template's), else the library."""
+    return model.__module__.partition(".")[0] if model is not None else "classifier_engine"
 
 
 def main(argv: Optional[list[str]] = None, **defaults) -> None:
@@ -295,7 +298,7 @@ def main(argv: Optional[list[str]] = None, **defaults) -> None:
     errors as one line and exit 2 (PROJECT_DEBUG=1 shows the traceback)."""
     from classifier_engine.errors import check_config_files, exit_on_user_error
 
-    argv = sys.argv[1:] if argv is None else list(argv)
+    given, argv = argv, sys.argv[1:] if argv is None else list(argv)
     with_defaults = partial(cli_main, **defaults)
     if argv[:1] == ["export"]:
         from classifier_engine.export import main as export_main
@@ -310,13 +313,13 @@ def main(argv: Optional[list[str]] = None, **defaults) -> None:
 
     def run() -> None:
         check_config_files(argv)
-        with_defaults(argv)
+        with_defaults(given)
 
     try:
         exit_on_user_error(run)
     finally:
         if argv in (["-h"], ["--help"]):  # LightningCLI lists its own subcommands only
-            print(MORE_SUBCOMMANDS.format(prog=entry_module()), flush=True)
+            print(MORE_SUBCOMMANDS.format(prog=entry_module(defaults.get("model"))), flush=True)
     close_process_group()
 
 

@@ -1,13 +1,17 @@
-"""The data contract: what the engine reads of a data module, in this file only (docs/your-own-project.md).
+"""The contract: what the engine reads of a model and of a data module, in this file only (docs/your-own-project.md).
 
-Needed, known after `__init__`: `num_classes` and `class_names` (label i is class_names[i]); train and val loaders
+Data, known after `__init__`: `num_classes` and `class_names` (label i is class_names[i]); train and val loaders
 yielding `(images, labels)`. Optional: `class_labels` (human names, in class_names' order), `eval_preprocessing()`
 (for predict, export and tools/preprocess.py), `image_sizes()` (the model's size check).
+
+Model (ClassificationModel below): `monitor`, `num_classes` among its saved hyperparameters, what `predict_step`
+returns, and optionally `exportable()`. Checked once after instantiation, in one line each.
 """
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Optional, Protocol, runtime_checkable
 
 from classifier_engine.errors import ConfigError
 
@@ -18,6 +22,72 @@ class ClassificationData(Protocol):
 
     num_classes: int
     class_names: Sequence[str]
+
+
+@dataclass(frozen=True)
+class Monitor:
+    """The metric that picks the best checkpoint (and names its file), scores a sweep's trials and shows in the
+    progress bar: a name the module logs (self.log) at each validation, and whether "max" or "min" is better."""
+
+    metric: str
+    mode: Literal["min", "max"] = "max"
+
+    def checkpoint_filename(self) -> str:
+        """ModelCheckpoint's filename: `epoch003-val_acc=0.9859` for metric `val/acc` (a "/" cannot be in a name)."""
+        return "epoch{epoch:03d}-" + self.metric.replace("/", "_") + "={" + self.metric + ":.4f}"
+
+
+@runtime_checkable
+class ClassificationModel(Protocol):
+    """What the engine reads of a LightningModule, beyond Lightning's own hooks:
+
+    - `monitor` (a class attribute, a Monitor): the metric of the best checkpoint, sweeps and the progress bar;
+      `--checkpoint.monitor` overrides it.
+    - `hparams["num_classes"]`: `save_hyperparameters()` of an `__init__` argument `num_classes` (the CLI links it from
+      data.num_classes), so a checkpoint says what it was trained for and rebuilds its module from the run's config.
+    - `predict_step(batch)` on batches of `(images, indices)`: logits `(B, num_classes)`, or `{"probs": (B, k),
+      "classes": (B, k)}`, the top k; the prediction CSV names the classes.
+    - optional `exportable()`: the plain nn.Module (images in, logits out) that export writes and the FLOP count (MFU)
+      runs on; without it export writes the module itself and no FLOPs are counted.
+    """
+
+    monitor: ClassVar[Monitor]
+
+
+def monitor_of(model_class: Any) -> Optional[Monitor]:
+    """A model class's (or its dotted class path's) Monitor, None when it names none."""
+    if isinstance(model_class, str):
+        module, _, name = model_class.rpartition(".")
+        try:
+            model_class = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            return None  # the CLI says what is wrong with the class path when it builds it
+    monitor = getattr(model_class, "monitor", None)
+    return monitor if isinstance(monitor, Monitor) else None
+
+
+def monitor_options(model_class) -> dict[str, object]:
+    """The checkpoint group's monitor, mode and file name from a model class's contract Monitor ({} without one)."""
+    monitor = monitor_of(model_class) if model_class is not None else None
+    if monitor is None:
+        return {}
+    return {"checkpoint.monitor": monitor.metric, "checkpoint.mode": monitor.mode,
+            "checkpoint.filename": monitor.checkpoint_filename()}
+
+
+def exportable(model: Any) -> Any:
+    """The network a model exports and counts FLOPs on: its `exportable()`, else the module itself."""
+    offered = getattr(model, "exportable", None)
+    return offered() if callable(offered) else model
+
+
+def check_model(model: Any) -> None:
+    """The model, checked against the contract (ConfigError naming what is missing and the fix)."""
+    name = type(model).__qualname__
+    hparams = getattr(model, "hparams", {})
+    if "num_classes" not in hparams:
+        raise ConfigError(f"model {name} records no num_classes: take `num_classes: int` in its __init__ and call "
+                          "self.save_hyperparameters() (the CLI links it from the data; see docs/your-own-project.md)")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from classifier_engine import contract
 from classifier_engine.contract import display_names, eval_preprocessing
 from classifier_engine.errors import ConfigError, UserError
 from classifier_engine.run.checkpoint_io import load_checkpoint
@@ -119,7 +120,7 @@ def _export_pt2(eager: nn.Module, example: torch.Tensor, expected: torch.Tensor,
 
 
 def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Tensor, class_names: Sequence[str],
-                   preprocessing: dict[str, Any], onnx: bool = True, arch: Optional[str] = None, rtol: float = 1e-5,
+                   preprocessing: dict[str, Any], onnx: bool = True, rtol: float = 1e-5,
                    onnx_rtol: float = 1e-4) -> dict[str, Path]:
     """Write model.pt2, model.onnx (if `onnx` and installed) and model.json into out_dir once their logits on `example`
     (a preprocessed NCHW batch) match the eager network's within rtol (onnx_rtol) of max(1, the largest eager logit)."""
@@ -138,7 +139,7 @@ def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Te
             rank_zero_info("model.onnx skipped: `pip install onnx onnxscript` (and onnxruntime to check it)")
         written = {kind: name for kind, name in EXPORT_FILES.items() if (staging / name).exists()}
         (staging / "model.json").write_text(json.dumps({
-            "arch": arch or f"{type(network).__module__}.{type(network).__qualname__}",
+            "module": f"{type(network).__module__}.{type(network).__qualname__}",
             "num_classes": len(class_names),
             "class_names": list(class_names),
             "input": {"name": "images", "layout": "NCHW", "dtype": "float32", "channels": "RGB",
@@ -162,17 +163,16 @@ def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Te
 
 
 def export_module(model, datamodule, out_dir: str | Path, *, onnx: bool = True) -> dict[str, Path]:
-    """Export a model's `network` (else the model) with the data module's class names and eval preprocessing."""
+    """Export a model's exportable network (the contract's) with the data module's class names and eval
+    preprocessing."""
     preprocessing = eval_preprocessing(datamodule)
     if preprocessing is None:
         raise ConfigError(f"data module {type(datamodule).__qualname__} offers no eval_preprocessing(): export "
                           "writes the resize, crop, mean and std into model.json (see classifier_engine/contract.py)")
-    network, hparams, crop = getattr(model, "network", model), getattr(model, "hparams", {}), preprocessing.crop
-    torchvision_net = type(network).__module__.startswith("torchvision.")
+    network, hparams, crop = contract.exportable(model), getattr(model, "hparams", {}), preprocessing.crop
     example = torch.randn(2, 3, crop, crop, generator=torch.Generator().manual_seed(0))
     return export_network(network, out_dir, example=example, preprocessing=preprocessing.as_dict(), onnx=onnx,
-                          class_names=display_names(datamodule, hparams.get("num_classes")),
-                          arch=hparams.get("arch") if torchvision_net else None)
+                          class_names=display_names(datamodule, hparams.get("num_classes")))
 
 
 def build_from_run(ckpt_path: Path, config: Path):

@@ -35,6 +35,8 @@ def gather_rows(pl_module: L.LightningModule, rows: torch.Tensor, world_size: in
     gathered = pl_module.all_gather(padded.to(device)).reshape(world_size, *padded.shape).cpu()
     return torch.cat([gathered[rank, : int(count)] for rank, count in enumerate(counts.tolist())])
 
+TOP_K = 5  # classes per image in the CSV, from logits
+
 
 class PredictionCsvWriter(BasePredictionWriter):
     """Collects (index, top-k probabilities, top-k classes) per batch; one CSV at the end of the predict epoch. Takes
@@ -77,11 +79,13 @@ class PredictionCsvWriter(BasePredictionWriter):
             return
         if dataloader_idx != 0:
             raise ValueError(f"PredictionCsvWriter writes one predict dataloader, got dataloader_idx={dataloader_idx}")
+        if isinstance(prediction, torch.Tensor) and prediction.ndim == 2:  # logits: the contract's other form
+            top = prediction.detach().float().softmax(dim=1).topk(min(TOP_K, prediction.shape[1]), dim=1)
+            prediction = {"probs": top.values, "classes": top.indices}
         if not (isinstance(batch, Sequence) and len(batch) == 2 and isinstance(prediction, Mapping)):
-            raise TypeError("PredictionCsvWriter expects batches of (images, indices) and predictions {'probs', "
-                            f"'classes'}}; got a {type(batch).__name__} batch and a {type(prediction).__name__} "
-                            "prediction. Predict through ImageNetDataModule.predict_dataloader "
-                            "(classifier_engine.data.predict.ImagePathDataset).")
+            raise TypeError("PredictionCsvWriter expects batches of (images, indices) and predictions: logits (B, "
+                            f"classes) or {{'probs', 'classes'}}; got a {type(batch).__name__} batch and a "
+                            f"{type(prediction).__name__} prediction (classifier_engine.contract.ClassificationModel)")
         self._indices.append(torch.as_tensor(batch[1]).detach().cpu().long())
         self._probs.append(prediction["probs"].detach().float().cpu())
         self._classes.append(prediction["classes"].detach().cpu().long())
@@ -91,7 +95,7 @@ class PredictionCsvWriter(BasePredictionWriter):
         if dataset is None:
             return
         names = display_names(trainer.datamodule, pl_module.hparams.get("num_classes"))
-        k = self._probs[0].shape[1] if self._probs else min(5, len(names))
+        k = self._probs[0].shape[1] if self._probs else min(TOP_K, len(names))
         indices, probs, classes = (
             gather_rows(pl_module, torch.cat(rows) if rows else empty, trainer.world_size)
             for rows, empty in ((self._indices, torch.empty(0, dtype=torch.long)), (self._probs, torch.empty(0, k)),

@@ -17,8 +17,9 @@ class StepProgressBar(TQDMProgressBar):
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         items = super().get_metrics(trainer, pl_module)
         metrics = trainer.callback_metrics
-        for key in ("train/loss", "val/loss", "val/acc1"):
-            if key in metrics:
+        monitor = trainer.checkpoint_callback.monitor if trainer.checkpoint_callback else None
+        for key in [*(k for k in metrics if k.endswith("loss")), *([monitor] if monitor else [])]:
+            if key in metrics and metrics[key].numel() == 1:
                 items[key] = round(float(metrics[key]), 4)  # the host reads it here, at a refresh only
         for callback in trainer.callbacks:
             if isinstance(callback, ThroughputLogger) and callback.windows:

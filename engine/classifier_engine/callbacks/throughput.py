@@ -13,6 +13,7 @@ from lightning.fabric.utilities.throughput import get_available_flops, measure_f
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
+from classifier_engine import contract
 from classifier_engine.errors import ConfigError
 from classifier_engine.options import PositiveFloat, check_arguments
 from classifier_engine.run.training_steps import after_optimizer_step, is_logging_step
@@ -111,8 +112,8 @@ class ThroughputLogger(L.Callback):
         dtype = compute_dtype(str(trainer.precision), self._device)
         self.device_peak_flops = self.peak_flops or peak_flops(self._device, dtype)
         # Copied now, before configure_model may shard it (fsdp2: FLOPs cannot be counted on sharded weights)
-        network = getattr(pl_module, "network", None)
-        if self.count_flops and stage == "fit" and isinstance(network, torch.nn.Module):
+        network = contract.exportable(pl_module)
+        if self.count_flops and stage == "fit" and network is not pl_module:
             self._meta_network = meta_copy(network)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -187,8 +187,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="torch's AveragedModel.update_parameters reads its device-side counter on the host (2 syncs per update), "
              "and Lightning's EMAWeightAveraging averages the whole LightningModule after calling configure_model",
-        where="project/callbacks/ema.py EMA (a Callback owning its averaged copy of pl_module.network: a foreach "
-              "lerp per update, the counter on the device)",
+        where="the template's EMA callback (project/callbacks/ema.py: a Callback owning its averaged copy of the "
+              "module's network: a foreach lerp per update, the counter on the device)",
         upstream="no upstream issue found; seen in torch/optim/swa_utils.py and lightning weight_averaging.py",
         seen="torch 2.14.1, lightning 2.6.6",
         delete_when="AveragedModel.update_parameters makes no host read of n_averaged",

@@ -29,12 +29,12 @@ def explicit_values(parser: ArgumentParser, args: Any, config: Namespace, subcom
     argv = list(sys.argv[1:] if args is None else args)
     part = config[subcommand] if subcommand else config
     sources = [f"--{key}={part[key]}" for key in LINK_SOURCES if part.get(key) is not None]
-    parsed = parser.parse_args([*argv, *sources], defaults=False)
+    parsed = parser.parse_args([*argv, *sources], defaults=False, _skip_validation=True)  # checked by the real parse
     return parsed[subcommand] if subcommand else parsed
 
 
 def _lookup(hparams: Mapping, dotted: str) -> tuple[bool, Any]:
-    """(found, value) of `optim.lr_per_256` in nested hparams ({"optim": {"lr_per_256": ...}})."""
+    """(found, value) of `optim.lr` in nested hparams ({"optim": {"lr": ...}})."""
     value: Any = hparams
     for part in dotted.split("."):
         if not isinstance(value, Mapping) or part not in value:
@@ -44,7 +44,7 @@ def _lookup(hparams: Mapping, dotted: str) -> tuple[bool, Any]:
 
 
 def keep_explicit_model_values(config: Namespace, explicit: Namespace, checkpoint_hparams: Mapping) -> list[str]:
-    """Put explicit `model.*` leaves (`model.optim.lr_per_256`) back into `config` where the checkpoint's differ."""
+    """Put explicit `model.*` leaves (`model.optim.lr`) back into `config` where the checkpoint's differ."""
     given = explicit.get("model.init_args")  # subclass mode: the model's arguments are its init_args
     if not isinstance(given, Namespace):
         return []

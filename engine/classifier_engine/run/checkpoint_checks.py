@@ -68,8 +68,10 @@ def check_checkpoint_fits(path: Path, checkpoint: dict[str, Any], model: L.Light
         raise CheckpointError(f"checkpoint {path} has {saved_classes} classes, the data has {classes}: use a "
                               "checkpoint trained on these classes, or start from its weights with a new head: "
                               f"--model.finetune.weights {path} (no --ckpt_path)")
-    there, here = hparams.get("arch"), model.hparams.get("arch")
-    network = f" (its model.arch is {there!r}, this model's is {here!r})" if "arch" in hparams and there != here else ""
+    differ = sorted(key for key in set(hparams) & set(model.hparams) if not key.startswith("_")
+                    and isinstance(hparams[key], (str, int, float, bool)) and hparams[key] != model.hparams[key])
+    network = f" (its model.{differ[0]} is {hparams[differ[0]]!r}, this model's is {model.hparams[differ[0]]!r})" \
+        if differ else ""
     if mismatched:
         key = mismatched[0]
         detail = f"{key} is {tuple(saved[key].shape)} there and {tuple(expected[key].shape)} here"

@@ -24,11 +24,10 @@ from jsonargparse import ArgumentParser, Namespace, capture_parser
 from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 
 from classifier_engine.compat.subclass_nulls import restore_nulls
+from classifier_engine.contract import monitor_options
 from classifier_engine.errors import ConfigError, check_config_files, readable_parse_error
 from classifier_engine.run.checkpoint_io import atomic_write
 from classifier_engine.run.sweep_trials import BEST, CHECKPOINT, RUN_DIR, Worker, open_storage, param_flags
-
-VAL_METRICS = ("val/loss", "val/acc1", "val/acc5")  # what ImageClassifier logs at each validation (model._evaluate)
 
 
 @dataclass
@@ -39,7 +38,8 @@ class Sweep:
         study: the study's name and folder under <default_root_dir>/sweeps/ (default: the sweep file's name)
         storage: <study dir>/journal.log by default; another journal file, or an RDB URL (sqlite:///x.db)
         direction: maximize or minimize (default: minimize a loss, maximize the rest)
-        metric: what a trial is scored on, its best over its validations: val/loss, val/acc1 or val/acc5
+        metric: what a trial is scored on, its best over its validations: a metric the model logs (default: the
+            fit's checkpoint.monitor, the model's contract Monitor)
         n_trials: the study's number of trials, shared by all its workers
         sampler: an Optuna sampler, e.g. {class_path: TPESampler, init_args: {...}} (default: TPESampler)
         pruner: an Optuna pruner, e.g. {class_path: MedianPruner, init_args: {...}} (default: MedianPruner)
@@ -54,7 +54,7 @@ class Sweep:
     study: Optional[str] = None
     storage: Optional[str] = None
     direction: Optional[Literal["maximize", "minimize"]] = None
-    metric: str = "val/acc1"
+    metric: Optional[str] = None
     n_trials: PositiveInt = 20
     sampler: Optional[optuna.samplers.BaseSampler] = None
     pruner: Optional[optuna.pruners.BasePruner] = None
@@ -87,6 +87,8 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
             raise
         return
     sweep, summary_only = config.pop("sweep"), config.pop("summary")
+    sweep.metric = sweep.metric or config.checkpoint.monitor or monitor_options(config.model.get("class_path")).get(
+        "checkpoint.monitor")
     sampler = check_sweep(sweep, config.get("config") or [])
     check_fit_options(parser, argv, config, sweep.space)
     study_dir = Path(config.trainer.default_root_dir or ".") / "sweeps" / sweep.study
@@ -144,16 +146,16 @@ def check_sweep(sweep: Namespace, config_files: list) -> Optional[optuna.sampler
                           "section)")
     if not sweep.study or "/" in sweep.study or sweep.study.startswith("."):
         raise ConfigError(f"sweep.study {sweep.study!r}: expected a name (it is the study's folder under sweeps/)")
-    if sweep.metric not in VAL_METRICS:
-        raise ConfigError(f"sweep.metric {sweep.metric!r} is never logged: a trial's fit logs {', '.join(VAL_METRICS)}"
-                          " at each validation")
+    if not sweep.metric:
+        raise ConfigError("sweep.metric is not set and the model names no monitor: pass --sweep.metric NAME (a metric "
+                          "the model logs at each validation)")
     sweep.direction = sweep.direction or ("minimize" if sweep.metric.endswith("loss") else "maximize")
     if sweep.heartbeat_interval >= sweep.grace_period:
         raise ConfigError(f"sweep.heartbeat_interval {sweep.heartbeat_interval}, grace_period {sweep.grace_period}: "
                           "the grace period must be longer than the interval (a few heartbeats)")
     if not sweep.space:
         raise ConfigError("sweep.space is empty: name fit options and their ranges, e.g. "
-                          "`model.optim.lr_per_256: {low: 0.01, high: 1.0, log: true}`")
+                          "`model.init_args.lr: {low: 0.01, high: 1.0, log: true}`")
     for name, spec in sweep.space.items():
         check_range(f"sweep.space.{name}", spec)
     if sweep.pruner is not None:  # each trial's fit builds its own from the spec
@@ -182,7 +184,7 @@ def build(spec: Namespace, what: str):
 
 
 def flat(space: dict, prefix: str = "") -> dict:
-    """The space by dotted names: `--sweep.space.model.optim.lr_per_256=...` reaches it as {model: {optim...: ...}}."""
+    """The space by dotted names: `--sweep.space.model.lr=...` reaches it as {model: {lr...: ...}}."""
     entries = {}
     for key, spec in space.items():
         nested = isinstance(spec, dict) and spec and all(isinstance(value, dict) for value in spec.values())

@@ -108,7 +108,7 @@ class SweepReporter(Callback):
     """Reports `metric` to the trial at each validation and stops the fit when the study's pruner prunes it; the sweep
     adds it to each trial's fit (`--trainer.callbacks+=`): rank zero reports and decides, every rank stops."""
 
-    def __init__(self, storage: str, study: str, trial: int, metric: str = "val/acc1",
+    def __init__(self, storage: str, study: str, trial: int, metric: str,
                  pruner: Optional[optuna.pruners.BasePruner] = None):
         """`pruner`: the sweep's, None for Optuna's default."""
         self.storage, self.study, self.trial, self.metric, self.pruner = storage, study, trial, metric, pruner
@@ -353,7 +353,7 @@ def suggest(trial: optuna.trial.Trial, name: str, spec: dict) -> Any:
 
 
 def param_flags(params: dict[str, Any]) -> list[str]:
-    """`--model.optim.lr_per_256=0.1` for each parameter: what the fit gets, and what the summary prints."""
+    """`--model.lr=0.1` for each parameter: what the fit gets, and what the summary prints."""
     return [f"--{name}={value if isinstance(value, str) else json.dumps(value)}" for name, value in params.items()]
 
 

@@ -211,12 +211,12 @@ def record_tracked_runs(loggers: list, run_dir: Path) -> None:
 
 
 def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'model': {'arch': 'resnet18'}} -> {'model.arch': 'resnet18'}: a tracker's parameters, one per option."""
+    """{'model': {'depth': 18}} -> {'model.depth': 18}: a tracker's parameters, one per option."""
     flat: dict[str, Any] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict) and "class_path" in value:  # a part chosen by class: its options as the CLI
-            flat[f"{name}.class_path"] = value["class_path"]   # spells them (--model.arch), without init_args
+            flat[f"{name}.class_path"] = value["class_path"]   # spells them (--model.depth), without init_args
             flat.update(flat_config(value.get("init_args") or {}, name + "."))
         elif isinstance(value, dict) and value:
             flat.update(flat_config(value, name + "."))
