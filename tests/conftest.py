@@ -1,9 +1,8 @@
-"""Shared fixtures: the real quickstart config, shrunk (tiny data, CPU, tmp dir), and ways to run the real CLI."""
+"""Shared fixtures of the room's tests: the real quickstart config, shrunk (tiny data, CPU, tmp dir), and ways to run
+the real CLI (python -m project) in-process or in a new process."""
 
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,15 +23,6 @@ SHRINK = [
     "--trainer.max_epochs=1",
     "--trainer.log_every_n_steps=1",
     "--data.batch_size=8",
-]
-
-
-# The slowest files first (from CI's --durations=0, 2026-12-03); the rest follow in their usual order. Refresh it when
-# a file's time moves far: a long file started last keeps one worker busy while the other waits.
-SLOWEST_FILES = [
-    "test_resume.py", "test_fsdp.py", "test_bench.py", "test_shards.py", "test_sweep.py", "test_distributed.py",
-    "test_reliability.py", "test_slurm.py", "test_trackers.py", "test_compat.py", "test_elastic_restart.py",
-    "test_cli.py", "test_notebooks.py", "test_bad_input.py", "test_any_data.py",
 ]
 
 
@@ -107,50 +97,9 @@ def run_project(args: list[str], *, cwd: Path = REPO, env: dict | None = None, t
     return subprocess.run(command, cwd=cwd, env=project_env(env), capture_output=True, text=True, timeout=timeout)
 
 
-def start_project(args: list[str], *, env: dict | None = None, new_session: bool = False) -> subprocess.Popen:
-    """Start `python -m project ARGS` without waiting (for signals, kill -9, concurrent runs); output captured."""
-    return subprocess.Popen([sys.executable, "-m", "project", *args], cwd=REPO, env=project_env(env), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=new_session)
-
-
-# Lightning's launcher (rank 0 of strategy ddp) polls its child ranks every 5 s; one that exited non-zero makes it log
-# this line and kill rank 0, by chance before or after rank 0's own last line.
-LAUNCHER_LINE = re.compile(r"\[rank: \d+\] Child process with PID \d+ terminated with code -?\d+\. .*")
-
-
-def last_line(stderr: str) -> str:
-    """The last line a ddp job's own code printed: stderr's last, after any trailing Lightning launcher lines."""
-    lines = stderr.strip().splitlines()
-    while len(lines) > 1 and LAUNCHER_LINE.fullmatch(lines[-1]):
-        lines.pop()
-    return lines[-1] if lines else ""
-
-
 def callback(class_path: str, **init_args) -> str:
     """A `--trainer.callbacks+=` argument adding one callback."""
     return "--trainer.callbacks+=" + json.dumps({"class_path": class_path, "init_args": init_args})
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """mount(size) -> a fresh tmpfs of that size (a real, small disk, and another filesystem than /tmp); needs root."""
-    mounts = []
-
-    def mount(size: str) -> Path:
-        target = tmp_path / f"tmpfs{len(mounts)}"
-        target.mkdir()
-        if os.geteuid() != 0 or shutil.which("mount") is None:
-            pytest.skip("mounting a tmpfs needs root")
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)],
-                                capture_output=True)
-        if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
-        mounts.append(target)
-        return target
-
-    yield mount
-    for target in mounts:
-        subprocess.run(["umount", "-l", str(target)], check=False)
 
 
 def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -160,13 +109,6 @@ def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     accumulator.Reload()
     return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
-
-
-def pytest_collection_modifyitems(items):
-    """The slowest files first, each file's own order kept: `-n 2` (the README's test command, --dist loadfile) hands
-    whole files to the two workers in this order, so the longest start at once and the short ones even out the end."""
-    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(autouse=True)

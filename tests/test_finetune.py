@@ -10,6 +10,7 @@ import os
 import sys
 from unittest import mock
 
+import lightning as L
 import pytest
 import torch
 from classifier_engine.errors import exit_on_user_error
@@ -24,6 +25,17 @@ from test_weights import hub, imagenet_resnet18  # noqa: F401  (the offline torc
 FINETUNE = CONFIGS / "recipe" / "finetune.yaml"
 
 
+class HeadAtStart(L.Callback):
+    """Keeps a copy of the classifier head's weight as training starts (after pretrained weights were loaded)."""
+
+    def __init__(self, attribute: str = "fc"):
+        self.attribute = attribute
+        self.weight = None
+
+    def on_train_start(self, trainer, pl_module):
+        self.weight = getattr(pl_module.network, self.attribute).weight.detach().clone()
+
+
 @pytest.mark.usefixtures("hub")
 def test_finetune_recipe_loads_the_backbone_keeps_it_frozen_for_epoch_0_and_trains_a_new_head(tmp_path, caplog):
     saved = imagenet_resnet18()
@@ -35,7 +47,7 @@ def test_finetune_recipe_loads_the_backbone_keeps_it_frozen_for_epoch_0_and_trai
             "--model.finetune.weights=IMAGENET1K_V1",
             "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=1",
             f"--trainer.default_root_dir={tmp_path}",
-            callback("stop_callbacks.HeadAtStart")]
+            callback("test_finetune.HeadAtStart")]
     cli = cli_main(args)
     network = cli.model.network
     state = network.state_dict()

@@ -1,0 +1,176 @@
+"""Shared fixtures of the engine's suite: the template's real quickstart config, shrunk (tiny data, CPU, tmp dir), and
+ways to run the real CLI. The suite still drives the engine through the template beside it (project/, configs/)."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[2]  # the template around engine/
+TESTS = Path(__file__).resolve().parent
+CONFIGS = REPO / "configs"
+QUICKSTART = CONFIGS / "quickstart.yaml"
+
+# Shrinks configs/quickstart.yaml for tests: no progress bars or summaries, one quick epoch.
+SHRINK = [
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+    "--trainer.max_epochs=1",
+    "--trainer.log_every_n_steps=1",
+    "--data.batch_size=8",
+]
+
+
+# The slowest files first (from CI's --durations=0, 2026-12-03); the rest follow in their usual order. Refresh it when
+# a file's time moves far: a long file started last keeps one worker busy while the other waits.
+SLOWEST_FILES = [
+    "test_resume.py", "test_fsdp.py", "test_bench.py", "test_shards.py", "test_sweep.py", "test_distributed.py",
+    "test_reliability.py", "test_slurm.py", "test_trackers.py", "test_compat.py", "test_elastic_restart.py",
+    "test_cli.py", "test_notebooks.py", "test_bad_input.py", "test_any_data.py",
+]
+
+
+def write_image_folder(root: Path, classes: dict[str, tuple[int, int]], *, size: int = 32, seed: int = 0) -> Path:
+    """Write root/{train,val}/<class>/*.jpg: noisy images whose mean colour depends on the class (learnable)."""
+    rng = np.random.default_rng(seed)
+    palette = [(200, 40, 40), (40, 200, 40), (40, 40, 200), (200, 200, 40), (40, 200, 200)]
+    for index, (name, (n_train, n_val)) in enumerate(sorted(classes.items())):
+        colour = np.array(palette[index % len(palette)], dtype=np.int16)
+        for split, count in (("train", n_train), ("val", n_val)):
+            out = root / split / name
+            out.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                noise = rng.integers(-40, 40, size=(size, size, 3))
+                pixels = np.clip(colour + noise, 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(out / f"{name}_{i:03d}.jpg", quality=90)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory) -> Path:
+    """3 classes, 40 train and 17 val images (an odd val size, so shards differ across ranks), 32 px JPEGs."""
+    root = tmp_path_factory.mktemp("tiny_imagenet")
+    return write_image_folder(root, {"cat": (14, 6), "dog": (13, 6), "fox": (13, 5)})
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_cache(tmp_path_factory) -> Path:
+    """The embedded digits are materialized once per session into a tmp cache, never into ~/.cache."""
+    cache = tmp_path_factory.mktemp("data_cache")
+    os.environ["PROJECT_DATA_CACHE"] = str(cache)
+    return cache
+
+
+def tiny_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
+    """The real quickstart config, shrunk onto `root`, writing into `run_dir`."""
+    return ["--config", str(QUICKSTART), *SHRINK, f"--data.root={root}", f"--trainer.default_root_dir={run_dir}",
+            *extra]
+
+
+def project_env(env: dict | None = None) -> dict:
+    """The environment of a `python -m project` subprocess: unbuffered, tests/ importable (stop_callbacks)."""
+    path = os.pathsep.join(p for p in (str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **(env or {})}
+
+
+def project_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """`python -m project ARGS` without a new interpreter: project.main, what project/__main__.py calls for
+    fit, validate, test and predict (config-file check, moved options, a user error's one line and exit 2), on sys.argv
+    as the process has it. (exit code, stdout, stderr) as the process would end; a bug's exception propagates (the
+    process would print its traceback and exit 1). os.environ is restored after (the CLI sets PL_GLOBAL_SEED)."""
+    from unittest import mock
+
+    from project import main
+
+    monkeypatch.setattr(sys, "argv", ["python -m project", *args])
+    capsys.readouterr()
+    code = 0
+    with mock.patch.dict(os.environ):
+        try:
+            main()
+        except SystemExit as exit:
+            code = 0 if exit.code is None else exit.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_project(args: list[str], *, cwd: Path = REPO, env: dict | None = None, timeout: float = 600,
+                launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m project ARGS` (or `LAUNCHER -m project ARGS`) in a fresh process; output captured."""
+    command = [*(launcher or [sys.executable]), "-m", "project", *args]
+    return subprocess.run(command, cwd=cwd, env=project_env(env), capture_output=True, text=True, timeout=timeout)
+
+
+def start_project(args: list[str], *, env: dict | None = None, new_session: bool = False) -> subprocess.Popen:
+    """Start `python -m project ARGS` without waiting (for signals, kill -9, concurrent runs); output captured."""
+    return subprocess.Popen([sys.executable, "-m", "project", *args], cwd=REPO, env=project_env(env), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=new_session)
+
+
+# Lightning's launcher (rank 0 of strategy ddp) polls its child ranks every 5 s; one that exited non-zero makes it log
+# this line and kill rank 0, by chance before or after rank 0's own last line.
+LAUNCHER_LINE = re.compile(r"\[rank: \d+\] Child process with PID \d+ terminated with code -?\d+\. .*")
+
+
+def last_line(stderr: str) -> str:
+    """The last line a ddp job's own code printed: stderr's last, after any trailing Lightning launcher lines."""
+    lines = stderr.strip().splitlines()
+    while len(lines) > 1 and LAUNCHER_LINE.fullmatch(lines[-1]):
+        lines.pop()
+    return lines[-1] if lines else ""
+
+
+def callback(class_path: str, **init_args) -> str:
+    """A `--trainer.callbacks+=` argument adding one callback."""
+    return "--trainer.callbacks+=" + json.dumps({"class_path": class_path, "init_args": init_args})
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(size) -> a fresh tmpfs of that size (a real, small disk, and another filesystem than /tmp); needs root."""
+    mounts = []
+
+    def mount(size: str) -> Path:
+        target = tmp_path / f"tmpfs{len(mounts)}"
+        target.mkdir()
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            pytest.skip("mounting a tmpfs needs root")
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)],
+                                capture_output=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+        mounts.append(target)
+        return target
+
+    yield mount
+    for target in mounts:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """All scalars of a TensorBoard run dir, read with tensorboard's own reader: {tag: [(step, value), ...]}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+
+
+def pytest_collection_modifyitems(items):
+    """The slowest files first, each file's own order kept: `-n 2` (the README's test command, --dist loadfile) hands
+    whole files to the two workers in this order, so the longest start at once and the short ones even out the end."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.fixture(autouse=True)
+def plain_argv(monkeypatch):
+    """In-process cli_main gets its arguments from the test, not from pytest's own command line."""
+    monkeypatch.setattr(sys, "argv", ["python -m project"])

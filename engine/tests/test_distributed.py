@@ -1,0 +1,156 @@
+"""Multi-process training on CPU with gloo: ddp trains one job (ddp_spawn: tests/test_resume.py, torchrun:
+tests/test_elastic_restart.py), evaluation is exact at any world size, rank zero alone writes, and data parallelism
+computes what one process computes.
+
+    python -m pytest tests/test_distributed.py
+"""
+
+import os
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+from project import cli_main
+
+from classifier_engine.cli import close_process_group
+from conftest import CONFIGS, read_scalars, run_project, tiny_args
+from test_strategies import NO_AUGMENT, relative_difference
+
+pytestmark = pytest.mark.slow
+
+CPU_DDP = ["--config", str(CONFIGS / "cpu_ddp.yaml")]
+
+
+def assert_ok(result):
+    assert result.returncode == 0, (f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n"
+                                    f"{result.stderr[-6000:]}")
+
+
+def in_process(args: list[str]) -> None:
+    """`python -m project ARGS` for one process, without a new interpreter: PL_GLOBAL_SEED and the MASTER_* variables
+    it sets stay out of the tests that follow, and so does the (1-process) gloo group that strategy ddp starts."""
+    with mock.patch.dict(os.environ):
+        try:
+            cli_main(args)
+        finally:
+            close_process_group()  # what classifier_engine.cli.main does after the run
+
+
+def run_files(run_dir: Path) -> dict[str, list[Path]]:
+    logs = run_dir / "lightning_logs"
+    return {
+        "versions": sorted(logs.glob("version_*")),
+        "checkpoints": sorted(logs.glob("*/checkpoints/*.ckpt")),
+        "configs": sorted(run_dir.rglob("config.yaml")),
+        "event_files": sorted(run_dir.rglob("events.out.tfevents.*")),
+    }
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tiny_root, tmp_path_factory) -> Path:
+    """One 2-process gloo DDP fit of the shrunk quickstart, 2 epochs validated after the second only, progress bar on;
+    shared by the tests that inspect its outputs."""
+    run_dir = tmp_path_factory.mktemp("ddp_run")
+    args = ["fit", *tiny_args(tiny_root, run_dir, "--trainer.max_epochs=2", "--trainer.check_val_every_n_epoch=2",
+                              "--trainer.enable_progress_bar=true"), *CPU_DDP, "--ddp_timeout_minutes=1"]
+    assert_ok(run_project(args, timeout=240))
+    return run_dir
+
+
+def test_ddp_two_processes_write_one_run_from_rank_zero(ddp_run):
+    files = run_files(ddp_run)
+    assert [p.name for p in files["versions"]] == ["version_0"]
+    names = sorted(p.name for p in files["checkpoints"])
+    assert len(names) == 2 and names[0].startswith("epoch001-val_acc1=") and names[1] == "last.ckpt"
+    assert len(files["configs"]) == 1 and len(files["event_files"]) == 1
+    scalars = read_scalars(files["versions"][0])
+    assert len(scalars["val/acc1"]) == 1  # logged once, by rank 0, after the cross-rank reduction
+    # 40 train images over 2 ranks in batches of 8: 20 per rank, 2 steps per epoch (the incomplete last batch dropped:
+    # data.drop_last; the run counts each step once)
+    checkpoint = torch.load(ddp_run / "lightning_logs/version_0/checkpoints/last.ckpt", map_location="cpu",
+                            weights_only=True)
+    assert checkpoint["global_step"] == 4
+
+
+def test_ddp_with_the_progress_bar_gets_past_an_epoch_end_without_validation(ddp_run):
+    # Only rank 0 draws the bar, and reading the epoch's metrics for it reduces the sync_dist ones (train/effective_lr)
+    # there first; rank 1 went on into last.ckpt's agreement: both waited on each other (seen: a hang to the timeout,
+    # 1 minute here). ddp_run's epoch 0 ends without validation, with the bar on; it ran both epochs, 2 steps each:
+    last = ddp_run / "lightning_logs/version_0/checkpoints/last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 4
+
+
+def validate_metrics(checkpoint: Path, tiny_root: Path, run_dir: Path, devices: int) -> dict[str, float]:
+    """The reduced val metrics of `validate` with strategy ddp on `devices` processes: 2 or 3 real processes; 1 is
+    the pytest process itself (a 1-rank gloo group, the same arguments), as a process would run it."""
+    args = ["validate", *tiny_args(tiny_root, run_dir), *CPU_DDP, f"--trainer.devices={devices}",
+            "--data.batch_size=4", f"--ckpt_path={checkpoint}"]
+    if devices == 1:
+        in_process(args)
+    else:
+        assert_ok(run_project(args))
+    scalars = read_scalars(run_dir / "lightning_logs" / "version_0")
+    return {key: scalars[key][-1][1] for key in ("val/acc1", "val/acc5", "val/loss")}
+
+
+def test_validate_is_exact_with_1_2_and_3_processes_on_an_odd_val_set(ddp_run, tiny_root, tmp_path):
+    checkpoint = ddp_run / "lightning_logs/version_0/checkpoints/last.ckpt"
+    # 17 val images in batches of 4: shards of 17, 9+8 and 6+6+5 images; padding would count some twice. 2 processes:
+    # the fit's own validation of the weights it saved last (at its last epoch's end), in batches of 8 (8+1 and 8).
+    one, three = (validate_metrics(checkpoint, tiny_root, tmp_path / f"w{n}", n) for n in (1, 3))
+    scalars = read_scalars(ddp_run / "lightning_logs" / "version_0")
+    two = {key: scalars[key][-1][1] for key in ("val/acc1", "val/acc5", "val/loss")}
+    # Neither 0 nor 1: there, padding and means of per-rank means would give the same number (acc5 is 1: 3 classes).
+    assert 0 < one["val/acc1"] < 1
+    assert one["val/acc1"] == two["val/acc1"] == three["val/acc1"]
+    assert two["val/loss"] == pytest.approx(one["val/loss"], rel=1e-5)  # float32 forwards of other batch sizes
+    assert three["val/loss"] == pytest.approx(one["val/loss"], rel=1e-6)
+    # and each reduced accuracy is a count over all 17 images, not a mean of per-rank means (9+8, 6+6+5 shards)
+    for metrics in (two, three):
+        assert metrics["val/acc1"] * 17 == pytest.approx(round(metrics["val/acc1"] * 17), abs=1e-4)
+
+
+def test_ddp_2x_batch_b_with_sync_batchnorm_and_ema_equals_one_process_with_batch_2b(tiny_root, tmp_path):
+    # float64: in float32, 6-image BatchNorm batches amplify rounding to ~1e-3 after 3 steps (measured), hiding
+    # whether the two computations are the same; in float64 they agree to ~3e-14. The EMA callback averages on each
+    # rank: its weights must agree as well.
+    steps = ["--trainer.limit_train_batches=3", "--trainer.precision=64-true", *NO_AUGMENT,
+             "--trainer.callbacks+=project.callbacks.ema.EMA", "--trainer.callbacks.decay=0.5"]
+    single = ["fit", *tiny_args(tiny_root, tmp_path / "single"), "--data.batch_size=12", *steps]
+    ddp = ["fit", *tiny_args(tiny_root, tmp_path / "ddp"), *CPU_DDP, "--data.batch_size=6",
+           "--trainer.sync_batchnorm=true", *steps]
+    in_process(single)  # the one-process reference runs here; the 2 ranks are real processes
+    # 64-true makes float64 torch's default dtype only inside Lightning's contexts: the tests that follow get float32
+    leaked = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    assert leaked == torch.float32, leaked
+    assert_ok(run_project(ddp))
+    last = "lightning_logs/version_0/checkpoints/last.ckpt"
+    (ddp_averaged, ddp_raw), (single_averaged, single_raw) = (
+        ema_and_raw(tmp_path / run / last) for run in ("ddp", "single"))
+    assert relative_difference(ddp_raw, single_raw) <= 1e-9
+    assert relative_difference(ddp_averaged, single_averaged) <= 1e-9
+    assert relative_difference(single_averaged, single_raw) > 1e-3  # the EMA's are other weights than the trained
+    # the recipe saw the same global batch in both: LR 0.2 x 12 / 256
+    for run in ("single", "ddp"):
+        lr = read_scalars(tmp_path / run / "lightning_logs/version_0")["train/effective_lr"][0][1]
+        assert lr == pytest.approx(0.2 * 12 / 256)
+
+
+def ema_and_raw(checkpoint: Path) -> tuple[dict, dict]:
+    """The EMA callback's averaged weights (the checkpoint's state_dict) and the trained ones it keeps beside them."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    return state["state_dict"], state["current_model_state"]
+
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"]
+
+
+def test_torchrun_with_a_process_count_that_does_not_match_devices_stops_with_a_clear_error(tiny_root, tmp_path):
+    result = run_project(["fit", *tiny_args(tiny_root, tmp_path)], launcher=TORCHRUN)
+    assert result.returncode != 0
+    assert "torchrun started 2 processes but the Trainer expects 1" in result.stderr
+    assert "--trainer.devices=2" in result.stderr
+    assert not (tmp_path / "lightning_logs").exists()  # stopped before anything was written

@@ -1,0 +1,222 @@
+"""strategy fsdp2 (configs/fsdp.yaml) on CPU with gloo: the weights ddp trains, a ddp checkpoint continued, a checkpoint
+any process count evaluates exactly, a sharded one resumed after a kill -9 as the uninterrupted run and exported by one
+process, crafted shards refused without running them, and one-line refusals of what it does not do.
+
+    python -m pytest tests/test_fsdp.py --durations=0
+"""
+
+import dataclasses
+import os
+import pickle
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from project.weights import load_pretrained
+from torch import nn
+
+from classifier_engine.cli import close_process_group
+from classifier_engine.errors import CheckpointError
+from classifier_engine.export import main as export_main
+from classifier_engine.run.checkpoint_io import SHARDS, load_checkpoint
+from classifier_engine.strategies import FSDPStrategy
+from classifier_engine.strategies.fsdp import by_position
+from conftest import CONFIGS, callback, project_in_process, read_scalars, run_project, tiny_args
+from test_distributed import CPU_DDP, assert_ok, in_process
+from test_resume import EVERY_STEP, LAST, assert_same_training, final_state
+
+FSDP = ["--config", str(CONFIGS / "fsdp.yaml"), "--trainer.devices=2"]
+SHARDED = ["--trainer.strategy=fsdp2_sharded"]
+# 40 images, batches of 8 over 2 ranks: 2 steps an epoch; 3 epochs, validated once at the end.
+EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3"]
+
+
+def after_step(run_dir: Path, step: int = 1) -> str:
+    """A checkpoint after optimizer step `step`, into <run_dir>/step<step>.ckpt."""
+    return callback("stop_callbacks.SaveAtStep", step=step, path=str(run_dir / f"step{step}.ckpt"))
+
+
+def trained(path: Path, tmp_path: Path) -> dict:
+    """final_state of a checkpoint as the project reads it (a sharded one: its file, and the shards it names)."""
+    one_file = tmp_path / f"{os.urandom(4).hex()}.ckpt"
+    torch.save(load_checkpoint(path if path.is_file() else path / LAST), one_file)
+    return final_state(one_file)
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tiny_root, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("fsdp_run")
+    assert_ok(run_project(["fit", *tiny_args(tiny_root, run_dir, *EPOCHS), *FSDP, after_step(run_dir)], timeout=300))
+    return run_dir
+
+
+def validate(checkpoint: Path, tiny_root: Path, run_dir: Path, devices: int) -> dict[str, float]:
+    """Reduced val metrics of `validate` on `devices` processes: fsdp2 for 3, 1: one plain process (this one)."""
+    args = ["validate", *tiny_args(tiny_root, run_dir), "--data.batch_size=4", f"--ckpt_path={checkpoint}"]
+    if devices == 1:
+        in_process(args)
+    else:
+        assert_ok(run_project([*args, *FSDP, f"--trainer.devices={devices}"], timeout=300))
+    scalars = read_scalars(run_dir / "lightning_logs" / "version_0")
+    return {key: scalars[key][-1][1] for key in ("val/acc1", "val/loss")}
+
+
+@pytest.mark.slow
+def test_fsdp_steps_as_ddp_does_and_its_checkpoint_evaluates_exactly_at_1_2_and_3_processes(fsdp_run, tiny_root,
+                                                                                           tmp_path):
+    # One step: gradients averaged over the ranks, the LR, weight decay and momentum as ddp has them (measured 7e-7).
+    # Later steps drift apart in float32 as ddp drifts from itself: this tiny network turns 1e-7 in the weights into
+    # 4e-2 in the next gradient (docs/how-it-works.md#fsdp); ModelParallelStrategy refuses 64-true.
+    ddp_run = tmp_path / "ddp"  # the fixture's run under ddp
+    ddp_args = [*CPU_DDP, after_step(ddp_run), after_step(ddp_run, 2)]
+    assert_ok(run_project(["fit", *tiny_args(tiny_root, ddp_run, *EPOCHS), *ddp_args]))
+    fsdp, reference = final_state(fsdp_run / "step1.ckpt"), final_state(ddp_run / "step1.ckpt")
+    assert fsdp["step"] == reference["step"] == 1
+    assert_same_training(fsdp, reference, tolerance=1e-5)
+    # ddp's step-1 checkpoint continued under fsdp (mid-epoch, sharded) for one step: ddp's step 2 (measured: weights
+    # 9.7e-9 and momentum 4.0e-7 apart, relative; the step moves the weights 5.7e-2).
+    continued = tmp_path / "continued"
+    assert_ok(run_project(["fit", *tiny_args(tiny_root, continued, *EPOCHS), *FSDP, *SHARDED,
+                           "--trainer.max_steps=2", f"--ckpt_path={ddp_run / 'step1.ckpt'}"], timeout=300))
+    assert_same_training(trained(continued, tmp_path), final_state(ddp_run / "step2.ckpt"), tolerance=1e-5)
+    # The checkpoint is a ddp one, key for key: what validates and exports in one process (python -m project export).
+    assert {k: v.shape for k, v in fsdp["weights"].items()} == {k: v.shape for k, v in reference["weights"].items()}
+    # 17 val images: shards of 17, 9+8 and 6+6+5; padding would count some twice. 2 ranks: the fit's own validation
+    # of the weights it saved last (at the end of its last epoch), in batches of 8 (4 for the others).
+    one, three = (validate(fsdp_run / LAST, tiny_root, tmp_path / f"w{n}", n) for n in (1, 3))
+    scalars = read_scalars(fsdp_run / "lightning_logs" / "version_0")
+    two = {key: scalars[key][-1][1] for key in ("val/acc1", "val/loss")}
+    assert "perf/device/tflops" in scalars  # FLOPs counted on the network before it was sharded
+    assert one["val/acc1"] == two["val/acc1"] == three["val/acc1"]
+    # float32 forwards of other batch compositions: 1.1e-6 measured at 3 ranks (the counts above are exact)
+    assert two["val/loss"] == pytest.approx(one["val/loss"], rel=1e-5)
+    assert three["val/loss"] == pytest.approx(one["val/loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_fsdp_kill_9_mid_epoch_then_resume_ends_as_the_uninterrupted_run(fsdp_run, tiny_root, tmp_path):
+    # Sharded checkpoints, killed and resumed: the fixture's one-file run, bitwise (the same reductions).
+    run = tmp_path / "run"
+    args = [*tiny_args(tiny_root, run, *EPOCHS), *FSDP, *SHARDED]
+    killed = run_project(["fit", *args, *EVERY_STEP, callback("stop_callbacks.SignalAtStep", step=3)], timeout=300)
+    assert killed.returncode != 0
+    stopped = trained(run, tmp_path)
+    assert (stopped["step"], stopped["epoch"]) == (3, 1)  # epoch 1, after its first batch
+    # One process, no process group, exports it (python -m project export checks the program's logits against the
+    # network's): the shards read into the one-file checkpoint they stand for.
+    files = export_main(["--ckpt_path", str(run / LAST), "--out_dir", str(tmp_path / "export"), "--no-onnx"])
+    assert files["pt2"].is_file()
+    assert_ok(run_project(["fit", *args, "--ckpt_path=last"], timeout=300))
+    assert_same_training(trained(run, tmp_path), final_state(fsdp_run), tolerance=0)
+    # Each checkpoint is its file and one folder: the earlier saves' folders were deleted as each new one landed.
+    checkpoints = (run / LAST).parent
+    assert sorted(p.name.split(".shards")[0].rsplit(".", 1)[0] for p in checkpoints.glob(".*.shards")) == sorted(
+        "." + p.name for p in checkpoints.glob("*.ckpt"))
+
+
+@pytest.mark.parametrize("refused, message", [
+    (["--trainer.sync_batchnorm=true"], "sync_batchnorm is not applied under strategy fsdp2"),
+    ([callback("project.callbacks.ema.EMA")], "EMA does not average sharded weights"),
+])
+def test_fsdp_refuses_sync_batchnorm_and_ema_in_one_line(refused, message, tiny_root, tmp_path, monkeypatch, capsys):
+    args = ["fit", *tiny_args(tiny_root, tmp_path), "--config", str(CONFIGS / "fsdp.yaml"), *refused]
+    try:
+        code, _, err = project_in_process(args, monkeypatch, capsys)
+    finally:
+        close_process_group()  # the 1-process gloo group the refused run started
+    assert code == 2 and message in err.strip().splitlines()[-1]
+    assert "Traceback" not in err
+
+
+class RunsCode:
+    """What a crafted checkpoint pickles: unpickling it runs `call(argument)` (os.system, builtins.exec)."""
+
+    def __init__(self, call, argument: str):
+        self.call, self.argument = call, argument
+
+    def __reduce__(self):
+        return self.call, (self.argument,)
+
+
+def sharded_checkpoint(directory: Path, lr: object = 0.1, name: str = "last.ckpt", stamp: int = 1) -> Path:
+    """A small sharded checkpoint as strategy fsdp2 writes one: <directory>/<name>, and the folder it names beside it
+    with the tensors and the optimizer's values (DCP torch.saves each non-tensor item, here the LR)."""
+    folder = directory / f".{name}.{stamp}.shards"
+    tensors = {"state_dict": {"network.0.weight": torch.ones(2, 2)},  # an ImageClassifier's network: Linear(2, 2)
+               "optimizer_0": {"state": {"network.0.weight": {"momentum_buffer": torch.zeros(2, 2)}},
+                               "param_groups": [{"lr": lr, "params": ["network.0.weight"]}]}}
+    with warnings.catch_warnings():  # "torch.distributed is disabled ... assuming ... a single process": it is
+        warnings.simplefilter("ignore")
+        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(folder), no_dist=True)
+    torch.save({"epoch": 0, "global_step": stamp, SHARDS: folder.name}, directory / name)
+    return directory / name
+
+
+@pytest.mark.parametrize("crafted", ["metadata calls os.system", "metadata calls builtins.exec", "bytes item",
+                                     "metadata cut short", "metadata not DCP's", "folder outside", "file outside"])
+def test_crafted_shards_are_refused_in_one_line_and_run_nothing(crafted, tmp_path):
+    path, ran = sharded_checkpoint(tmp_path), tmp_path / "ran"
+    loaded = load_checkpoint(path)  # one process, no process group: the one-file checkpoint it stands for
+    assert loaded["state_dict"]["network.0.weight"].tolist() == [[1, 1], [1, 1]] and loaded["global_step"] == 1
+    (optimizer,) = loaded["optimizer_states"]  # keyed by position, as torch.optim keys it
+    assert optimizer["param_groups"] == [{"lr": 0.1, "params": [0]}]
+    assert optimizer["state"][0]["momentum_buffer"].shape == (2, 2)
+    network = nn.Sequential(nn.Linear(2, 2, bias=False))  # fine-tuning from it: --model.finetune.weights <ckpt>
+    load_pretrained(network, str(path), arch=None, num_classes=2)
+    assert network[0].weight.tolist() == [[1, 1], [1, 1]]
+    metadata, expected = tmp_path / ".last.ckpt.1.shards" / ".metadata", "is not a trusted checkpoint: it holds pickled"
+    if crafted == "bytes item":  # read by DCP's own planner with torch.load(weights_only=False)
+        path = sharded_checkpoint(tmp_path, lr=RunsCode(os.system, f"touch {ran}"), stamp=2)
+    elif crafted.startswith("metadata cut") or crafted.startswith("metadata not"):  # damaged: not code, one line too
+        metadata.write_bytes(metadata.read_bytes()[:100] if "cut" in crafted else pickle.dumps([1, {"a": 2}]))
+        expected = r"last.ckpt is not a complete checkpoint: its shards .last.ckpt.1.shards do not load \("
+    elif crafted == "folder outside":  # the file names the folder above it
+        torch.save({"epoch": 0, "global_step": 1, SHARDS: ".."}, path)
+        expected = r"do not load \('\.\.' is not a shard folder's name\)"
+    elif crafted == "file outside":  # .metadata points DCP's reader at a file beside the folder (it would load it)
+        shards = pickle.loads(metadata.read_bytes())
+        for name, info in shards.storage_data.items():
+            shutil.copyfile(metadata.parent / info.relative_path, tmp_path / "elsewhere.distcp")
+            shards.storage_data[name] = dataclasses.replace(info, relative_path="../elsewhere.distcp")
+        metadata.write_bytes(pickle.dumps(shards))
+        expected = r"do not load \(its \.metadata names files outside its folder\)"
+    else:  # read by DCP's own reader with pickle.load
+        payload = RunsCode(os.system, f"touch {ran}") if "system" in crafted else RunsCode(exec, f"open('{ran}', 'w')")
+        pickle.loads(pickle.dumps(payload))  # it is live: a plain unpickling runs it
+        assert ran.exists()
+        ran.unlink()
+        metadata.write_bytes(pickle.dumps(payload))
+    with pytest.raises(CheckpointError, match=expected) as refused:
+        load_checkpoint(path)
+    assert "\n" not in str(refused.value)
+    assert not ran.exists()
+
+
+def test_a_sharded_save_killed_before_its_file_leaves_the_previous_checkpoint_and_removal_takes_its_folder(tmp_path):
+    path = sharded_checkpoint(tmp_path)
+    killed = tmp_path / ".last.ckpt.2.shards"  # a later save's shards, killed before rank 0 replaced last.ckpt
+    killed.mkdir()
+    (killed / "__0_0.distcp").write_bytes(b"half")
+    assert load_checkpoint(path)["global_step"] == 1
+    other = sharded_checkpoint(tmp_path, name="epoch=0-step=1.ckpt")
+    FSDPStrategy(sharded=True).remove_checkpoint(path)  # as ModelCheckpoint drops one from its top k
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".epoch=0-step=1.ckpt.1.shards", other.name]
+
+
+def test_optimizer_states_are_matched_to_parameters_by_position_in_their_groups_as_torch_optim_does():
+    # Two groups (decay_norm_and_bias=false) of Sequential(Linear(4, 3), BatchNorm1d(3), Linear(3, 2)): the matrices,
+    # then the vectors. Lightning's one-file fsdp checkpoint numbers them in model order, torch.optim (ddp) in group
+    # order; FSDP's rekey_optim_state_dict reads both in model order, which gives ddp's 2.weight momentum to 0.bias.
+    shapes = {"0.weight": (3, 4), "2.weight": (2, 3), "0.bias": (3,), "1.weight": (3,), "1.bias": (3,), "2.bias": (2,)}
+    names = list(shapes)  # the optimizer's order
+    for groups in ([[0, 4], [1, 2, 3, 5]], [[0, 1], [2, 3, 4, 5]]):  # fsdp one-file, ddp
+        ids = [i for group in groups for i in group]
+        state = {"state": {i: {"momentum_buffer": torch.zeros(shapes[name])} for i, name in zip(ids, names)},
+                 "param_groups": [{"lr": 0.1, "params": group} for group in groups]}
+        by_name = by_position(state, names)
+        assert {name: tuple(s["momentum_buffer"].shape) for name, s in by_name["state"].items()} == shapes
+        assert [g["params"] for g in by_name["param_groups"]] == [names[:2], names[2:]]
+        assert [g["params"] for g in by_position(by_name)["param_groups"]] == [[0, 1], [2, 3, 4, 5]]  # torch.optim's

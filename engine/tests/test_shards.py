@@ -1,0 +1,292 @@
+"""Shards (tools/make_shards.py, classifier_engine.ShardDataModule): a conversion that resumes and is never
+half-valid, a chunk-aware order drawn from the seed, exact resume and exact evaluation, and a real object store
+(moto's server).
+
+    python -m pytest tests/test_shards.py --durations=0
+"""
+
+import json
+import re
+import signal
+import sys
+
+import boto3
+import pytest
+import torch
+from PIL import Image
+from project import cli_main
+from project.data import ShardDataModule
+from tools.local_services import free_port, s3_server
+from tools.make_shards import encode
+from tools.make_shards import main as make_shards
+
+from classifier_engine.errors import ConfigError
+from conftest import CONFIGS, QUICKSTART, SHRINK, callback, project_in_process, run_project
+
+LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
+SMALL = ["--shard-size", "8", "--workers", "1"]  # tiny_root: 40 train images in 5 shards, 17 val in 3
+
+
+@pytest.fixture(scope="module")
+def shards(tiny_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("shards") / "tiny"
+    assert make_shards(["--source", str(tiny_root), "--out", str(out), *SMALL]) == 0
+    return out
+
+
+def fit_args(shards, run_dir, *extra: str) -> list[str]:
+    return ["--config", str(QUICKSTART), *SHRINK, "--data.class_path=classifier_engine.data.ShardDataModule",
+            f"--data.init_args.shards={shards}", "--trainer.max_epochs=2", f"--trainer.default_root_dir={run_dir}",
+            *extra]
+
+
+def one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+def test_a_rerun_keeps_finished_shards_and_the_index_is_written_last(tiny_root, shards, tmp_path, monkeypatch,
+                                                                     capsys):
+    out = tmp_path / "out"
+    encoded = []
+
+    def interrupted(path, options):  # the conversion stops while encoding image 21 (shard 2), as a kill would
+        encoded.append(path)
+        if len(encoded) == 21:
+            raise KeyboardInterrupt
+        return encode(path, options)
+
+    monkeypatch.setattr("tools.make_shards.encode", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        make_shards(["--source", str(tiny_root), "--out", str(out), *SMALL])
+    assert sorted(p.name for p in out.iterdir()) == ["train-00000.shard", "train-00000.shard.json",
+                                                     "train-00001.shard", "train-00001.shard.json"]
+    with pytest.raises(ConfigError, match=r"no index.json: a conversion not finished.*tools.make_shards"):
+        ShardDataModule(shards=str(out))
+    kept = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert make_shards(["--source", str(tiny_root), "--out", str(out), *SMALL]) == 0
+    assert "6 shards written, 2 kept from an earlier run" in capsys.readouterr().out
+    assert {name: (out / name).stat().st_mtime_ns for name in kept} == kept
+    assert json.loads((out / "index.json").read_text()) == json.loads((shards / "index.json").read_text())
+    # Other options: the old index goes first, then every shard is rewritten.
+    assert make_shards(["--source", str(tiny_root), "--out", str(out), *SMALL, "--max-short-side", "16"]) == 0
+    assert "starting over" in capsys.readouterr().out
+    image = ShardDataModule(shards=str(out), decoder="pil")._images("val", None)[0][0]
+    assert min(image.size) == 16  # 32 px images, short side at most 16
+
+
+def test_conversion_errors_are_one_line_with_the_fix(tiny_root, tmp_path, tmpfs, capsys):
+    cases = {
+        "does not exist": ["--source", str(tmp_path / "nowhere"), "--out", str(tmp_path / "a")],
+        "cannot write there": ["--source", str(tiny_root), "--out", str(next(tiny_root.rglob("*.jpg")) / "out")],
+        "no space left": ["--source", str(tiny_root), "--out", str(tmpfs("48k")), *SMALL, "--keep-original"],
+    }
+    for expected, argv in cases.items():
+        capsys.readouterr()
+        assert make_shards(argv) == 2, expected
+        assert expected in one_line(capsys.readouterr().err)
+
+
+def test_the_same_seed_gives_the_same_chunk_aware_order(shards):
+    def order(seed: int, epoch: int = 0) -> list[int]:
+        data = ShardDataModule(shards=str(shards), batch_size=8, num_workers=0, seed=seed, shuffle_window=2)
+        data.setup("fit")
+        return [index for index, _ in data.train_dataloader().sampler.epoch_order(epoch)]
+
+    first = order(7)
+    assert first == order(7) and first != order(8) and first != order(7, epoch=1)
+    assert sorted(first) == list(range(40))
+    # Windows of 2 shards (16 images): each window's images come from 2 shards only, each shard read once.
+    windows = [{index // 8 for index in first[w:w + 16]} for w in range(0, 40, 16)]
+    assert [len(w) for w in windows] == [2, 2, 1] and set().union(*windows) == set(range(5))
+
+
+def test_shards_decode_as_the_folder_images(tiny_root, tmp_path):
+    out = tmp_path / "original"
+    assert make_shards(["--source", str(tiny_root), "--out", str(out), *SMALL, "--keep-original"]) == 0
+    val = ShardDataModule(shards=str(out), decoder="pil")._images("val", None)
+    files = sorted(tiny_root.glob("val/*/*.jpg"))
+    assert len(val) == len(files) == 17
+    for index, path in enumerate(files):
+        image, label = val[index]
+        assert list(image.getdata()) == list(Image.open(path).convert("RGB").getdata())
+        assert label == ["cat", "dog", "fox"].index(path.parent.name)
+
+
+@pytest.fixture(scope="module")
+def reference(shards, tmp_path_factory):
+    """Two epochs of 5 steps on the local shards, uninterrupted (in-process)."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    cli_main(["fit", *fit_args(shards, run_dir)])
+    return run_dir
+
+
+def weights(path) -> dict[str, torch.Tensor]:
+    state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    return {k: v for k, v in state.items() if v.is_floating_point()}
+
+
+def metrics(output: str) -> dict[str, float]:
+    return {key: float(value) for key, value in re.findall(r"(val/\w+)\s+([0-9.]+)", output)}
+
+
+@pytest.mark.slow
+def test_kill_9_mid_epoch_on_s3_shards_then_resume_gives_the_uninterrupted_weights(tiny_root, reference, object_store,
+                                                                                   tmp_path, monkeypatch):
+    # The shards in the object store, cached on "node-local" disk; the uninterrupted reference read the same shards
+    # from a local directory. last.ckpt after every step; kill -9 as step 7 starts: epoch 1, its 3rd batch.
+    url, cache = "s3://datasets/resume", f"--data.init_args.cache_dir={tmp_path / 'cache'}"
+    for name, value in object_store.items():
+        monkeypatch.setenv(name, value)
+    assert make_shards(["--source", str(tiny_root), "--out", url, *SMALL]) == 0
+    args = fit_args(url, tmp_path, cache, "--last_checkpoint.every_n_steps=1")
+    killed = run_project(["fit", *args, callback("stop_callbacks.SignalAtStep", step=7)])
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    cli_main(["fit", *fit_args(url, tmp_path, cache), "--ckpt_path=last"])
+    resumed, uninterrupted = weights(tmp_path / LAST), weights(reference / LAST)
+    assert resumed.keys() == uninterrupted.keys()
+    for key in uninterrupted:
+        torch.testing.assert_close(resumed[key], uninterrupted[key], rtol=0, atol=0, msg=key)
+
+
+@pytest.mark.slow
+def test_validate_at_1_2_and_3_ranks_gives_the_same_metrics(shards, reference, monkeypatch, capsys):
+    checkpoint = f"--ckpt_path={reference / LAST}"
+    code, out, err = project_in_process(["validate", *fit_args(shards, reference), checkpoint], monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    one = metrics(out)
+    assert set(one) >= {"val/acc1", "val/acc5", "val/loss"}
+    for devices in (2, 3):  # 17 images: 9 + 8, 6 + 6 + 5
+        result = run_project(["validate", *fit_args(shards, reference), "--config", str(CONFIGS / "cpu_ddp.yaml"),
+                              f"--trainer.devices={devices}", checkpoint])
+        assert result.returncode == 0, result.stderr[-3000:]
+        many = metrics(result.stdout)
+        assert {k: many[k] for k in ("val/acc1", "val/acc5")} == {k: one[k] for k in ("val/acc1", "val/acc5")}
+        assert many["val/loss"] == pytest.approx(one["val/loss"], rel=1e-6)  # float32 sums in another order
+
+
+@pytest.fixture(scope="module")
+def object_store():
+    """moto's S3 server on 127.0.0.1 with authentication on (an IAM user's keys) and a bucket; stopped after."""
+    with s3_server(bucket="datasets") as env:
+        yield env
+
+
+@pytest.mark.slow
+def test_shards_on_an_object_store_train_as_local_ones_and_no_secret_reaches_the_run(
+        tiny_root, shards, object_store, tmp_path, monkeypatch, capsys):
+    for name, value in object_store.items():
+        monkeypatch.setenv(name, value)
+    url = "s3://datasets/tiny"
+    assert make_shards(["--source", str(tiny_root), "--out", url, *SMALL]) == 0
+    cache = tmp_path / "cache"
+    remote = ShardDataModule(shards=url, cache_dir=str(cache))._images("val", None)
+    local = ShardDataModule(shards=str(shards))._images("val", None)
+    assert all(torch.equal(remote[i][0], local[i][0]) for i in range(len(local)))
+    assert sorted(p.name for p in (cache / "datasets" / "tiny").glob("*.shard")) == [f"val-0000{k}.shard" for k in
+                                                                                     range(3)]
+    cli_main(["fit", *fit_args(url, tmp_path / "run", f"--data.init_args.cache_dir={cache}",
+                                "--trainer.max_epochs=1")])
+    written = "".join(p.read_text(errors="replace") for p in (tmp_path / "run").rglob("*") if p.is_file())
+    for secret in (object_store["AWS_SECRET_ACCESS_KEY"], object_store["AWS_ACCESS_KEY_ID"],
+                   object_store["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]):
+        assert secret not in written
+    # A shard damaged in the store (same size, other bytes) is refused when downloaded, naming what to do.
+    s3 = boto3.session.Session().client("s3")
+    good = s3.get_object(Bucket="datasets", Key="tiny/val-00001.shard")["Body"].read()
+    s3.put_object(Bucket="datasets", Key="tiny/val-00001.shard", Body=bytes(reversed(good)))
+    with pytest.raises(ConfigError, match=r"val-00001.shard is not the shard its index.json lists .*make_shards"):
+        ShardDataModule(shards=url, cache_dir=str(tmp_path / "other"))._images("val", None)[8]
+    # At start, one line each: a missing bucket, bad credentials, an endpoint nothing answers on.
+    capsys.readouterr()
+    assert make_shards(["--source", str(tiny_root), "--out", "s3://nobucket/x", *SMALL]) == 2
+    assert "bucket 'nobucket' does not exist" in one_line(capsys.readouterr().err)
+    with monkeypatch.context() as nothing_there:
+        nothing_there.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+        assert make_shards(["--source", str(tiny_root), "--out", url, *SMALL]) == 2
+        assert "cannot reach the object store" in one_line(capsys.readouterr().err)
+    problems = {"bucket 'nobucket' does not exist": ("s3://nobucket/tiny", {}),
+                "refused the credentials": (url, {"AWS_ACCESS_KEY_ID": "AKIAWRONG", "AWS_SECRET_ACCESS_KEY": "wrong"}),
+                "cannot reach the object store": (url, {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"})}
+    for expected, (location, env) in problems.items():
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        with pytest.raises(ConfigError, match=expected) as error:
+            ShardDataModule(shards=location)
+        assert "\n" not in str(error.value) and object_store["AWS_SECRET_ACCESS_KEY"] not in str(error.value)
+
+
+def test_s3_shards_without_the_extra_name_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "boto3", None)  # as if not installed
+    with pytest.raises(ConfigError, match=re.escape('s3:// shards need boto3: pip install -e ".[shards]"')):
+        ShardDataModule(shards="s3://datasets/tiny")
+
+
+def crafted_copy(shards, folder, change) -> str:
+    """A copy of the shard set whose index.json is `change(index)` applied to it, or the bytes `change`."""
+    folder.mkdir()
+    for path in shards.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    index = json.loads((shards / "index.json").read_text())
+    body = change if isinstance(change, bytes) else json.dumps(change(index) or index).encode()
+    (folder / "index.json").write_bytes(body)
+    return str(folder)
+
+
+# (what is wrong with the index, how it is made, the text of the one line)
+DAMAGED = {
+    "not JSON": (b'{"format": "proj', "index.json is not JSON"),
+    "not an object": (b"[1, 2]", "index.json is 'list', expected project-shards/1"),
+    "no splits": (lambda index: index.pop("splits") and None, "'splits' lacks the train and val lists of shards"),
+    "labels and lengths disagree": (lambda index: index["splits"]["val"][1]["labels"].pop() and None,
+                                    "splits.val[1] (val-00001.shard): its lengths, labels and bytes do not agree"),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED))
+def test_a_damaged_index_is_one_line_naming_it(case, shards, tmp_path):
+    change, expected = DAMAGED[case]
+    with pytest.raises(ConfigError, match=re.escape(expected)) as error:
+        ShardDataModule(shards=crafted_copy(shards, tmp_path / "set", change))
+    assert "\n" not in str(error.value) and "index.json" in str(error.value)
+
+
+def test_a_local_index_naming_files_outside_its_folder_reads_nothing_there(shards, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "a.shard").write_bytes((shards / "train-00000.shard").read_bytes())
+    for k, name in enumerate(["../elsewhere/a.shard", str(elsewhere / "a.shard"), "sub/../../elsewhere/a.shard"]):
+        def rename(index, name=name):
+            index["splits"]["train"][0]["file"] = name
+        with pytest.raises(ConfigError, match=re.escape(f"{name!r} names a file outside")):
+            ShardDataModule(shards=crafted_copy(shards, tmp_path / f"set{k}", rename))._images("train", None)[0]
+
+
+def test_a_missing_shard_is_one_line_before_a_run_dir_is_made(shards, tmp_path, monkeypatch, capsys):
+    folder = crafted_copy(shards, tmp_path / "set", lambda index: None)
+    (tmp_path / "set" / "val-00001.shard").unlink()
+    run = tmp_path / "run"
+    code, _, err = project_in_process(["fit", *fit_args(folder, run)], monkeypatch, capsys)
+    assert code == 2 and re.search(r"val-00001.shard is missing: copy the whole shard set", one_line(err)), err[-2000:]
+    assert not run.exists()
+
+
+@pytest.mark.slow
+def test_an_s3_index_naming_a_path_outside_the_cache_writes_nothing_there(shards, object_store, tmp_path,
+                                                                           monkeypatch):
+    for name, value in object_store.items():
+        monkeypatch.setenv(name, value)
+    s3 = boto3.session.Session().client("s3")
+    index = json.loads((shards / "index.json").read_text())
+    escape = "../../../site-packages/x.pth"  # from the cache's datasets/evil/: three folders up, then down
+    index["splits"]["train"][0]["file"] = escape
+    shard = (shards / "train-00000.shard").read_bytes()
+    for key, body in ((f"evil/{escape}", shard), ("evil/index.json", json.dumps(index).encode())):
+        s3.put_object(Bucket="datasets", Key=key, Body=body)
+    cache = tmp_path / "cache"
+    with pytest.raises(ConfigError, match=re.escape(f"{escape!r} names a file outside")):
+        ShardDataModule(shards="s3://datasets/evil", cache_dir=str(cache))._images("train", None)[0]
+    assert not (tmp_path / "site-packages").exists() and not cache.exists()

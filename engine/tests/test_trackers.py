@@ -1,0 +1,317 @@
+"""Experiment trackers: MLflow against a real `mlflow server` (sqlite, on 127.0.0.1), W&B offline, CSV, as a list.
+
+    python -m pytest tests/test_trackers.py
+
+A run stopped by SIGTERM and resumed with `--ckpt_path last` is ONE tracked run whose curves continue, and ONE run dir
+with the checkpoints, config.yaml and every file-based logger's output; bad tracker settings are one line each.
+"""
+
+import csv as csv_module
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from tools.local_services import free_port
+
+from conftest import callback, project_in_process, read_scalars, run_project, tiny_args
+
+pytestmark = pytest.mark.slow
+mlflow = pytest.importorskip("mlflow", reason="the tracking extra: pip install -e '.[tracking]'")
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server (sqlite backend, artifacts in a temp folder) on 127.0.0.1; stopped after."""
+    home = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
+               "--default-artifact-root", str(home / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+               "--workers", "1"]
+    # Without MLflow 3's job runner (7 huey consumer processes for GenAI scoring and trace archival, no part of
+    # tracking): they took CPU from the runs under test and ~10 s to stop. Older MLflow ignores the variable.
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    log = open(home / "server.log", "w")
+    server = subprocess.Popen(command, cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(uri + "/health", timeout=2) as answer:
+                if answer.status == 200:
+                    break
+        except OSError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            pytest.fail(f"mlflow server did not start: {(home / 'server.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+    yield uri
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+    log.close()
+
+
+def _loggers(*entries: dict) -> str:
+    return "--trainer.logger=" + json.dumps(list(entries))
+
+
+def _tensorboard(root: Path) -> dict:
+    return {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": str(root)}}
+
+
+def _mlflow(uri: str, experiment: str) -> dict:
+    return {"class_path": "lightning.pytorch.loggers.MLFlowLogger",
+            "init_args": {"tracking_uri": uri, "experiment_name": experiment}}
+
+
+def _stop_then_resume(tiny_root: Path, root: Path, *extra: str, env: dict | None = None):
+    """fit 2 epochs stopped by SIGTERM in epoch 1 (exit 143), then `--ckpt_path last` to the end (exit 0)."""
+    args = tiny_args(tiny_root, root, "--trainer.max_epochs=2", *extra)
+    stopped = run_project(["fit", *args, callback("stop_callbacks.SignalAtStep", step=7, signum=int(signal.SIGTERM))],
+                          env=env)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    resumed = run_project(["fit", *args, "--ckpt_path", "last"], env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return stopped, resumed
+
+
+def test_tensorboard_mlflow_wandb_offline_and_csv_stopped_and_resumed_are_one_run_each_and_one_run_dir(
+        tiny_root, tmp_path, mlflow_server):
+    # All four loggers in one stopped-and-resumed run (one stop and one resume process, not two of each): each must
+    # come out as one tracked run in the one run dir, beside the others.
+    pytest.importorskip("wandb")
+    wandb_logger = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"project": "resume"}}
+    csv = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "elsewhere"}}
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    stopped, resumed = _stop_then_resume(
+        tiny_root, tmp_path, _loggers(_tensorboard(tmp_path), _mlflow(mlflow_server, "resume"), wandb_logger, csv),
+        env=env)
+    output = resumed.stdout + resumed.stderr
+
+    # MLflow: one run whose curves continue
+    client = mlflow.tracking.MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name("resume")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1, [r.info.run_id for r in runs]
+    run = runs[0]
+    run_dir = tmp_path / "lightning_logs" / "version_0"
+    tensorboard = read_scalars(run_dir)
+    # 2 epochs of 5 steps, each logged once (the step the stop was taken at too)
+    for name, count in (("val/acc1", 2), ("train/loss", 10)):
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, name))
+        assert len(steps) == len(set(steps)) == count, (name, steps)  # each step once: one run, no counter restart
+        assert steps == sorted(step for step, _ in tensorboard[name]), (name, steps)  # TensorBoard's steps
+    params = run.data.params
+    assert params["model.arch"] == "resnet18" and params["trainer.max_epochs"] == "2"
+    assert run.data.tags.get("git_commit") or not (Path(__file__).parents[1] / ".git").exists()
+    artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
+    assert "config.yaml" in artifacts, artifacts
+    assert run.info.status == "FINISHED"
+
+    versions = sorted(p.name for p in (tmp_path / "lightning_logs").iterdir())
+    assert versions == ["version_0"], versions
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and (run_dir / "config.yaml").is_file()
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    trackers = json.loads((run_dir / "trackers.json").read_text())
+    assert trackers["mlflow"] == run.info.run_id
+    assert f"run_id: {run.info.run_id}" not in (run_dir / "config.yaml").read_text()  # a rerun from it is a new run
+    last_line = [line for line in output.splitlines() if line.startswith("run dir ")][-1]
+    assert f"MLflow {mlflow_server}/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}" in last_line
+    assert f"tensorboard --logdir {tmp_path / 'lightning_logs'}" in last_line
+
+    # W&B offline: two starts, one run id
+    offline_runs = sorted((run_dir / "wandb").glob("offline-run-*"))
+    ids = {path.name.rsplit("-", 1)[-1] for path in offline_runs}
+    assert len(offline_runs) == 2 and len(ids) == 1, offline_runs  # two starts, one W&B run
+    assert trackers["wandb"] == ids.pop()
+    assert "wandb sync" in output
+    # CSV beside them: moved from save_dir "elsewhere" into the one run dir, with TensorBoard's events and the run's
+    # files; its metrics.csv continues across the resume (Lightning's CSVLogger alone would have deleted the first
+    # start's rows: classifier_engine.run.trackers.continue_csv_logs), each step once, the steps TensorBoard holds.
+    assert (run_dir / "metrics.csv").is_file()
+    with open(run_dir / "metrics.csv", newline="") as file:
+        rows = list(csv_module.DictReader(file))
+    for name in ("train/loss", "val/acc1"):
+        steps = [int(row["step"]) for row in rows if row.get(name)]
+        assert steps == sorted(step for step, _ in tensorboard[name]), (name, steps)
+    assert not (run_dir / "metrics.csv.resume").exists()
+    # config.yaml keeps settings, not the run's identity: a new run from it gets its own W&B run and run dir
+    import yaml
+
+    (saved,) = [e for e in yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]["logger"]
+                if e["class_path"].endswith("WandbLogger")]
+    assert saved["init_args"]["id"] is None and saved["init_args"]["save_dir"] is None, saved
+
+
+def _one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert lines and lines[-1].startswith("error: "), lines[-5:]
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[-1], lines[-1]
+
+
+def _one_line_error_in_process(capsys, monkeypatch, args: list[str], *needles: str) -> None:
+    """The real process's contract in this process (conftest.project_in_process): one `error: ` line, exit 2."""
+    code, _, err = project_in_process(args, monkeypatch, capsys)
+    assert code == 2, err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_an_unreachable_tracking_server_is_one_line_and_nothing_is_written(tiny_root, tmp_path, capsys, monkeypatch):
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    args = ["fit", *tiny_args(tiny_root, tmp_path, _loggers(_mlflow(uri, "x")))]
+    _one_line_error_in_process(capsys, monkeypatch, args, uri, "does not answer", "mlflow server")
+    assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_mlflows_refused_file_store_is_one_line_naming_the_fix(tiny_root, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")
+    args = ["fit", *tiny_args(tiny_root, tmp_path, _loggers(_mlflow(f"file://{tmp_path}/mlruns", "x")))]
+    _one_line_error_in_process(capsys, monkeypatch, args, "file store", "sqlite:///")
+    assert not (tmp_path / "lightning_logs").exists() and not (tmp_path / "mlruns").exists()
+
+
+def test_a_missing_tracker_package_is_one_line_naming_the_extra(tiny_root, tmp_path):
+    # A real process (the file's one): the error line as `python -m project` prints it, through __main__.
+    # A folder first on sys.path whose `mlflow` fails to import as an absent package does.
+    hide = tmp_path / "hide" / "mlflow"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'mlflow'\", name='mlflow')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(hide.parent), str(Path(__file__).parent)])}
+    result = run_project(["fit", *tiny_args(tiny_root, tmp_path / "run", _loggers(_mlflow("http://127.0.0.1:1", "x")))],
+                         env=env)
+    _one_line_error(result, "mlflow", '.[tracking]')
+    assert not (tmp_path / "run").exists()
+
+
+
+# -- trackers at start-up and on resume: one line before anything is written, or a new tracked run said so ----------
+
+def test_a_tracking_uri_with_a_password_is_used_and_never_printed(tiny_root, tmp_path, mlflow_server, capsys,
+                                                                  monkeypatch):
+    from jsonargparse import Namespace
+
+    from classifier_engine.run.trackers import check_trackers, redact
+
+    with_password = mlflow_server.replace("http://", "http://ann:s3cret@")  # basic auth, as MLflow's client takes it
+    entry = Namespace(class_path="lightning.pytorch.loggers.MLFlowLogger",
+                      init_args=Namespace(tracking_uri=with_password))
+    check_trackers(Namespace(logger=[entry]))  # the server answers: no refusal as an unknown host
+    assert redact(with_password) == mlflow_server.replace("http://", "http://ann:***@")
+    nobody = f"http://ann:s3cret@127.0.0.1:{free_port()}"
+    args = ["fit", *tiny_args(tiny_root, tmp_path, _loggers(_mlflow(nobody, "x")))]
+    code, out, err = project_in_process(args, monkeypatch, capsys)
+    assert code == 2 and err.strip().splitlines() == [err.strip()], err[-3000:]
+    assert "http://ann:***@127.0.0.1" in err and "does not answer" in err and "s3cret" not in out + err
+    assert not (tmp_path / "lightning_logs").exists()
+
+
+def _resume_plan(root: Path, uri: str, experiment: str, recorded: dict):
+    """The run plan of `fit --ckpt_path last` into a run dir whose trackers.json holds `recorded`."""
+    import torch
+    from jsonargparse import Namespace
+
+    from classifier_engine.run.resume import plan_run
+
+    run_dir = root / "lightning_logs" / "version_0"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    torch.save({"state_dict": {}, "epoch": 0, "global_step": 5}, run_dir / "checkpoints" / "last.ckpt")
+    (run_dir / "trackers.json").write_text(json.dumps(recorded))
+    entry = Namespace(class_path="lightning.pytorch.loggers.MLFlowLogger",
+                      init_args=Namespace(tracking_uri=uri, experiment_name=experiment))
+    config = Namespace(trainer=Namespace(default_root_dir=str(root), logger=[entry]), ckpt_path="last",
+                       checkpoint=Namespace(dirpath=None))
+    return plan_run("fit", config), entry.init_args
+
+
+@pytest.mark.parametrize("case", ["run deleted", "experiment deleted", "another tracking uri"])
+def test_a_resume_whose_mlflow_run_cannot_continue_starts_a_new_one_said_or_stops_in_one_line(tmp_path, mlflow_server,
+                                                                                                case):
+    from classifier_engine.errors import ConfigError
+
+    client = mlflow.tracking.MlflowClient(mlflow_server)
+    experiment = f"gone-{case.replace(' ', '-')}"
+    experiment_id = client.create_experiment(experiment)
+    run_id = client.create_run(experiment_id).info.run_id
+    recorded = {"mlflow": run_id, "mlflow_tracking_uri": mlflow_server}
+    if case == "run deleted":
+        client.delete_run(run_id)
+    elif case == "experiment deleted":
+        client.delete_experiment(experiment_id)
+        with pytest.raises(ConfigError, match=rf"MLflow experiment '{experiment}' is deleted on .*mlflow experiments "
+                                              rf"restore --experiment-id {experiment_id}"):
+            _resume_plan(tmp_path, mlflow_server, experiment, recorded)
+        return
+    else:
+        recorded["mlflow_tracking_uri"] = "http://elsewhere:5000"
+    with pytest.warns(UserWarning, match=rf"MLflow run {run_id} cannot continue \(.*\): a new MLflow run starts"):
+        plan, args = _resume_plan(tmp_path, mlflow_server, experiment, recorded)
+    assert plan.ckpt_path is not None and args.get("run_id") is None  # the logger starts a new run
+
+
+def test_wandb_online_without_a_network_is_one_line_at_once(tiny_root, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens: as no network
+    wandb_logger = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"project": "x"}}
+    started = time.monotonic()
+    _one_line_error_in_process(capsys, monkeypatch, ["fit", *tiny_args(tiny_root, tmp_path, _loggers(wandb_logger))],
+                               "W&B (online)", "cannot be reached", "WANDB_MODE=offline")
+    assert time.monotonic() - started < 60 and not (tmp_path / "lightning_logs").exists()
+
+
+def test_wandb_online_without_an_api_key_is_one_line_at_once(tiny_root, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("wandb")
+    for name in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: no key where `wandb login` writes it
+    with socket.socket() as server:  # a reachable server: only the key is missing
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+        wandb_logger = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"project": "x"}}
+        _one_line_error_in_process(capsys, monkeypatch, ["fit", *tiny_args(tiny_root, tmp_path / "run",
+                                                                            _loggers(wandb_logger))],
+                                   "W&B (online) has no API key", "wandb login", "WANDB_API_KEY")
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_explicit_wandb_save_dir_is_said_to_move_into_the_run_dir(tmp_path):
+    from jsonargparse import Namespace
+
+    from classifier_engine.run.trackers import point_trackers
+
+    entry = Namespace(class_path="lightning.pytorch.loggers.WandbLogger",
+                      init_args=Namespace(project="x", save_dir=str(tmp_path / "mine")))
+    run_dir = tmp_path / "lightning_logs" / "version_0"
+    with pytest.warns(UserWarning, match=rf"save_dir {tmp_path / 'mine'}: W&B's local files go into the run dir "
+                                         rf"{run_dir} instead"):
+        point_trackers(Namespace(logger=[entry]), run_dir, resuming=False)
+    assert entry.init_args.save_dir == str(run_dir)
+
+
+def test_tracked_parameters_are_named_as_the_cli_spells_them_without_init_args():
+    from classifier_engine.run.trackers import flat_config
+
+    config = {"model": {"class_path": "project.ImageClassifier", "init_args": {"arch": "resnet18",
+                                                                              "optim": {"lr_per_256": 0.2}}},
+              "trainer": {"max_epochs": 2, "logger": [{"class_path": "x.Y"}]}}
+    assert flat_config(config) == {"model.class_path": "project.ImageClassifier", "model.arch": "resnet18",
+                                   "model.optim.lr_per_256": 0.2, "trainer.max_epochs": 2,
+                                   "trainer.logger": [{"class_path": "x.Y"}]}

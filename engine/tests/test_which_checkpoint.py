@@ -1,0 +1,206 @@
+"""Which checkpoint wins, and which run dir a run writes into: each row of README "Resume" (run/resume.py),
+in-process.
+
+    python -m pytest tests/test_which_checkpoint.py
+"""
+
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from jsonargparse import Namespace
+
+from classifier_engine.errors import CheckpointError
+from classifier_engine.run.resume import plan_run, start_run
+
+
+def write_checkpoint(path: Path, step: int, *, epoch: int = 0, mtime: float | None = None) -> Path:
+    """A small but complete Lightning-format checkpoint (the keys classifier_engine.run.resume checks, real tensors)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": {"network.w": torch.full((2,), float(step))}, "epoch": epoch, "global_step": step,
+                "hyper_parameters": {"arch": "resnet18", "num_classes": 3}}, path)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return path
+
+
+def fit_config(root: Path, ckpt_path=None, logger=None) -> Namespace:
+    return Namespace(trainer=Namespace(default_root_dir=str(root), logger=logger), ckpt_path=ckpt_path,
+                     checkpoint=Namespace(dirpath=None))
+
+
+@pytest.fixture(autouse=True)
+def no_launcher(monkeypatch):
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "TORCHELASTIC_"))]:
+        monkeypatch.delenv(name)
+
+
+def test_without_ckpt_path_a_new_run_gets_the_next_version(tmp_path):
+    (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)
+    (tmp_path / "lightning_logs" / "version_4").mkdir()
+    config = fit_config(tmp_path)
+    plan = plan_run("fit", config)
+    assert plan.ckpt_path is None and plan.fresh and plan.run_dir == tmp_path / "lightning_logs" / "version_5"
+    assert config.trainer.logger.init_args.version == 5
+
+
+def test_last_is_the_newest_checkpoint_of_any_run_and_continues_in_that_run(tmp_path):
+    logs = tmp_path / "lightning_logs"
+    write_checkpoint(logs / "version_0" / "checkpoints" / "last.ckpt", 5, mtime=time.time() - 100)
+    newest = write_checkpoint(logs / "version_1" / "checkpoints" / "last.ckpt", 7)
+    write_checkpoint(logs / "version_1" / "checkpoints" / "epoch000-val_acc1=0.5000.ckpt", 5, mtime=time.time() - 50)
+    config = fit_config(tmp_path, "last")
+    plan = plan_run("fit", config)
+    assert plan.ckpt_path == newest and config.ckpt_path == str(newest)
+    assert plan.run_dir == logs / "version_1" and not plan.fresh
+    assert config.trainer.logger.init_args.version == 1
+    assert plan.reason == f"--ckpt_path last: resuming from {newest}"
+
+
+def test_last_skips_a_truncated_or_crafted_newest_checkpoint_and_says_why(tmp_path):
+    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    good = write_checkpoint(checkpoints / "epoch002-val_acc1=0.9000.ckpt", 12, mtime=time.time() - 60)
+    truncated = write_checkpoint(checkpoints / "last.ckpt", 15, mtime=time.time() - 10)
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    crafted = checkpoints / "crafted.ckpt"
+    torch.save({"state_dict": {}, "epoch": 0, "global_step": 99, "payload": Path("/etc/passwd")}, crafted)
+    (checkpoints / ".last.ckpt.12345.partial").write_bytes(b"half a save")  # a killed save's temp file
+    plan = plan_run("fit", fit_config(tmp_path, "last"))
+    assert plan.ckpt_path == good
+    reasons = dict(plan.skipped)
+    assert set(reasons) == {truncated, crafted}
+    assert "is not a complete checkpoint (100 bytes" in reasons[truncated]
+    assert "is not a trusted checkpoint" in reasons[crafted]
+    assert f"skipped {truncated}" in plan.reason
+
+
+def test_last_with_nothing_to_resume_starts_a_new_run(tmp_path):
+    config = fit_config(tmp_path, "last")
+    plan = plan_run("fit", config)
+    assert plan.ckpt_path is None and config.ckpt_path is None and plan.fresh
+    assert "no loadable checkpoint under" in plan.reason and plan.run_dir.name == "version_0"
+
+
+def test_an_explicit_file_continues_its_own_run_or_starts_a_new_one_outside_the_root(tmp_path):
+    inside = write_checkpoint(tmp_path / "lightning_logs" / "version_3" / "checkpoints" / "last.ckpt", 4)
+    plan = plan_run("fit", fit_config(tmp_path, str(inside)))
+    assert plan.run_dir == inside.parent.parent and not plan.fresh
+    elsewhere = write_checkpoint(tmp_path / "downloads" / "resnet.ckpt", 4)
+    plan = plan_run("fit", fit_config(tmp_path, str(elsewhere)))
+    assert plan.ckpt_path == elsewhere and plan.fresh and plan.run_dir.name == "version_4"
+
+
+def test_an_explicit_file_that_does_not_load_stops_the_run(tmp_path):
+    jpeg = tmp_path / "photo.jpg"
+    jpeg.write_bytes(b"\xff\xd8\xff\xe0" + bytes(200))
+    with pytest.raises(CheckpointError, match=r"photo.jpg is not a (complete|) ?checkpoint"):
+        plan_run("fit", fit_config(tmp_path, str(jpeg)))
+    with pytest.raises(CheckpointError, match=r"nowhere.ckpt does not exist"):
+        plan_run("validate", fit_config(tmp_path, str(tmp_path / "nowhere.ckpt")))
+
+
+def test_a_torchrun_restart_resumes_as_last(tmp_path, monkeypatch):
+    newest = write_checkpoint(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", 3)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert plan_run("fit", fit_config(tmp_path)).ckpt_path is None  # the first attempt starts afresh
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    plan = plan_run("fit", fit_config(tmp_path))
+    assert plan.ckpt_path == newest and plan.reason.startswith("torchrun restart 1: resuming from")
+
+
+def test_validate_with_last_and_no_checkpoint_is_an_error_not_random_weights(tmp_path):
+    with pytest.raises(CheckpointError, match="--ckpt_path last: no loadable checkpoint under"):
+        plan_run("validate", fit_config(tmp_path, "last"))
+
+
+@pytest.mark.parametrize("logger", [
+    Namespace(class_path="lightning.pytorch.loggers.WandbLogger", init_args=Namespace(project="x")), False])
+def test_with_a_logger_that_writes_elsewhere_or_none_the_checkpoints_still_go_to_the_planned_run_dir(tmp_path, logger,
+                                                                                                       monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")  # online, W&B's server must answer at start-up
+    config = fit_config(tmp_path, logger=logger)
+    plan = plan_run("fit", config)
+    assert config.trainer.logger is logger  # left as configured
+    assert plan.run_dir == tmp_path / "lightning_logs" / "version_0"
+    assert config.checkpoint.dirpath is None  # placed at set-up: config.yaml names no run dir (a rerun is new)
+    write_checkpoint(plan.run_dir / "checkpoints" / "last.ckpt", 5)
+    again = fit_config(tmp_path, "last", logger=logger)
+    assert plan_run("fit", again).ckpt_path == plan.run_dir / "checkpoints" / "last.ckpt"
+
+
+def test_a_tensorboard_logger_with_its_own_save_dir_and_name_is_where_runs_are_found(tmp_path):
+    def logger():
+        return Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger",
+                         init_args=Namespace(save_dir=str(tmp_path / "tb"), name="exp", version=None))
+
+    first = plan_run("fit", config := fit_config(tmp_path, logger=logger()))
+    assert first.run_dir == tmp_path / "tb" / "exp" / "version_0" and config.trainer.logger.init_args.version == 0
+    newest = write_checkpoint(first.run_dir / "checkpoints" / "last.ckpt", 3)
+    resumed = plan_run("fit", fit_config(tmp_path, "last", logger=logger()))
+    assert resumed.ckpt_path == newest and resumed.run_dir == first.run_dir
+
+
+def test_a_remote_root_is_refused_in_one_line(tmp_path):
+    from classifier_engine.errors import ConfigError
+
+    with pytest.raises(ConfigError,
+                       match="trainer.default_root_dir s3://bucket/runs: runs write to a local or mounted"):
+        plan_run("fit", fit_config("s3://bucket/runs"))
+
+
+def test_a_torchrun_restart_prefers_its_runs_newer_checkpoint_over_the_given_one(tmp_path, monkeypatch):
+    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    given = write_checkpoint(checkpoints / "epoch010-val_acc1=0.5000.ckpt", 10, mtime=time.time() - 100)
+    newer = write_checkpoint(checkpoints / "last.ckpt", 17)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert plan_run("fit", fit_config(tmp_path, str(given))).ckpt_path == given  # the first attempt: as given
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert plan_run("fit", fit_config(tmp_path, str(given))).ckpt_path == newer
+
+
+def _start_and_hold(root: Path, barrier, results, release) -> None:
+    barrier.wait()  # all at the same moment
+    config = fit_config(root)
+    plan = start_run("fit", config)
+    results.put((plan.run_dir.name, config.trainer.logger.init_args.version, os.getpid()))
+    release.wait(60)  # holding the lock until every run has claimed
+    plan.lock.release()
+
+
+def test_fits_started_at_the_same_moment_each_claim_their_own_version_dir(tmp_path):
+    (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)
+    context = multiprocessing.get_context("fork")
+    barrier, results, release = context.Barrier(4), context.Queue(), context.Event()
+    runs = [context.Process(target=_start_and_hold, args=(tmp_path, barrier, results, release)) for _ in range(4)]
+    for run in runs:
+        run.start()
+    try:
+        claimed = sorted(results.get(timeout=60) for _ in runs)
+        assert [name for name, _, _ in claimed] == ["version_1", "version_2", "version_3", "version_4"]
+        for name, version, pid in claimed:
+            assert name == f"version_{version}"  # the logger is pinned to the dir it claimed
+            assert (tmp_path / "lightning_logs" / name / ".lock").read_text().startswith(f"pid {pid} ")
+    finally:
+        release.set()
+        for run in runs:
+            run.join(60)
+    assert [run.exitcode for run in runs] == [0, 0, 0, 0]
+
+
+def test_a_rerun_of_a_run_without_file_loggers_from_its_config_yaml_is_a_new_run(tiny_root, tmp_path):
+    from project import cli_main
+
+    from conftest import tiny_args
+
+    short = ["--trainer.logger=false", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+    first = cli_main(["fit", *tiny_args(tiny_root, tmp_path, *short)])
+    run = tmp_path / "lightning_logs" / "version_0"
+    assert first.plan.run_dir == run and (run / "checkpoints" / "last.ckpt").is_file()
+    cli_main(["fit", f"--config={run / 'config.yaml'}", "--trainer.max_epochs=1"])  # no --ckpt_path: a new run
+    assert (tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt").is_file()
+    assert sorted(p.name for p in run.glob("config*.yaml")) == ["config.yaml"]  # the first run's, untouched
