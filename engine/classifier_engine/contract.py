@@ -1,4 +1,4 @@
-"""The contract: what the engine reads of a model and of a data module, in this file only (docs/your-own-project.md).
+"""The contract: what the engine reads of a model and of a data module, in this file only (engine/README.md).
 
 Data, known after `__init__`: `num_classes` and `class_names` (label i is class_names[i]); train and val loaders
 yielding `(images, labels)`. Optional: `class_labels` (human names, in class_names' order), `eval_preprocessing()`
@@ -87,7 +87,7 @@ def check_model(model: Any) -> None:
     hparams = getattr(model, "hparams", {})
     if "num_classes" not in hparams:
         raise ConfigError(f"model {name} records no num_classes: take `num_classes: int` in its __init__ and call "
-                          "self.save_hyperparameters() (the CLI links it from the data; see docs/your-own-project.md)")
+                          "self.save_hyperparameters() (the CLI links it from the data; see engine/README.md)")
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def check_data(datamodule: Any) -> ClassificationData:
     if not isinstance(datamodule, ClassificationData):
         missing = [key for key in ("num_classes", "class_names") if not hasattr(datamodule, key)]
         raise ConfigError(f"data module {name} lacks {' and '.join(missing)}: set them in its __init__ (the class "
-                          "count, and the class names in label order; see docs/your-own-project.md)")
+                          "count, and the class names in label order; see engine/README.md)")
     names = list(datamodule.class_names)
     if len(names) != datamodule.num_classes or len(set(names)) != len(names):
         raise ConfigError(f"data module {name}: num_classes is {datamodule.num_classes} but class_names holds "

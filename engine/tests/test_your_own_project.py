@@ -1,8 +1,9 @@
 """docs/your-own-project.md: the template renamed in a temporary clone trains one batch as the renamed package.
 
-    python -m pytest tests/test_your_own_project.py
+    python -m pytest engine/tests/test_your_own_project.py
 """
 
+import os
 import re
 import shutil
 import subprocess
@@ -36,11 +37,13 @@ def test_the_renamed_template_trains_one_batch(tmp_path):
 
     subprocess.run(["bash", "-euo", "pipefail", "-c", recipe()], cwd=clone, check=True)
 
-    assert not (clone / "project").exists() and (clone / "mynet" / "engine" / "cli.py").is_file()
-    left = subprocess.run(["git", "grep", "-lE", r"\b(from|import) project\b|project\.(engine|data|model)"],
+    assert not (clone / "project").exists() and (clone / "mynet" / "model.py").is_file()
+    untouched = subprocess.run(["git", "diff", "--quiet", "--", "engine"], cwd=clone)
+    assert untouched.returncode == 0, "the rename changed the engine"
+    left = subprocess.run(["git", "grep", "-lE", r"\b(from|import) project\b|project\.(data|model)", "--", ":!engine"],
                           cwd=clone, capture_output=True, text=True).stdout.split()
     assert left == [], f"still importing the old name: {left}"
-    env = project_env({"PYTHONPATH": str(clone)})
+    env = project_env({"PYTHONPATH": os.pathsep.join([str(clone), str(clone / "engine")])})
     result = subprocess.run(
         [sys.executable, "-m", "mynet", "fit", "--config", "configs/quickstart.yaml", *SHRINK,
          "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1", "--trainer.default_root_dir=run"],
