@@ -1,6 +1,6 @@
 """The README and docs/ say what the repository holds: links and paths resolve, CI runs the README's set-up commands.
 
-    python -m pytest tests/test_readme.py -q
+    python -m pytest engine/tests/test_readme.py -q
 """
 
 import re
@@ -21,7 +21,7 @@ MAX_README_LINES = 350
 ADD_YOUR_MODEL_WITHIN = 150  # the line a newcomer reaches before giving up, by the hook's count
 # Files the README asks the reader to create: named, so they cannot exist yet.
 WRITTEN_BY_THE_READER = {"project/my_net.py", "configs/model/my_net.yaml"}
-TOP_FOLDERS = ("project", "tests", "bench", "tools", "slurm", "notebooks", "configs", "docs", ".ci")
+TOP_FOLDERS = ("project", "engine", "tests", "bench", "tools", "slurm", "notebooks", "configs", "docs", ".ci")
 
 
 def without_code(markdown: str) -> str:
@@ -117,7 +117,6 @@ def test_the_setup_is_two_commands_and_ci_runs_the_readmes_test_command_verbatim
 
 
 def test_the_setup_commands_name_files_and_extras_that_exist():
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for command in setup_commands():
         for step in command.split("&&"):
             words = shlex.split(step)
@@ -128,6 +127,8 @@ def test_the_setup_commands_name_files_and_extras_that_exist():
                     if flag == "-e":
                         path, _, extra = value.partition("[")
                         assert (REPO / path / "pyproject.toml").is_file(), command
+                        extras = tomllib.loads((REPO / path / "pyproject.toml").read_text())["project"][
+                            "optional-dependencies"]
                         assert {e for e in extra.rstrip("]").split(",") if e} <= set(extras), command
             for config in flag_values(words, "--config"):
                 assert (REPO / config).is_file(), f"{command!r}: {config} does not exist"
