@@ -22,13 +22,12 @@ from multiprocessing import Pool
 from pathlib import Path
 from typing import Optional
 
-from PIL import Image
-
 from classifier_engine.data.layout import check_layout, folder_samples, read_class_labels
 from classifier_engine.data.manifest import read_manifest
 from classifier_engine.data.shards import FORMAT, INDEX, s3_client, s3_error, split_url
 from classifier_engine.errors import ConfigError, DiskFullError
 from classifier_engine.run.checkpoint_io import atomic_write
+from PIL import Image
 
 
 @dataclass(frozen=True)

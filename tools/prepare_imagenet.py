@@ -25,12 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torchvision.datasets.imagenet import ARCHIVE_META, META_FILE
-from torchvision.datasets.utils import check_integrity
-
 from classifier_engine.data.layout import CLASS_INDEX_FILE
 from classifier_engine.errors import DiskFullError
 from classifier_engine.run.checkpoint_io import atomic_write, remove_stale_partials
+from torchvision.datasets.imagenet import ARCHIVE_META, META_FILE
+from torchvision.datasets.utils import check_integrity
 
 TRAIN_IMAGES, VAL_IMAGES, NUM_CLASSES = 1_281_167, 50_000, 1_000
 DEVKIT_DATA = "ILSVRC2012_devkit_t12/data"

@@ -3,7 +3,8 @@
     python -m tools.workarounds_table                                # print the table
     python -m tools.workarounds_table --write docs/workarounds.md    # put it between the file's two marker lines
 
-engine/tests/test_readme.py fails while the committed table differs from this output: edit the registry, never the table.
+engine/tests/test_readme.py fails while the committed table differs from this output: edit the registry, never the
+table.
 """
 
 import argparse
