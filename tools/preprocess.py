@@ -6,8 +6,8 @@ Standalone (torch, torchvision and Pillow; not this package, not Lightning): cop
 model.json that `python -m project export` wrote. `preprocess` gives the same floats as the project's evaluation
 transform (classifier_engine.data.transforms.eval_preset), bit for bit: torchvision's own resize of the short side
 (the long side truncated, as torchvision rounds it; bilinear, antialiased, on uint8) and center crop, then /255, mean
-and std. Rounding the long side or the crop offset another way moves pixels by several uint8 levels. Use it for model.onnx
-too: `onnxruntime.InferenceSession("model.onnx").run(None, {"images": batch.numpy()})[0]` gives the logits.
+and std. Rounding the long side or the crop offset another way moves pixels by several uint8 levels. Use it for
+model.onnx too: `onnxruntime.InferenceSession("model.onnx").run(None, {"images": batch.numpy()})[0]` gives the logits.
 Images are read with Pillow, without EXIF rotation, as data.decoder=pil and torchvision read them (torchcodec, the
 default when installed, applies a file's EXIF orientation: rotate such images first, PIL.ImageOps.exif_transpose).
 """
