@@ -22,7 +22,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 import classifier_engine.strategies  # noqa: F401  registers strategy="dp" before any Trainer is built
-from classifier_engine import contract
+from classifier_engine import class_switch, contract
 from classifier_engine.callbacks.prediction_writer import PredictionCsvWriter
 from classifier_engine.callbacks.progress_bar import StepProgressBar
 from classifier_engine.callbacks.throughput import ThroughputLogger
@@ -74,6 +74,9 @@ class ProjectParser(LightningArgumentParser):
         return super().dump(cfg, *args, **kwargs)
 
 
+LINK_TARGETS = {"model": ("num_classes", "image_sizes", "batch_size", "seed"), "data": ("seed",)}
+
+
 def run_seed(seed_everything) -> int:
     """The run seed the data order and augmentations derive from; `seed_everything: false` gives 0."""
     return seed_everything if isinstance(seed_everything, int) and not isinstance(seed_everything, bool) else 0
@@ -116,6 +119,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Links reach a class only when it has the argument: any LightningModule / LightningDataModule works.
+        # Links reach a class only when it has the argument (LINK_TARGETS: a class switch leaves them to the link).
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         parser.link_arguments("data", "model.init_args.image_sizes", compute_fn=contract.image_sizes,
                               apply_on="instantiate")
@@ -138,10 +142,19 @@ class ProjectCLI(CheckpointReadOnceCLI):
 
     # -- after parsing: the run plan (the one read of the checkpoint), before its hyperparameters are parsed ------
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        super().parse_arguments(parser, args)
+        given = list(sys.argv[1:] if args is None else args) if not isinstance(args, (dict, Namespace)) else None
+        # --print_config prints while parsing: the class switch's resets are found without it, then printed with it.
+        quiet = [word for word in given if not word.startswith("--print_config")] if given is not None else None
+        printing = given is not None and quiet != given
+        super().parse_arguments(parser, quiet if printing else args)
         subcommand = self.config.get("subcommand")
-        if not isinstance(args, (dict, Namespace)):
-            given = sys.argv[1:] if args is None else args
+        if given is not None:
+            explicit = explicit_values(parser, quiet, self.config, subcommand, link_sources=("seed_everything",))
+            config = self.config[subcommand] if subcommand else self.config
+            resets = class_switch.resets(config, explicit, quiet, {"model": self.defaults.model, "data":
+                                         self.defaults.data}, LINK_TARGETS)
+            if resets or printing:
+                self.config = parser.parse_args([*given, *resets])
             restore_nulls(self.config[subcommand] if subcommand else self.config, given)
         self._explicit = explicit_values(parser, args, self.config, subcommand)
         config = self.config[subcommand] if subcommand else self.config

@@ -1,7 +1,7 @@
 """With `--ckpt_path`, `--model.*` values given explicitly win over the checkpoint's, and each is shown."""
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 from jsonargparse import ArgumentParser, Namespace, dict_to_namespace
@@ -21,14 +21,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def explicit_values(parser: ArgumentParser, args: Any, config: Namespace, subcommand: Optional[str]) -> Namespace:
-    """What the command line and its config files set, without the defaults (the subcommand's part, if any)."""
+def explicit_values(parser: ArgumentParser, args: Any, config: Namespace, subcommand: Optional[str],
+                    link_sources: Sequence[str] = LINK_SOURCES) -> Namespace:
+    """What the command line and its config files set, without the defaults (the subcommand's part, if any), and the
+    values of `link_sources`, which a parse without defaults must see (a missing link source fails the parse)."""
     if isinstance(args, (dict, Namespace)):  # cli_main(settings): everything given is explicit
         given = dict_to_namespace(args) if isinstance(args, dict) else args
         return given.get(subcommand, given) if subcommand else given
     argv = list(sys.argv[1:] if args is None else args)
     part = config[subcommand] if subcommand else config
-    sources = [f"--{key}={part[key]}" for key in LINK_SOURCES if part.get(key) is not None]
+    sources = [f"--{key}={part[key]}" for key in link_sources if part.get(key) is not None]
     parsed = parser.parse_args([*argv, *sources], defaults=False, _skip_validation=True)  # checked by the real parse
     return parsed[subcommand] if subcommand else parsed
 

@@ -1,0 +1,93 @@
+"""A model or data class chosen by `class_path` starts from its own defaults (engine/README.md, "Your defaults").
+
+    python -m project fit --data.class_path my_data.Digits        # Digits' batch_size default, not the template's
+
+On a class switch jsonargparse keeps every `init_args` value of the previous class that the new class also takes,
+its defaults included (seen in jsonargparse 4.30-4.53, documented behaviour): a data module's `batch_size: int = 64`
+trained at the template's 256. Here a value the previous class had only by default is reset to the new class's
+default; a value someone set (a config file, a flag) is kept where the new class takes it; a flag given for the
+previous class that the new one does not take is refused in one line, one from a config file is named in a note.
+"""
+
+import importlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+import yaml
+from jsonargparse import ArgumentParser, Namespace
+from lightning.pytorch.utilities import rank_zero_info
+
+from classifier_engine.errors import ConfigError
+
+PARTS = ("model", "data")
+
+
+def class_defaults(cls: type) -> dict[str, Any]:
+    """Every init argument of `cls` (dotted for groups) with its default, as the CLI would fill it in."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, fail_untyped=False, sub_configs=True)
+    return dict(parser.get_defaults().items())
+
+
+def _class(path: str) -> Optional[type]:
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None  # the parse has said what is wrong with it already
+
+
+def _given_keys(explicit: Any) -> set[str]:
+    """The init arguments a config file or flag set for one part ({} when none), dotted, without class_path."""
+    if not isinstance(explicit, Namespace):
+        return set()
+    flat = {key.removeprefix("init_args.") for key in dict(explicit.items()) if key != "class_path"}
+    return {key for key in flat if not key.startswith("dict_kwargs")}
+
+
+def _before_switch(args: Sequence[str], part: str) -> tuple[set[str], set[str]]:
+    """(keys of the `--part.key` flags, keys of the config files' `part:` sections) given on the command line before
+    the last `--part.class_path` / `--part X`: what was set for the class before it."""
+    switch = max((i for i, word in enumerate(args) if word in (f"--{part}", f"--{part}.class_path")
+                  or word.startswith((f"--{part}=", f"--{part}.class_path="))), default=-1)
+    flags, files = set(), set()
+    for i, word in enumerate(args[:max(switch, 0)]):
+        if word.startswith(f"--{part}.") and not word.startswith(f"--{part}.class_path"):
+            flags.add(word[len(part) + 3:].partition("=")[0].removeprefix("init_args."))
+        path = args[i + 1] if word == "--config" and i + 1 < len(args) else word.partition("=")[2] \
+            if word.startswith("--config=") else None
+        if path and os.path.isfile(path):  # config files are trusted input (README)
+            section = (yaml.safe_load(open(path)) or {}).get(part)
+            if isinstance(section, dict):
+                files |= {key for key in (section.get("init_args") or section) if key not in ("class_path",)}
+    return flags, files
+
+
+def resets(config: Namespace, explicit: Namespace, args: Sequence[str], defaults: Mapping[str, Optional[type]],
+           linked: Mapping[str, Sequence[str]]) -> list[str]:
+    """Flags that put a switched-to class's own defaults back where the previous class's defaults were carried over
+    (appended to the command line and parsed again, so links follow); ConfigError for a flag the new class lacks."""
+    found = []
+    for part in PARTS:
+        section, default_class = config.get(part), defaults.get(part)
+        chosen = _class(section.class_path) if isinstance(section, Namespace) and section.get("class_path") else None
+        if default_class is None or chosen is None or chosen is default_class:
+            continue
+        before, after = class_defaults(default_class), class_defaults(chosen)
+        given, takes = _given_keys(explicit.get(part)), {key.split(".")[0] for key in after}
+        flags, files = _before_switch(args, part)
+        typed, lacking = sorted(flags - takes), sorted(files - takes)
+        if typed:
+            raise ConfigError(f"--{part}.{typed[0]} was given for {default_class.__qualname__}, and "
+                              f"{section.class_path} takes no {typed[0]}: drop it (options before --{part}.class_path "
+                              "belong to the class before it)")
+        if lacking:
+            rank_zero_info(f"{part}: {', '.join(lacking)} (set for {default_class.__qualname__} in a config file) "
+                           f"left out: not options of {section.class_path}")
+        for key, value in dict(section.init_args.items()).items() if section.get("init_args") else ():
+            carried = key in before and value == before[key] and key not in given
+            if carried and key in after and after[key] != value and key not in linked.get(part, ()):
+                found.append(f"--{part}.init_args.{key}={json.dumps(after[key])}")
+    return found
