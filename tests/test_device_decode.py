@@ -6,6 +6,7 @@ batch-wise in a number of ops that does not grow with the batch and without read
 """
 
 import importlib.util
+import io
 import logging
 
 import numpy as np
@@ -21,6 +22,7 @@ from project.data.decoders import DEVICE_DECODERS as DEVICE_DECODER_NAMES
 from project.data.decoders import decode_torchvision
 from project.data.device_decode import (
     Crop,
+    DeviceDecoder,
     DevicePipeline,
     TrainCrop,
     eval_batch,
@@ -278,3 +280,35 @@ def test_gpu_decode_matches_the_cpu_batches_within_idct_differences(mixed_root, 
     gpu_eval, _ = pipeline(val, torch.device("cuda"), training=False)
     cpu_eval, _ = pipeline(val, torch.device("cpu"), training=False)
     assert (gpu_eval.cpu().float() - cpu_eval.float()).abs().mean() < 2.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decoder", DEVICE_DECODERS)
+def test_gpu_decode_never_writes_into_memory_the_training_stream_still_reads(decoder):
+    # pytorch/vision#9606's reproduction, through the decode the pipeline calls: tensors freed while the kernels that
+    # read them are still queued (a training step's temporaries, the host a step ahead) must keep their values.
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    device, side = torch.device("cuda"), 256
+    payloads = []
+    for i in range(8):
+        buffer = io.BytesIO()
+        Image.fromarray(smooth(side, side, i)).save(buffer, format="JPEG", quality=90)
+        payloads.append(torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8))
+    decode = DeviceDecoder(decoder)
+    on_cpu = [image.float() for image in decode.decode_jpegs(payloads, torch.device("cpu"))]
+    numel = 3 * side * side // 4  # float32 tensors of one decoded image's bytes: their blocks fit the outputs
+    wrong = []
+    for iteration in range(20):
+        victims = [torch.full((numel,), float(i + 1), device=device) for i in range(len(payloads))]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time: the reductions below wait behind it
+        sums = [victim.sum() for victim in victims]
+        del victims  # freed, their reductions still queued
+        images = decode.decode_jpegs(payloads, device)
+        torch.cuda.synchronize()
+        wrong += [(iteration, i, total.item()) for i, total in enumerate(sums) if total.item() != (i + 1) * numel]
+        # nvJPEG's IDCT rounds differently from libjpeg-turbo's: small differences, never another image
+        assert max((image.cpu().float() - reference).abs().mean().item()
+                   for image, reference in zip(images, on_cpu)) < 2.0
+    assert wrong == [], f"{len(wrong)} sums overwritten by the decode, e.g. {wrong[:3]}"

@@ -191,22 +191,29 @@ class DeviceDecoder:
         self.decoder, self.on_corrupt = decoder, on_corrupt
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
-    def decode_jpegs(self, payloads: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-        """JPEG bytes (1-D uint8 each) -> uint8 RGB images (3 x H x W) on `device`, one batched call."""
+    def _decode(self, payloads: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
         if self.decoder == "nvjpeg":
             return decode_jpeg(payloads, mode=ImageReadMode.RGB, device=device)
         from torchcodec.decoders import decode_jpeg as torchcodec_decode_jpeg
 
+        return torchcodec_decode_jpeg(payloads, mode="RGB", device=device)
+
+    def decode_jpegs(self, payloads: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        """JPEG bytes (1-D uint8 each) -> uint8 RGB images (3 x H x W) on `device`, one batched call."""
         if device.type != "cuda":
-            return torchcodec_decode_jpeg(payloads, mode="RGB", device=device)
-        # torchcodec synchronizes the current stream: a side stream, so it never waits for the training step.
+            return self._decode(payloads, device)
+        # A side stream: both libraries allocate the outputs on the current stream without ordering their writes
+        # after the work queued there (torchvision writes from a private stream, pytorch/vision#9606; nvJPEG's hardware
+        # engine ignores stream order, meta-pytorch/torchcodec#1634), so on the training stream they could overwrite
+        # blocks freed there whose readers are still queued. The side stream's pool only gives back blocks the
+        # training stream has finished with (record_stream below); why it waits for nothing: docs/benchmarks.md#gpu.
         main = torch.cuda.current_stream(device)
         if device not in self._side_streams:
             self._side_streams[device] = torch.cuda.Stream(device)
         side = self._side_streams[device]
         with torch.cuda.stream(side):
-            images = torchcodec_decode_jpeg(payloads, mode="RGB", device=device)
-        main.wait_stream(side)  # on the device, not the host: kernels queued after its last sync (EXIF rotations)
+            images = self._decode(payloads, device)
+        main.wait_stream(side)  # the decode's last work is on the side stream (torchvision: an event from its own)
         for image in images:
             image.record_stream(main)  # allocated on the side stream, used and freed on the training stream
         return images
