@@ -112,9 +112,44 @@ def test_device_decode_gives_the_worker_path_eval_batch_exactly(request, root_na
     module = ImageNetDataModule(str(root), decoder=decoder, **options)
     module.setup("validate")
     encoded = next(iter(module.val_dataloader()))
-    assert isinstance(encoded, EncodedBatch) and all(p.dim() == 1 for p in encoded.payloads)
+    assert isinstance(encoded, EncodedBatch) and all(p.dim() == 1 for p in encoded.payloads())
     decoded, decoded_targets = module.device_pipeline(encoded, torch.device("cpu"), training=False)
     assert torch.equal(decoded, images) and torch.equal(decoded_targets, targets)
+
+
+def tensors_in(batch) -> list[torch.Tensor]:
+    """Every tensor a batch holds: each crosses from a worker as its own shared-memory block (an fd and a handshake)."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, (list, tuple)):
+        return [tensor for item in batch for tensor in tensors_in(item)]
+    return []
+
+
+def test_a_device_batch_crosses_from_the_workers_as_one_block_and_decodes_as_before(mixed_root, tmp_path):
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(mixed_root, root)
+    odd = Image.fromarray(smooth(40, 56, 99))
+    odd.convert("CMYK").save(root / "val" / "c0" / "cmyk.JPEG", quality=90)  # decoded in the worker (3-D payloads)
+    odd.save(root / "val" / "c1" / "png_named.JPEG", format="PNG")
+    module = ImageNetDataModule(str(root), decoder="nvjpeg", batch_size=64, num_workers=1, pin_memory=False,
+                                eval_resize_size=28, eval_crop_size=24)
+    module.setup("validate")
+    batch = next(iter(module.val_dataloader()))  # through a worker process, as in training
+    assert len(tensors_in(batch)) == 2, [tuple(t.shape) for t in tensors_in(batch)]  # the payloads, the targets
+    samples = [module.datasets["val"][i] for i in range(len(module.datasets["val"]))]
+    unpacked = [payload for payload, *_ in samples]
+    payloads = batch.payloads()
+    assert [p.shape for p in payloads] == [p.shape for p in unpacked] and sum(p.dim() == 3 for p in payloads) == 2
+    assert all(torch.equal(a, b) for a, b in zip(payloads, unpacked))
+    decoder = module.device_pipeline.decoder
+    cpu = torch.device("cpu")
+    assert all(torch.equal(a, b) for a, b in zip(decoder(payloads, batch.paths, cpu), decoder(unpacked, batch.paths,
+                                                                                                 cpu)))
+    images, targets = module.device_pipeline(batch, cpu, training=False)
+    assert images.shape == (10, 3, 24, 24) and torch.equal(targets, torch.tensor([t for _, t, *_ in samples]))
 
 
 def test_worker_draws_the_box_and_flip_the_cpu_preset_draws():

@@ -6,6 +6,7 @@ runs the uint8 presets batch-wise, crops resized per size bucket (how and why: d
 
 import itertools
 import logging
+import math
 import struct
 from collections import defaultdict
 from typing import Callable, NamedTuple, Optional
@@ -176,10 +177,25 @@ def load_for_device(path: str, decode: Callable[[str], torch.Tensor]) -> tuple[t
 
 
 class EncodedBatch(NamedTuple):
-    payloads: list[torch.Tensor]  # 1-D JPEG bytes, or 3 x H x W images the workers decoded; sizes vary
+    """A batch as the workers send it: every payload end to end in one uint8 tensor, so a batch crosses from the
+    workers as one shared-memory block (a file descriptor and a handshake each), not one per image."""
+
+    data: torch.Tensor  # 1-D uint8: the payloads, end to end
+    shapes: list[tuple[int, ...]]  # each payload's: (n,) JPEG bytes, or (3, H, W) an image the worker decoded
     targets: torch.Tensor
     paths: list[str]
     crops: list[Optional[Crop]]  # training: each image's box and flip; evaluation: None
+
+    @classmethod
+    def pack(cls, payloads: list[torch.Tensor], targets: torch.Tensor, paths: list[str],
+             crops: list[Optional[Crop]]) -> "EncodedBatch":
+        data = torch.cat([p.reshape(-1) for p in payloads]) if payloads else torch.empty(0, dtype=torch.uint8)
+        return cls(data, [tuple(p.shape) for p in payloads], targets, list(paths), list(crops))
+
+    def payloads(self) -> list[torch.Tensor]:
+        """The payloads as load_for_device made them: views into `data`, no copy."""
+        parts = self.data.split([math.prod(shape) for shape in self.shapes])
+        return [part.view(shape) for part, shape in zip(parts, self.shapes)]
 
 
 class DeviceDecoder:
@@ -256,7 +272,7 @@ class DevicePipeline:
         self.train_crop, self.eval_transform = train_crop, eval_transform
 
     def __call__(self, batch: EncodedBatch, device: torch.device, training: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        images = self.decoder(batch.payloads, batch.paths, device)
+        images = self.decoder(batch.payloads(), batch.paths, device)
         keep = [i for i, image in enumerate(images) if image is not None]
         if not keep:
             raise RuntimeError(f"all {len(images)} images of a batch were unreadable (see the warnings naming them)")
