@@ -84,6 +84,18 @@ def test_gpu_all_tiny_runs_every_stage_into_one_table(tmp_path):
 
 
 @pytest.mark.slow
+def test_gpu_bench_row_that_fails_says_why_and_the_rows_after_it_still_run(tmp_path, tiny_root):
+    command = [sys.executable, "bench/gpu_bench.py", "--tiny", "--jpegs", str(tiny_root), "--variants", "fp32",
+               "--real", "fp32", "--no-synthetic", "--decoders", "no-such-decoder,torchvision", "--out",
+               str(tmp_path / "rows")]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stderr[-3000:]  # a row failed
+    failed, measured = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert failed["decoder"] == "no-such-decoder" and failed["error"].startswith("ConfigError: data.decoder: expected")
+    assert measured["decoder"] == "torchvision" and measured["images_per_sec"] > 0
+
+
+@pytest.mark.slow
 def test_soak_quick_samples_memory_files_and_workers_of_a_run_with_persistent_workers(tmp_path):
     out = tmp_path / "soak.json"
     run([sys.executable, "bench/soak.py", "--steps", "60", "--every", "10", "--quick", "--json", str(out)], tmp_path)
