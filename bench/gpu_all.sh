@@ -120,7 +120,9 @@ except Exception as error:  # an optional extra: the torchcodec rows then say wh
 cuda = torch.cuda.is_available()
 meta = {"gpu": torch.cuda.get_device_name() if cuda else "no GPU", "cpus": os.cpu_count(),
         "python": platform.python_version(), "torch": torch.__version__, "torchvision": version("torchvision"),
-        "lightning": version("lightning"), "torchcodec": codec}
+        "lightning": version("lightning"), "torchcodec": codec,
+        # fp32 convolutions run in TF32 on Ampere and newer unless turned off (torch default): the 32-true rows
+        "tf32": cuda and torch.cuda.get_device_capability()[0] >= 8 and torch.backends.cudnn.allow_tf32}
 open(sys.argv[1], "w").write(json.dumps(meta) + "\n")
 print(json.dumps(meta))
 ' "$out/meta.json"

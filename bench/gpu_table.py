@@ -4,8 +4,8 @@
 
 Parts: meta.json (machine, versions), stages.tsv (each stage's exit code), jpegs.json, gpu-tests.xml (pytest -m gpu),
 <stage>.json of the throughput stages (gpu_bench.py), overhead.json, augment.json (device_augment.py), fits.tsv +
-fits/<name>/ (python -m project fit: perf/* read back by read_perf.py). A missing part becomes a row saying
-whether its stage has not run yet, ran out of time or failed, and which log to read.
+fits/<name>/ (python -m project fit: perf/* read back by read_perf.py, the precision from its config.yaml). A
+missing part becomes a row saying whether its stage has not run yet, ran out of time or failed, and which log to read.
 """
 
 import argparse
@@ -15,6 +15,8 @@ import sys
 import xml.etree.ElementTree as ElementTree
 from datetime import datetime, timezone
 from pathlib import Path
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -28,6 +30,10 @@ GPU_DECODERS = ("nvjpeg", "torchcodec-cuda")
 THROUGHPUT_STAGES = {"synthetic": 0, "nvjpeg": 1, "torchcodec-cuda": 1, "cpu-decode": 2, "compile": 0}
 GROUPS = ["synthetic", "real JPEGs, GPU decode", "real JPEGs, CPU decode"]
 CUT = ("124", "137")  # timeout's exit codes: TERM at the limit, KILL 5 s after it
+NOTES = """32-true: fp32 weights and activations; on Ampere and newer cuDNN runs the convolutions in TF32 (torch's
+default, torch.backends.cudnn.allow_tf32) and the final linear layer stays fp32. dp, ddp and fsdp on one device run
+the single-device step through each strategy's wrapper: nothing is replicated, gathered or reduced across devices, so
+those rows show that the configs start and what the wrappers cost, not how the strategies scale."""
 
 
 def load(path: Path):
@@ -89,6 +95,8 @@ def throughput_rows(parts: dict, codes: dict[str, str], judged: bool) -> list[li
 def throughput_row(r: dict, what: str, synthetic: dict, judged: bool) -> list[str]:
     real = r["data"] == "real"
     setting = SETTINGS.get(r["variant"], r["variant"])
+    if r.get("precision") and not setting.startswith(r["precision"]):  # --tiny: every row in 32-true
+        setting += f", run in {r['precision']}"
     if real and "decoder" in r:
         setting += f", decoder={r['decoder']}, workers: {r['workers']}"
     if "error" in r or "skipped" in r:
@@ -147,7 +155,29 @@ def augment_rows(part, codes: dict[str, str]) -> list[list[str]]:
     return rows
 
 
-def fit_rows(out: Path) -> list[list[str]]:
+def fit_config(run_dir: Path) -> dict:
+    """The trainer section LightningCLI saved for a fit (its newest version), or {} before it got that far."""
+    configs = sorted(run_dir.glob("lightning_logs/version_*/config.yaml"), key=lambda p: p.stat().st_mtime)
+    try:
+        return (yaml.safe_load(configs[-1].read_text()) or {}).get("trainer") or {} if configs else {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def fit_setting(extra: str, trainer: dict, tf32: bool) -> str:
+    """The command's arguments, the precision the fit ran in, and what a one-device strategy row does not show."""
+    if not trainer:
+        return f"--config {extra.strip()}"
+    precision = str(trainer.get("precision") or "32-true")  # None: Lightning's default
+    if precision in ("32-true", "32") and tf32:
+        precision += " (TF32 convolutions)"
+    strategy = trainer.get("strategy")
+    one_device = str(trainer.get("devices")) == "1" and strategy not in (None, "auto")
+    return f"--config {extra.strip()}; {precision}" + (f"; {strategy} on one device: no replication or collective"
+                                                          if one_device else "")
+
+
+def fit_rows(out: Path, tf32: bool) -> list[list[str]]:
     try:
         fits = list(csv.reader((out / "fits.tsv").read_text().splitlines(), delimiter="\t"))
     except OSError:
@@ -168,7 +198,8 @@ def fit_rows(out: Path) -> list[list[str]]:
         mfu = f"{100 * perf['perf/device/mfu']:.1f} %" if "perf/device/mfu" in perf else "-"
         step = f"{1e3 * perf['perf/step_time']:.1f}" if "perf/step_time" in perf else ""
         wait = f"{100 * perf['perf/data_wait']:.0f} %" if "perf/data_wait" in perf else ""
-        rows.append([f"fit: {name}", f"--config {extra.strip()}", img, mfu, "", step, wait, "", status])
+        setting = fit_setting(extra, fit_config(out / "fits" / name), tf32)
+        rows.append([f"fit: {name}", setting, img, mfu, "", step, wait, "", status])
     return rows
 
 
@@ -183,18 +214,19 @@ def main(argv: list[str]) -> int:
     parts = {name: load(args.out / f"{name}.json") for name in THROUGHPUT_STAGES}
     rows = [gpu_tests_row(args.out, codes, judged), *throughput_rows(parts, codes, judged),
             overhead_row(load(args.out / "overhead.json"), codes, judged),
-            *augment_rows(load(args.out / "augment.json"), codes), *fit_rows(args.out)]
+            *augment_rows(load(args.out / "augment.json"), codes), *fit_rows(args.out, meta.get("tf32", False))]
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     tiny = "CPU smoke run (--tiny: resnet18, 32 px, 32-true; the figures mean nothing)"
     title = tiny if args.tiny else meta.get("gpu", "?")
     print(f"# bash bench/gpu_all.sh{' --tiny' if args.tiny else ''}: {title}, {when}\n")
     generated = f"JPEGs generated in {jpegs['jpeg_seconds']} s" if jpegs else f"JPEGs: {missing('jpegs', codes)}"
-    versions = ", ".join(f"{key} {value}" for key, value in meta.items() if key != "gpu")
+    versions = ", ".join(f"{key} {value}" for key, value in meta.items() if key not in ("gpu", "tf32"))
     print("; ".join(part for part in (versions, generated) if part) + "\n")
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "|".join(["---"] * 2 + ["---:"] * 6 + ["---"]) + "|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    print("\n" + NOTES)
     return 0
 
 

@@ -76,10 +76,14 @@ def test_gpu_all_tiny_runs_every_stage_into_one_table_saved_after_each_and_cuts_
     assert decoders == ["nvjpeg", "torchcodec-cuda", "torchvision", "torchcodec"]  # GPU decode first, as run
     for row in [*cells[1:2], *cells[3:11]]:
         assert float(row[2].replace(",", "")) > 0, table  # img/s: the stages before and after the hung one
+    assert all(row[1].endswith("run in 32-true") for row in cells[1:2] + cells[3:4])  # what --tiny ran, not the name
     fits = {row[0]: row[-1] for row in cells[-7:]}
     skipped = "not with --tiny: tests/test_strategies.py builds it"
     assert fits == {"fit: gpu": "exit 0", "fit: dp": skipped, "fit: ddp": skipped, "fit: fp16": skipped,
                     "fit: bf16": "exit 0", "fit: fsdp": "exit 0", "fit: shards": "exit 0"}, table
+    settings = {row[0]: row[1].split("; ", 1)[1] for row in cells[-7:] if "; " in row[1]}
+    assert settings == {"fit: gpu": "32-true", "fit: bf16": "bf16-mixed", "fit: shards": "32-true",
+                        "fit: fsdp": "32-true; fsdp2 on one device: no replication or collective"}, table
     assert [row[7].endswith("of synthetic") for row in cells[4:8]] == [True] * 4
     rows = [r for name in ("synthetic", "nvjpeg", "torchcodec-cuda", "cpu-decode")
             for r in json.loads((out / f"{name}.json").read_text())["rows"]]
