@@ -60,7 +60,8 @@ save() {
 }
 
 # At most $2 seconds (x3 with --tiny; GPU_ALL_LIMITS may say otherwise for stage $1), never into the last $3 seconds
-# (x3) kept for the stages after this one, never past the budget.
+# (x3) kept for the stages after this one, never past the budget. The seconds kept are less than the later stages'
+# limits add up to: when time runs short, the stages at the end (fits) are squeezed, not the GPU tests and decoders.
 limit() {
     local most=${limits[$1]:-$(( scale * $2 ))} left=$(( deadline - SECONDS - scale * $3 ))
     (( left < 10 )) && left=10
@@ -110,7 +111,7 @@ if ! python3 -c "import jsonargparse" 2>/dev/null; then
     save
     exit 1
 fi
-stage meta 60 400 python3 -c '
+stage meta 60 300 python3 -c '
 import json, os, platform, sys, torch
 from importlib.metadata import version  # lightning and torchvision without their ~4 s of imports
 try:
@@ -131,7 +132,7 @@ command -v nvidia-smi >/dev/null && timeout -k 2 20 nvidia-smi --query-gpu=name,
 
 # 1. The GPU tests first: the device decoders against the training stream's memory, GPU batches against CPU ones.
 # The repository's addopts name pytest-xdist options, which that machine's pytest may not know.
-stage gpu-tests 90 360 python3 -m pytest -o addopts="-ra --strict-markers" -p no:cacheprovider -m gpu \
+stage gpu-tests 90 280 python3 -m pytest -o addopts="-ra --strict-markers" -p no:cacheprovider -m gpu \
     tests/test_device_decode.py --junitxml="$out/gpu-tests.xml"
 
 # 2. JPEGs shaped like ImageNet's (its usual shapes, ~100 KB): one epoch holds warm-up + measured steps of batch 256.
@@ -141,7 +142,7 @@ else
     fake=(--classes 1000 --train 20480 --val 1000 --size mixed --workers "$(nproc)")
 fi
 gen_start=$SECONDS
-stage jpegs 90 330 python3 bench/fake_imagenet.py "$jpegs" "${fake[@]}" \
+stage jpegs 90 250 python3 bench/fake_imagenet.py "$jpegs" "${fake[@]}" \
     && echo "{\"jpeg_seconds\": $((SECONDS - gen_start))}" > "$out/jpegs.json"
 
 # 3. Throughput, each group of rows in its own process under its own limit (a CUDA error or a hang ends one group):
@@ -154,11 +155,11 @@ else
 fi
 bench=(python3 bench/gpu_bench.py --jpegs "$jpegs" "${steps[@]}")
 real=(--variants bf16-mixed+cl --real bf16-mixed+cl --no-synthetic)
-stage synthetic 90 270 "${bench[@]}" --variants bf16-mixed+cl,16-mixed+cl --real none --out "$out/synthetic"
-stage nvjpeg 60 220 "${bench[@]}" "${real[@]}" --decoders nvjpeg --out "$out/nvjpeg"
-stage torchcodec-cuda 60 180 "${bench[@]}" "${real[@]}" --decoders torchcodec-cuda --out "$out/torchcodec-cuda"
-stage cpu-decode 90 150 "${bench[@]}" "${real[@]}" --decoders torchvision,torchcodec --out "$out/cpu-decode"
-stage compile 120 130 "${bench[@]}" --variants bf16-mixed+cl+compile --real none --out "$out/compile"
+stage synthetic 90 200 "${bench[@]}" --variants bf16-mixed+cl,16-mixed+cl --real none --out "$out/synthetic"
+stage nvjpeg 60 170 "${bench[@]}" "${real[@]}" --decoders nvjpeg --out "$out/nvjpeg"
+stage torchcodec-cuda 60 140 "${bench[@]}" "${real[@]}" --decoders torchcodec-cuda --out "$out/torchcodec-cuda"
+stage cpu-decode 90 120 "${bench[@]}" "${real[@]}" --decoders torchvision,torchcodec --out "$out/cpu-decode"
+stage compile 120 100 "${bench[@]}" --variants bf16-mixed+cl+compile --real none --out "$out/compile"
 
 # 4. Our Trainer path against a plain PyTorch loop, alternating on the same device.
 if [ "$tiny" = 1 ]; then
@@ -167,15 +168,15 @@ else
     overhead=(--accelerator gpu --precision bf16-mixed --channels-last --arch resnet50 --image-size 224
               --batch-size 256 --num-classes 1000 --steps 40 --rounds 2 --block 10 --tolerance 0.05)
 fi
-stage overhead 60 100 python3 bench/overhead.py "${overhead[@]}" --json "$out/overhead.json"
+stage overhead 60 80 python3 bench/overhead.py "${overhead[@]}" --json "$out/overhead.json"
 
 # 5. Device augmentation, one batch: image by image against batch-wise.
 if [ "$tiny" = 1 ]; then augment=(--device cpu --batch 16 --crop 32 --resize 36 --rounds 2); else augment=(--rounds 5); fi
-stage augment 30 90 python3 bench/device_augment.py --jpegs "$jpegs" "${augment[@]}" --json "$out/augment.json"
+stage augment 30 70 python3 bench/device_augment.py --jpegs "$jpegs" "${augment[@]}" --json "$out/augment.json"
 
 # 6. One short fit through each config, as a user starts it; the same JPEGs as shards first (tools/make_shards.py:
 # short side <= 256, re-encoded; a rerun keeps finished shards), for the shards fit beside the folder's (fit: gpu).
-stage shards 45 70 python3 -m tools.make_shards --source "$jpegs" --out "$out/shards"
+stage shards 45 60 python3 -m tools.make_shards --source "$jpegs" --out "$out/shards"
 if [ "$tiny" = 1 ]; then
     base=(--config configs/quickstart.yaml --data.root="$jpegs" --trainer.max_steps=2 --data.batch_size=8
           --trainer.log_every_n_steps=1 --trainer.limit_val_batches=1)
