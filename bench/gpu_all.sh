@@ -1,34 +1,94 @@
 #!/usr/bin/env bash
 # Everything this project measures on one GPU, in one run of at most 8 minutes on an H200, as one Markdown table:
-# ResNet-50 at 224 px img/s, MFU and peak memory (bf16-mixed + channels_last, + torch.compile, 16-mixed), synthetic
-# data against the real pipeline on generated ImageNet-shaped JPEGs with CPU decoding (torchvision, torchcodec) and
-# GPU decoding (nvjpeg, torchcodec-cuda) on every core, our Trainer path against a plain PyTorch loop, device
-# augmentation per batch, and one short fit through configs/gpu.yaml, dp, ddp (one device), fp16, bf16, fsdp2 (one
-# device) and the JPEGs as shards (classifier_engine.data.ShardDataModule).
+# the GPU tests (pytest -m gpu), ResNet-50 at 224 px img/s, MFU and peak memory (bf16-mixed + channels_last, 16-mixed,
+# + torch.compile), synthetic data against the real pipeline on generated ImageNet-shaped JPEGs with GPU decoding
+# (nvjpeg, torchcodec-cuda) and CPU decoding (torchvision, torchcodec) on every core, our Trainer path against a plain
+# PyTorch loop, device augmentation per batch, and one short fit through configs/gpu.yaml, dp, ddp (one device), fp16,
+# bf16, fsdp2 (one device) and the JPEGs as shards (classifier_engine.data.ShardDataModule).
 #   bash bench/gpu_all.sh            # one GPU: runs/gpu_all/table.md; parts (*.json) and logs beside it
 #   bash bench/gpu_all.sh --tiny     # the same code on CPU (resnet18, 32 px, 32-true, a few steps; 4 of the 7 fits):
-#                                    # tests/test_bench.py
+#                                    # engine/tests/test_bench.py
 # A GPU machine without network: run `bash bench/fetch_gpu_wheels.sh` where there is one and bring .whl/ along; the
 # wheels of what is missing here (jsonargparse, torchcodec) are installed into $GPU_ALL_SITE and put on PYTHONPATH.
-# Each stage has a time limit inside the 8 minutes; a stage that fails or runs out leaves its rows saying so.
-# Environment: GPU_ALL_OUT (runs/gpu_all), BENCH_JPEGS (default $GPU_ALL_OUT/fake_imagenet, reused when complete).
+# Every stage runs under a hard limit (TERM, then KILL 5 s later) inside the budget, and after every stage the table so
+# far is printed and, when $OUT is set (the device tool's folder), the parts, logs and table are saved there
+# (gpu_all.tgz, table.md; never the JPEGs, shards or checkpoints): a run cut at any point brings back what it measured.
+# Environment: GPU_ALL_OUT (runs/gpu_all), BENCH_JPEGS (default $GPU_ALL_OUT/fake_imagenet, reused when complete),
+# GPU_ALL_BUDGET (470: seconds for all stages), GPU_ALL_LIMITS ("name=seconds ..." overrides a stage's limit),
+# GPU_ALL_HANG_STAGE (a stage that hangs instead, ignoring TERM: engine/tests/test_bench.py checks the hard limits).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+# The folders whose packages the stages import, on PYTHONPATH (from here, so python -m and pytest find them too).
+roots=(. engine)  # the template and its engine (classifier_engine)
+export PYTHONPATH
+PYTHONPATH=$(IFS=:; echo "${roots[*]/#/$PWD/}")${PYTHONPATH:+:$PYTHONPATH}
 
 tiny=0
 [ "${1:-}" = "--tiny" ] && tiny=1
 out=${GPU_ALL_OUT:-runs/gpu_all}
 jpegs=${BENCH_JPEGS:-$out/fake_imagenet}
+save_to=${OUT:-}
+hang=${GPU_ALL_HANG_STAGE:-}
+declare -A limits=()
+for pair in ${GPU_ALL_LIMITS:-}; do limits[${pair%%=*}]=${pair#*=}; done
 mkdir -p "$out/fits"
+rm -f "$out"/*.json "$out"/*.xml "$out"/*.tsv "$out"/*.md "$out/gpu_all.log"  # a rerun's table is its own
 export PYTHONUNBUFFERED=1
 start=$SECONDS
-budget=470  # seconds for all stages on the GPU; the table takes a few more
+budget=${GPU_ALL_BUDGET:-470}  # seconds for all stages on the GPU; the table takes a few more
 scale=$(( tiny ? 3 : 1 ))  # --tiny checks the code path: a loaded CI machine must not hit the GPU's limits
-log() { echo "gpu_all: [$((SECONDS - start)) s] $*"; }
-# At most $1 seconds, and never past the budget minus $2 seconds kept for the stages after this one.
+deadline=$(( start + scale * budget ))
+log() { echo "gpu_all: [$((SECONDS - start)) s] $*" | tee -a "$out/gpu_all.log"; }
+
+# What has been measured so far: the table printed, and into $OUT the parts, logs and table (the device tool brings
+# back only $OUT and the output's last 12,000 characters). Written under another name, then renamed: a run killed
+# while saving leaves the previous archive whole.
+save() {
+    timeout -k 2 60 python3 bench/gpu_table.py "$out" $([ "$tiny" = 1 ] && echo --tiny) > "$out/table.md.part" \
+        2>> "$out/gpu_all.log" && mv "$out/table.md.part" "$out/table.md"
+    cat "$out/table.md" 2>/dev/null
+    [ -n "$save_to" ] || return 0
+    mkdir -p "$save_to"
+    local skip_jpegs
+    skip_jpegs=./$(realpath -m --relative-to="$out" "$jpegs")
+    (cd "$out" && find . \( -path "$skip_jpegs" -o -path ./shards \) -prune -o -type f -size -2M \
+        \( -name '*.json' -o -name '*.log' -o -name '*.md' -o -name '*.tsv' -o -name '*.xml' -o -name '*.yaml' \
+        -o -name 'events.out.tfevents.*' \) -print0 | timeout -k 2 60 tar --null -czf "$save_to/gpu_all.tgz.part" -T -) \
+        && mv "$save_to/gpu_all.tgz.part" "$save_to/gpu_all.tgz" && cp "$out/table.md" "$save_to/table.md" \
+        && log "saved $save_to/gpu_all.tgz ($(du -k "$save_to/gpu_all.tgz" | cut -f1) KB) and table.md"
+}
+
+# At most $2 seconds (x3 with --tiny; GPU_ALL_LIMITS may say otherwise for stage $1), never into the last $3 seconds
+# (x3) kept for the stages after this one, never past the budget. The seconds kept are less than the later stages'
+# limits add up to: when time runs short, the stages at the end (fits) are squeezed, not the GPU tests and decoders.
 limit() {
-    local left=$(( scale * budget - (SECONDS - start) - scale * $2 ))
-    echo $(( left < scale * $1 ? (left > 5 ? left : 5) : scale * $1 ))
+    local most=${limits[$1]:-$(( scale * $2 ))} left=$(( deadline - SECONDS - scale * $3 ))
+    (( left < 10 )) && left=10
+    (( left > deadline - SECONDS )) && left=$(( deadline - SECONDS ))
+    echo $(( most < left ? most : left ))
+}
+
+# stage NAME MOST KEEP COMMAND...: COMMAND under its limit (limit NAME MOST KEEP), output in NAME.log, exit code in
+# stages.tsv (124: TERM at the limit; 137: KILL 5 s later, as a process stuck in a CUDA call needs), then save; not
+# run once the budget is spent. NOSAVE=1: the caller saves (stages run side by side).
+stage() {
+    local name=$1 seconds code t0=$SECONDS
+    seconds=$(limit "$1" "$2" "$3")
+    shift 3
+    if (( deadline - SECONDS < 10 )); then
+        code=budget
+        log "$name: not run, the budget is spent"
+    else
+        [ "$name" = "$hang" ] && set -- bash -c 'trap "" TERM; sleep 3600'
+        log "$name: limit $seconds s"
+        timeout -k 5 "$seconds" "$@" > "$out/$name.log" 2>&1
+        code=$?
+        log "$name: exit $code$( [[ $code == 124 || $code == 137 ]] && echo ", cut at $seconds s") (log: $out/$name.log)"
+    fi
+    printf '%s\t%s\t%s\n' "$name" "$code" "$((SECONDS - t0))" >> "$out/stages.tsv"
+    [ "${NOSAVE:-0}" = 1 ] || save
+    [ "$code" = 0 ]
 }
 
 # 0. What this machine lacks, from the wheels in .whl/ (bench/fetch_gpu_wheels.sh).
@@ -41,73 +101,82 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     site=${GPU_ALL_SITE:-/tmp/gpu_all_site}
     log "installing ${missing[*]} into $site"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "${missing[@]}" || exit 1
-    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    timeout -k 5 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" "${missing[@]}" || log "pip install: exit $? (the stages that need these will say so)"
+    export PYTHONPATH="$site:$PYTHONPATH"
 fi
 if ! python3 -c "import jsonargparse" 2>/dev/null; then
-    echo "gpu_all: jsonargparse is missing and .whl/ holds no wheel of it: run bash bench/fetch_gpu_wheels.sh on a" \
-         "machine with network and bring .whl/ here (or pip install -e .)" >&2
+    log "jsonargparse is missing and .whl/ holds no wheel of it: run bash bench/fetch_gpu_wheels.sh on a machine" \
+        "with network and bring .whl/ here (or pip install -e .)"
+    save
     exit 1
 fi
-python3 - > "$out/meta.json" <<'EOF'
-import json, os, platform, torch
-from importlib.metadata import version  # lightning's and torchvision's without their ~4 s of imports
+stage meta 60 300 python3 -c '
+import json, os, platform, sys, torch
+from importlib.metadata import version  # lightning and torchvision without their ~4 s of imports
 try:
     import torchcodec; codec = torchcodec.__version__
 except Exception as error:  # an optional extra: the torchcodec rows then say why they did not run
     codec = f"not importable ({type(error).__name__})"
-gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-print(json.dumps({"gpu": gpu, "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                  "torchvision": version("torchvision"), "lightning": version("lightning"), "torchcodec": codec}))
-EOF
-log "$(cat "$out/meta.json")"
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+cuda = torch.cuda.is_available()
+meta = {"gpu": torch.cuda.get_device_name() if cuda else "no GPU", "cpus": os.cpu_count(),
+        "python": platform.python_version(), "torch": torch.__version__, "torchvision": version("torchvision"),
+        "lightning": version("lightning"), "torchcodec": codec,
+        # fp32 convolutions run in TF32 on Ampere and newer unless turned off (torch default): the 32-true rows
+        "tf32": cuda and torch.cuda.get_device_capability()[0] >= 8 and torch.backends.cudnn.allow_tf32}
+open(sys.argv[1], "w").write(json.dumps(meta) + "\n")
+print(json.dumps(meta))
+' "$out/meta.json"
+command -v nvidia-smi >/dev/null && timeout -k 2 20 nvidia-smi --query-gpu=name,memory.total,driver_version \
+    --format=csv,noheader | tee -a "$out/gpu_all.log"
 
-# 1. JPEGs shaped like ImageNet's (its usual shapes, ~100 KB): one epoch holds warm-up + measured steps of batch 256.
-gen_start=$SECONDS
+# 1. The GPU tests first: the device decoders against the training stream's memory, GPU batches against CPU ones.
+# The repository's addopts name pytest-xdist options, which that machine's pytest may not know.
+stage gpu-tests 90 280 python3 -m pytest -o addopts="-ra --strict-markers" -p no:cacheprovider -m gpu \
+    engine/tests/test_device_decode.py --junitxml="$out/gpu-tests.xml"
+
+# 2. JPEGs shaped like ImageNet's (its usual shapes, ~100 KB): one epoch holds warm-up + measured steps of batch 256.
 if [ "$tiny" = 1 ]; then
-    python3 bench/fake_imagenet.py "$jpegs" --classes 2 --train 48 --val 8 --size 64x48 --workers 1 || exit 1
+    fake=(--classes 2 --train 48 --val 8 --size 64x48 --workers 1)
 else
-    python3 bench/fake_imagenet.py "$jpegs" --classes 1000 --train 20480 --val 1000 --size mixed --workers "$(nproc)" \
-        || exit 1
+    fake=(--classes 1000 --train 20480 --val 1000 --size mixed --workers "$(nproc)")
 fi
-echo "{\"jpeg_seconds\": $((SECONDS - gen_start))}" > "$out/jpegs.json"
-log "JPEGs ready in $((SECONDS - gen_start)) s"
+gen_start=$SECONDS
+stage jpegs 90 250 python3 bench/fake_imagenet.py "$jpegs" "${fake[@]}" \
+    && echo "{\"jpeg_seconds\": $((SECONDS - gen_start))}" > "$out/jpegs.json"
 
-# 2. Throughput: synthetic rows, then the real pipeline with each decoder (bf16-mixed + channels_last); compile alone
-# after them, so a slow compilation cannot cost the other rows.
+# 3. Throughput, each group of rows in its own process under its own limit (a CUDA error or a hang ends one group):
+# synthetic (the baseline of the real rows), the real pipeline with each GPU decoder, then the CPU decoders, all
+# bf16-mixed + channels_last; compile last and alone, so a slow compilation cannot cost the other rows.
 if [ "$tiny" = 1 ]; then
     steps=(--tiny --batch-size 8 --warmup 1 --steps 2 --window 1)
 else
     steps=(--warmup 20 --steps 60 --window 10 --workers "$(nproc)")
 fi
-log "throughput rows"
-timeout "$(limit 180 250)" python3 bench/gpu_bench.py --jpegs "$jpegs" --variants bf16-mixed+cl,16-mixed+cl \
-    --real bf16-mixed+cl --decoders torchvision,torchcodec,nvjpeg,torchcodec-cuda "${steps[@]}" \
-    --out "$out/throughput" > "$out/throughput.log" 2>&1
-log "throughput: exit $? (log: $out/throughput.log)"
-timeout "$(limit 120 150)" python3 bench/gpu_bench.py --jpegs "$jpegs" --variants bf16-mixed+cl+compile --real none \
-    "${steps[@]}" --out "$out/compile" > "$out/compile.log" 2>&1
-log "compile: exit $? (log: $out/compile.log)"
+bench=(python3 bench/gpu_bench.py --jpegs "$jpegs" "${steps[@]}")
+real=(--variants bf16-mixed+cl --real bf16-mixed+cl --no-synthetic)
+stage synthetic 90 200 "${bench[@]}" --variants bf16-mixed+cl,16-mixed+cl --real none --out "$out/synthetic"
+stage nvjpeg 60 170 "${bench[@]}" "${real[@]}" --decoders nvjpeg --out "$out/nvjpeg"
+stage torchcodec-cuda 60 140 "${bench[@]}" "${real[@]}" --decoders torchcodec-cuda --out "$out/torchcodec-cuda"
+stage cpu-decode 90 120 "${bench[@]}" "${real[@]}" --decoders torchvision,torchcodec --out "$out/cpu-decode"
+stage compile 120 100 "${bench[@]}" --variants bf16-mixed+cl+compile --real none --out "$out/compile"
 
-# 3. Our Trainer path against a plain PyTorch loop, alternating on the same device.
+# 4. Our Trainer path against a plain PyTorch loop, alternating on the same device.
 if [ "$tiny" = 1 ]; then
     overhead=(--quick --block 2)
 else
     overhead=(--accelerator gpu --precision bf16-mixed --channels-last --arch resnet50 --image-size 224
               --batch-size 256 --num-classes 1000 --steps 40 --rounds 2 --block 10 --tolerance 0.05)
 fi
-log "Trainer / plain loop"
-timeout "$(limit 60 90)" python3 bench/overhead.py "${overhead[@]}" --json "$out/overhead.json" > "$out/overhead.log" 2>&1
-log "overhead: exit $? (log: $out/overhead.log)"
+stage overhead 60 80 python3 bench/overhead.py "${overhead[@]}" --json "$out/overhead.json"
 
-# 4. Device augmentation, one batch: image by image against batch-wise.
+# 5. Device augmentation, one batch: image by image against batch-wise.
 if [ "$tiny" = 1 ]; then augment=(--device cpu --batch 16 --crop 32 --resize 36 --rounds 2); else augment=(--rounds 5); fi
-timeout "$(limit 30 60)" python3 bench/device_augment.py --jpegs "$jpegs" "${augment[@]}" --json "$out/augment.json" \
-    > "$out/augment.log" 2>&1
-log "device augmentation: exit $? (log: $out/augment.log)"
+stage augment 30 70 python3 bench/device_augment.py --jpegs "$jpegs" "${augment[@]}" --json "$out/augment.json"
 
-# 5. One short fit through each config, as a user starts it.
+# 6. One short fit through each config, as a user starts it; the same JPEGs as shards first (tools/make_shards.py:
+# short side <= 256, re-encoded; a rerun keeps finished shards), for the shards fit beside the folder's (fit: gpu).
+stage shards 45 60 python3 -m tools.make_shards --source "$jpegs" --out "$out/shards"
 if [ "$tiny" = 1 ]; then
     base=(--config configs/quickstart.yaml --data.root="$jpegs" --trainer.max_steps=2 --data.batch_size=8
           --trainer.log_every_n_steps=1 --trainer.limit_val_batches=1)
@@ -116,45 +185,41 @@ else
           --data.num_workers="$(nproc)" --trainer.max_steps=30 --trainer.log_every_n_steps=10
           --trainer.limit_val_batches=2)
 fi
-# The same JPEGs as shards (tools/make_shards.py: short side <= 256, re-encoded; a rerun keeps finished shards), for
-# the shards fit beside the folder's (fit: gpu).
-log "shards of the JPEGs"
-timeout "$(limit 60 120)" python3 -m tools.make_shards --source "$jpegs" --out "$out/shards" > "$out/shards.log" 2>&1
-log "shards: exit $? (log: $out/shards.log)"
 fits=(gpu "" dp "--trainer.strategy=dp" ddp "--trainer.strategy=ddp --trainer.devices=1"
       fp16 "--config configs/fp16.yaml" bf16 "--config configs/bf16.yaml"
       fsdp "--config configs/fsdp.yaml --trainer.devices=1"
       shards "--data.class_path=classifier_engine.data.ShardDataModule --data.init_args.shards=$out/shards")
-fit() {  # name, seconds, extra arguments: one fit, its exit code in fits/<name>.code
-    local name=$1 seconds=$2
+fits_tsv() {  # fits.tsv, in the order above: the fits with an exit code so far (skipped: not with --tiny)
+    local i code
+    : > "$out/fits.tsv.part"
+    for ((i = 0; i < ${#fits[@]}; i += 2)); do
+        code=$(awk -F '\t' -v name="fits/${fits[i]}" '$1 == name {code = $2} END {print code}' "$out/stages.tsv")
+        [ "$tiny" = 1 ] && [[ $tiny_skips == *" ${fits[i]} "* ]] && code=skipped
+        [ -z "$code" ] || printf '%s\t%s\t%s\n' "${fits[i]}" "$code" "${base[1]} ${fits[i + 1]}" >> "$out/fits.tsv.part"
+    done
+    mv "$out/fits.tsv.part" "$out/fits.tsv"
+}
+fit() {  # name, seconds kept for the fits after it, extra arguments: one fit
+    local name=$1
     rm -rf "${out:?}/fits/$name"
     # shellcheck disable=SC2086  # the extra arguments are single words
-    timeout "$seconds" python3 -m project fit "${base[@]}" $3 --trainer.enable_progress_bar=false \
-        --trainer.enable_model_summary=false --trainer.default_root_dir="$out/fits/$name" > "$out/fits/$name.log" 2>&1
-    echo $? > "$out/fits/$name.code"
+    NOSAVE=1 stage "fits/$name" 45 "$2" python3 -m project fit "${base[@]}" $3 --trainer.enable_progress_bar=false \
+        --trainer.enable_model_summary=false --trainer.default_root_dir="$out/fits/$name"
 }
-# --tiny leaves out the fits whose command lines tests/test_strategies.py parses and builds (dp, ddp, 16-mixed): the
+# --tiny leaves out the fits whose command lines engine/tests/test_strategies.py parses and builds (dp, ddp, 16-mixed): the
 # rest, two at a time (each is mostly imports on one core); one GPU: one by one.
 tiny_skips=" dp ddp fp16 "
-started=0
+pending=()
 for ((i = 0; i < ${#fits[@]}; i += 2)); do
+    name=${fits[i]}
     if [ "$tiny" = 0 ]; then
-        fit "${fits[i]}" "$(limit 45 $(( (${#fits[@]} - i - 2) * 6 )))" "${fits[i + 1]}"
-    elif [[ $tiny_skips == *" ${fits[i]} "* ]]; then
-        echo skipped > "$out/fits/${fits[i]}.code"
-    else
-        fit "${fits[i]}" "$(limit 90 0)" "${fits[i + 1]}" &
-        (( ++started % 2 == 0 )) && wait
+        fit "$name" $(( (${#fits[@]} - i - 2) * 6 )) "${fits[i + 1]}"
+        fits_tsv; save
+    elif [[ $tiny_skips != *" $name "* ]]; then
+        fit "$name" 0 "${fits[i + 1]}" &
+        pending+=($!)
+        if [ ${#pending[@]} = 2 ]; then wait "${pending[@]}"; pending=(); fits_tsv; save; fi
     fi
 done
-wait
-: > "$out/fits.tsv"
-for ((i = 0; i < ${#fits[@]}; i += 2)); do
-    name=${fits[i]} code=$(cat "$out/fits/${fits[i]}.code") && rm "$out/fits/${fits[i]}.code"
-    printf '%s\t%s\t%s\n' "$name" "$code" "${base[1]} ${fits[i + 1]}" >> "$out/fits.tsv"
-    log "fit $name: exit $code (log: $out/fits/$name.log)"
-done
-
-# 6. The table.
-python3 bench/gpu_table.py "$out" $([ "$tiny" = 1 ] && echo --tiny) | tee "$out/table.md"
+[ ${#pending[@]} = 0 ] || { wait "${pending[@]}"; fits_tsv; save; }
 log "done: $out/table.md"

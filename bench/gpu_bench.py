@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
@@ -142,6 +143,8 @@ def main(argv: list[str]) -> int:
                         help="DataLoader workers for the real rows (default: cpus)")
     parser.add_argument("--decoders", default="auto", help="data.decoder of the real rows, comma-separated: one row "
                         "each (auto, torchcodec, torchvision, pil, nvjpeg, torchcodec-cuda)")
+    parser.add_argument("--no-synthetic", action="store_true",
+                        help="only the real rows (bench/gpu_all.sh runs the synthetic ones in another process)")
     parser.add_argument("--num-classes", type=int, default=1000, help="without --jpegs; else the folders' count")
     parser.add_argument("--out", type=Path, default=None, help="write the table (.md) and the rows (.json) here")
     args = parser.parse_args(argv)
@@ -178,10 +181,16 @@ def main(argv: list[str]) -> int:
           flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [(name, "synthetic", "auto") for name in names]
+        runs = [] if args.no_synthetic else [(name, "synthetic", "auto") for name in names]
         runs += [(name, "real", decoder) for name in names if name in real for decoder in args.decoders.split(",")]
         for name, data_kind, decoder in runs:
-            rows.append(run_variant(name, data_kind, args, Path(tmp), decoder))
+            try:
+                rows.append(run_variant(name, data_kind, args, Path(tmp), decoder))
+            except Exception as error:  # the row says why; the rows after it still run
+                traceback.print_exc()
+                first = (str(error).strip().splitlines() or [""])[0]
+                rows.append({"variant": name, "data": data_kind, "error": f"{type(error).__name__}: {first}"[:200],
+                             **({"decoder": decoder, "workers": args.workers} if data_kind == "real" else {})})
             print(json.dumps(rows[-1]), flush=True)
             if args.out:  # after every row: a run stopped by a time limit keeps what it measured
                 args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,21 +1,24 @@
-"""The one Markdown table of bench/gpu_all.sh, from the parts its stages wrote, each row against its goal.
+"""The one Markdown table of bench/gpu_all.sh, from the parts its stages wrote so far, each row against its goal.
 
-    python bench/gpu_table.py runs/gpu_all          # what gpu_all.sh runs last; also after a partial run
+    python bench/gpu_table.py runs/gpu_all          # gpu_all.sh prints it after every stage; also after a cut run
 
-Parts: meta.json (machine, versions), jpegs.json, throughput.json and compile.json (gpu_bench.py), overhead.json,
-augment.json (device_augment.py), fits.tsv + fits/<name>/ (python -m project fit, perf/* read back by read_perf.py).
-A missing part becomes a row saying which log to read.
+Parts: meta.json (machine, versions), stages.tsv (each stage's exit code), jpegs.json, gpu-tests.xml (pytest -m gpu),
+<stage>.json of the throughput stages (gpu_bench.py), overhead.json, augment.json (device_augment.py), fits.tsv +
+fits/<name>/ (python -m project fit: perf/* read back by read_perf.py, the precision from its config.yaml). A
+missing part becomes a row saying whether its stage has not run yet, ran out of time or failed, and which log to read.
 """
 
 import argparse
 import csv
 import json
 import sys
+import xml.etree.ElementTree as ElementTree
 from datetime import datetime, timezone
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from read_perf import summary  # noqa: E402
 
 COLUMNS = ["measurement", "setting", "img/s", "MFU", "peak mem (GiB)", "step (ms)", "data wait", "ratio", "goal"]
 SYNTHETIC_GOALS = {"bf16-mixed+cl": 3700, "bf16-mixed+cl+compile": 5000}
@@ -23,6 +26,14 @@ SETTINGS = {"bf16-mixed+cl": "bf16-mixed + channels_last",
             "bf16-mixed+cl+compile": "bf16-mixed + channels_last + compile",
             "16-mixed+cl": "16-mixed + channels_last"}  # also the order of the synthetic rows
 GPU_DECODERS = ("nvjpeg", "torchcodec-cuda")
+# gpu_all.sh's throughput stages, in its order, and the group (synthetic, GPU decode, CPU decode) their rows go to
+THROUGHPUT_STAGES = {"synthetic": 0, "nvjpeg": 1, "torchcodec-cuda": 1, "cpu-decode": 2, "compile": 0}
+GROUPS = ["synthetic", "real JPEGs, GPU decode", "real JPEGs, CPU decode"]
+CUT = ("124", "137")  # timeout's exit codes: TERM at the limit, KILL 5 s after it
+NOTES = """32-true: fp32 weights and activations; on Ampere and newer cuDNN runs the convolutions in TF32 (torch's
+default, torch.backends.cudnn.allow_tf32) and the final linear layer stays fp32. dp, ddp and fsdp on one device run
+the single-device step through each strategy's wrapper: nothing is replicated, gathered or reduced across devices, so
+those rows show that the configs start and what the wrappers cost, not how the strategies scale."""
 
 
 def load(path: Path):
@@ -30,6 +41,27 @@ def load(path: Path):
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def stage_codes(out: Path) -> dict[str, str]:
+    try:
+        return {name: code for name, code, *_ in csv.reader((out / "stages.tsv").read_text().splitlines(),
+                                                            delimiter="\t")}
+    except OSError:
+        return {}
+
+
+def missing(stage: str, codes: dict[str, str]) -> str:
+    """Why a stage left no part: not run (yet), out of the budget, cut at its limit, or failed."""
+    code = codes.get(stage)
+    log = f"{stage}.log"
+    if code is None:
+        return "not run (yet)"
+    if code == "budget":
+        return "not run: the time budget was spent"
+    if code in CUT:
+        return f"cut at its time limit (exit {code}): see {log}"
+    return f"exit {code}, no result: see {log}"
 
 
 def rate(value: float) -> str:
@@ -40,40 +72,67 @@ def verdict(ok: bool, text: str, judged: bool) -> str:
     return f"{text}: {'met' if ok else 'NOT met'}" if judged else text
 
 
-def throughput_rows(parts: dict, judged: bool) -> list[list[str]]:
-    """Synthetic rows in SETTINGS' order, then the real ones; a part that is missing says which log to read."""
-    found = [r for part in parts.values() if part is not None for r in part["rows"]]
-    order = list(SETTINGS)
-    found.sort(key=lambda r: (r["data"] == "real", order.index(r["variant"]) if r["variant"] in order else len(order)))
-    missing = [name for name, part in parts.items() if part is None]
-    rows = [["throughput", "-", f"not measured: see {name}.log", *[""] * 6] for name in missing]
-    synthetic = {r["variant"]: r.get("images_per_sec") for r in found if r["data"] == "synthetic"}
-    for r in found:
-        real = r["data"] == "real"
-        what = f"real JPEGs, {'GPU' if r.get('decoder') in GPU_DECODERS else 'CPU'} decode" if real else "synthetic"
-        setting = SETTINGS.get(r["variant"], r["variant"]) + (f", decoder={r['decoder']}, workers: {r['workers']}"
-                                                                if real and "decoder" in r else "")
-        if "error" in r or "skipped" in r:
-            rows.append([what, setting, r.get("error") or r["skipped"], *[""] * 6])
+def throughput_rows(parts: dict, codes: dict[str, str], judged: bool) -> list[list[str]]:
+    """Synthetic rows in SETTINGS' order, then the real ones, GPU decode first; a stage without a part says why."""
+    order = {name: i for i, name in enumerate(SETTINGS)}
+    placed = []  # (group, variant rank, row): sorted stably, so rows keep the stages' order within a place
+    synthetic = {r["variant"]: r.get("images_per_sec") for part in parts.values() if part is not None
+                 for r in part["rows"] if r["data"] == "synthetic"}
+    for stage, part in parts.items():
+        if part is None:
+            group = THROUGHPUT_STAGES[stage]
+            placed.append((group, order["bf16-mixed+cl+compile"] if stage == "compile" else -1,
+                           [GROUPS[group], f"stage {stage}", missing(stage, codes), *[""] * 6]))
             continue
-        ratio, goal = "", ""
-        if real and synthetic.get(r["variant"]):
-            share = r["images_per_sec"] / synthetic[r["variant"]]
-            ratio = f"{share:.2f} of synthetic"
-            if r.get("decoder") in GPU_DECODERS:
-                goal = verdict(share >= 0.9, ">= 0.9", judged)
-        elif not real and r["variant"] in SYNTHETIC_GOALS:
-            target = SYNTHETIC_GOALS[r["variant"]]
-            goal = verdict(r["images_per_sec"] >= target, f">= {target:,} img/s", judged)
-        rows.append([what, setting, rate(r["images_per_sec"]), f"{100 * r['mfu']:.1f} %" if "mfu" in r else "-",
-                     f"{r['peak_mem_gib']:.1f}" if "peak_mem_gib" in r else "-", f"{r['step_ms']:.1f}",
-                     f"{100 * r['data_wait']:.0f} %", ratio, goal])
-    return rows
+        for r in part["rows"]:
+            real = r["data"] == "real"
+            group = 0 if not real else 1 if r.get("decoder") in GPU_DECODERS else 2
+            placed.append((group, order.get(r["variant"], len(order)), throughput_row(r, GROUPS[group], synthetic,
+                                                                                      judged)))
+    return [row for *_, row in sorted(placed, key=lambda item: item[:2])]
 
 
-def overhead_row(part, judged: bool) -> list[str]:
+def throughput_row(r: dict, what: str, synthetic: dict, judged: bool) -> list[str]:
+    real = r["data"] == "real"
+    setting = SETTINGS.get(r["variant"], r["variant"])
+    if r.get("precision") and not setting.startswith(r["precision"]):  # --tiny: every row in 32-true
+        setting += f", run in {r['precision']}"
+    if real and "decoder" in r:
+        setting += f", decoder={r['decoder']}, workers: {r['workers']}"
+    if "error" in r or "skipped" in r:
+        return [what, setting, r.get("error") or r["skipped"], *[""] * 6]
+    ratio, goal = "", ""
+    if real and synthetic.get(r["variant"]):
+        share = r["images_per_sec"] / synthetic[r["variant"]]
+        ratio = f"{share:.2f} of synthetic"
+        if r.get("decoder") in GPU_DECODERS:
+            goal = verdict(share >= 0.9, ">= 0.9", judged)
+    elif not real and r["variant"] in SYNTHETIC_GOALS:
+        target = SYNTHETIC_GOALS[r["variant"]]
+        goal = verdict(r["images_per_sec"] >= target, f">= {target:,} img/s", judged)
+    return [what, setting, rate(r["images_per_sec"]), f"{100 * r['mfu']:.1f} %" if "mfu" in r else "-",
+            f"{r['peak_mem_gib']:.1f}" if "peak_mem_gib" in r else "-", f"{r['step_ms']:.1f}",
+            f"{100 * r['data_wait']:.0f} %", ratio, goal]
+
+
+def gpu_tests_row(out: Path, codes: dict[str, str], judged: bool) -> list[str]:
+    setting = "pytest -m gpu tests/test_device_decode.py: decode vs the training stream's memory, GPU vs CPU batches"
+    try:
+        root = ElementTree.parse(out / "gpu-tests.xml").getroot()
+    except (OSError, ElementTree.ParseError):
+        return ["GPU tests", setting, missing("gpu-tests", codes), *[""] * 6]
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    bad = counts["failures"] + counts["errors"]
+    passed = counts["tests"] - bad - counts["skipped"]
+    text = f"{passed} passed, {bad} failed, {counts['skipped']} skipped"
+    return ["GPU tests", setting, text, *[""] * 5, verdict(bad == 0 and passed > 0, "all pass", judged) +
+            ("" if bad == 0 else ": see gpu-tests.log")]
+
+
+def overhead_row(part, codes: dict[str, str], judged: bool) -> list[str]:
     if part is None:
-        return ["Trainer / plain loop", "-", "not measured: see overhead.log", *[""] * 6]
+        return ["Trainer / plain loop", "-", missing("overhead", codes), *[""] * 6]
     setting = (f"{part['arch']} {part['image_size']} px, batch {part['batch_size']}, {part['precision']}"
                f"{' + channels_last' if part.get('channels_last') else ''}, {part['paired_steps']} turns of "
                f"{part.get('block', 1)} steps; losses {'agree' if part['losses_agree'] else 'DISAGREE'} "
@@ -83,9 +142,9 @@ def overhead_row(part, judged: bool) -> list[str]:
             f"{part['ratio']:.3f}", verdict(part["ratio"] <= 1.02, "<= 1.02", judged)]
 
 
-def augment_rows(part) -> list[list[str]]:
+def augment_rows(part, codes: dict[str, str]) -> list[list[str]]:
     if part is None:
-        return [["device augmentation", "-", "not measured: see augment.log", *[""] * 6]]
+        return [["device augmentation", "-", missing("augment", codes), *[""] * 6]]
     rows = []
     for preset, paths in part["results"].items():
         per_image, batched = paths["per image"], paths["batch-wise"]
@@ -96,22 +155,51 @@ def augment_rows(part) -> list[list[str]]:
     return rows
 
 
-def fit_rows(out: Path) -> list[list[str]]:
+def fit_config(run_dir: Path) -> dict:
+    """The trainer section LightningCLI saved for a fit (its newest version), or {} before it got that far."""
+    configs = sorted(run_dir.glob("lightning_logs/version_*/config.yaml"), key=lambda p: p.stat().st_mtime)
+    try:
+        return (yaml.safe_load(configs[-1].read_text()) or {}).get("trainer") or {} if configs else {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def fit_setting(extra: str, trainer: dict, tf32: bool) -> str:
+    """The command's arguments, the precision the fit ran in, and what a one-device strategy row does not show."""
+    if not trainer:
+        return f"--config {extra.strip()}"
+    precision = str(trainer.get("precision") or "32-true")  # None: Lightning's default
+    if precision in ("32-true", "32") and tf32:
+        precision += " (TF32 convolutions)"
+    strategy = trainer.get("strategy")
+    one_device = str(trainer.get("devices")) == "1" and strategy not in (None, "auto")
+    return f"--config {extra.strip()}; {precision}" + (f"; {strategy} on one device: no replication or collective"
+                                                          if one_device else "")
+
+
+def fit_rows(out: Path, tf32: bool) -> list[list[str]]:
     try:
         fits = list(csv.reader((out / "fits.tsv").read_text().splitlines(), delimiter="\t"))
     except OSError:
-        return [["fit", "-", "not run: see the gpu_all output", *[""] * 6]]
+        return [["fit", "-", "not run (yet)", *[""] * 6]]
     rows = []
     for name, code, extra in fits:
-        perf = summary(out / "fits" / name, skip=1) if code == "0" else {}
-        status = "exit 0" if code == "0" else f"exit {code}{' (time limit)' if code == '124' else ''}: fits/{name}.log"
+        perf = {}
+        if code == "0":
+            from read_perf import summary  # TensorBoard's reader: imported only once a fit has finished
+
+            perf = summary(out / "fits" / name, skip=1)
+        status = "exit 0" if code == "0" else f"exit {code}{' (time limit)' if code in CUT else ''}: fits/{name}.log"
         if code == "skipped":
             status = "not with --tiny: tests/test_strategies.py builds it"
+        elif code == "budget":
+            status = "not run: the time budget was spent"
         img = rate(perf["perf/images_per_sec"]) if "perf/images_per_sec" in perf else status
         mfu = f"{100 * perf['perf/device/mfu']:.1f} %" if "perf/device/mfu" in perf else "-"
         step = f"{1e3 * perf['perf/step_time']:.1f}" if "perf/step_time" in perf else ""
         wait = f"{100 * perf['perf/data_wait']:.0f} %" if "perf/data_wait" in perf else ""
-        rows.append([f"fit: {name}", f"--config {extra.strip()}", img, mfu, "", step, wait, "", status])
+        setting = fit_setting(extra, fit_config(out / "fits" / name), tf32)
+        rows.append([f"fit: {name}", setting, img, mfu, "", step, wait, "", status])
     return rows
 
 
@@ -122,19 +210,23 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     meta, jpegs = load(args.out / "meta.json") or {}, load(args.out / "jpegs.json") or {}
     judged = not args.tiny
-    parts = {name: load(args.out / f"{name}.json") for name in ("throughput", "compile")}
-    rows = [*throughput_rows(parts, judged), overhead_row(load(args.out / "overhead.json"), judged),
-            *augment_rows(load(args.out / "augment.json")), *fit_rows(args.out)]
+    codes = stage_codes(args.out)
+    parts = {name: load(args.out / f"{name}.json") for name in THROUGHPUT_STAGES}
+    rows = [gpu_tests_row(args.out, codes, judged), *throughput_rows(parts, codes, judged),
+            overhead_row(load(args.out / "overhead.json"), codes, judged),
+            *augment_rows(load(args.out / "augment.json"), codes), *fit_rows(args.out, meta.get("tf32", False))]
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     tiny = "CPU smoke run (--tiny: resnet18, 32 px, 32-true; the figures mean nothing)"
     title = tiny if args.tiny else meta.get("gpu", "?")
     print(f"# bash bench/gpu_all.sh{' --tiny' if args.tiny else ''}: {title}, {when}\n")
-    print(", ".join(f"{key} {value}" for key, value in meta.items() if key != "gpu")
-          + (f"; JPEGs generated in {jpegs['jpeg_seconds']} s" if "jpeg_seconds" in jpegs else "") + "\n")
+    generated = f"JPEGs generated in {jpegs['jpeg_seconds']} s" if jpegs else f"JPEGs: {missing('jpegs', codes)}"
+    versions = ", ".join(f"{key} {value}" for key, value in meta.items() if key not in ("gpu", "tf32"))
+    print("; ".join(part for part in (versions, generated) if part) + "\n")
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "|".join(["---"] * 2 + ["---:"] * 6 + ["---"]) + "|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    print("\n" + NOTES)
     return 0
 
 

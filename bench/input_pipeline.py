@@ -146,8 +146,8 @@ def device_run(decoder: str, crop_size: int, presets: dict, preset: str, device:
             chunk = [str(p) for p in paths[start : start + BATCH]]
             loaded = [load_for_device(p, device_pipeline.decoder.cpu_decode) for p in chunk]
             crops = [crop.draw(*size) if crop else None for _, size in loaded]
-            batch = EncodedBatch([payload for payload, _ in loaded], torch.zeros(len(chunk), dtype=torch.long), chunk,
-                                 crops)
+            batch = EncodedBatch.pack([payload for payload, _ in loaded], torch.zeros(len(chunk), dtype=torch.long),
+                                      chunk, crops)
             images, _ = device_pipeline(batch, torch.device(device), training=preset == "train")
             normalize(images)
         if device.startswith("cuda"):

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -51,36 +52,78 @@ def test_overhead_quick_ddp_matches_plain_distributed_data_parallel(tmp_path):
     check_overhead(result)
 
 
-@pytest.mark.slow  # ~100 s: every stage of the GPU run, on the CPU
-def test_gpu_all_tiny_runs_every_stage_into_one_table(tmp_path):
-    result = run(["bash", "bench/gpu_all.sh", "--tiny"], tmp_path, GPU_ALL_OUT=str(tmp_path))
-    table = (tmp_path / "table.md").read_text()
-    assert table in result.stdout  # printed and written
+@pytest.mark.slow  # ~2 min: every stage of the GPU run, on the CPU
+def test_gpu_all_tiny_runs_every_stage_into_one_table_saved_after_each_and_cuts_a_hung_stage(tmp_path):
+    # compile made to hang, ignoring TERM as a process stuck in a CUDA call does: its hard limit (5 s here, then KILL
+    # 5 s later) must cut it, keep the rows before it and let the stages after it run.
+    saved = tmp_path / "device_out"  # $OUT: what the device tool brings back when a run is cut
+    result = run(["bash", "bench/gpu_all.sh", "--tiny"], tmp_path, GPU_ALL_OUT=str(tmp_path / "run"), OUT=str(saved),
+                 GPU_ALL_HANG_STAGE="compile", GPU_ALL_LIMITS="compile=5")
+    out = tmp_path / "run"
+    table = (out / "table.md").read_text()
+    assert table in result.stdout and (saved / "table.md").read_text() == table  # printed, written and saved
     header, rule, *rows = [line for line in table.splitlines() if line.startswith("|")]
     assert header == "| measurement | setting | img/s | MFU | peak mem (GiB) | step (ms) | data wait | ratio | goal |"
     cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
     assert all(len(row) == 9 for row in cells)
     assert [row[0] for row in cells] == [
-        "synthetic", "synthetic", "synthetic", *["real JPEGs, CPU decode"] * 2, *["real JPEGs, GPU decode"] * 2,
+        "GPU tests", *["synthetic"] * 3, *["real JPEGs, GPU decode"] * 2, *["real JPEGs, CPU decode"] * 2,
         "Trainer / plain loop", "device augmentation, train", "device augmentation, eval",
         "fit: gpu", "fit: dp", "fit: ddp", "fit: fp16", "fit: bf16", "fit: fsdp", "fit: shards"]
-    decoders = [row[1].split("decoder=")[1].split(",")[0] for row in cells[3:7]]
-    assert decoders == ["torchvision", "torchcodec", "nvjpeg", "torchcodec-cuda"]
-    measured = [row for i, row in enumerate(cells) if i != 1]  # compile is left out on a CPU, and says so
-    assert cells[1][2] == "not with --tiny: compiling takes minutes on a CPU"
-    for row in measured[:-7]:
-        assert float(row[2].replace(",", "")) > 0, table  # img/s
+    assert cells[0][2] == "0 passed, 0 failed, 4 skipped"  # pytest -m gpu ran, and skips without CUDA
+    assert cells[2][1:3] == ["stage compile", "cut at its time limit (exit 137): see compile.log"]
+    decoders = [row[1].split("decoder=")[1].split(",")[0] for row in cells[4:8]]
+    assert decoders == ["nvjpeg", "torchcodec-cuda", "torchvision", "torchcodec"]  # GPU decode first, as run
+    for row in [*cells[1:2], *cells[3:11]]:
+        assert float(row[2].replace(",", "")) > 0, table  # img/s: the stages before and after the hung one
+    assert all(row[1].endswith("run in 32-true") for row in cells[1:2] + cells[3:4])  # what --tiny ran, not the name
     fits = {row[0]: row[-1] for row in cells[-7:]}
     skipped = "not with --tiny: tests/test_strategies.py builds it"
     assert fits == {"fit: gpu": "exit 0", "fit: dp": skipped, "fit: ddp": skipped, "fit: fp16": skipped,
                     "fit: bf16": "exit 0", "fit: fsdp": "exit 0", "fit: shards": "exit 0"}, table
-    assert [row[7].endswith("of synthetic") for row in cells[3:7]] == [True] * 4
-    rows = json.loads((tmp_path / "throughput.json").read_text())["rows"]
-    assert [r["gflop_per_image"] for r in rows if "gflop_per_image" in r] == pytest.approx([0.2173] * 6, rel=0.01)
+    settings = {row[0]: row[1].split("; ", 1)[1] for row in cells[-7:] if "; " in row[1]}
+    assert settings == {"fit: gpu": "32-true", "fit: bf16": "bf16-mixed", "fit: shards": "32-true",
+                        "fit: fsdp": "32-true; fsdp2 on one device: no replication or collective"}, table
+    assert [row[7].endswith("of synthetic") for row in cells[4:8]] == [True] * 4
+    rows = [r for name in ("synthetic", "nvjpeg", "torchcodec-cuda", "cpu-decode")
+            for r in json.loads((out / f"{name}.json").read_text())["rows"]]
+    assert [r["gflop_per_image"] for r in rows] == pytest.approx([0.2173] * 6, rel=0.01)
     # bench/overhead.py --quick, single process, in turns of 2 steps (the GPU's path: --block 10 there)
-    overhead = json.loads((tmp_path / "overhead.json").read_text())
+    overhead = json.loads((out / "overhead.json").read_text())
     assert (overhead["variant"], overhead["rounds"], overhead["block"]) == ("single process", 4, 2), overhead
     check_overhead(overhead)
+    # After every stage (the fits: every pair) the table is printed and saved before the next starts.
+    events = [line.split("] ", 1)[1] for line in result.stdout.splitlines() if line.startswith("gpu_all: [")]
+    unsaved, saves = [], 0
+    for event in events:
+        if event.startswith("saved "):
+            unsaved, saves = [], saves + 1
+        elif ": limit " in event:
+            assert unsaved == [], f"{event!r} started before {unsaved} were saved"
+        elif ": exit " in event:
+            unsaved.append(event)
+    assert unsaved == [] and saves == result.stdout.count("| measurement |") == 13, events
+    with tarfile.open(saved / "gpu_all.tgz") as archive:
+        names = set(archive.getnames())
+    stages = ["meta", "gpu-tests", "jpegs", "synthetic", "nvjpeg", "torchcodec-cuda", "cpu-decode", "compile",
+              "overhead", "augment", "shards", "fits/gpu", "fits/bf16", "fits/fsdp", "fits/shards"]
+    assert {f"./{stage}.log" for stage in stages} <= names, names
+    assert {"./table.md", "./stages.tsv", "./fits.tsv", "./gpu_all.log", "./gpu-tests.xml", "./overhead.json"} <= names
+    kept_out = [n for n in names if n.endswith((".JPEG", ".ckpt")) or n.startswith(("./fake_imagenet", "./shards/"))]
+    assert kept_out == [], kept_out
+    assert any(n.startswith("./fits/gpu/") and "tfevents" in n for n in names)  # a fit's img/s is read from it
+
+
+@pytest.mark.slow
+def test_gpu_bench_row_that_fails_says_why_and_the_rows_after_it_still_run(tmp_path, tiny_root):
+    command = [sys.executable, "bench/gpu_bench.py", "--tiny", "--jpegs", str(tiny_root), "--variants", "fp32",
+               "--real", "fp32", "--no-synthetic", "--decoders", "no-such-decoder,torchvision", "--out",
+               str(tmp_path / "rows")]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stderr[-3000:]  # a row failed
+    failed, measured = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert failed["decoder"] == "no-such-decoder" and failed["error"].startswith("ConfigError: data.decoder: expected")
+    assert measured["decoder"] == "torchvision" and measured["images_per_sec"] > 0
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ batch-wise in a number of ops that does not grow with the batch and without read
 """
 
 import importlib.util
+import io
 import logging
 
 import numpy as np
@@ -20,6 +21,7 @@ from classifier_engine.data.decoders import DEVICE_DECODERS as DEVICE_DECODER_NA
 from classifier_engine.data.decoders import decode_torchvision
 from classifier_engine.data.device_decode import (
     Crop,
+    DeviceDecoder,
     DevicePipeline,
     TrainCrop,
     eval_batch,
@@ -110,9 +112,44 @@ def test_device_decode_gives_the_worker_path_eval_batch_exactly(request, root_na
     module = ImageNetDataModule(str(root), decoder=decoder, **options)
     module.setup("validate")
     encoded = next(iter(module.val_dataloader()))
-    assert isinstance(encoded, EncodedBatch) and all(p.dim() == 1 for p in encoded.payloads)
+    assert isinstance(encoded, EncodedBatch) and all(p.dim() == 1 for p in encoded.payloads())
     decoded, decoded_targets = module.device_pipeline(encoded, torch.device("cpu"), training=False)
     assert torch.equal(decoded, images) and torch.equal(decoded_targets, targets)
+
+
+def tensors_in(batch) -> list[torch.Tensor]:
+    """Every tensor a batch holds: each crosses from a worker as its own shared-memory block (an fd and a handshake)."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, (list, tuple)):
+        return [tensor for item in batch for tensor in tensors_in(item)]
+    return []
+
+
+def test_a_device_batch_crosses_from_the_workers_as_one_block_and_decodes_as_before(mixed_root, tmp_path):
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(mixed_root, root)
+    odd = Image.fromarray(smooth(40, 56, 99))
+    odd.convert("CMYK").save(root / "val" / "c0" / "cmyk.JPEG", quality=90)  # decoded in the worker (3-D payloads)
+    odd.save(root / "val" / "c1" / "png_named.JPEG", format="PNG")
+    module = ImageNetDataModule(str(root), decoder="nvjpeg", batch_size=64, num_workers=1, pin_memory=False,
+                                eval_resize_size=28, eval_crop_size=24)
+    module.setup("validate")
+    batch = next(iter(module.val_dataloader()))  # through a worker process, as in training
+    assert len(tensors_in(batch)) == 2, [tuple(t.shape) for t in tensors_in(batch)]  # the payloads, the targets
+    samples = [module.datasets["val"][i] for i in range(len(module.datasets["val"]))]
+    unpacked = [payload for payload, *_ in samples]
+    payloads = batch.payloads()
+    assert [p.shape for p in payloads] == [p.shape for p in unpacked] and sum(p.dim() == 3 for p in payloads) == 2
+    assert all(torch.equal(a, b) for a, b in zip(payloads, unpacked))
+    decoder = module.device_pipeline.decoder
+    cpu = torch.device("cpu")
+    assert all(torch.equal(a, b) for a, b in zip(decoder(payloads, batch.paths, cpu), decoder(unpacked, batch.paths,
+                                                                                                 cpu)))
+    images, targets = module.device_pipeline(batch, cpu, training=False)
+    assert images.shape == (10, 3, 24, 24) and torch.equal(targets, torch.tensor([t for _, t, *_ in samples]))
 
 
 def test_worker_draws_the_box_and_flip_the_cpu_preset_draws():
@@ -279,3 +316,35 @@ def test_gpu_decode_matches_the_cpu_batches_within_idct_differences(mixed_root, 
     gpu_eval, _ = pipeline(val, torch.device("cuda"), training=False)
     cpu_eval, _ = pipeline(val, torch.device("cpu"), training=False)
     assert (gpu_eval.cpu().float() - cpu_eval.float()).abs().mean() < 2.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decoder", DEVICE_DECODERS)
+def test_gpu_decode_never_writes_into_memory_the_training_stream_still_reads(decoder):
+    # pytorch/vision#9606's reproduction, through the decode the pipeline calls: tensors freed while the kernels that
+    # read them are still queued (a training step's temporaries, the host a step ahead) must keep their values.
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    device, side = torch.device("cuda"), 256
+    payloads = []
+    for i in range(8):
+        buffer = io.BytesIO()
+        Image.fromarray(smooth(side, side, i)).save(buffer, format="JPEG", quality=90)
+        payloads.append(torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8))
+    decode = DeviceDecoder(decoder)
+    on_cpu = [image.float() for image in decode.decode_jpegs(payloads, torch.device("cpu"))]
+    numel = 3 * side * side // 4  # float32 tensors of one decoded image's bytes: their blocks fit the outputs
+    wrong = []
+    for iteration in range(20):
+        victims = [torch.full((numel,), float(i + 1), device=device) for i in range(len(payloads))]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time: the reductions below wait behind it
+        sums = [victim.sum() for victim in victims]
+        del victims  # freed, their reductions still queued
+        images = decode.decode_jpegs(payloads, device)
+        torch.cuda.synchronize()
+        wrong += [(iteration, i, total.item()) for i, total in enumerate(sums) if total.item() != (i + 1) * numel]
+        # nvJPEG's IDCT rounds differently from libjpeg-turbo's: small differences, never another image
+        assert max((image.cpu().float() - reference).abs().mean().item()
+                   for image, reference in zip(images, on_cpu)) < 2.0
+    assert wrong == [], f"{len(wrong)} sums overwritten by the decode, e.g. {wrong[:3]}"

@@ -6,6 +6,7 @@ runs the uint8 presets batch-wise, crops resized per size bucket (how and why: d
 
 import itertools
 import logging
+import math
 import struct
 from collections import defaultdict
 from typing import Callable, NamedTuple, Optional
@@ -176,10 +177,25 @@ def load_for_device(path: str, decode: Callable[[str], torch.Tensor]) -> tuple[t
 
 
 class EncodedBatch(NamedTuple):
-    payloads: list[torch.Tensor]  # 1-D JPEG bytes, or 3 x H x W images the workers decoded; sizes vary
+    """A batch as the workers send it: every payload end to end in one uint8 tensor, so a batch crosses from the
+    workers as one shared-memory block (a file descriptor and a handshake each), not one per image."""
+
+    data: torch.Tensor  # 1-D uint8: the payloads, end to end
+    shapes: list[tuple[int, ...]]  # each payload's: (n,) JPEG bytes, or (3, H, W) an image the worker decoded
     targets: torch.Tensor
     paths: list[str]
     crops: list[Optional[Crop]]  # training: each image's box and flip; evaluation: None
+
+    @classmethod
+    def pack(cls, payloads: list[torch.Tensor], targets: torch.Tensor, paths: list[str],
+             crops: list[Optional[Crop]]) -> "EncodedBatch":
+        data = torch.cat([p.reshape(-1) for p in payloads]) if payloads else torch.empty(0, dtype=torch.uint8)
+        return cls(data, [tuple(p.shape) for p in payloads], targets, list(paths), list(crops))
+
+    def payloads(self) -> list[torch.Tensor]:
+        """The payloads as load_for_device made them: views into `data`, no copy."""
+        parts = self.data.split([math.prod(shape) for shape in self.shapes])
+        return [part.view(shape) for part, shape in zip(parts, self.shapes)]
 
 
 class DeviceDecoder:
@@ -191,22 +207,29 @@ class DeviceDecoder:
         self.decoder, self.on_corrupt = decoder, on_corrupt
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
-    def decode_jpegs(self, payloads: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-        """JPEG bytes (1-D uint8 each) -> uint8 RGB images (3 x H x W) on `device`, one batched call."""
+    def _decode(self, payloads: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
         if self.decoder == "nvjpeg":
             return decode_jpeg(payloads, mode=ImageReadMode.RGB, device=device)
         from torchcodec.decoders import decode_jpeg as torchcodec_decode_jpeg
 
+        return torchcodec_decode_jpeg(payloads, mode="RGB", device=device)
+
+    def decode_jpegs(self, payloads: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        """JPEG bytes (1-D uint8 each) -> uint8 RGB images (3 x H x W) on `device`, one batched call."""
         if device.type != "cuda":
-            return torchcodec_decode_jpeg(payloads, mode="RGB", device=device)
-        # torchcodec synchronizes the current stream: a side stream, so it never waits for the training step.
+            return self._decode(payloads, device)
+        # A side stream: both libraries allocate the outputs on the current stream without ordering their writes
+        # after the work queued there (torchvision writes from a private stream, pytorch/vision#9606; nvJPEG's hardware
+        # engine ignores stream order, meta-pytorch/torchcodec#1634), so on the training stream they could overwrite
+        # blocks freed there whose readers are still queued. The side stream's pool only gives back blocks the
+        # training stream has finished with (record_stream below); why it waits for nothing: docs/benchmarks.md#gpu.
         main = torch.cuda.current_stream(device)
         if device not in self._side_streams:
             self._side_streams[device] = torch.cuda.Stream(device)
         side = self._side_streams[device]
         with torch.cuda.stream(side):
-            images = torchcodec_decode_jpeg(payloads, mode="RGB", device=device)
-        main.wait_stream(side)  # on the device, not the host: kernels queued after its last sync (EXIF rotations)
+            images = self._decode(payloads, device)
+        main.wait_stream(side)  # the decode's last work is on the side stream (torchvision: an event from its own)
         for image in images:
             image.record_stream(main)  # allocated on the side stream, used and freed on the training stream
         return images
@@ -249,7 +272,7 @@ class DevicePipeline:
         self.train_crop, self.eval_transform = train_crop, eval_transform
 
     def __call__(self, batch: EncodedBatch, device: torch.device, training: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        images = self.decoder(batch.payloads, batch.paths, device)
+        images = self.decoder(batch.payloads(), batch.paths, device)
         keep = [i for i, image in enumerate(images) if image is not None]
         if not keep:
             raise RuntimeError(f"all {len(images)} images of a batch were unreadable (see the warnings naming them)")

@@ -79,7 +79,7 @@ class EncodedImages(DecodedImages):
 
 
 def collate_encoded(batch: list) -> EncodedBatch:
-    """Samples of EncodedImages as one EncodedBatch; samples a worker skipped (None) are left out."""
+    """Samples of EncodedImages as one EncodedBatch, payloads packed; samples a worker skipped (None) are left out."""
     readable = [sample for sample in batch if sample is not None]
     payloads, targets, paths, crops = zip(*readable) if readable else ((), (), (), ())
-    return EncodedBatch(list(payloads), torch.tensor(targets, dtype=torch.long), list(paths), list(crops))
+    return EncodedBatch.pack(list(payloads), torch.tensor(targets, dtype=torch.long), list(paths), list(crops))
