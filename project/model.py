@@ -129,7 +129,7 @@ class ImageClassifier(L.LightningModule):
         if self.hparams.activation_checkpointing:
             checkpoint_activations(shard_blocks(self.network))
         if self.device_mesh is not None:  # strategy fsdp2 (a ModelParallelStrategy): FSDP2, one shard per process
-            shard(self.network, shard_blocks(self.network), self.device_mesh["data_parallel"])
+            shard(self.network, shard_blocks(self.network), self.device_mesh["data_parallel"], self.trainer.precision)
         self.runner.configure(self.network)
 
     def configure_callbacks(self) -> list[L.Callback]:

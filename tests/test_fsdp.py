@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from conftest import CONFIGS, callback, project_in_process, read_scalars, run_project, tiny_args
 from project.engine.cli import cli_main, close_process_group
@@ -245,3 +246,40 @@ def test_fsdp_with_channels_last_trains_with_nhwc_convolutions(tiny_root, tmp_pa
             close_process_group()
     assert cli.trainer.global_step == 1
     assert nhwc and all(nhwc), nhwc
+
+
+def test_fsdp_under_bf16_mixed_gathers_bf16_weights_and_keeps_batchnorm_float32(tiny_root, tmp_path, monkeypatch):
+    # Without a MixedPrecisionPolicy, FSDP2 all-gathered float32 weights that autocast then cast to bf16. BatchNorm
+    # refuses bf16 weights beside its float32 running statistics ("expected scalar type BFloat16 but found Float"):
+    # its own unit, float32, as FSDP1 did (pytorch#75478). Gradients are reduced in float32, as ddp reduces them.
+    import project.engine.strategies.fsdp as fsdp
+
+    policies, gathered = {}, {}
+    real = fsdp.fully_shard
+
+    def recording(module, **kwargs):
+        policy = kwargs.get("mp_policy", MixedPrecisionPolicy())
+        policies.setdefault(type(module).__name__, set()).add((policy.param_dtype, policy.reduce_dtype))
+        return real(module, **kwargs)
+
+    def record(module, inputs, out) -> None:
+        if not out.is_meta:  # not the FLOP counter's weightless copy
+            gathered[module.name] = module.weight.dtype
+
+    monkeypatch.setattr(fsdp, "fully_shard", recording)
+    args = [*tiny_args(tiny_root, tmp_path, "--trainer.max_steps=1", "--trainer.limit_val_batches=1"),
+            "--config", str(CONFIGS / "fsdp.yaml"), "--trainer.precision=bf16-mixed"]
+    with mock.patch.dict(os.environ):
+        try:
+            cli = cli_main(args, run=False)
+            for name in ("conv1", "bn1"):  # a block's
+                module = getattr(cli.model.network.layer1[0], name)
+                module.name = name
+                module.register_forward_hook(record)
+            cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        finally:
+            close_process_group()
+    assert cli.trainer.global_step == 1
+    assert policies == {"BatchNorm2d": {(None, None)}, "Sequential": {(torch.bfloat16, torch.float32)},
+                        "ResNet": {(torch.bfloat16, torch.float32)}}
+    assert gathered == {"conv1": torch.bfloat16, "bn1": torch.float32}
