@@ -30,6 +30,7 @@ def check_overhead(result: dict) -> None:
     # ...and cost about the same per step. The documented goal is 1.02 on a quiet machine; CI shares its cores,
     # so this only catches a gross regression (a sync, a copy or a slow hook added to every step).
     assert 0 < result["ratio"] < 1.3, result
+    assert result["cudnn_benchmark"], result  # every arm autotunes its convolutions, as the GPU configs do
     # Both Lightning arms were measured over as many steps, each against the plain steps beside it; ours over stock
     # compares their rounds pairwise.
     assert result["paired_steps"] == result["stock"]["paired_steps"] > 0, result
@@ -77,6 +78,7 @@ def test_gpu_all_tiny_runs_every_stage_into_one_table(tmp_path):
     assert [row[7].endswith("of synthetic") for row in cells[3:7]] == [True] * 4
     rows = json.loads((tmp_path / "throughput.json").read_text())["rows"]
     assert [r["gflop_per_image"] for r in rows if "gflop_per_image" in r] == pytest.approx([0.2173] * 6, rel=0.01)
+    assert all(r["cudnn_benchmark"] for r in rows if "images_per_sec" in r)  # as configs/gpu.yaml
     # bench/overhead.py --quick, single process, in turns of 2 steps (the GPU's path: --block 10 there)
     overhead = json.loads((tmp_path / "overhead.json").read_text())
     assert (overhead["variant"], overhead["rounds"], overhead["block"]) == ("single process", 4, 2), overhead

@@ -53,6 +53,17 @@ def test_strategy_config_parses_and_sets_only_what_it_switches(name, tiny_root, 
     assert moved <= wanted.keys(), f"{name} changes {sorted(moved - wanted.keys())} without saying so"
 
 
+GPU_CONFIGS = [name for name in STRATEGY_CONFIGS
+               if (yaml.safe_load((CONFIGS / name).read_text()).get("trainer") or {}).get("accelerator") == "gpu"]
+
+
+@pytest.mark.parametrize("name", GPU_CONFIGS)
+def test_gpu_configs_turn_cudnn_autotuning_on(name, tiny_root, tmp_path):
+    # Lightning leaves benchmark=None, torch's default (off): cuDNN's heuristic picks, never timed, for every shape.
+    assert {"gpu.yaml", "ddp_8gpu.yaml", "dp_8gpu.yaml", "vit_l16_fsdp_8gpu.yaml"} <= set(GPU_CONFIGS)
+    assert printed_config(*tiny_args(tiny_root, tmp_path), "--config", str(CONFIGS / name))["trainer"]["benchmark"]
+
+
 @pytest.mark.parametrize("name, expected", [("fp16.yaml", "bf16-mixed"), ("bf16.yaml", "bf16-mixed")])
 def test_mixed_precision_configs_build_a_trainer_on_cpu(name, expected, tiny_root, tmp_path):
     # 16-mixed on CPU is turned into (emulated, slow) bf16 by Lightning: built here, never trained on CPU.
