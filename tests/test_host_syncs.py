@@ -17,8 +17,12 @@ SMALL = ["--data.batch_size=4", "--trainer.log_every_n_steps=5", "--trainer.enab
          "--trainer.limit_val_batches=0"]
 
 
-def counts(output: Path, rank: int = 0) -> dict[int, dict]:
-    return {int(step): entry for step, entry in json.loads(Path(f"{output}.rank{rank}.json").read_text()).items()}
+def counts(output: Path, rank: int = 0, validation: bool = False) -> dict:
+    """Training steps' counts by step ({0: ...}), or validation batches' ({"val0": ..., "sanity0": ...})."""
+    entries = json.loads(Path(f"{output}.rank{rank}.json").read_text())
+    if validation:
+        return {key: entry for key, entry in entries.items() if key.startswith(("val", "sanity"))}
+    return {int(key): entry for key, entry in entries.items() if key.isdigit()}
 
 
 def test_single_process_ordinary_steps_read_nothing_back_from_the_device(tiny_root, tmp_path):
@@ -33,6 +37,19 @@ def test_single_process_ordinary_steps_read_nothing_back_from_the_device(tiny_ro
             assert entry["ours"] == entry["lightning"] == 0, (step, entry["what"])
     # A logging step reads what it logs, once: the loss for the logger and for the progress bar.
     assert 0 < per_step[4]["ours"] + per_step[4]["lightning"] <= 4, per_step[4]["what"]
+
+
+def test_a_validation_batch_reads_nothing_back_from_the_device(tiny_root, tmp_path):
+    # torchmetrics checked its inputs on the host at every batch: MulticlassAccuracy's validate_args (torch.unique, one
+    # per accuracy) and MeanMetric's NaN test (bool(isnan(x).any()), twice with a weight).
+    output = tmp_path / "syncs"
+    cli_main(["fit", *tiny_args(tiny_root, tmp_path / "run", *SMALL, "--trainer.limit_train_batches=1",
+                                "--trainer.limit_val_batches=3",
+                                callback("sync_counter.CountHostSyncs", output=str(output)))])
+    per_batch = counts(output, validation=True)
+    assert sorted(per_batch) == ["sanity0", "sanity1", "val0", "val1", "val2"]
+    for key, entry in per_batch.items():
+        assert entry["ours"] == entry["lightning"] == 0, (key, entry["what"])
 
 
 # 16-mixed as on a GPU: the precision plugin with a GradScaler (on CPU, `precision: 16-mixed` becomes bf16-mixed).
