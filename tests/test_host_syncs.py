@@ -72,10 +72,13 @@ def test_16_mixed_steps_read_nothing_back_the_grad_scaler_checks_on_the_device(t
 
 
 @pytest.mark.slow
-def test_ddp_ranks_agree_every_k_steps_and_lightnings_per_step_sigterm_broadcast_is_gone(tiny_root, tmp_path):
+@pytest.mark.parametrize("checkpointing", [[], ["--trainer.enable_checkpointing=false"]], ids=["saving", "not_saving"])
+def test_ddp_ranks_agree_every_k_steps_and_lightnings_per_step_sigterm_broadcast_is_gone(checkpointing, tiny_root,
+                                                                                        tmp_path):
     # 2 ranks x 20 images in batches of 4: 5 steps; logging at step 4, agreement every 2 steps (after steps 1, 3).
+    # Without checkpointing the stop signals are still ours (Lightning's broadcast came back there).
     output = tmp_path / "syncs"
-    result = run_project(["fit", *tiny_args(tiny_root, tmp_path / "run", *SMALL,
+    result = run_project(["fit", *tiny_args(tiny_root, tmp_path / "run", *SMALL, *checkpointing,
                                             "--last_checkpoint.check_every_n_steps=2",
                                             callback("sync_counter.CountHostSyncs", output=str(output))),
                           "--config", str(CONFIGS / "cpu_ddp.yaml")])
