@@ -63,7 +63,7 @@ def run_variant(name: str, data_kind: str, args, workdir: Path, decoder: str = "
                             batch_size=args.batch_size)
     throughput = ThroughputLogger()
     trainer = L.Trainer(
-        accelerator=args.accelerator, devices=1, precision=precision,
+        accelerator=args.accelerator, devices=1, precision=precision, benchmark=True,  # as configs/gpu.yaml
         max_steps=args.warmup + args.steps, limit_val_batches=0, num_sanity_val_steps=0,
         log_every_n_steps=args.window, default_root_dir=workdir / f"{name}-{data_kind}-{decoder}",
         callbacks=[throughput], enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -72,7 +72,8 @@ def run_variant(name: str, data_kind: str, args, workdir: Path, decoder: str = "
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    row = {"variant": name, "data": data_kind, "precision": precision, "batch": args.batch_size}
+    row = {"variant": name, "data": data_kind, "precision": precision, "batch": args.batch_size,
+           "cudnn_benchmark": torch.backends.cudnn.benchmark}
     if data_kind == "real":
         row.update(decoder=data.decoder, workers=args.workers)
     try:

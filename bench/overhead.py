@@ -114,6 +114,7 @@ class PlainLoop:
     def __init__(self, args, batches, world: int, device: torch.device):
         torch.manual_seed(args.seed)
         self.device, self.channels_last, self.autocast = device, args.channels_last, AUTOCAST[args.precision]
+        torch.backends.cudnn.benchmark = True  # cuDNN autotuning, as the Lightning arms (benchmark=True) and configs
         self.network = build_network(args.arch, args.num_classes).to(device)
         if self.channels_last:
             self.network.to(memory_format=torch.channels_last)
@@ -214,6 +215,7 @@ def ours_through_the_cli(args, world: int, workdir: Path, classes: Path) -> tupl
         "seed_everything": args.seed,  # the same initial weights as the other arms'
         "trainer.accelerator": args.accelerator, "trainer.devices": world,
         "trainer.strategy": "ddp" if world > 1 else "auto", "trainer.precision": args.precision,
+        "trainer.benchmark": True,
         "trainer.max_steps": args.steps, "trainer.max_epochs": 1, "trainer.limit_val_batches": 0,
         "trainer.num_sanity_val_steps": 0, "trainer.log_every_n_steps": LOG_EVERY,
         "trainer.default_root_dir": workdir / "ours", "trainer.enable_model_summary": False,
@@ -234,7 +236,8 @@ def stock_trainer(args, world: int, workdir: Path, callbacks: list[L.Callback]) 
     bar = [TQDMProgressBar(refresh_rate=LOG_EVERY)] if args.progress_bar else []
     return L.Trainer(
         accelerator=args.accelerator, devices=world, strategy="ddp" if world > 1 else "auto",
-        precision=args.precision, max_steps=args.steps, max_epochs=1, limit_val_batches=0, num_sanity_val_steps=0,
+        precision=args.precision, benchmark=True, max_steps=args.steps, max_epochs=1, limit_val_batches=0,
+        num_sanity_val_steps=0,
         log_every_n_steps=LOG_EVERY, default_root_dir=workdir / "stock", callbacks=bar + callbacks,
         enable_progress_bar=args.progress_bar, enable_model_summary=False,
     )
@@ -407,7 +410,7 @@ def main(argv: list[str]) -> int:
         "accelerator": args.accelerator, "precision": args.precision, "channels_last": args.channels_last,
         "block": args.block, "ours_images_per_sec": args.batch_size * world / ours["mean_step_s"],
         "arch": args.arch, "image_size": args.image_size, "batch_size": args.batch_size, "steps": args.steps,
-        "rounds": args.rounds, "threads": torch.get_num_threads(),
+        "rounds": args.rounds, "threads": torch.get_num_threads(), "cudnn_benchmark": torch.backends.cudnn.benchmark,
         # ours against plain under the keys the CI test and bench/gpu_table.py read
         **ours, "median_step_ratio": medians["ours"] / plain_median,
         "plain_step_s": plain_median, "stock_step_s": medians["stock"], "ours_step_s": medians["ours"],

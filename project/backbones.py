@@ -13,6 +13,7 @@ from typing import Optional, Protocol, runtime_checkable
 import torch
 from classifier_engine import ConfigError
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torchvision import models
 from torchvision.models import WeightsEnum
 
@@ -203,7 +204,9 @@ class NetworkRunner:
 
     def configure(self, network: nn.Module) -> None:
         """The network's memory format, and the compiled graph once (LightningModule.configure_model calls it)."""
-        if self.channels_last:
+        # FSDP2 shards contiguous parameters only (fully_shard refuses NHWC ones; converted after it, its lazy init
+        # fails): there the NHWC input alone makes the convolutions NHWC (cuDNN and oneDNN follow input or weight).
+        if self.channels_last and not isinstance(network, FSDPModule):
             network.to(memory_format=torch.channels_last)
         if self.compile and self._compiled_from is not network:
             self.compiled, self._compiled_from = torch.compile(network), network

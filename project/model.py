@@ -47,8 +47,10 @@ def _check_network_choice(arch: Optional[str], backbone, zero_init_residual: boo
 
 
 def _evaluation_metrics(num_classes: int) -> tuple[MeanMetric, MulticlassAccuracy, MulticlassAccuracy]:
-    """Loss (a sample-weighted mean), top-1 and top-5 accuracy: sums of counts, exact at any world size."""
-    loss = MeanMetric()
+    """Loss (the mean over samples), top-1 and top-5 accuracy: sums of counts, exact at any world size."""
+    # MeanMetric's NaN test read two tensors on the host every batch; "disable" weighs every value 1 (drops a given
+    # weight), so it gets per-sample losses. A NaN loss makes val/loss NaN (the test dropped it).
+    loss = MeanMetric(nan_strategy="disable")
     loss.set_dtype(torch.float64)  # sums of many float32 losses drift with the summation order, i.e. the world size
     return (loss, MulticlassAccuracy(num_classes, top_k=1, average="micro"),
             MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"))
@@ -130,7 +132,7 @@ class ImageClassifier(L.LightningModule):
         if self.hparams.activation_checkpointing:
             checkpoint_activations(shard_blocks(self.network))
         if self.device_mesh is not None:  # strategy fsdp2 (a ModelParallelStrategy): FSDP2, one shard per process
-            shard(self.network, shard_blocks(self.network), self.device_mesh["data_parallel"])
+            shard(self.network, shard_blocks(self.network), self.device_mesh["data_parallel"], self.trainer.precision)
         self.runner.configure(self.network)
 
     def configure_callbacks(self) -> list[L.Callback]:
@@ -173,8 +175,8 @@ class ImageClassifier(L.LightningModule):
     def _evaluate(self, batch, loss_metric: MeanMetric, acc1: MulticlassAccuracy, acc5: MulticlassAccuracy, stage: str):
         images, targets = batch
         logits = self(images)
-        # A weighted mean of batch means is the exact mean over samples, whatever the shard sizes per rank.
-        loss_metric.update(F.cross_entropy(logits, targets), weight=targets.numel())
+        # Per-sample losses summed: the exact mean over samples, whatever the shard sizes per rank.
+        loss_metric.update(F.cross_entropy(logits, targets, reduction="none"))
         acc1.update(logits, targets)
         acc5.update(logits, targets)
         # Metric objects sync their sums across ranks at epoch end: exact, unlike averaging per-rank means.

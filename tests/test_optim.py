@@ -4,16 +4,27 @@
 """
 
 import math
+import os
 from pathlib import Path
+from unittest import mock
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.plugins import MixedPrecision
 from torch import nn
 
 from conftest import read_scalars, tiny_args
 from project import cli_main
 from project.backbones import build_network
-from project.optim import parameter_groups, scaled_lr, warmup_then_decay
+from project.optim import (
+    Optimization,
+    build_optimizer,
+    parameter_groups,
+    scaled_lr,
+    steps_fused,
+    warmup_then_decay,
+)
 
 
 def _factors(total_steps: int, warmup_steps: int, schedule: str, **kwargs) -> list[float]:
@@ -201,3 +212,42 @@ def test_a_resume_runs_with_this_runs_optimizer_settings_and_says_which(tiny_roo
     assert group["initial_lr"] == pytest.approx(0.4 * 8 / 256)
     (line,) = [r.getMessage() for r in caplog.records if "resumed with this run's optimizer settings" in r.getMessage()]
     assert "0.weight_decay: 0.0001 -> 0.0005" in line and "0.momentum: 0.9 -> 0.8" in line
+
+
+def fp16_trainer(**kwargs) -> L.Trainer:
+    """16-mixed as on a GPU: the precision plugin with a GradScaler (on CPU Lightning would make it bf16-mixed)."""
+    plugin = MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))
+    return L.Trainer(accelerator="cpu", devices=1, plugins=[plugin], logger=False, enable_checkpointing=False, **kwargs)
+
+
+@pytest.mark.parametrize("trainer, fused", [
+    (lambda: fp16_trainer(), True),
+    (lambda: fp16_trainer(gradient_clip_val=1.0), False),  # Lightning refuses clipping with a fused optimizer
+    (lambda: L.Trainer(accelerator="cpu", devices=1, precision="bf16-mixed", logger=False), False),  # no GradScaler
+    (lambda: L.Trainer(accelerator="cpu", devices=1, logger=False), False),
+])
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_sgd_and_adamw_step_fused_under_a_grad_scaler_without_clipping(trainer, fused, optimizer):
+    # GradScaler.step reads its inf/NaN check on the host every step (.item()) unless the optimizer steps fused.
+    network = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    assert steps_fused(trainer(), network) is fused
+    groups = parameter_groups(network, 1e-4, decay_norm_and_bias=True)
+    built = build_optimizer(Optimization(optimizer=optimizer), groups, lr=0.1, fused=fused)
+    assert getattr(built, "_step_supports_amp_scaling", False) is fused  # what GradScaler and Lightning look at
+    assert built.defaults["fused"] is (True if fused else None)  # else torch's default (foreach), not the slow loop
+
+
+def test_fsdp2_shards_are_not_stepped_fused(tmp_path):
+    # torch has no fused SGD for DTensors: "aten._fused_sgd_.default does not have a sharding strategy registered".
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    network = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    with mock.patch.dict(os.environ):
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+        try:
+            fully_shard(network, mesh=init_device_mesh("cpu", (1,)))
+            assert not steps_fused(fp16_trainer(), network)
+        finally:
+            dist.destroy_process_group()

@@ -38,7 +38,7 @@ from classifier_engine.errors import ConfigError, is_peer_failure, record_rank, 
 from classifier_engine.run import RunPlan, start_run
 from classifier_engine.run.checkpoint_checks import CheckpointValues, check_checkpoint_fits
 from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
-from classifier_engine.run.last_checkpoint import LastCheckpoint, stops_reach_spawned_ranks
+from classifier_engine.run.last_checkpoint import LastCheckpoint, StopSignals, stops_reach_spawned_ranks
 from classifier_engine.run.launchers import check_process_count
 from classifier_engine.run.saved_config import KeepingSaveConfigCallback
 from classifier_engine.run.slurm import cluster_environment, slurm_job_id, task_line
@@ -221,10 +221,10 @@ class ProjectCLI(CheckpointReadOnceCLI):
             callbacks.append(StepProgressBar(refresh_rate=trainer_config.get("log_every_n_steps") or 50))
         trainer_config["callbacks"] = callbacks
         if trainer_config.get("enable_checkpointing") is False:
-            # The checkpoint groups (best, last.ckpt) are callbacks too: without checkpointing, inert ones instead
-            # (the Trainer refuses checkpoint callbacks with enable_checkpointing=false).
-            for key in ("checkpoint", "last_checkpoint"):
-                init[key] = Callback()
+            # The checkpoint groups (best, last.ckpt) are callbacks too: without checkpointing, an inert one and the
+            # stop signals alone (the Trainer refuses checkpoint callbacks with enable_checkpointing=false).
+            init["checkpoint"] = Callback()
+            init["last_checkpoint"] = StopSignals(init["last_checkpoint"].check_every_n_steps)
         # Any data module's plain loaders: exact evaluation and a resumable training order (classifier_engine.samplers).
         callbacks += [ExactLoaders(self.datamodule, run_seed(config.seed_everything)), CheckpointValues()]
         trainer = super().instantiate_trainer(**kwargs)

@@ -1,13 +1,15 @@
-"""Count the host-device synchronisation points of each training step, and who caused them (our code or Lightning's).
+"""Count the host-device synchronisation points of each training step and validation batch, and who caused them (our
+code or Lightning's).
 
     --trainer.callbacks+='{"class_path": "sync_counter.CountHostSyncs", "init_args": {"output": "/tmp/syncs"}}'
 
 On a CPU nothing really waits, so what is counted are the calls that would synchronise a GPU with the host: reading a
-tensor on the host (.item(), .tolist(), bool/int/float(tensor), .numpy()), torch.cuda.synchronize, and the blocking
-collectives (torch.distributed.all_reduce, broadcast, barrier, all_gather, and Lightning's strategy.reduce,
-broadcast, barrier, all_gather, reduce_boolean_decision, which call them). A call is *ours* when, walking the stack from
-the call outwards, a frame of project/ comes before any frame of Lightning's loops or Trainer: our callback calling
-strategy.reduce is ours; Lightning's progress bar reading a tensor is Lightning's.
+tensor on the host (.item(), .tolist(), bool/int/float(tensor), .numpy()), ops whose output size depends on the values
+(torch.unique, nonzero: the host reads the size), torch.cuda.synchronize, and the blocking collectives
+(torch.distributed.all_reduce, broadcast, barrier, all_gather, and Lightning's strategy.reduce, broadcast, barrier,
+all_gather, reduce_boolean_decision, which call them). A call is *ours* when, walking the stack from the call outwards,
+a frame of project/ comes before any frame of Lightning's loops or Trainer: our callback calling strategy.reduce is
+ours; Lightning's progress bar reading a tensor is Lightning's.
 """
 
 import json
@@ -26,6 +28,7 @@ LIGHTNING = str(Path(L.__file__).resolve().parent / "pytorch")
 LIGHTNING_DRIVERS = tuple(os.path.join(LIGHTNING, part) + os.sep for part in ("loops", "trainer"))
 
 TENSOR_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "numpy")
+SIZED_BY_VALUES = ("unique", "nonzero")  # torch.X and Tensor.X
 COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "broadcast_object_list")
 STRATEGY_CALLS = ("reduce", "broadcast", "barrier", "all_gather", "reduce_boolean_decision")
 
@@ -54,12 +57,14 @@ def origin() -> str:
 
 
 class CountHostSyncs(L.Callback):
-    """Patches the synchronising calls while fit runs; writes {step: {"ours": n, "lightning": n, "what": [...]}}."""
+    """Patches the synchronising calls while fit runs; writes {key: {"ours": n, "lightning": n, "what": [...]}}, keyed
+    by training step ("3": from its start to the next one's), validation batch ("val1", "sanity0": from its start to its
+    end, summed over the validation runs) and "after_val" (from a validation batch's end on: the epoch's reductions)."""
 
     def __init__(self, output: str = ""):
         self.output = output
-        self.step = -1
-        self.counts: dict[int, dict] = defaultdict(lambda: {"ours": 0, "lightning": 0, "input": 0, "what": []})
+        self.step: int | str | None = None
+        self.counts: dict = defaultdict(lambda: {"ours": 0, "lightning": 0, "input": 0, "what": []})
         self._saved: list[tuple[object, str, object]] = []
         self._inside = False
 
@@ -68,7 +73,7 @@ class CountHostSyncs(L.Callback):
         counter = self
 
         def counted(*args, **kwargs):
-            if not counter._inside and counter.step >= 0:
+            if not counter._inside and counter.step is not None:
                 counter._inside = True  # a collective's own tensor reads belong to the collective
                 try:
                     who = origin()
@@ -92,6 +97,9 @@ class CountHostSyncs(L.Callback):
             return
         for name in TENSOR_READS:
             self._wrap(torch.Tensor, name)
+        for name in SIZED_BY_VALUES:
+            self._wrap(torch.Tensor, name)
+            self._wrap(torch, name)
         for name in COLLECTIVES:
             self._wrap(dist, name)
         self._wrap(torch.cuda, "synchronize")
@@ -100,6 +108,13 @@ class CountHostSyncs(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.step = trainer.global_step
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.step = f"{'sanity' if trainer.sanity_checking else 'val'}{batch_idx}"
+        self.counts[self.step]  # noqa: B018  listed even when nothing is counted
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.step = "after_val"
 
     def teardown(self, trainer, pl_module, stage):
         for owner, name, original in reversed(self._saved):

@@ -31,6 +31,7 @@ def check_overhead(result: dict) -> None:
     # ...and cost about the same per step. The documented goal is 1.02 on a quiet machine; CI shares its cores,
     # so this only catches a gross regression (a sync, a copy or a slow hook added to every step).
     assert 0 < result["ratio"] < 1.3, result
+    assert result["cudnn_benchmark"], result  # every arm autotunes its convolutions, as the GPU configs do
     # Both Lightning arms were measured over as many steps, each against the plain steps beside it; ours over stock
     # compares their rounds pairwise.
     assert result["paired_steps"] == result["stock"]["paired_steps"] > 0, result
@@ -88,6 +89,7 @@ def test_gpu_all_tiny_runs_every_stage_into_one_table_saved_after_each_and_cuts_
     rows = [r for name in ("synthetic", "nvjpeg", "torchcodec-cuda", "cpu-decode")
             for r in json.loads((out / f"{name}.json").read_text())["rows"]]
     assert [r["gflop_per_image"] for r in rows] == pytest.approx([0.2173] * 6, rel=0.01)
+    assert all(r["cudnn_benchmark"] for r in rows if "images_per_sec" in r)  # as configs/gpu.yaml
     # bench/overhead.py --quick, single process, in turns of 2 steps (the GPU's path: --block 10 there)
     overhead = json.loads((out / "overhead.json").read_text())
     assert (overhead["variant"], overhead["rounds"], overhead["block"]) == ("single process", 4, 2), overhead

@@ -291,6 +291,14 @@ def test_canary_stock_lightning_has_no_dp_strategy():
     assert hasattr(strategies, "DataParallelStrategy")
 
 
+@canary("test_canary_stock_data_parallel_replicas_autocast_to_the_default_dtype")
+def test_canary_stock_data_parallel_replicas_autocast_to_the_default_dtype(monkeypatch):
+    from test_strategies import AutocastDtype, replica_autocast_dtypes
+
+    recorder = AutocastDtype()
+    assert replica_autocast_dtypes(monkeypatch, nn.DataParallel(recorder), recorder) == [torch.float16] * 2
+
+
 @canary("test_canary_stock_sync_batchnorm_refuses_cpu_tensors", raises=ValueError)
 def test_canary_stock_sync_batchnorm_refuses_cpu_tensors(tmp_path):
     import torch.distributed as dist

@@ -1,6 +1,6 @@
 """strategy fsdp2 (configs/fsdp.yaml) on CPU with gloo: the weights ddp trains, a ddp checkpoint continued, a checkpoint
 any process count evaluates exactly, a sharded one resumed after a kill -9 as the uninterrupted run and exported by one
-process, crafted shards refused without running them, and one-line refusals of what it does not do.
+process, crafted shards refused without running them, channels_last, and one-line refusals of what it does not do.
 
     python -m pytest tests/test_fsdp.py --durations=0
 """
@@ -11,12 +11,15 @@ import pickle
 import shutil
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from project import cli_main
 from project.weights import load_pretrained
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from classifier_engine.cli import close_process_group
 from classifier_engine.errors import CheckpointError
@@ -220,3 +223,64 @@ def test_optimizer_states_are_matched_to_parameters_by_position_in_their_groups_
         assert {name: tuple(s["momentum_buffer"].shape) for name, s in by_name["state"].items()} == shapes
         assert [g["params"] for g in by_name["param_groups"]] == [names[:2], names[2:]]
         assert [g["params"] for g in by_position(by_name)["param_groups"]] == [[0, 1], [2, 3, 4, 5]]  # torch.optim's
+
+
+def test_fsdp_with_channels_last_trains_with_nhwc_convolutions(tiny_root, tmp_path):
+    # configs/ddp_8gpu.yaml sets channels_last, so `--config configs/ddp_8gpu.yaml --config configs/fsdp.yaml` did this.
+    # FSDP2 shards contiguous parameters only: converted after fully_shard, its lazy init failed ("view size is not
+    # compatible"); before, fully_shard refuses them. The NHWC input alone makes the convolutions NHWC.
+    args = [*tiny_args(tiny_root, tmp_path, "--trainer.max_steps=1", "--trainer.limit_val_batches=1"),
+            "--config", str(CONFIGS / "fsdp.yaml"), "--model.channels_last=true"]
+    nhwc = []
+
+    def record(module, inputs, out) -> None:
+        if not out.is_meta:  # not the FLOP counter's weightless copy
+            nhwc.append(out.is_contiguous(memory_format=torch.channels_last))
+
+    with mock.patch.dict(os.environ):  # the 1-process gloo group's MASTER_* stay out of the tests that follow
+        try:
+            cli = cli_main(args, run=False)
+            for conv in (cli.model.network.conv1, cli.model.network.layer4[1].conv2):  # the root's, a block's
+                conv.register_forward_hook(record)
+            cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        finally:
+            close_process_group()
+    assert cli.trainer.global_step == 1
+    assert nhwc and all(nhwc), nhwc
+
+
+def test_fsdp_under_bf16_mixed_gathers_bf16_weights_and_keeps_batchnorm_float32(tiny_root, tmp_path, monkeypatch):
+    # Without a MixedPrecisionPolicy, FSDP2 all-gathered float32 weights that autocast then cast to bf16. BatchNorm
+    # refuses bf16 weights beside its float32 running statistics ("expected scalar type BFloat16 but found Float"):
+    # its own unit, float32, as FSDP1 did (pytorch#75478). Gradients are reduced in float32, as ddp reduces them.
+    import classifier_engine.strategies.fsdp as fsdp
+
+    policies, gathered = {}, {}
+    real = fsdp.fully_shard
+
+    def recording(module, **kwargs):
+        policy = kwargs.get("mp_policy", MixedPrecisionPolicy())
+        policies.setdefault(type(module).__name__, set()).add((policy.param_dtype, policy.reduce_dtype))
+        return real(module, **kwargs)
+
+    def record(module, inputs, out) -> None:
+        if not out.is_meta:  # not the FLOP counter's weightless copy
+            gathered[module.name] = module.weight.dtype
+
+    monkeypatch.setattr(fsdp, "fully_shard", recording)
+    args = [*tiny_args(tiny_root, tmp_path, "--trainer.max_steps=1", "--trainer.limit_val_batches=1"),
+            "--config", str(CONFIGS / "fsdp.yaml"), "--trainer.precision=bf16-mixed"]
+    with mock.patch.dict(os.environ):
+        try:
+            cli = cli_main(args, run=False)
+            for name in ("conv1", "bn1"):  # a block's
+                module = getattr(cli.model.network.layer1[0], name)
+                module.name = name
+                module.register_forward_hook(record)
+            cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        finally:
+            close_process_group()
+    assert cli.trainer.global_step == 1
+    assert policies == {"BatchNorm2d": {(None, None)}, "Sequential": {(torch.bfloat16, torch.float32)},
+                        "ResNet": {(torch.bfloat16, torch.float32)}}
+    assert gathered == {"conv1": torch.bfloat16, "bn1": torch.float32}

@@ -17,8 +17,12 @@ SMALL = ["--data.batch_size=4", "--trainer.log_every_n_steps=5", "--trainer.enab
          "--trainer.limit_val_batches=0"]
 
 
-def counts(output: Path, rank: int = 0) -> dict[int, dict]:
-    return {int(step): entry for step, entry in json.loads(Path(f"{output}.rank{rank}.json").read_text()).items()}
+def counts(output: Path, rank: int = 0, validation: bool = False) -> dict:
+    """Training steps' counts by step ({0: ...}), or validation batches' ({"val0": ..., "sanity0": ...})."""
+    entries = json.loads(Path(f"{output}.rank{rank}.json").read_text())
+    if validation:
+        return {key: entry for key, entry in entries.items() if key.startswith(("val", "sanity"))}
+    return {int(key): entry for key, entry in entries.items() if key.isdigit()}
 
 
 def test_single_process_ordinary_steps_read_nothing_back_from_the_device(tiny_root, tmp_path):
@@ -35,11 +39,46 @@ def test_single_process_ordinary_steps_read_nothing_back_from_the_device(tiny_ro
     assert 0 < per_step[4]["ours"] + per_step[4]["lightning"] <= 4, per_step[4]["what"]
 
 
-@pytest.mark.slow
-def test_ddp_ranks_agree_every_k_steps_and_lightnings_per_step_sigterm_broadcast_is_gone(tiny_root, tmp_path):
-    # 2 ranks x 20 images in batches of 4: 5 steps; logging at step 4, agreement every 2 steps (after steps 1, 3).
+def test_a_validation_batch_reads_nothing_back_from_the_device(tiny_root, tmp_path):
+    # torchmetrics checked its inputs on the host at every batch: MulticlassAccuracy's validate_args (torch.unique, one
+    # per accuracy) and MeanMetric's NaN test (bool(isnan(x).any()), twice with a weight).
     output = tmp_path / "syncs"
-    result = run_project(["fit", *tiny_args(tiny_root, tmp_path / "run", *SMALL,
+    cli_main(["fit", *tiny_args(tiny_root, tmp_path / "run", *SMALL, "--trainer.limit_train_batches=1",
+                                "--trainer.limit_val_batches=3",
+                                callback("sync_counter.CountHostSyncs", output=str(output)))])
+    per_batch = counts(output, validation=True)
+    assert sorted(per_batch) == ["sanity0", "sanity1", "val0", "val1", "val2"]
+    for key, entry in per_batch.items():
+        assert entry["ours"] == entry["lightning"] == 0, (key, entry["what"])
+
+
+# 16-mixed as on a GPU: the precision plugin with a GradScaler (on CPU, `precision: 16-mixed` becomes bf16-mixed).
+FP16_WITH_SCALER = ["--trainer.precision=null", "--trainer.plugins=" + json.dumps({
+    "class_path": "lightning.pytorch.plugins.MixedPrecision", "init_args": {"precision": "16-mixed", "device": "cpu",
+    "scaler": {"class_path": "torch.amp.GradScaler", "init_args": {"device": "cpu"}}}})]
+
+
+@pytest.mark.slow  # ~25 s: float16 is emulated on a CPU
+def test_16_mixed_steps_read_nothing_back_the_grad_scaler_checks_on_the_device(tiny_root, tmp_path):
+    # An unfused SGD under a GradScaler: GradScaler.step read its inf/NaN check with .item() every step.
+    output = tmp_path / "syncs"
+    cli = cli_main(["fit", *tiny_args(tiny_root, tmp_path / "run", *SMALL, "--trainer.max_steps=3", *FP16_WITH_SCALER,
+                                      callback("sync_counter.CountHostSyncs", output=str(output)))])
+    per_step = counts(output)
+    assert sorted(per_step) == list(range(3))
+    for step in (0, 1):  # the last one also holds the end of the fit (last.ckpt: the scaler's state read)
+        assert per_step[step]["ours"] == per_step[step]["lightning"] == 0, (step, per_step[step]["what"])
+    assert cli.trainer.optimizers[0].defaults["fused"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpointing", [[], ["--trainer.enable_checkpointing=false"]], ids=["saving", "not_saving"])
+def test_ddp_ranks_agree_every_k_steps_and_lightnings_per_step_sigterm_broadcast_is_gone(checkpointing, tiny_root,
+                                                                                        tmp_path):
+    # 2 ranks x 20 images in batches of 4: 5 steps; logging at step 4, agreement every 2 steps (after steps 1, 3).
+    # Without checkpointing the stop signals are still ours (Lightning's broadcast came back there).
+    output = tmp_path / "syncs"
+    result = run_project(["fit", *tiny_args(tiny_root, tmp_path / "run", *SMALL, *checkpointing,
                                             "--last_checkpoint.check_every_n_steps=2",
                                             callback("sync_counter.CountHostSyncs", output=str(output))),
                           "--config", str(CONFIGS / "cpu_ddp.yaml")])

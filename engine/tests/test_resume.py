@@ -146,6 +146,19 @@ def test_sigint_saves_and_exits_130_in_process(tiny_root, tmp_path):
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
+def test_sigterm_without_checkpointing_stops_at_the_step_end_exits_143_and_saves_nothing(tiny_root, tmp_path, caplog):
+    # enable_checkpointing=false: Lightning's own SIGTERM handling came back (exit 0; a broadcast every ddp step).
+    args = tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=2", "--trainer.enable_checkpointing=false",
+                     callback("stop_callbacks.SignalAtStep", step=2, signum=int(signal.SIGTERM)))
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(["fit", *args])
+    assert stopped.value.code == 143
+    assert "stopped by SIGTERM at epoch 0, global step 3; saved nothing (enable_checkpointing=false)" in caplog.text
+    assert not list(tmp_path.rglob("*.ckpt"))
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
 @pytest.fixture(scope="module")
 def ddp_reference(tiny_root, tmp_path_factory) -> dict:
     run_dir = tmp_path_factory.mktemp("ddp_reference")

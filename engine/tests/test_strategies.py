@@ -1,5 +1,6 @@
 """One YAML line switches the strategy and precision, never what is computed: configs, dp, exact resume (in-process)."""
 
+import contextlib
 import io
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -8,9 +9,11 @@ import pytest
 import torch
 import yaml
 from project import cli_main
+from torch import nn
 
 from classifier_engine.run.last_checkpoint import LastCheckpoint
 from classifier_engine.strategies import DataParallelStrategy
+from classifier_engine.strategies.dp import _DataParallel, _LightningForward
 from conftest import CONFIGS, callback, read_scalars, tiny_args
 
 # Every config composed onto the quickstart, except the quickstart's own and the folders of model and recipe configs.
@@ -50,6 +53,17 @@ def test_strategy_config_parses_and_sets_only_what_it_switches(name, tiny_root, 
     assert moved <= wanted.keys(), f"{name} changes {sorted(moved - wanted.keys())} without saying so"
 
 
+GPU_CONFIGS = [name for name in STRATEGY_CONFIGS
+               if (yaml.safe_load((CONFIGS / name).read_text()).get("trainer") or {}).get("accelerator") == "gpu"]
+
+
+@pytest.mark.parametrize("name", GPU_CONFIGS)
+def test_gpu_configs_turn_cudnn_autotuning_on(name, tiny_root, tmp_path):
+    # Lightning leaves benchmark=None, torch's default (off): cuDNN's heuristic picks, never timed, for every shape.
+    assert {"gpu.yaml", "ddp_8gpu.yaml", "dp_8gpu.yaml", "vit_l16_fsdp_8gpu.yaml"} <= set(GPU_CONFIGS)
+    assert printed_config(*tiny_args(tiny_root, tmp_path), "--config", str(CONFIGS / name))["trainer"]["benchmark"]
+
+
 @pytest.mark.parametrize("name, expected", [("fp16.yaml", "bf16-mixed"), ("bf16.yaml", "bf16-mixed")])
 def test_mixed_precision_configs_build_a_trainer_on_cpu(name, expected, tiny_root, tmp_path):
     # 16-mixed on CPU is turned into (emulated, slow) bf16 by Lightning: built here, never trained on CPU.
@@ -61,6 +75,42 @@ def test_dp_is_a_registered_strategy_running_one_replica_on_cpu(tiny_root, tmp_p
     cli = cli_main([*tiny_args(tiny_root, tmp_path), "--trainer.strategy=dp"], run=False)
     assert isinstance(cli.trainer.strategy, DataParallelStrategy)
     assert cli.trainer.world_size == 1 and cli.trainer.strategy.device_ids == []
+
+
+class AutocastDtype(nn.Module):
+    """Records the CPU autocast dtype each call runs under (None: autocast off); replicas share the list."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return x
+
+
+def replica_autocast_dtypes(monkeypatch, data_parallel: nn.DataParallel, recorder: AutocastDtype) -> list:
+    """The autocast dtypes two replicas ran under, each in its own thread of torch's parallel_apply (as on two GPUs),
+    called under float16 CPU autocast: parallel_apply pointed at the CPU, whose autocast default is bfloat16 (CUDA's is
+    float16: there bf16-mixed became float16)."""
+    stock_enabled = torch.is_autocast_enabled
+    for name, value in (("is_available", lambda: True), ("current_accelerator", lambda *a: torch.device("cpu")),
+                        ("current_stream", lambda *a: contextlib.nullcontext()),
+                        ("device_index", lambda *a: contextlib.nullcontext())):
+        monkeypatch.setattr(torch.accelerator, name, value)
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type="cpu": stock_enabled(device_type))
+    data_parallel.device_ids, data_parallel.src_device_obj = [0, 1], torch.device("cpu")  # as DataParallel on 2 GPUs
+    replicas = [data_parallel.module._replicate_for_data_parallel() for _ in range(2)]  # as replicate() makes them
+    with torch.autocast("cpu", dtype=torch.float16):
+        data_parallel.parallel_apply(replicas, [(torch.ones(2),), (torch.ones(2),)], [{}, {}])
+    return recorder.seen
+
+
+def test_dp_replicas_autocast_to_the_callers_dtype_in_their_threads(monkeypatch):
+    # configs/dp_8gpu.yaml + configs/bf16.yaml: the replicas ran float16 autocast, without a GradScaler.
+    recorder = AutocastDtype()
+    seen = replica_autocast_dtypes(monkeypatch, _DataParallel(_LightningForward(recorder)), recorder)
+    assert seen == [torch.float16, torch.float16]
 
 
 def fit(tiny_root: Path, run_dir: Path, *extra: str):

@@ -167,6 +167,18 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         canary="test_canary_stock_lightning_has_no_dp_strategy",
     ),
     Workaround(
+        name="torch's DataParallel runs its replicas under the default autocast dtype, not the caller's: "
+             "parallel_apply re-enters autocast in each replica's thread with the enabled flag only, and the dtype is "
+             "thread-local (bf16-mixed under dp on 2+ GPUs ran float16, without a GradScaler)",
+        where="classifier_engine/strategies/dp.py _DataParallel.parallel_apply (each replica re-enters the caller's "
+              "dtype in _LightningForward)",
+        upstream="no upstream issue found (pytorch's issues searched 2026-12-05); the same thread-local dtype was "
+                 "fixed elsewhere: pytorch#125186 (autograd threads), #71124 (checkpoint, PR #71169)",
+        seen="torch 2.14.1 (nn/parallel/parallel_apply.py _worker: torch.amp.autocast(device_type, enabled=...))",
+        delete_when="stock DataParallel's replicas autocast to the caller's dtype",
+        canary="test_canary_stock_data_parallel_replicas_autocast_to_the_default_dtype",
+    ),
+    Workaround(
         name="torch's SyncBatchNorm refuses CPU tensors (gloo)",
         where="classifier_engine/strategies/sync_batchnorm.py (GlooSyncBatchNorm, swapped in by the CLI on gloo)",
         upstream="no open torch issue; unmerged PRs pytorch#78081, #78078",

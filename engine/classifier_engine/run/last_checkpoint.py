@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.multiprocessing import ProcessExitedException
 
@@ -28,39 +28,25 @@ LAST = "last.ckpt"
 
 
 class RunStopped(SystemExit):
-    """The run stopped on a signal after saving last.ckpt; exit code 143 (SIGTERM, SIGHUP) or 130 (SIGINT)."""
+    """The run stopped on a signal (after saving last.ckpt, if it saves); exit code 143 (SIGTERM, SIGHUP) or 130
+    (SIGINT)."""
 
 
-class LastCheckpoint(Checkpoint):
-    """Keeps <run dir>/checkpoints/last.ckpt current (see the module docstring for when, and what a stop costs)."""
+class StopSignals(Callback):
+    """Stop signals taken over from Lightning (its flag-only exit 0; under ddp its broadcast and host read at every
+    step): the ranks agree every check_every_n_steps and stop there. On its own (enable_checkpointing=false) it saves
+    nothing; LastCheckpoint saves last.ckpt there too."""
 
-    def __init__(self, every_minutes: Optional[float] = 10.0, every_n_steps: Optional[int] = None,
-                 check_every_n_steps: int = 10):
-        """
-        Args:
-            every_minutes: rewrite last.ckpt after this many minutes of training (None: at epoch ends and stops only).
-            every_n_steps: also rewrite it every this many optimizer steps (None: off).
-            check_every_n_steps: under ddp, the ranks agree on stops and the time every this many optimizer steps
-                (one tiny all-reduce); a single process checks every step, at no cost.
-        """
+    every_minutes: Optional[float] = None  # LastCheckpoint's timed and periodic saves
+    every_n_steps: Optional[int] = None
+
+    def __init__(self, check_every_n_steps: int = 10):
         if check_every_n_steps < 1:
             raise ConfigError(f"last_checkpoint.check_every_n_steps must be >= 1, got {check_every_n_steps}")
-        self.every_minutes, self.every_n_steps = every_minutes, every_n_steps
         self.check_every_n_steps = check_every_n_steps
-        self.path: Optional[Path] = None
-        self.saved_at_step: Optional[int] = None
         self._stops: Optional[StopRequests] = None
         self._stopping: Optional[RunStopped] = None  # saved and said: raised once this step's metrics are logged
         self._last_save_time = 0.0
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        # Each rank chose its checkpoint itself (resume.py); different ones would make their collectives disagree.
-        chosen = trainer.strategy.broadcast(str(trainer.ckpt_path))
-        if chosen != str(trainer.ckpt_path):
-            raise CheckpointError(f"rank {trainer.global_rank} chose checkpoint {trainer.ckpt_path} but rank 0 chose "
-                                  f"{chosen}: are the ranks seeing the same files (a shared filesystem's caching)?")
 
     # Lightning installs its handlers in Trainer._run, after every setup hook: ours at the sanity check or train start.
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -68,11 +54,6 @@ class LastCheckpoint(Checkpoint):
             self._take_over_signals(trainer)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Beside ModelCheckpoint's (it resolves its folder in its own setup: known here; the CLI always has one).
-        folders = [c.dirpath for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath]
-        folder = folders[0] if folders else Path(trainer.log_dir or trainer.default_root_dir, CHECKPOINTS)
-        self.path = Path(trainer.strategy.broadcast(str(Path(folder) / LAST)))
-        self._last_save_time = time.monotonic()
         self._take_over_signals(trainer)
 
     def _take_over_signals(self, trainer: L.Trainer) -> None:
@@ -141,16 +122,13 @@ class LastCheckpoint(Checkpoint):
         signum, due = flags.tolist()  # the one host sync, every check_every_n_steps steps
         return int(signum), bool(due)
 
-    def _save(self, trainer: L.Trainer, again: bool = False) -> Path:
-        """Write last.ckpt once a step; `again` (an epoch end) writes it after the validation too."""
-        if again or self.saved_at_step != trainer.global_step:
-            trainer.save_checkpoint(self.path, weights_only=False)
-            self.saved_at_step, self._last_save_time = trainer.global_step, time.monotonic()
-        return self.path
+    def _save(self, trainer: L.Trainer, again: bool = False) -> Optional[Path]:
+        return None  # enable_checkpointing=false
 
     def _stop(self, trainer: L.Trainer, signum: int) -> RunStopped:
-        """Save, requeue or say so; the exit to raise."""
+        """Save (unless enable_checkpointing=false), requeue or say so; the exit to raise."""
         path = self._save(trainer)
+        saved = f"saved {path}" if path else "saved nothing (enable_checkpointing=false)"
         name = signal.Signals(signum).name
         where = f"epoch {trainer.current_epoch}, global step {trainer.global_step}"
         if signum == signal.SIGUSR1 and (job_id := slurm_job_id()) is not None:
@@ -158,19 +136,62 @@ class LastCheckpoint(Checkpoint):
             if trainer.is_global_zero:
                 requeued, why = requeue(job_id)
                 if requeued:
-                    rank_zero_info(f"Slurm job {job_id}: {name} at {where}; saved {path}; requeued, it resumes there")
+                    rank_zero_info(f"Slurm job {job_id}: {name} at {where}; {saved}; requeued"
+                                   + (", it resumes there" if path else ""))
                 else:
                     code = 1
-                    rank_zero_warn(f"Slurm job {job_id}: {name} at {where}; saved {path}, but scontrol requeue failed "
-                                   f"({why}): submit again with --ckpt_path {path}")
+                    rank_zero_warn(f"Slurm job {job_id}: {name} at {where}; {saved}, but scontrol requeue failed "
+                                   f"({why}): submit again" + (f" with --ckpt_path {path}" if path else ""))
             return RunStopped(code)
         bar = trainer.progress_bar_callback
         if trainer.is_global_zero and isinstance(bar, TQDMProgressBar) and bar.is_enabled:
             print(flush=True)  # the bar's line has no end while it is drawn: this line gets its own
         as_term = " (as SIGTERM)" if signum != as_requested(signum) else ""
-        rank_zero_info(f"stopped by {name}{as_term} at {where}; last checkpoint: {path} "
-                       "(continue with the same command and --ckpt_path last)")
+        last = f"last checkpoint: {path} (continue with the same command and --ckpt_path last)" if path else saved
+        rank_zero_info(f"stopped by {name}{as_term} at {where}; {last}")
         return RunStopped(128 + as_requested(signum))
+
+
+class LastCheckpoint(StopSignals, Checkpoint):
+    """Keeps <run dir>/checkpoints/last.ckpt current (see the module docstring for when, and what a stop costs)."""
+
+    def __init__(self, every_minutes: Optional[float] = 10.0, every_n_steps: Optional[int] = None,
+                 check_every_n_steps: int = 10):
+        """
+        Args:
+            every_minutes: rewrite last.ckpt after this many minutes of training (None: at epoch ends and stops only).
+            every_n_steps: also rewrite it every this many optimizer steps (None: off).
+            check_every_n_steps: under ddp, the ranks agree on stops and the time every this many optimizer steps
+                (one tiny all-reduce); a single process checks every step, at no cost.
+        """
+        super().__init__(check_every_n_steps)
+        self.every_minutes, self.every_n_steps = every_minutes, every_n_steps
+        self.path: Optional[Path] = None
+        self.saved_at_step: Optional[int] = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        # Each rank chose its checkpoint itself (resume.py); different ones would make their collectives disagree.
+        chosen = trainer.strategy.broadcast(str(trainer.ckpt_path))
+        if chosen != str(trainer.ckpt_path):
+            raise CheckpointError(f"rank {trainer.global_rank} chose checkpoint {trainer.ckpt_path} but rank 0 chose "
+                                  f"{chosen}: are the ranks seeing the same files (a shared filesystem's caching)?")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Beside ModelCheckpoint's (it resolves its folder in its own setup: known here; the CLI always has one).
+        folders = [c.dirpath for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath]
+        folder = folders[0] if folders else Path(trainer.log_dir or trainer.default_root_dir, CHECKPOINTS)
+        self.path = Path(trainer.strategy.broadcast(str(Path(folder) / LAST)))
+        self._last_save_time = time.monotonic()
+        super().on_train_start(trainer, pl_module)
+
+    def _save(self, trainer: L.Trainer, again: bool = False) -> Path:
+        """Write last.ckpt once a step; `again` (an epoch end) writes it after the validation too."""
+        if again or self.saved_at_step != trainer.global_step:
+            trainer.save_checkpoint(self.path, weights_only=False)
+            self.saved_at_step, self._last_save_time = trainer.global_step, time.monotonic()
+        return self.path
 
 
 @contextmanager

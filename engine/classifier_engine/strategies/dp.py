@@ -21,10 +21,26 @@ class _LightningForward(nn.Module):
     def __init__(self, lightning_module: L.LightningModule):
         super().__init__()
         self.lightning_module = lightning_module
+        self.autocast: Optional[tuple[str, torch.dtype]] = None  # the caller's, given to each replica (below)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         module = self.lightning_module
-        return type(module).forward(module, *args, **kwargs)
+        if self.autocast is None:
+            return type(module).forward(module, *args, **kwargs)
+        with torch.autocast(self.autocast[0], dtype=self.autocast[1]):
+            return type(module).forward(module, *args, **kwargs)
+
+
+class _DataParallel(nn.DataParallel):
+    """DataParallel whose replicas autocast to the caller's dtype. torch's parallel_apply re-enters autocast in each
+    replica's thread with the enabled flag only, and the dtype is thread-local: bf16-mixed ran float16 (compat)."""
+
+    def parallel_apply(self, replicas: Any, inputs: Any, kwargs: Any) -> Any:
+        device_type = self.src_device_obj.type
+        state = (device_type, torch.get_autocast_dtype(device_type)) if torch.is_autocast_enabled(device_type) else None
+        for replica in replicas:
+            replica.autocast = state
+        return super().parallel_apply(replicas, inputs, kwargs)
 
 
 class DataParallelStrategy(ParallelStrategy):
@@ -67,7 +83,7 @@ class DataParallelStrategy(ParallelStrategy):
     def setup(self, trainer: L.Trainer) -> None:
         super().setup(trainer)
         module = self.lightning_module
-        self._data_parallel = nn.DataParallel(_LightningForward(module), device_ids=self.device_ids or None)
+        self._data_parallel = _DataParallel(_LightningForward(module), device_ids=self.device_ids or None)
         # An instance attribute shadows the class's forward for `module(x)`; set outside nn.Module.__setattr__
         # so the wrapper is not registered as a submodule (state_dict keys stay free of `module.`).
         object.__setattr__(module, "forward", self._data_parallel)

@@ -23,7 +23,8 @@ from torch import nn
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 from classifier_engine.errors import CheckpointError, ConfigError, untrusted_checkpoint_message
@@ -38,9 +39,14 @@ def checkpoint_activations(blocks: Iterable[nn.Module]) -> None:
             block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
-def shard(network: nn.Module, blocks: Iterable[nn.Module], mesh: Any) -> None:
+# The weights FSDP2 gathers (and the forward runs on) by the Trainer's precision; without one, mixed precision
+# gathered float32 weights that autocast then cast. Gradients are reduced in float32, as ddp reduces them.
+GATHERED_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+def shard(network: nn.Module, blocks: Iterable[nn.Module], mesh: Any, precision: str = "32-true") -> None:
     """FSDP2: each block's parameters sharded over `mesh` (gathered just before the block runs, freed after), then
-    the rest with the root. Once: a network already sharded is left as it is."""
+    the rest with the root; under mixed precision, gathered in its dtype. Once: a sharded network is left as it is."""
     if isinstance(network, FSDPModule):
         return
     # Each rank shards its own copy: they must start equal, from rank 0's (as DDP broadcasts them), or the ranks'
@@ -54,9 +60,15 @@ def shard(network: nn.Module, blocks: Iterable[nn.Module], mesh: Any) -> None:
             dist.broadcast(moved, src=dist.get_global_rank(group, 0), group=group)
             if moved is not tensor:
                 tensor.copy_(moved)
+    dtype = GATHERED_DTYPES.get(precision)
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+    if dtype is not None:  # BatchNorm refuses low-precision weights beside float32 statistics: float32 units of their
+        for module in network.modules():  # own, as FSDP1 made them (pytorch#75478)
+            if isinstance(module, _BatchNorm):
+                fully_shard(module, mesh=mesh)
     for block in blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(network, mesh=mesh)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(network, mesh=mesh, mp_policy=policy)
 
 
 class FSDPStrategy(ModelParallelStrategy):
