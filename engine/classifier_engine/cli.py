@@ -20,6 +20,8 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelChec
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch.utils.data import DataLoader
 
 import classifier_engine.strategies  # noqa: F401  registers strategy="dp" before any Trainer is built
 from classifier_engine import class_switch, contract
@@ -34,6 +36,7 @@ from classifier_engine.compat.elastic_store import init_attempt_process_group
 from classifier_engine.compat.log_device_move import skip_same_device_moves
 from classifier_engine.compat.spawn import trains_in_this_process
 from classifier_engine.compat.subclass_nulls import restore_nulls
+from classifier_engine.data.predict import ImagePathDataset
 from classifier_engine.errors import ConfigError, is_peer_failure, record_rank, user_message
 from classifier_engine.run import RunPlan, start_run
 from classifier_engine.run.checkpoint_checks import CheckpointValues, check_checkpoint_fits
@@ -255,6 +258,21 @@ class ProjectCLI(CheckpointReadOnceCLI):
         with stops_reach_spawned_ranks(self.trainer):  # ddp_spawn: this process only waits for the ranks
             self.trainer.fit(model, datamodule=datamodule, **kwargs)
         rank_zero_info(where_the_run_went(self.trainer, self.plan.run_dir if self.plan else None))
+
+
+    def predict(self, model, datamodule=None, **kwargs):
+        """A data module without predict_dataloader() predicts the folder --predictions.images (the contract's)."""
+        writer = next((c for c in self.trainer.callbacks if isinstance(c, PredictionCsvWriter)), None)
+        if datamodule is None or is_overridden("predict_dataloader", datamodule, L.LightningDataModule):
+            return self.trainer.predict(model, datamodule=datamodule, **kwargs)
+        name = type(datamodule).__qualname__
+        if writer is None or writer.images is None:
+            raise ConfigError(f"data module {name} offers no predict_dataloader(): pass --predictions.images DIR (a "
+                              "folder of images, read with its eval_preprocessing())")
+        writer.class_names = contract.display_names(datamodule, model.hparams.get("num_classes"))
+        dataset = ImagePathDataset(writer.images, transform=contract.eval_transform(datamodule))
+        loader = DataLoader(dataset, batch_size=writer.batch_size)
+        return self.trainer.predict(model, dataloaders=loader, **kwargs)
 
 
 def where_the_run_went(trainer, run_dir: Optional[Path] = None) -> str:

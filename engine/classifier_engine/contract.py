@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Literal, Optional, Protocol, runtime_checkable
 
+import torch
+
 from classifier_engine.errors import ConfigError
 
 
@@ -122,6 +124,19 @@ def eval_preprocessing(datamodule: Any) -> Optional[EvalPreprocessing]:
     """The data module's evaluation preprocessing, when it says what it is."""
     offered = getattr(datamodule, "eval_preprocessing", None)
     return offered() if callable(offered) else None
+
+
+def eval_transform(datamodule: Any):
+    """How an image file becomes the network's input: the data module's eval_preprocessing() (resize the short side,
+    center-crop, normalize), else the default: RGB pixels scaled to [0, 1], no resize, no normalization."""
+    from torchvision.transforms import v2
+
+    from classifier_engine.data.transforms import eval_preset
+
+    offered = eval_preprocessing(datamodule)
+    if offered is None:
+        return v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
+    return eval_preset(resize_size=offered.resize, crop_size=offered.crop, mean=offered.mean, std=offered.std)
 
 
 def image_sizes(datamodule: Any) -> dict[str, int]:

@@ -143,7 +143,8 @@ def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Te
             "num_classes": len(class_names),
             "class_names": list(class_names),
             "input": {"name": "images", "layout": "NCHW", "dtype": "float32", "channels": "RGB",
-                      "values": "pixel / 255, then (x - mean) / std per channel"},
+                      "values": "pixel / 255, then (x - mean) / std per channel",
+                      "checked_size": list(example.shape[2:])},  # resize and crop null: images come at this size
             "preprocessing": {"interpolation": "bilinear", **preprocessing},
             "files": written,
             # Each file's largest logit difference from the eager network, and the rule it passed.
@@ -165,14 +166,27 @@ def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Te
 def export_module(model, datamodule, out_dir: str | Path, *, onnx: bool = True) -> dict[str, Path]:
     """Export a model's exportable network (the contract's) with the data module's class names and eval
     preprocessing."""
-    preprocessing = eval_preprocessing(datamodule)
-    if preprocessing is None:
-        raise ConfigError(f"data module {type(datamodule).__qualname__} offers no eval_preprocessing(): export "
-                          "writes the resize, crop, mean and std into model.json (see classifier_engine/contract.py)")
-    network, hparams, crop = contract.exportable(model), getattr(model, "hparams", {}), preprocessing.crop
-    example = torch.randn(2, 3, crop, crop, generator=torch.Generator().manual_seed(0))
-    return export_network(network, out_dir, example=example, preprocessing=preprocessing.as_dict(), onnx=onnx,
+    offered = eval_preprocessing(datamodule)
+    network, hparams = contract.exportable(model), getattr(model, "hparams", {})
+    if offered is not None:
+        crop, preprocessing = (offered.crop, offered.crop), offered.as_dict()
+    else:  # the contract's default: pixels in [0, 1] at the size the data module's validation images have
+        crop, preprocessing = validation_size(datamodule), {"resize": None, "crop": None, "mean": [0.0, 0.0, 0.0],
+                                                            "std": [1.0, 1.0, 1.0]}
+    example = torch.randn(2, 3, *crop, generator=torch.Generator().manual_seed(0))
+    return export_network(network, out_dir, example=example, preprocessing=preprocessing, onnx=onnx,
                           class_names=display_names(datamodule, hparams.get("num_classes")))
+
+
+def validation_size(datamodule) -> tuple[int, int]:
+    """(height, width) of the data module's first validation batch: the input size of an export without
+    eval_preprocessing() (the module's own loaders say what the network was trained on)."""
+    datamodule.setup("validate")
+    images = next(iter(datamodule.val_dataloader()))[0]
+    if not (isinstance(images, torch.Tensor) and images.ndim == 4 and images.shape[1] == 3):
+        raise ConfigError(f"data module {type(datamodule).__qualname__} offers no eval_preprocessing() and its "
+                          f"validation batches are not N x 3 x H x W images: add eval_preprocessing() (the contract)")
+    return int(images.shape[2]), int(images.shape[3])
 
 
 def build_from_run(ckpt_path: Path, config: Path):

@@ -42,13 +42,17 @@ class PredictionCsvWriter(BasePredictionWriter):
     """Collects (index, top-k probabilities, top-k classes) per batch; one CSV at the end of the predict epoch. Takes
     batches of (images, indices into the data set's `paths`) and predict_step's {"probs": (B, k), "classes": (B, k)}."""
 
-    def __init__(self, output: Optional[str] = None):
+    def __init__(self, output: Optional[str] = None, images: Optional[str] = None, batch_size: int = 64):
         """
         Args:
             output: CSV file to write; None writes predictions.csv into the predict run's log dir.
+            images: a folder of images (any depth) to predict when the data module offers no predict_dataloader();
+                read with its eval_preprocessing(), else as pixels scaled to [0, 1] (classifier_engine.contract).
+            batch_size: images per batch of that folder.
         """
         super().__init__(write_interval="batch")
-        self.output = output
+        self.output, self.images, self.batch_size = output, images, batch_size
+        self.class_names: Optional[list[str]] = None  # given with a folder's loader (no data module then)
         self.written: Optional[Path] = None
         self._dataset: Any = None
         self._output: Optional[Path] = None
@@ -94,7 +98,7 @@ class PredictionCsvWriter(BasePredictionWriter):
         dataset = self._dataset
         if dataset is None:
             return
-        names = display_names(trainer.datamodule, pl_module.hparams.get("num_classes"))
+        names = self.class_names or display_names(trainer.datamodule, pl_module.hparams.get("num_classes"))
         k = self._probs[0].shape[1] if self._probs else min(TOP_K, len(names))
         indices, probs, classes = (
             gather_rows(pl_module, torch.cat(rows) if rows else empty, trainer.world_size)
