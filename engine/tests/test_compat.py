@@ -486,12 +486,16 @@ def test_canary_stock_fit_dispatches_no_op_hooks_and_inspects_the_step_every_bat
     assert no_op_calls == 0 or reads < 6, f"{no_op_calls} no-op hook calls, {reads} signature reads in 6 batches"
 
 
+class UsersCallback(L.Callback):
+    """A user's callback overriding nothing: theirs, so its no-op hooks are called as Lightning calls them."""
+
+
 def test_lean_dispatch_skips_inherited_no_ops_and_runs_the_overridden_hooks(tmp_path, monkeypatch):
     from classifier_engine.compat.batch_dispatch import BATCH_HOOKS, LeanBatchDispatch
 
     def fit(lean: bool):
         counting = HookNames()
-        callbacks = [counting, L.Callback()] + [LeanBatchDispatch()] * lean
+        callbacks = [counting, L.Callback(), UsersCallback()] + [LeanBatchDispatch()] * lean
         actions, _, model = dispatch_of_a_fit(tmp_path / str(lean), monkeypatch, callbacks)
         return actions, counting.calls, model.layer.weight.detach().clone()
 
@@ -501,8 +505,10 @@ def test_lean_dispatch_skips_inherited_no_ops_and_runs_the_overridden_hooks(tmp_
     assert stock.count("[Callback]Callback.on_before_backward") == 6
     assert not [a for a in lean if a.startswith("[Callback]Callback.") and a.split(".")[-1] in BATCH_HOOKS]
     assert lean.count("[Callback]HookNames.on_before_backward") == 6
-    module_hook = "[LightningModule]Tiny.on_before_backward"  # the module's inherited no-op
-    assert module_hook in stock and module_hook not in lean
+    # The user's objects are theirs: their module's and their callbacks' hooks are called as stock calls them.
+    module_hook = "[LightningModule]Tiny.on_before_backward"
+    assert lean.count(module_hook) == stock.count(module_hook) == 6
+    assert lean.count("[Callback]UsersCallback.on_before_backward") == 6
 
 
 @canary("test_canary_stock_subclass_mode_parses_a_null_dataclass_field_as_the_string_none")

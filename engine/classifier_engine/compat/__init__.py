@@ -134,7 +134,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="every batch, Lightning calls each per-batch hook on every callback and the module, inherited no-ops "
              "too, and inspects the step's signature twice: 1.4M of the 3.8M instructions ours adds to a plain step",
-        where="classifier_engine/compat/batch_dispatch.py LeanBatchDispatch (added in classifier_engine/cli.py)",
+        where="classifier_engine/compat/batch_dispatch.py LeanBatchDispatch (added in classifier_engine/cli.py): on "
+              "the engine's and Lightning's callbacks only, never the user's module or callbacks",
         upstream="no upstream issue found (searched 2026-12-03); CPU overhead in general: #8857, #6196 (won't fix)",
         seen="lightning 2.6.6 (trainer/call.py _call_callback_hooks, signature_utils.is_param_in_hook_signature)",
         delete_when="a stock fit skips inherited no-op callback hooks, or inspects the step once (delete that half)",
