@@ -121,7 +121,6 @@ class ProjectCLI(CheckpointReadOnceCLI):
         return parser
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # Links reach a class only when it has the argument: any LightningModule / LightningDataModule works.
         # Links reach a class only when it has the argument (LINK_TARGETS: a class switch leaves them to the link).
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         parser.link_arguments("data", "model.init_args.image_sizes", compute_fn=contract.image_sizes,
@@ -162,7 +161,10 @@ class ProjectCLI(CheckpointReadOnceCLI):
         self._explicit = explicit_values(parser, args, self.config, subcommand)
         config = self.config[subcommand] if subcommand else self.config
         if self._explicit.get("checkpoint.monitor") is None and isinstance(config.get("model"), Namespace):
-            for key, value in contract.monitor_options(config.model.get("class_path")).items():  # the chosen class's
+            # The chosen class's Monitor; without one, ModelCheckpoint's own defaults (the latest is kept as best).
+            chosen = contract.monitor_options(config.model.get("class_path")) or {
+                "checkpoint.monitor": None, "checkpoint.mode": "min", "checkpoint.filename": None}
+            for key, value in chosen.items():
                 if self._explicit.get(key) is None:
                     config[key] = value
         if subcommand:
