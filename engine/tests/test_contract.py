@@ -64,6 +64,10 @@ class TinyNet(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+
+
+class Unmonitored(TinyNet):
+    monitor = None
 '''
 
 MY_DATA = '''
@@ -212,3 +216,6 @@ def test_a_class_chosen_over_the_templates_default_starts_from_its_own_defaults(
     assert code_ == 2 and line.startswith("error: --data.root was given for ImageNetDataModule, and my_data.Digits "
                                           "takes no root"), line
     assert not (tmp_path / "refused").exists()
+    # A model naming no metric gets ModelCheckpoint's own defaults, not the template model's val/acc1.
+    cli = cli_main([*args(tmp_path / "plain"), "--model.class_path=my_model.Unmonitored"], run=False)
+    assert cli.trainer.checkpoint_callback.monitor is None
