@@ -26,8 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from classifier_engine import ShardDataModule  # noqa: E402
+
 from fake_imagenet import write_fake_imagenet  # noqa: E402
-from project.data import ImageNetDataModule, ShardDataModule  # noqa: E402
+from project.data import ImageNetDataModule  # noqa: E402
 from tools.local_services import s3_server  # noqa: E402
 from tools.make_shards import main as make_shards  # noqa: E402
 

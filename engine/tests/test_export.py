@@ -63,7 +63,7 @@ def test_the_exported_program_gives_the_eager_logits_at_any_batch_size(tmp_path,
             torch.testing.assert_close(exported(images), network(images), rtol=0, atol=1e-5)
     assert meta["class_names"] == NAMES and meta["preprocessing"]["crop"] == 32
     assert meta["input"]["layout"] == "NCHW" and meta["files"] == {"pt2": "model.pt2"}
-    assert meta["arch"] == ("resnet18" if isinstance(network, models.ResNet) else "test_export.TinyNet")
+    assert meta["module"] == f"{type(network).__module__}.{type(network).__qualname__}"  # the network exported
 
 
 @pytest.mark.skipif(not (onnx_available() and importlib.util.find_spec("onnxruntime")),
@@ -226,7 +226,7 @@ def test_main_exports_a_trained_run_from_its_checkpoint_and_config(tiny_root, tm
         files = main(["--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--no-onnx"])
     assert files["pt2"] == run / "export" / "model.pt2"
     exported, meta = read_export(run / "export")
-    assert meta["class_names"] == ["cat", "dog", "fox"] and meta["arch"] == "resnet18"
+    assert meta["class_names"] == ["cat", "dog", "fox"] and meta["module"] == "torchvision.models.resnet.ResNet"
     assert (meta["preprocessing"]["resize"], meta["preprocessing"]["crop"]) == (32, 32)  # the quickstart's eval sizes
 
     state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
