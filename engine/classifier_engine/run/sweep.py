@@ -87,8 +87,9 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
             raise
         return
     sweep, summary_only = config.pop("sweep"), config.pop("summary")
-    sweep.metric = sweep.metric or config.checkpoint.monitor or monitor_options(config.model.get("class_path")).get(
-        "checkpoint.monitor")
+    # Else the chosen model class's Monitor (the parser's checkpoint.monitor default is the default class's).
+    sweep.metric = sweep.metric or monitor_options(config.model.get("class_path")).get("checkpoint.monitor") or \
+        config.checkpoint.monitor
     sampler = check_sweep(sweep, config.get("config") or [])
     check_fit_options(parser, argv, config, sweep.space)
     study_dir = Path(config.trainer.default_root_dir or ".") / "sweeps" / sweep.study
