@@ -36,6 +36,7 @@ from classifier_engine.run.slurm import slurm_job_id
 # Trial attributes in the storage: the run dir, who runs it, and what the fit said about itself.
 RUN_DIR, WORKER, HEARTBEAT = "run_dir", "worker", "heartbeat"
 PRUNED_AT, FINISHED, CHECKPOINT, BEST, DIVERGED = "pruned_at_step", "finished_at_step", "checkpoint", "best", "diverged"
+LOGGED = "metrics_logged"  # what a trial's fit logged at validation when the sweep's metric was not among them
 FIT_LOG, FIT_OPTIONS = "fit.log", "fit_options.yaml"
 LOGGERS_IN_RUN_DIR = ("TensorBoardLogger", "CSVLogger")
 
@@ -130,7 +131,10 @@ class SweepReporter(Callback):
         per_epoch = isinstance(trainer.val_check_interval, float) and trainer.val_check_interval == 1.0
         step = trainer.current_epoch if per_epoch else trainer.global_step
         value, stop = trainer.callback_metrics.get(self.metric), False
-        if self._trial is not None and value is not None:
+        if self._trial is not None and value is None:  # a metric the model does not log: no trial can be scored
+            self._trial.set_user_attr(LOGGED, sorted(k for k in trainer.callback_metrics if not k.startswith("train/")))
+            stop = True
+        elif self._trial is not None:
             try:
                 stop = self._report(trainer, float(value), step)
             except UpdateFinishedTrialError:  # the study gave the trial up: its worker stops this fit
@@ -275,6 +279,11 @@ class Worker:
         else:
             line = f"failed (fit exit {code}): {last_line(log)} (log {log})"
         tell(self.study, trial, best if state == TrialState.COMPLETE else None, state=state)
+        if LOGGED in said and best is None:  # a metric the model never logs: every trial would end so
+            print(f"error: sweep.metric {metric!r} is never logged: trial {trial.number}'s fit logs "
+                  f"{', '.join(said[LOGGED]) or 'nothing'} at its validation; pass one of them with --sweep.metric",
+                  file=sys.stderr, flush=True)
+            return 2
         if code == 2 and FINISHED not in said:  # bad input, which every trial would stop on
             print(f"error: trial {trial.number} stopped on bad input: {last_line(log)} (log {log})", file=sys.stderr,
                   flush=True)
