@@ -17,11 +17,13 @@ from classifier_engine.errors import CheckpointError
 from classifier_engine.run.resume import plan_run, start_run
 
 
-def write_checkpoint(path: Path, step: int, *, epoch: int = 0, mtime: float | None = None) -> Path:
+def write_checkpoint(path: Path, step: int, *, epoch: int = 0, mtime: float | None = None,
+                     saved_at: float | None = None) -> Path:
     """A small but complete Lightning-format checkpoint (the keys classifier_engine.run.resume checks, real tensors)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"state_dict": {"network.w": torch.full((2,), float(step))}, "epoch": epoch, "global_step": step,
-                "hyper_parameters": {"arch": "resnet18", "num_classes": 3}}, path)
+                "hyper_parameters": {"arch": "resnet18", "num_classes": 3},
+                **({"saved_at": saved_at} if saved_at is not None else {})}, path)
     if mtime is not None:
         os.utime(path, (mtime, mtime))
     return path
@@ -58,6 +60,23 @@ def test_last_is_the_newest_checkpoint_of_any_run_and_continues_in_that_run(tmp_
     assert plan.run_dir == logs / "version_1" and not plan.fresh
     assert config.trainer.logger.init_args.version == 1
     assert plan.reason == f"--ckpt_path last: resuming from {newest}"
+
+
+def test_last_goes_by_what_the_checkpoints_record_never_by_file_times(tmp_path):
+    # cp -r resets every mtime: here the copy left the older best newer than last.ckpt, and the older run newest.
+    logs, now = tmp_path / "lightning_logs", time.time()
+    write_checkpoint(logs / "version_0" / "checkpoints" / "last.ckpt", 90, epoch=8, saved_at=now - 3600, mtime=now)
+    checkpoints = logs / "version_1" / "checkpoints"
+    last = write_checkpoint(checkpoints / "last.ckpt", 6, epoch=2, saved_at=now - 60, mtime=now - 100)
+    write_checkpoint(checkpoints / "epoch001-val_acc1=0.7000.ckpt", 3, epoch=1, saved_at=now - 120, mtime=now - 10)
+    assert plan_run("fit", fit_config(tmp_path, "last")).ckpt_path == last
+    # a run's own checkpoints by their progress, whatever their clocks say (a requeue on another node)
+    at_epoch_end = write_checkpoint(checkpoints / "epoch002-val_acc1=0.8000.ckpt", 6, epoch=2, saved_at=now - 30)
+    further = write_checkpoint(checkpoints / "last.ckpt", 7, epoch=3, saved_at=now - 200)
+    assert plan_run("fit", fit_config(tmp_path, "last")).ckpt_path == further
+    further.unlink()
+    write_checkpoint(checkpoints / "last.ckpt", 6, epoch=2, saved_at=now - 40)  # a tie: last.ckpt, saved after
+    assert plan_run("fit", fit_config(tmp_path, "last")).ckpt_path == last != at_epoch_end
 
 
 def test_last_skips_a_truncated_or_crafted_newest_checkpoint_and_says_why(tmp_path):
