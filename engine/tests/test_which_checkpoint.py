@@ -223,3 +223,22 @@ def test_a_rerun_of_a_run_without_file_loggers_from_its_config_yaml_is_a_new_run
     cli_main(["fit", f"--config={run / 'config.yaml'}", "--trainer.max_epochs=1"])  # no --ckpt_path: a new run
     assert (tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt").is_file()
     assert sorted(p.name for p in run.glob("config*.yaml")) == ["config.yaml"]  # the first run's, untouched
+
+
+def test_a_resume_under_a_relative_root_keeps_the_earlier_best_and_one_best_file(tiny_root, tmp_path, monkeypatch,
+                                                                                 recwarn):
+    from project import cli_main
+
+    from conftest import tiny_args
+
+    monkeypatch.chdir(tmp_path)  # default_root_dir relative, as configs/quickstart.yaml has it
+    short = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+    first = cli_main(["fit", *tiny_args(tiny_root, Path("runs"), *short)])
+    earlier = first.trainer.checkpoint_callback.best_model_score
+    resumed = cli_main(["fit", *tiny_args(tiny_root, Path("runs"), *short, "--trainer.max_epochs=3"),
+                        "--ckpt_path=last"])
+    assert not [w for w in recwarn if "dirpath has changed" in str(w.message)]
+    best = resumed.trainer.checkpoint_callback
+    assert best.best_model_score >= earlier
+    kept = [p.name for p in (tmp_path / "runs" / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt")]
+    assert sorted(kept) == sorted(["last.ckpt", Path(best.best_model_path).name])  # one best, the best
