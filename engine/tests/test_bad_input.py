@@ -124,3 +124,19 @@ def test_a_default_root_dir_under_a_file_or_on_a_read_only_filesystem_is_one_lin
     with pytest.raises(ConfigError, match=r"Read-only file system\): trainer.default_root_dir must be a writable"):
         cli_main(["fit", *tiny_args(tiny_root, read_only / "runs")])
     assert not list(read_only.iterdir())
+
+
+def test_validate_on_a_read_only_root_is_one_line(tiny_root, tmp_path, tmpfs, monkeypatch, capsys):
+    from conftest import project_in_process
+
+    model = ImageClassifier(num_classes=3, arch="resnet18")
+    checkpoint = tmp_path / "model.ckpt"
+    torch.save({"state_dict": model.state_dict(), "epoch": 0, "global_step": 1,
+                "hyper_parameters": dict(model.hparams)}, checkpoint)
+    read_only = tmpfs("1m")
+    subprocess.run(["mount", "-o", "remount,ro", str(read_only)], check=True)
+    code, _, err = project_in_process(["validate", *tiny_args(tiny_root, read_only / "runs"),
+                                       f"--ckpt_path={checkpoint}"], monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith(f"error: cannot create the run dir {read_only / 'runs'}")
+    assert "Read-only file system" in err

@@ -242,3 +242,21 @@ def test_a_resume_under_a_relative_root_keeps_the_earlier_best_and_one_best_file
     assert best.best_model_score >= earlier
     kept = [p.name for p in (tmp_path / "runs" / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt")]
     assert sorted(kept) == sorted(["last.ckpt", Path(best.best_model_path).name])  # one best, the best
+
+
+def test_validate_and_predict_from_a_runs_config_yaml_write_their_own_records_not_into_the_run(tiny_root, tmp_path):
+    from project import cli_main
+
+    from conftest import read_scalars, tiny_args
+
+    cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--trainer.limit_train_batches=2")])
+    run = tmp_path / "lightning_logs" / "version_0"
+    files = sorted(p.relative_to(run) for p in run.rglob("*"))
+    steps = {tag: [step for step, _ in values] for tag, values in read_scalars(run).items()}
+    evaluation = [f"--config={run / 'config.yaml'}", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}"]
+    cli_main(["validate", *evaluation])  # the saved config names this run's logger
+    cli_main(["predict", *evaluation])
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == files
+    assert {tag: [step for step, _ in values] for tag, values in read_scalars(run).items()} == steps
+    assert "val/acc1" in read_scalars(tmp_path / "lightning_logs" / "version_1")  # the validation's own
+    assert (tmp_path / "lightning_logs" / "version_2" / "predictions.csv").is_file()

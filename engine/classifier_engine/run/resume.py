@@ -32,11 +32,11 @@ from classifier_engine.run.trackers import check_trackers, kind_of, logger_entri
 class RunPlan:
     ckpt_path: Optional[Path] = None
     checkpoint: Optional[dict[str, Any]] = None  # ckpt_path's contents, loaded once; the CLI takes it (and drops it)
-    run_dir: Optional[Path] = None  # None: not a fit (Lightning decides where validate/test/predict log)
+    run_dir: Optional[Path] = None  # None: not a fit (validate/test/predict log into a version dir of their own)
     fresh: bool = True  # a new run dir (fit without a checkpoint, or from one outside <root>)
     reason: str = ""
     skipped: list[tuple[Path, str]] = field(default_factory=list)
-    lock: Optional[RunLock] = None  # rank 0 of a fit: the run dir is created and locked until lock.release()
+    lock: Optional[RunLock] = None  # rank 0: the run dir (an evaluation's own) created and locked until release()
 
 
 def describe_checkpoint(path: Path) -> dict[str, Any]:
@@ -100,9 +100,9 @@ def _skipped_note(plan: RunPlan) -> str:
 
 
 def start_run(subcommand: str, config: Namespace) -> RunPlan:
-    """The CLI's one call: plan_run, with the run dir claimed by global rank 0 of a fit (the other ranks write
-    nothing and rely on its lock). The caller ends it: plan.lock.release() (remove_failed_start() after a failure)."""
-    return plan_run(subcommand, config, claim_run_dir=subcommand == "fit" and env_global_rank() == 0)
+    """The CLI's one call: plan_run, with the run dir claimed by global rank 0 (the other ranks write nothing and
+    rely on its lock). The caller ends it: plan.lock.release() (remove_failed_start() after a failure)."""
+    return plan_run(subcommand, config, claim_run_dir=env_global_rank() == 0)
 
 
 def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False) -> RunPlan:
@@ -135,6 +135,11 @@ def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False)
                                   "pass the checkpoint's path instead")
     if subcommand == "fit":
         _place_run(plan, trainer, root, logs, given_dir, job_dir, claim_run_dir)
+    elif trainer.logger is not False and (trainer.logger in (None, True) or _file_loggers(trainer)):
+        # An evaluation's records are its own, never a training run's (whose config.yaml pins its logger's version);
+        # the dir is made now: an unwritable root is one line before anything runs.
+        plan.lock = claim_new_version(logs) if claim_run_dir else None
+        pin_logger_version(trainer, root, logger_version(plan.lock.run_dir.name) if plan.lock else next_version(logs))
     return plan
 
 
