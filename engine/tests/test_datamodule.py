@@ -166,6 +166,18 @@ def test_fewer_training_images_than_a_batch_still_train_one_batch(tmp_path):
     assert [len(batch[1]) for batch in dm.train_dataloader()] == [3]
 
 
+def test_one_training_image_per_process_is_one_line_not_a_batchnorm_error_in_the_first_step(tmp_path):
+    from types import SimpleNamespace
+
+    root = write_image_folder(tmp_path / "data", {"cat": (1, 1), "dog": (1, 1)})
+    dm = _datamodule(root)
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=0)  # as under ddp x2: one image each
+    dm.setup("fit")
+    with pytest.raises(ConfigError, match=r"2 training images over 2 processes leave 1 per process: a training batch "
+                                          r"needs 2 or more"):
+        dm.train_dataloader()
+
+
 def test_eval_preprocessing_and_image_sizes_follow_the_options(tiny_root):
     dm = _datamodule(tiny_root, mean=(0.5, 0.5, 0.5), std=[0.25, 0.25, 0.25])
     assert dm.eval_preprocessing() == EvalPreprocessing(resize=32, crop=28, mean=(0.5,) * 3, std=(0.25,) * 3)
