@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from project.data import ManifestDataModule
 
+from classifier_engine import ManifestDataModule
 from classifier_engine.data.embedded import resolve_root
 from classifier_engine.errors import ConfigError
 from classifier_engine.export import main as export_main

@@ -15,11 +15,11 @@ import pytest
 import torch
 from PIL import Image
 from project import cli_main
-from project.data import ShardDataModule
 from tools.local_services import free_port, s3_server
 from tools.make_shards import encode
 from tools.make_shards import main as make_shards
 
+from classifier_engine import ShardDataModule
 from classifier_engine.errors import ConfigError
 from conftest import CONFIGS, QUICKSTART, SHRINK, callback, project_in_process, run_project
 
