@@ -83,11 +83,17 @@ def test_conversion_errors_are_one_line_with_the_fix(tiny_root, tmp_path, tmpfs,
         "does not exist": ["--source", str(tmp_path / "nowhere"), "--out", str(tmp_path / "a")],
         "cannot write there": ["--source", str(tiny_root), "--out", str(next(tiny_root.rglob("*.jpg")) / "out")],
         "no space left": ["--source", str(tiny_root), "--out", str(tmpfs("48k")), *SMALL, "--keep-original"],
+        # Both wrote a set and exited 0: 1x1 px images, and no shard at all.
+        "--max-short-side 0: expected an integer >= 1": ["--source", str(tiny_root), "--out", str(tmp_path / "b"),
+                                                         "--max-short-side", "0"],
+        "--shard-size -5: expected an integer >= 1": ["--source", str(tiny_root), "--out", str(tmp_path / "c"),
+                                                      "--shard-size", "-5"],
     }
     for expected, argv in cases.items():
         capsys.readouterr()
         assert make_shards(argv) == 2, expected
         assert expected in one_line(capsys.readouterr().err)
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
 
 
 def test_the_same_seed_gives_the_same_chunk_aware_order(shards):
