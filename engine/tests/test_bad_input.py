@@ -144,3 +144,19 @@ def test_validate_on_a_read_only_root_is_one_line(tiny_root, tmp_path, tmpfs, mo
     assert code == 2 and "Traceback" not in err, err[-2000:]
     assert err.strip().splitlines()[-1].startswith(f"error: cannot create the run dir {read_only / 'runs'}")
     assert "Read-only file system" in err
+
+
+def test_a_yaml_alias_bomb_and_a_50_mb_config_are_refused_before_they_are_parsed(tmp_path):
+    from classifier_engine.errors import ConfigError, check_config_files
+
+    bomb = tmp_path / "bomb.yaml"  # 400 bytes: nine levels of nine aliases, 387 million strings once expanded
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{k}: &a{k} [{', '.join([f'*a{k - 1}'] * 9)}]" for k in range(1, 9)]
+    bomb.write_text("\n".join([*lines, "model:", "  init_args:", "    x: *a8", ""]))
+    huge = tmp_path / "huge.yaml"
+    with open(huge, "wb") as file:
+        file.truncate(50 * 2**20)  # sparse: the size is what is checked, before a byte is read
+    for config, expected in ((bomb, r"bomb.yaml: its YAML aliases \(\*name\) expand to over 100,000 values"),
+                             (huge, r"huge.yaml is 52.4 MB: a config is a few KB of YAML")):
+        with pytest.raises(ConfigError, match=expected):
+            check_config_files(["fit", "--config", str(config)])
