@@ -225,6 +225,32 @@ def test_shards_on_an_object_store_train_as_local_ones_and_no_secret_reaches_the
         assert "\n" not in str(error.value) and object_store["AWS_SECRET_ACCESS_KEY"] not in str(error.value)
 
 
+def test_a_stalled_object_store_is_one_line_that_never_prints_the_endpoint(tmp_path, monkeypatch, capsys):
+    import socket
+    import threading
+
+    import botocore.config
+
+    stalled = socket.create_server(("127.0.0.1", 0))  # accepts connections (the kernel does), never answers
+    endpoint = f"http://127.0.0.1:{stalled.getsockname()[1]}"
+    for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    config = botocore.config.Config  # its read timeout and attempts, short: the stall is what is tested
+    monkeypatch.setattr(botocore.config, "Config", lambda **kw: config(**{**kw, "read_timeout": 0.5,
+                                                                          "retries": {"max_attempts": 1}}))
+    held = threading.Thread(target=lambda: [stalled.accept() for _ in range(4)], daemon=True)
+    held.start()
+    try:
+        code, out, err = project_in_process(["fit", *fit_args("s3://datasets/tiny", tmp_path / "run")], monkeypatch,
+                                            capsys)
+    finally:
+        stalled.close()
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert one_line(err).startswith("error: s3://datasets/tiny: the object store stopped answering")
+    assert endpoint.rsplit(":", 1)[1] not in out + err and not (tmp_path / "run").exists()
+
+
 def test_s3_shards_without_the_extra_name_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "boto3", None)  # as if not installed
     with pytest.raises(ConfigError, match=re.escape('s3:// shards need boto3: pip install -e ".[shards]"')):
