@@ -254,6 +254,9 @@ class ProjectCLI(CheckpointReadOnceCLI):
             check_checkpoint_fits(self.plan.ckpt_path, checkpoint, self.model, self.datamodule)
             if self.subcommand == "fit" and not self.plan.fresh:  # before the Trainer first touches its loggers
                 continue_csv_logs(self.trainer.loggers, checkpoint["global_step"])
+            elif self.subcommand != "fit":  # ModelCheckpoint's records are the fit's (its dir), not an evaluation's
+                checkpoint["callbacks"] = {key: value for key, value in (checkpoint.get("callbacks") or {}).items()
+                                           if not key.startswith(ModelCheckpoint.__name__)}
             if self._checkpoint_io is not None:
                 self._checkpoint_io.hand_over(self.plan.ckpt_path, checkpoint)
 

@@ -244,7 +244,8 @@ def test_a_resume_under_a_relative_root_keeps_the_earlier_best_and_one_best_file
     assert sorted(kept) == sorted(["last.ckpt", Path(best.best_model_path).name])  # one best, the best
 
 
-def test_validate_and_predict_from_a_runs_config_yaml_write_their_own_records_not_into_the_run(tiny_root, tmp_path):
+def test_validate_and_predict_from_a_runs_config_yaml_write_their_own_records_not_into_the_run(tiny_root, tmp_path,
+                                                                                                recwarn):
     from project import cli_main
 
     from conftest import read_scalars, tiny_args
@@ -260,3 +261,4 @@ def test_validate_and_predict_from_a_runs_config_yaml_write_their_own_records_no
     assert {tag: [step for step, _ in values] for tag, values in read_scalars(run).items()} == steps
     assert "val/acc1" in read_scalars(tmp_path / "lightning_logs" / "version_1")  # the validation's own
     assert (tmp_path / "lightning_logs" / "version_2" / "predictions.csv").is_file()
+    assert not [w for w in recwarn if "dirpath has changed" in str(w.message)]  # the fit's bookkeeping stays the fit's
