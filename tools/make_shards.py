@@ -37,6 +37,14 @@ class Options:
     keep_original: bool = False
     shard_size: int = 1024
 
+    def __post_init__(self) -> None:
+        # Checked before anything is read: 0 stored 1x1 px images and a negative size an empty set, both with exit 0.
+        for flag, value, low, high in (("--max-short-side", self.max_short_side, 1, None),
+                                       ("--quality", self.quality, 1, 100), ("--shard-size", self.shard_size, 1, None)):
+            if value < low or (high is not None and value > high):
+                expected = f"from {low} to {high}" if high is not None else f">= {low}"
+                raise ConfigError(f"{flag} {value}: expected an integer {expected}")
+
 
 class Output:
     """A folder (each file written atomically) or s3://bucket/prefix (a PUT is all or nothing)."""
@@ -214,8 +222,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
                         help="processes encoding shards (default: the cores this process may use)")
     args = parser.parse_args(argv)
-    options = Options(args.max_short_side, args.quality, args.keep_original, args.shard_size)
     try:
+        options = Options(args.max_short_side, args.quality, args.keep_original, args.shard_size)
         index = convert(args.source, args.out, options, val_source=args.val_source, workers=args.workers)
     except (ConfigError, DiskFullError) as error:
         print(f"make_shards: {error}", file=sys.stderr)

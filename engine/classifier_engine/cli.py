@@ -42,7 +42,7 @@ from classifier_engine.run import RunPlan, start_run
 from classifier_engine.run.checkpoint_checks import CheckpointValues, check_checkpoint_fits
 from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
 from classifier_engine.run.last_checkpoint import LastCheckpoint, StopSignals, stops_reach_spawned_ranks
-from classifier_engine.run.launchers import check_process_count
+from classifier_engine.run.launchers import check_devices, check_process_count
 from classifier_engine.run.saved_config import KeepingSaveConfigCallback
 from classifier_engine.run.slurm import cluster_environment, slurm_job_id, task_line
 from classifier_engine.run.trackers import continue_csv_logs, how_to_look
@@ -184,6 +184,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
         if self.subcommand == "fit" and config.trainer.max_epochs == -1 and config.trainer.max_steps in (None, -1):
             raise ConfigError("trainer.max_epochs=-1 and no trainer.max_steps: the run has no end, and the LR schedule "
                               "needs one; set --trainer.max_epochs or --trainer.max_steps")
+        check_devices(config.trainer.devices, config.trainer.accelerator)
         hparams = self.plan.checkpoint.get("hyper_parameters") if self.plan and self.plan.checkpoint else None
         for line in keep_explicit_model_values(config, self._explicit, hparams or {}):
             rank_zero_info(line)
@@ -253,6 +254,9 @@ class ProjectCLI(CheckpointReadOnceCLI):
             check_checkpoint_fits(self.plan.ckpt_path, checkpoint, self.model, self.datamodule)
             if self.subcommand == "fit" and not self.plan.fresh:  # before the Trainer first touches its loggers
                 continue_csv_logs(self.trainer.loggers, checkpoint["global_step"])
+            elif self.subcommand != "fit":  # ModelCheckpoint's records are the fit's (its dir), not an evaluation's
+                checkpoint["callbacks"] = {key: value for key, value in (checkpoint.get("callbacks") or {}).items()
+                                           if not key.startswith(ModelCheckpoint.__name__)}
             if self._checkpoint_io is not None:
                 self._checkpoint_io.hand_over(self.plan.ckpt_path, checkpoint)
 

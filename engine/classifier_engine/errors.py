@@ -230,19 +230,48 @@ def _notes_of_failed_ranks(wait_s: float = 2.0) -> list[str]:
     return [line for line in lines if line]
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB of YAML
+MAX_CONFIG_VALUES = 100_000  # once its aliases are expanded (jsonargparse copies them out): a 1 KB alias bomb is 10^9
+
+
 def check_config_files(argv: list[str]) -> None:
-    """Every `--config FILE` exists and is valid YAML; else a ConfigError naming the file, line and column."""
+    """Every `--config FILE` loads (load_config_file), before the CLI parses any."""
     files = [arg.split("=", 1)[1] for arg in argv if arg.startswith(("--config=", "-c="))]
     files += [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config", "-c")]
     for name in files:
-        path = os.path.expanduser(name)
-        if not os.path.isfile(path):
-            raise ConfigError(f"config file {name} does not exist (--config takes a YAML file, e.g. "
-                              "configs/quickstart.yaml)")
-        try:
-            yaml.safe_load(Path(path).read_text())
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-            raise ConfigError(f"config file {name}: YAML syntax error{where}: {problem}; fix the file") from None
+        load_config_file(name)
+
+
+def load_config_file(name: str | os.PathLike) -> object:
+    """A config file's YAML; else a ConfigError naming the file: missing, over 1 MB, aliases expanding to over 100,000
+    values (either would exhaust memory), nested too deeply, or a syntax error at its line and column."""
+    path = os.path.expanduser(name)
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {name} does not exist (--config takes a YAML file, e.g. "
+                          "configs/quickstart.yaml)")
+    if (size := os.path.getsize(path)) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {name} is {size / 1e6:.1f} MB: a config is a few KB of YAML (at most "
+                          f"{MAX_CONFIG_BYTES / 1e6:.1f} MB); is it the right file?")
+    try:
+        text = Path(path).read_text()
+        if _expanded_size(yaml.compose(text, Loader=yaml.SafeLoader), {}) > MAX_CONFIG_VALUES:
+            raise ConfigError(f"config file {name}: its YAML aliases (*name) expand to over {MAX_CONFIG_VALUES:,} "
+                              "values (an alias bomb?); write the values out")
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"config file {name} is nested too deeply to be a config; fix the file") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"config file {name}: YAML syntax error{where}: {problem}; fix the file") from None
+
+
+def _expanded_size(node: Optional[yaml.Node], sizes: dict[int, int]) -> int:
+    """Values in the tree a composed YAML graph stands for: an alias is its anchor's node again, counted each time."""
+    if node is not None and id(node) not in sizes:
+        sizes[id(node)] = MAX_CONFIG_VALUES + 1  # met again while counting it: an alias inside its own anchor
+        children = [n for child in node.value for n in (child if isinstance(child, tuple) else (child,))] \
+            if isinstance(node.value, list) else []
+        sizes[id(node)] = 1 + sum(_expanded_size(child, sizes) for child in children)
+    return sizes.get(id(node), 0)

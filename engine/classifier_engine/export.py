@@ -18,14 +18,13 @@ from typing import Any, Callable, Optional, Sequence
 
 import lightning as L
 import torch
-import yaml
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from classifier_engine import contract
 from classifier_engine.contract import display_names, eval_preprocessing
-from classifier_engine.errors import ConfigError, UserError
+from classifier_engine.errors import ConfigError, UserError, load_config_file
 from classifier_engine.run.checkpoint_io import load_checkpoint
 
 PREPROCESSING_KEYS = ("resize", "crop", "mean", "std")
@@ -193,7 +192,7 @@ def build_from_run(ckpt_path: Path, config: Path):
     """The run's model (with the checkpoint's weights: EMA's averaged ones, if any) and data module."""
     from classifier_engine.cli import cli_main
 
-    settings = yaml.safe_load(config.read_text())
+    settings = load_config_file(config)
     # The saved config is `fit`'s: the options LightningCLI made of Trainer.fit's arguments (ckpt_path, weights_only)
     # do not exist without a subcommand. It skips the model, data module and loaders (those are sections, or none).
     for option in set(inspect.signature(L.Trainer.fit).parameters) - LightningCLI.subcommands()["fit"]:

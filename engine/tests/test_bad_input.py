@@ -57,6 +57,10 @@ CASES = {
     "unknown option": ("fit", ["--model.lrr=0.1"], "tiny", "unrecognized arguments: --model.lrr=0.1"),
     "config with a YAML error": ("fit", ["--config", "{yaml}"], "tiny", "bad.yaml: YAML syntax error at line 3"),
     "run without an end": ("fit", ["--trainer.max_epochs=-1"], "tiny", "the run has no end"),
+    "devices not a number": ("fit", ["--trainer.devices=abc"], "tiny",
+                             "trainer.devices='abc': expected a number of processes (--trainer.devices=2)"),
+    "dp over two CPUs": ("fit", ["--trainer.strategy=dp", "--trainer.devices=2"], "tiny",
+                         "dp splits each batch over GPUs: on CPU it would run one process on one device"),
     "checkpoint missing": ("validate", ["--ckpt_path=/nowhere/last.ckpt"], "tiny", "/nowhere/last.ckpt does not exist"),
     "a JPEG as checkpoint": ("validate", ["--ckpt_path={jpeg_ckpt}"], "tiny",
                              "is not a checkpoint: a .ckpt file is a torch.save archive"),
@@ -124,3 +128,35 @@ def test_a_default_root_dir_under_a_file_or_on_a_read_only_filesystem_is_one_lin
     with pytest.raises(ConfigError, match=r"Read-only file system\): trainer.default_root_dir must be a writable"):
         cli_main(["fit", *tiny_args(tiny_root, read_only / "runs")])
     assert not list(read_only.iterdir())
+
+
+def test_validate_on_a_read_only_root_is_one_line(tiny_root, tmp_path, tmpfs, monkeypatch, capsys):
+    from conftest import project_in_process
+
+    model = ImageClassifier(num_classes=3, arch="resnet18")
+    checkpoint = tmp_path / "model.ckpt"
+    torch.save({"state_dict": model.state_dict(), "epoch": 0, "global_step": 1,
+                "hyper_parameters": dict(model.hparams)}, checkpoint)
+    read_only = tmpfs("1m")
+    subprocess.run(["mount", "-o", "remount,ro", str(read_only)], check=True)
+    code, _, err = project_in_process(["validate", *tiny_args(tiny_root, read_only / "runs"),
+                                       f"--ckpt_path={checkpoint}"], monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith(f"error: cannot create the run dir {read_only / 'runs'}")
+    assert "Read-only file system" in err
+
+
+def test_a_yaml_alias_bomb_and_a_50_mb_config_are_refused_before_they_are_parsed(tmp_path):
+    from classifier_engine.errors import ConfigError, check_config_files
+
+    bomb = tmp_path / "bomb.yaml"  # 400 bytes: nine levels of nine aliases, 387 million strings once expanded
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{k}: &a{k} [{', '.join([f'*a{k - 1}'] * 9)}]" for k in range(1, 9)]
+    bomb.write_text("\n".join([*lines, "model:", "  init_args:", "    x: *a8", ""]))
+    huge = tmp_path / "huge.yaml"
+    with open(huge, "wb") as file:
+        file.truncate(50 * 2**20)  # sparse: the size is what is checked, before a byte is read
+    for config, expected in ((bomb, r"bomb.yaml: its YAML aliases \(\*name\) expand to over 100,000 values"),
+                             (huge, r"huge.yaml is 52.4 MB: a config is a few KB of YAML")):
+        with pytest.raises(ConfigError, match=expected):
+            check_config_files(["fit", "--config", str(config)])

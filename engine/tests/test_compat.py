@@ -88,6 +88,18 @@ def test_canary_stock_cli_parses_a_batch_limit_of_1_as_a_float():
     assert isinstance(config.trainer.limit_val_batches, int)
 
 
+@canary("test_canary_stock_parse_of_a_grid_makes_its_integers_floats")
+def test_canary_stock_parse_of_a_grid_makes_its_integers_floats():
+    from jsonargparse import ArgumentParser
+    from optuna.samplers import BaseSampler
+
+    parser = ArgumentParser()
+    parser.add_argument("--sampler", type=BaseSampler)
+    config = parser.parse_args(["--sampler={class_path: GridSampler, init_args: {search_space: {x: [16, 32]}}}"])
+    assert config.sampler.init_args.search_space["x"] == [16, 32]
+    assert all(isinstance(value, int) for value in config.sampler.init_args.search_space["x"])
+
+
 @canary("test_canary_stock_cli_replaces_an_explicit_model_value_with_the_checkpoints")
 def test_canary_stock_cli_replaces_an_explicit_model_value_with_the_checkpoints(tmp_path):
     run = trainer(tmp_path, max_steps=1, limit_val_batches=0)

@@ -101,6 +101,25 @@ def test_a_hidden_folder_counts_as_a_class_as_imagefolder_counts_it(tiny_root, t
         _datamodule(root)
 
 
+def test_hidden_files_below_a_class_folder_are_not_data_in_fit_or_predict(tiny_root, tmp_path):
+    # macOS writes an AppleDouble `._name.jpg` (not a JPEG) beside each file it copies to a foreign disk.
+    root = _copy(tiny_root, tmp_path)
+    for split in ("train", "val"):
+        (root / split / "cat" / "._cat_000.jpg").write_bytes(b"\x00\x05\x16\x07" + bytes(80))
+    (root / "train" / "dog" / ".thumbnails").mkdir()
+    shutil.copy(root / "train" / "dog" / "dog_000.jpg", root / "train" / "dog" / ".thumbnails" / "dog_000.jpg")
+    dm = _datamodule(root, predict_root=str(root / "val"))
+    dm.setup("fit")
+    assert sum(len(labels) for _, labels in dm.train_dataloader()) == 40  # every batch decodes; none hidden
+    assert sum(len(labels) for _, labels in dm.val_dataloader()) == 17
+    dm.setup("predict")
+    assert len(dm.datasets["predict"].paths) == 17
+    (root / "train" / "emu").mkdir()
+    (root / "train" / "emu" / "._emu_000.jpg").write_bytes(b"\x00\x05\x16\x07" + bytes(80))
+    with pytest.raises(DataLayoutError, match=r"1 class folder\(s\) without images \(emu\)"):
+        _datamodule(root)
+
+
 def test_a_file_as_root_is_named(tmp_path):
     archive = tmp_path / "imagenet.tar"
     archive.write_bytes(b"")
@@ -145,6 +164,18 @@ def test_fewer_training_images_than_a_batch_still_train_one_batch(tmp_path):
     dm = _datamodule(root)
     dm.setup("fit")
     assert [len(batch[1]) for batch in dm.train_dataloader()] == [3]
+
+
+def test_one_training_image_per_process_is_one_line_not_a_batchnorm_error_in_the_first_step(tmp_path):
+    from types import SimpleNamespace
+
+    root = write_image_folder(tmp_path / "data", {"cat": (1, 1), "dog": (1, 1)})
+    dm = _datamodule(root)
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=0)  # as under ddp x2: one image each
+    dm.setup("fit")
+    with pytest.raises(ConfigError, match=r"2 training images over 2 processes leave 1 per process: a training batch "
+                                          r"needs 2 or more"):
+        dm.train_dataloader()
 
 
 def test_eval_preprocessing_and_image_sizes_follow_the_options(tiny_root):

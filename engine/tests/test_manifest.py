@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from project.data import ManifestDataModule
 
+from classifier_engine import ManifestDataModule
 from classifier_engine.data.embedded import resolve_root
 from classifier_engine.errors import ConfigError
 from classifier_engine.export import main as export_main
@@ -77,6 +77,16 @@ def test_a_val_split_lacking_a_class_in_another_order_is_labelled_by_name(manife
     assert data.class_names[labels[seven]] == "seven" and labels[seven] == 5  # eight five four nine one SEVEN
     assert data.class_names[labels[zero]] == "zero" and labels[zero] == 9
     assert data.eval_preprocessing().crop == 224 and data.image_sizes()["data.train_crop_size"] == 224
+
+
+def test_a_manifest_saved_by_excel_with_a_byte_order_mark_is_read(manifests):
+    # Excel's "CSV UTF-8" starts the file with U+FEFF, which csv reads into the first column's name.
+    for name in ("train.csv", "val.jsonl"):
+        with_bom = manifests["train" if name.endswith("csv") else "val"].with_name(f"bom_{name}")
+        with_bom.write_bytes(b"\xef\xbb\xbf" + with_bom.with_name(name).read_bytes())
+    data = ManifestDataModule(train_manifest=str(manifests["train"].with_name("bom_train.csv")),
+                              val_manifest=str(manifests["val"].with_name("bom_val.jsonl")), batch_size=4)
+    assert data.class_names == sorted(NAMES) and len(data.samples("train")) == 40 and len(data.samples("val")) == 27
 
 
 def test_a_manifest_trains_predicts_and_exports(manifests, tmp_path, monkeypatch, capsys):

@@ -15,11 +15,11 @@ import pytest
 import torch
 from PIL import Image
 from project import cli_main
-from project.data import ShardDataModule
 from tools.local_services import free_port, s3_server
 from tools.make_shards import encode
 from tools.make_shards import main as make_shards
 
+from classifier_engine import ShardDataModule
 from classifier_engine.errors import ConfigError
 from conftest import CONFIGS, QUICKSTART, SHRINK, callback, project_in_process, run_project
 
@@ -83,11 +83,17 @@ def test_conversion_errors_are_one_line_with_the_fix(tiny_root, tmp_path, tmpfs,
         "does not exist": ["--source", str(tmp_path / "nowhere"), "--out", str(tmp_path / "a")],
         "cannot write there": ["--source", str(tiny_root), "--out", str(next(tiny_root.rglob("*.jpg")) / "out")],
         "no space left": ["--source", str(tiny_root), "--out", str(tmpfs("48k")), *SMALL, "--keep-original"],
+        # Both wrote a set and exited 0: 1x1 px images, and no shard at all.
+        "--max-short-side 0: expected an integer >= 1": ["--source", str(tiny_root), "--out", str(tmp_path / "b"),
+                                                         "--max-short-side", "0"],
+        "--shard-size -5: expected an integer >= 1": ["--source", str(tiny_root), "--out", str(tmp_path / "c"),
+                                                      "--shard-size", "-5"],
     }
     for expected, argv in cases.items():
         capsys.readouterr()
         assert make_shards(argv) == 2, expected
         assert expected in one_line(capsys.readouterr().err)
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
 
 
 def test_the_same_seed_gives_the_same_chunk_aware_order(shards):
@@ -217,6 +223,32 @@ def test_shards_on_an_object_store_train_as_local_ones_and_no_secret_reaches_the
         with pytest.raises(ConfigError, match=expected) as error:
             ShardDataModule(shards=location)
         assert "\n" not in str(error.value) and object_store["AWS_SECRET_ACCESS_KEY"] not in str(error.value)
+
+
+def test_a_stalled_object_store_is_one_line_that_never_prints_the_endpoint(tmp_path, monkeypatch, capsys):
+    import socket
+    import threading
+
+    import botocore.config
+
+    stalled = socket.create_server(("127.0.0.1", 0))  # accepts connections (the kernel does), never answers
+    endpoint = f"http://127.0.0.1:{stalled.getsockname()[1]}"
+    for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    config = botocore.config.Config  # its read timeout and attempts, short: the stall is what is tested
+    monkeypatch.setattr(botocore.config, "Config", lambda **kw: config(**{**kw, "read_timeout": 0.5,
+                                                                          "retries": {"max_attempts": 1}}))
+    held = threading.Thread(target=lambda: [stalled.accept() for _ in range(4)], daemon=True)
+    held.start()
+    try:
+        code, out, err = project_in_process(["fit", *fit_args("s3://datasets/tiny", tmp_path / "run")], monkeypatch,
+                                            capsys)
+    finally:
+        stalled.close()
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert one_line(err).startswith("error: s3://datasets/tiny: the object store stopped answering")
+    assert endpoint.rsplit(":", 1)[1] not in out + err and not (tmp_path / "run").exists()
 
 
 def test_s3_shards_without_the_extra_name_the_install_command(monkeypatch):

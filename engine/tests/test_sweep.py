@@ -253,6 +253,24 @@ def test_a_diverged_trial_fails_and_a_used_up_grid_ends_the_sweep_with_its_summa
     assert out.strip().splitlines()[-1].startswith(f"best trial {by_lr[0.1].number}: val/acc1 ")
 
 
+def test_a_grids_integers_reach_the_fit_as_integers(tmp_path):
+    from classifier_engine.run.sweep import check_sweep, parse, sweep_parser
+    from classifier_engine.run.sweep_trials import param_flags, suggest
+
+    space = {"data.batch_size": {"choices": [16, 32]}, "model.optim.lr_per_256": {"low": 0.1, "high": 1.0}}
+    grid = {"data.batch_size": [16, 32], "model.optim.lr_per_256": [0.1, 1]}
+    config = parse(sweep_parser(cli_main), ["--config", str(SWEEP), f"--sweep.space={space}",
+                                            f"--sweep.sampler={{class_path: GridSampler, init_args: {{search_space: "
+                                            f"{grid}}}}}"])
+    sampler = check_sweep(config.sweep, config.get("config") or [])
+    study = optuna.create_study(sampler=sampler)
+    flags = set()
+    for _ in range(4):
+        trial = study.ask()
+        flags.update(param_flags({name: suggest(trial, name, spec) for name, spec in config.sweep.space.items()}))
+    assert {"--data.batch_size=16", "--data.batch_size=32"} <= flags  # never `32.0`, which the fit refuses
+
+
 def test_a_journal_record_cut_short_by_a_kill_is_set_aside_and_the_study_goes_on(tmp_path):
     journal = tmp_path / "journal.log"
     study = optuna.create_study(study_name="s", storage=open_storage(str(journal)))

@@ -17,11 +17,13 @@ from classifier_engine.errors import CheckpointError
 from classifier_engine.run.resume import plan_run, start_run
 
 
-def write_checkpoint(path: Path, step: int, *, epoch: int = 0, mtime: float | None = None) -> Path:
+def write_checkpoint(path: Path, step: int, *, epoch: int = 0, mtime: float | None = None,
+                     saved_at: float | None = None) -> Path:
     """A small but complete Lightning-format checkpoint (the keys classifier_engine.run.resume checks, real tensors)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"state_dict": {"network.w": torch.full((2,), float(step))}, "epoch": epoch, "global_step": step,
-                "hyper_parameters": {"arch": "resnet18", "num_classes": 3}}, path)
+                "hyper_parameters": {"arch": "resnet18", "num_classes": 3},
+                **({"saved_at": saved_at} if saved_at is not None else {})}, path)
     if mtime is not None:
         os.utime(path, (mtime, mtime))
     return path
@@ -58,6 +60,23 @@ def test_last_is_the_newest_checkpoint_of_any_run_and_continues_in_that_run(tmp_
     assert plan.run_dir == logs / "version_1" and not plan.fresh
     assert config.trainer.logger.init_args.version == 1
     assert plan.reason == f"--ckpt_path last: resuming from {newest}"
+
+
+def test_last_goes_by_what_the_checkpoints_record_never_by_file_times(tmp_path):
+    # cp -r resets every mtime: here the copy left the older best newer than last.ckpt, and the older run newest.
+    logs, now = tmp_path / "lightning_logs", time.time()
+    write_checkpoint(logs / "version_0" / "checkpoints" / "last.ckpt", 90, epoch=8, saved_at=now - 3600, mtime=now)
+    checkpoints = logs / "version_1" / "checkpoints"
+    last = write_checkpoint(checkpoints / "last.ckpt", 6, epoch=2, saved_at=now - 60, mtime=now - 100)
+    write_checkpoint(checkpoints / "epoch001-val_acc1=0.7000.ckpt", 3, epoch=1, saved_at=now - 120, mtime=now - 10)
+    assert plan_run("fit", fit_config(tmp_path, "last")).ckpt_path == last
+    # a run's own checkpoints by their progress, whatever their clocks say (a requeue on another node)
+    at_epoch_end = write_checkpoint(checkpoints / "epoch002-val_acc1=0.8000.ckpt", 6, epoch=2, saved_at=now - 30)
+    further = write_checkpoint(checkpoints / "last.ckpt", 7, epoch=3, saved_at=now - 200)
+    assert plan_run("fit", fit_config(tmp_path, "last")).ckpt_path == further
+    further.unlink()
+    write_checkpoint(checkpoints / "last.ckpt", 6, epoch=2, saved_at=now - 40)  # a tie: last.ckpt, saved after
+    assert plan_run("fit", fit_config(tmp_path, "last")).ckpt_path == last != at_epoch_end
 
 
 def test_last_skips_a_truncated_or_crafted_newest_checkpoint_and_says_why(tmp_path):
@@ -204,3 +223,42 @@ def test_a_rerun_of_a_run_without_file_loggers_from_its_config_yaml_is_a_new_run
     cli_main(["fit", f"--config={run / 'config.yaml'}", "--trainer.max_epochs=1"])  # no --ckpt_path: a new run
     assert (tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt").is_file()
     assert sorted(p.name for p in run.glob("config*.yaml")) == ["config.yaml"]  # the first run's, untouched
+
+
+def test_a_resume_under_a_relative_root_keeps_the_earlier_best_and_one_best_file(tiny_root, tmp_path, monkeypatch,
+                                                                                 recwarn):
+    from project import cli_main
+
+    from conftest import tiny_args
+
+    monkeypatch.chdir(tmp_path)  # default_root_dir relative, as configs/quickstart.yaml has it
+    short = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+    first = cli_main(["fit", *tiny_args(tiny_root, Path("runs"), *short)])
+    earlier = first.trainer.checkpoint_callback.best_model_score
+    resumed = cli_main(["fit", *tiny_args(tiny_root, Path("runs"), *short, "--trainer.max_epochs=3"),
+                        "--ckpt_path=last"])
+    assert not [w for w in recwarn if "dirpath has changed" in str(w.message)]
+    best = resumed.trainer.checkpoint_callback
+    assert best.best_model_score >= earlier
+    kept = [p.name for p in (tmp_path / "runs" / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt")]
+    assert sorted(kept) == sorted(["last.ckpt", Path(best.best_model_path).name])  # one best, the best
+
+
+def test_validate_and_predict_from_a_runs_config_yaml_write_their_own_records_not_into_the_run(tiny_root, tmp_path,
+                                                                                                recwarn):
+    from project import cli_main
+
+    from conftest import read_scalars, tiny_args
+
+    cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--trainer.limit_train_batches=2")])
+    run = tmp_path / "lightning_logs" / "version_0"
+    files = sorted(p.relative_to(run) for p in run.rglob("*"))
+    steps = {tag: [step for step, _ in values] for tag, values in read_scalars(run).items()}
+    evaluation = [f"--config={run / 'config.yaml'}", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}"]
+    cli_main(["validate", *evaluation])  # the saved config names this run's logger
+    cli_main(["predict", *evaluation])
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == files
+    assert {tag: [step for step, _ in values] for tag, values in read_scalars(run).items()} == steps
+    assert "val/acc1" in read_scalars(tmp_path / "lightning_logs" / "version_1")  # the validation's own
+    assert (tmp_path / "lightning_logs" / "version_2" / "predictions.csv").is_file()
+    assert not [w for w in recwarn if "dirpath has changed" in str(w.message)]  # the fit's bookkeeping stays the fit's

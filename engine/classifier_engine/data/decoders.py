@@ -19,6 +19,7 @@ from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms.v2.functional import pil_to_tensor, to_dtype
 
+from classifier_engine.data.layout import is_data
 from classifier_engine.errors import ConfigError, UnreadableImageError
 
 try:  # torchvision 0.29 deprecates its image decoders for TorchCodec's; a later release removes them
@@ -147,7 +148,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     decoder = resolve_decoder(args.decoder)
     decoder = DEVICE_DECODERS.get(decoder, decoder)
     paths = sorted(str(Path(d) / f) for d, _, files in os.walk(args.root) for f in files
-                   if f.lower().endswith(IMG_EXTENSIONS))
+                   if f.lower().endswith(IMG_EXTENSIONS) and all(map(is_data, Path(d, f).relative_to(args.root).parts)))
     with Pool(args.workers) as pool:
         failures = [reason for reason in pool.imap(_check, [(p, decoder) for p in paths], chunksize=64) if reason]
     for reason in failures:

@@ -206,6 +206,10 @@ class ImageDataModule(L.LightningDataModule):
                                                       seed=self.hparams.seed, repeats=self.hparams.ra_reps)
         # With fewer images than a batch, the one batch there is stays: an epoch never trains on nothing.
         drop_last = self.hparams.drop_last and len(self.train_sampler) >= self.batch_size
+        if len(self.train_sampler) < 2:  # that batch would be one image: BatchNorm raises in the first step
+            raise ConfigError(f"{len(self.datasets['train'])} training images over {world_size} processes leave "
+                              f"{len(self.train_sampler)} per process: a training batch needs 2 or more (BatchNorm); "
+                              "add training images, or train with fewer processes (--trainer.devices)")
         if self._resume_state is not None:
             self.train_sampler.restore_loader_state(self.batch_size, self._resume_state)
             self._resume_state = None

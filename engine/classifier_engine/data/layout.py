@@ -18,14 +18,28 @@ class DataLayoutError(ConfigError):
     """The data root does not have the train/<class>/ and val/<class>/ layout."""
 
 
+def is_data(name: str) -> bool:
+    """The one rule for the files and folders below a class folder or a predict root (fit, validate, predict,
+    tools.make_shards): a name starting with '.' is not data (macOS's `._photo.jpg`, `.ipynb_checkpoints/`)."""
+    return not name.startswith(".")
+
+
 def _class_dirs(split_dir: Path) -> list[str]:
     # As ImageFolder.find_classes lists them, hidden folders included: one skipped here would shift every label.
     return sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
 
 
+def _is_image(path: str, split_dir: Path) -> bool:
+    below_its_class = Path(os.path.relpath(path, split_dir)).parts[1:]  # a class folder is ImageFolder's (see above)
+    return path.lower().endswith(IMG_EXTENSIONS) and all(map(is_data, below_its_class))
+
+
 def _has_image(class_dir: Path) -> bool:
-    walk = os.walk(class_dir, followlinks=True)  # stops at the first image
-    return any(name.lower().endswith(IMG_EXTENSIONS) for _folder, _subfolders, files in walk for name in files)
+    for folder, subfolders, files in os.walk(class_dir, followlinks=True):  # stops at the first image
+        subfolders[:] = filter(is_data, subfolders)
+        if any(_is_image(os.path.join(folder, name), class_dir.parent) for name in files):
+            return True
+    return False
 
 
 def check_split(root: Path, split: str) -> list[str]:
@@ -70,8 +84,8 @@ def folder_samples(split_dir: Path, class_names: Optional[list[str]] = None) -> 
     present = _class_dirs(split_dir)
     class_names = present if class_names is None else class_names
     _check_known(split_dir, present, class_names)
-    return make_dataset(str(split_dir), {name: i for i, name in enumerate(class_names)}, IMG_EXTENSIONS,
-                        allow_empty=True)
+    return make_dataset(str(split_dir), {name: i for i, name in enumerate(class_names)}, allow_empty=True,
+                        is_valid_file=lambda path: _is_image(path, split_dir))
 
 
 def read_class_labels(root: Path, class_names: list[str]) -> list[str]:

@@ -20,7 +20,7 @@ COLUMNS = ("path", "label")
 
 def _records(manifest: Path) -> Iterator[tuple[int, dict]]:
     """(line number, record) of a CSV (with a header line) or, for .jsonl / .json, of JSON Lines."""
-    with open(manifest, newline="", encoding="utf-8") as lines:
+    with open(manifest, newline="", encoding="utf-8-sig") as lines:  # -sig: Excel's "CSV UTF-8" starts with a BOM
         if manifest.suffix.lower() not in (".jsonl", ".json"):
             rows = csv.DictReader(lines)
             _check_columns(manifest, "its header", rows.fieldnames or [])

@@ -14,6 +14,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from classifier_engine.data.decoders import Decoder, OnCorrupt
 from classifier_engine.data.image_folders import DecodedImages
+from classifier_engine.data.layout import is_data
 from classifier_engine.errors import MissingInputError, shown
 
 
@@ -48,8 +49,8 @@ def list_images(root: str | os.PathLike) -> list[Path]:
             subfolders.clear()
             continue
         seen.add((info.st_dev, info.st_ino))
-        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
-        for path in (Path(folder, name) for name in sorted(files) if not name.startswith(".")):
+        subfolders[:] = sorted(filter(is_data, subfolders))
+        for path in (Path(folder, name) for name in sorted(files) if is_data(name)):
             identity = _image_file(path)
             if identity is not None and identity not in seen:
                 seen.add(identity)

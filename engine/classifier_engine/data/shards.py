@@ -57,7 +57,10 @@ def s3_error(error: Exception, url: str) -> Exception:
     """A botocore error as one line naming what to fix (the endpoint and keys are never printed: they may be secret)."""
     import botocore.exceptions as be
 
-    if isinstance(error, (be.EndpointConnectionError, be.ConnectTimeoutError, be.ConnectionClosedError)):
+    if isinstance(error, (be.ReadTimeoutError, be.ResponseStreamingError)):  # their own text names the endpoint
+        return ConfigError(f"{url}: the object store stopped answering (a read timed out, after retries): check the "
+                           "server behind AWS_ENDPOINT_URL (or AWS's status when unset), then rerun")
+    if isinstance(error, (be.ConnectionError, be.HTTPClientError)):
         return ConfigError(f"{url}: cannot reach the object store (the endpoint in AWS_ENDPOINT_URL, or AWS's when "
                            "unset): check that variable and that the server is up")
     if isinstance(error, be.NoCredentialsError):

@@ -4,6 +4,7 @@
     # error: checkpoint other_project.ckpt was trained on other classes: class 3 is 'fox' there and 'ant' here; ...
 """
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -14,16 +15,19 @@ from lightning.pytorch.callbacks import Callback
 from classifier_engine.errors import CheckpointError
 
 CLASS_NAMES = "class_names"  # the checkpoint's key for the data's class names, in label order
+SAVED_AT = "saved_at"  # and for when it was saved (time.time()): which run `--ckpt_path last` continues (resume.py)
 
 
 class CheckpointValues(Callback):
-    """What every checkpoint carries: the data's class names (checked against the data by name when it is loaded),
-    and values only: LightningCLI's `_class_path` / `_instantiator` (code it would import on load) are left out."""
+    """What every checkpoint carries: the data's class names (checked against the data by name when it is loaded), the
+    time it was saved, and values only: LightningCLI's `_class_path` / `_instantiator` (code it would import on load)
+    are left out."""
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         names = getattr(trainer.datamodule, "class_names", None)
         if names is not None:
             checkpoint[CLASS_NAMES] = [str(name) for name in names]
+        checkpoint[SAVED_AT] = time.time()
         for key in ("hyper_parameters", "datamodule_hyper_parameters"):
             for code in ("_class_path", "_instantiator"):
                 (checkpoint.get(key) or {}).pop(code, None)

@@ -19,12 +19,10 @@ from torch.multiprocessing import ProcessExitedException
 from classifier_engine.compat.sigterm_broadcast import take_over_lightning_sigterm
 from classifier_engine.compat.spawn import trains_in_this_process
 from classifier_engine.errors import CheckpointError, ConfigError
-from classifier_engine.run.run_dirs import CHECKPOINTS
+from classifier_engine.run.run_dirs import CHECKPOINTS, LAST
 from classifier_engine.run.signals import STOP_SIGNALS, StopRequests, as_requested
 from classifier_engine.run.slurm import requeue, slurm_job_id
 from classifier_engine.run.training_steps import after_optimizer_step, validation_follows
-
-LAST = "last.ckpt"
 
 
 class RunStopped(SystemExit):

@@ -4,9 +4,10 @@
 """
 
 import os
-from typing import Optional
+import re
+from typing import Any, Optional
 
-from classifier_engine.errors import LauncherError
+from classifier_engine.errors import ConfigError, LauncherError
 
 
 def torchelastic_restart() -> Optional[int]:
@@ -35,3 +36,15 @@ def check_process_count(world_size: int, num_devices: int, num_nodes: int) -> No
             f"(--trainer.strategy=ddp), or start {world_size} process(es)."
             + (" Under slurm/train.sbatch, leave --trainer.devices/--trainer.num_nodes out: it sets them from"
                " the allocation (--ntasks-per-node, --nodes)." if launcher == "srun" else ""))
+
+
+def check_devices(devices: Any, accelerator: Any) -> None:
+    """trainer.devices in a form the Trainer reads: Lightning raises a TypeError (CPU) or ValueError (GPU) on others."""
+    text = str(devices).replace(" ", "")
+    if text == "auto" or (text.isdigit() and int(text) > 0):
+        return
+    if accelerator != "cpu" and re.fullmatch(r"-1|\[?\d+(,\d+)*,?\]?", text):
+        return
+    on_gpus = ", -1 (all) or GPU indices (--trainer.devices=[0,1])" if accelerator != "cpu" else " (on CPU)"
+    raise ConfigError(f"trainer.devices={devices!r}: expected a number of processes (--trainer.devices=2), "
+                      f"auto{on_gpus}")

@@ -11,10 +11,19 @@ from typing import Any, Optional
 from jsonargparse import Namespace
 
 from classifier_engine.errors import CheckpointError, ConfigError, env_global_rank
+from classifier_engine.run.checkpoint_checks import SAVED_AT
 from classifier_engine.run.checkpoint_io import load_checkpoint, local_path
 from classifier_engine.run.launchers import torchelastic_restart
 from classifier_engine.run.lock import RunLock, claim, claim_new_version
-from classifier_engine.run.run_dirs import CHECKPOINTS, LOGS, logger_version, next_version, run_dir_of, version_name
+from classifier_engine.run.run_dirs import (
+    CHECKPOINTS,
+    LAST,
+    LOGS,
+    logger_version,
+    next_version,
+    run_dir_of,
+    version_name,
+)
 from classifier_engine.run.slurm import slurm_job_id, slurm_restart_count
 from classifier_engine.run.trackers import check_trackers, kind_of, logger_entries, point_trackers
 
@@ -23,11 +32,11 @@ from classifier_engine.run.trackers import check_trackers, kind_of, logger_entri
 class RunPlan:
     ckpt_path: Optional[Path] = None
     checkpoint: Optional[dict[str, Any]] = None  # ckpt_path's contents, loaded once; the CLI takes it (and drops it)
-    run_dir: Optional[Path] = None  # None: not a fit (Lightning decides where validate/test/predict log)
+    run_dir: Optional[Path] = None  # None: not a fit (validate/test/predict log into a version dir of their own)
     fresh: bool = True  # a new run dir (fit without a checkpoint, or from one outside <root>)
     reason: str = ""
     skipped: list[tuple[Path, str]] = field(default_factory=list)
-    lock: Optional[RunLock] = None  # rank 0 of a fit: the run dir is created and locked until lock.release()
+    lock: Optional[RunLock] = None  # rank 0: the run dir (an evaluation's own) created and locked until release()
 
 
 def describe_checkpoint(path: Path) -> dict[str, Any]:
@@ -40,19 +49,24 @@ def describe_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def checkpoint_files(*directories: Path) -> list[Path]:
-    """The *.ckpt files of these directories, newest first (a save in progress writes a .partial: never a candidate)."""
-    files = [p for d in directories for p in d.glob("*.ckpt") if p.is_file()]
-    return sorted(files, key=lambda p: p.stat().st_mtime, reverse=True)
+    """The *.ckpt files of these directories (a save in progress writes a .partial: never a candidate)."""
+    return sorted(p for d in directories for p in d.glob("*.ckpt") if p.is_file())
 
 
-def first_loadable(candidates: list[Path], plan: RunPlan) -> Optional[tuple[Path, dict]]:
-    """The first candidate that loads; the others tried before it are recorded in plan.skipped with their reason."""
+def newest_loadable(candidates: list[Path], plan: RunPlan) -> Optional[tuple[Path, dict]]:
+    """By what each checkpoint records, never file times (a copy resets them): the run that saved last, and in it the
+    checkpoint furthest along (last.ckpt on a tie). Those that do not load go to plan.skipped with their reason."""
+    loaded = []
     for path in candidates:
         try:
-            return path, describe_checkpoint(path)
+            loaded.append((path, describe_checkpoint(path)))
         except CheckpointError as error:
             plan.skipped.append((path, str(error)))
-    return None
+    saved: dict[Path, float] = {}
+    for path, checkpoint in loaded:
+        saved[path.parent] = max(saved.get(path.parent, 0.0), float(checkpoint.get(SAVED_AT) or 0.0))
+    return max(loaded, default=None, key=lambda c: (saved[c[0].parent], c[1]["global_step"], c[1]["epoch"],
+                                                    c[0].name == LAST))
 
 
 def _file_loggers(trainer: Namespace) -> list[Namespace]:
@@ -86,9 +100,9 @@ def _skipped_note(plan: RunPlan) -> str:
 
 
 def start_run(subcommand: str, config: Namespace) -> RunPlan:
-    """The CLI's one call: plan_run, with the run dir claimed by global rank 0 of a fit (the other ranks write
-    nothing and rely on its lock). The caller ends it: plan.lock.release() (remove_failed_start() after a failure)."""
-    return plan_run(subcommand, config, claim_run_dir=subcommand == "fit" and env_global_rank() == 0)
+    """The CLI's one call: plan_run, with the run dir claimed by global rank 0 (the other ranks write nothing and
+    rely on its lock). The caller ends it: plan.lock.release() (remove_failed_start() after a failure)."""
+    return plan_run(subcommand, config, claim_run_dir=env_global_rank() == 0)
 
 
 def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False) -> RunPlan:
@@ -121,6 +135,11 @@ def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False)
                                   "pass the checkpoint's path instead")
     if subcommand == "fit":
         _place_run(plan, trainer, root, logs, given_dir, job_dir, claim_run_dir)
+    elif trainer.logger is not False and (trainer.logger in (None, True) or _file_loggers(trainer)):
+        # An evaluation's records are its own, never a training run's (whose config.yaml pins its logger's version);
+        # the dir is made now: an unwritable root is one line before anything runs.
+        plan.lock = claim_new_version(logs) if claim_run_dir else None
+        pin_logger_version(trainer, root, logger_version(plan.lock.run_dir.name) if plan.lock else next_version(logs))
     return plan
 
 
@@ -130,7 +149,7 @@ def _choose_checkpoint(plan: RunPlan, subcommand: str, requested: Optional[str],
     chosen: Optional[tuple[Path, dict]] = None
     restarted = subcommand == "fit" and (torchelastic_restart() or 0) > 0
     if job_dir is not None and slurm_restart_count() > 0:
-        chosen = first_loadable(checkpoint_files(given_dir or job_dir / CHECKPOINTS), plan)
+        chosen = newest_loadable(checkpoint_files(given_dir or job_dir / CHECKPOINTS), plan)
         if chosen:
             given = f" instead of --ckpt_path {requested}" if requested else ""
             restart = f"Slurm job {slurm_job_id()} (restart {slurm_restart_count()})"
@@ -138,11 +157,11 @@ def _choose_checkpoint(plan: RunPlan, subcommand: str, requested: Optional[str],
     elif restarted and requested not in (None, "last"):
         # A restarted attempt has the first one's command line: its own newer checkpoints win over the given one.
         own = run_dir_of(Path(requested).expanduser(), logs)
-        chosen = first_loadable(checkpoint_files(own / CHECKPOINTS), plan) if own is not None else None
+        chosen = newest_loadable(checkpoint_files(own / CHECKPOINTS), plan) if own is not None else None
         if chosen:
             plan.reason = f"torchrun restart {torchelastic_restart()}: resuming from {chosen[0]} (its run's newest)"
     if chosen is None and (requested == "last" or (restarted and requested is None)):
-        chosen = first_loadable(checkpoint_files(*sorted(logs.glob(f"*/{CHECKPOINTS}")), *extra), plan)
+        chosen = newest_loadable(checkpoint_files(*sorted(logs.glob(f"*/{CHECKPOINTS}")), *extra), plan)
         why = f"torchrun restart {torchelastic_restart()}" if restarted and requested is None else "--ckpt_path last"
         plan.reason = f"{why}: " + (f"resuming from {chosen[0]}" if chosen else
                                     f"no loadable checkpoint under {logs} yet; starting from scratch")

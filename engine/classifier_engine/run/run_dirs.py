@@ -8,6 +8,7 @@ from typing import Optional
 
 LOGS = "lightning_logs"
 CHECKPOINTS = "checkpoints"
+LAST = "last.ckpt"  # <run dir>/checkpoints/last.ckpt, kept current by last_checkpoint.py
 LOCK_FILE = ".lock"
 VERSION_PREFIX = "version_"
 

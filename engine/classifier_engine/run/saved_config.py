@@ -4,6 +4,7 @@
 """
 
 import itertools
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -31,8 +32,10 @@ class KeepingSaveConfigCallback(SaveConfigCallback):
         for callback in trainer.callbacks:
             # Set here, not in the parsed config: config.yaml keeps no run dir, so `--config <run>/config.yaml`
             # starts a new run (ModelCheckpoint's own choice follows the first logger: an MLflow run's id, say).
+            # Real path, as ModelCheckpoint makes a dirpath it is given: its resumed state names the same folder
+            # (else Lightning forgets the earlier best: "The dirpath has changed").
             if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
-                callback.dirpath = str(self.run_dir / CHECKPOINTS)
+                callback.dirpath = os.path.realpath(self.run_dir / CHECKPOINTS)
         if self.config.get("ckpt_path") is None:  # (the plan's choice: trainer.ckpt_path is not set yet)
             super().setup(trainer, pl_module, stage)  # a resume writes in on_train_start, once the checkpoint loaded
 

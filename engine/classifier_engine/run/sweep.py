@@ -163,17 +163,27 @@ def check_sweep(sweep: Namespace, config_files: list) -> Optional[optuna.sampler
         sweep.pruner = build(sweep.pruner, "pruner") and sweep.pruner.as_dict()
     if sweep.sampler is None:
         return None
-    sampler = build(sweep.sampler, "sampler")
-    if isinstance(sampler, optuna.samplers.GridSampler):
+    if sweep.sampler.class_path == "optuna.samplers.GridSampler" and sweep.sampler.init_args.get("search_space"):
         grid = sweep.sampler.init_args.search_space
         if set(grid) != set(sweep.space):
             raise ConfigError(f"sweep.sampler: the GridSampler's grid names {sorted(grid)}, sweep.space names "
                               f"{sorted(sweep.space)}: give the grid one list of values per entry of the space")
+        grid.update({name: as_written(values, sweep.space[name]) for name, values in grid.items()})
         size = math.prod(len(values) for values in grid.values())
         if sweep.n_trials > size:  # then Optuna repeats points, and its stop() ends the worker with a traceback
             print(f"sweep: n_trials {sweep.n_trials} > the grid's {size} points: n_trials {size}", flush=True)
             sweep.n_trials = size
-    return sampler
+    return build(sweep.sampler, "sampler")
+
+
+def as_written(values: list, spec: dict) -> list:
+    """A grid's values as the space writes them: jsonargparse reads Optuna's grid values (float before int in their
+    Union) as 32.0 for 32, which a choice of 32 hands to the fit as `32.0` (classifier_engine/compat)."""
+    if "choices" in spec:
+        return [next((c for c in spec["choices"] if c == v and isinstance(c, bool) == isinstance(v, bool)), v)
+                for v in values]
+    ints = all(isinstance(spec.get(k, 1), int) and not isinstance(spec.get(k), bool) for k in ("low", "high", "step"))
+    return [int(v) if ints and isinstance(v, float) and v.is_integer() else v for v in values]
 
 
 def build(spec: Namespace, what: str):

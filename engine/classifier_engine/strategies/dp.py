@@ -74,6 +74,10 @@ class DataParallelStrategy(ParallelStrategy):
                               "Use --trainer.strategy=ddp, or set --trainer.sync_batchnorm=false.")
         if self.num_nodes > 1:
             raise ConfigError("dp runs on one node: use --trainer.strategy=ddp for several nodes.")
+        if not self.device_ids and len(self.parallel_devices or []) > 1:
+            raise ConfigError(f"dp splits each batch over GPUs: on CPU it would run one process on one device, not "
+                              f"{len(self.parallel_devices)}; use --trainer.devices=1 (the same run), or "
+                              "--trainer.strategy=ddp for several CPU processes")
         super().setup_environment()
 
     def model_to_device(self) -> None:
