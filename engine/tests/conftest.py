@@ -68,10 +68,11 @@ def data_cache(tmp_path_factory) -> Path:
     return cache
 
 
-def tiny_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
-    """The real quickstart config, shrunk onto `root`, writing into `run_dir`."""
-    return ["--config", str(QUICKSTART), *SHRINK, f"--data.root={root}", f"--trainer.default_root_dir={run_dir}",
-            *extra]
+def tiny_args(root: Path | None, run_dir: Path, *extra: str) -> list[str]:
+    """The real quickstart config, shrunk onto `root` (None: no --data.root, for another data class in `extra`),
+    writing into `run_dir`."""
+    return ["--config", str(QUICKSTART), *SHRINK, *([f"--data.root={root}"] if root is not None else []),
+            f"--trainer.default_root_dir={run_dir}", *extra]
 
 
 def project_env(env: dict | None = None) -> dict:

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from project.data import ImageNetDataModule
 from torch.utils.data import DataLoader
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from classifier_engine.data.decoders import image_loader, main, resolve_decoder
-from classifier_engine.data.folder import ImageNetDataModule
 from classifier_engine.data.image_folders import DecodedImages, collate_readable
 from classifier_engine.data.layout import folder_samples
 from classifier_engine.errors import UnreadableImageError

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from project.data import ImageNetDataModule
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision import tv_tensors
 
@@ -29,7 +30,6 @@ from classifier_engine.data.device_decode import (
     load_for_device,
     resized_crops,
 )
-from classifier_engine.data.folder import ImageNetDataModule
 from classifier_engine.data.image_folders import DecodedImages, EncodedBatch, EncodedImages, collate_encoded
 from classifier_engine.data.layout import folder_samples
 from classifier_engine.data.training_samples import SeededSamples

@@ -90,17 +90,16 @@ def jobs(slurm, tiny_root, tmp_path_factory) -> dict[str, Job]:
     out = tmp_path_factory.mktemp("jobs")
     # The two training jobs read the tiny images as shards (classifier_engine.ShardDataModule): its loader state is
     # the one a requeue must carry; the folder module's resumes are tested in test_resume.py. They train sharded
-    # (fsdp2: the
-    # gather of its one-file checkpoint at the signal, the scatter at the resume); ddp is the same to Slurm (the same
-    # cluster environment and launch) and is tested on every other multi-process path.
+    # (fsdp2: the gather of its one-file checkpoint at the signal, the scatter at the resume); ddp is the same to
+    # Slurm (the same cluster environment and launch) and is tested on every other multi-process path.
     assert make_shards(["--source", str(tiny_root), "--out", str(out / "shards"), "--shard-size", "8"]) == 0
     shards = [*EPOCHS, "--data.class_path=classifier_engine.data.ShardDataModule",
               f"--data.init_args.shards={out / 'shards'}",
               "--config", str(REPO / "configs" / "fsdp.yaml")]
     specs = {
-        "uninterrupted": (TWO_NODES, tiny_args(tiny_root, out / "uninterrupted", *shards)),
+        "uninterrupted": (TWO_NODES, tiny_args(None, out / "uninterrupted", *shards)),
         # Held as step 7 (epoch 1) starts until the signal has arrived: it cannot finish before the test signals it.
-        "preempted": (TWO_NODES, tiny_args(tiny_root, out / "preempted", *shards, "--trainer.enable_progress_bar=true",
+        "preempted": (TWO_NODES, tiny_args(None, out / "preempted", *shards, "--trainer.enable_progress_bar=true",
                                            callback("stop_callbacks.HoldUntilSignalled", step=7,
                                                     marker=str(out / "preempted.held")))),
         # Two tasks on the node, but the user pins the Trainer to one device: two independent rank-0 runs, unless
