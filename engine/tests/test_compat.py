@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from classifier_engine.compat import WORKAROUNDS
-from conftest import QUICKSTART, REPO
+from conftest import QUICKSTART, REPO, TESTS
 
 
 def canary(name: str, raises: type[BaseException] = AssertionError):
@@ -199,7 +199,7 @@ print("SAVED_IN_HANDLER", saved_in_handler)
 def test_canary_stock_slurm_requeue_saves_inside_the_signal_handler(tmp_path):
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "SLURM_JOB_ID": "1",
            "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    script = SLURM_REQUEUE.format(tests=str(REPO / "tests"), out=str(tmp_path))
+    script = SLURM_REQUEUE.format(tests=str(TESTS), out=str(tmp_path))
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert "SAVED_IN_HANDLER [" in result.stdout, result.stderr[-2000:]
     assert "SAVED_IN_HANDLER [False]" in result.stdout  # saved at a batch end, not inside the handler
@@ -221,7 +221,7 @@ L.Trainer(accelerator="cpu", devices=1, max_steps=20, logger=False, enable_progr
 @pytest.mark.slow  # another process
 @canary("test_canary_stock_trainer_exits_0_on_sigterm")
 def test_canary_stock_trainer_exits_0_on_sigterm(tmp_path):
-    script = SIGTERM_EXIT.format(tests=str(REPO / "tests"), out=str(tmp_path))
+    script = SIGTERM_EXIT.format(tests=str(TESTS), out=str(tmp_path))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode != 0
@@ -348,7 +348,7 @@ torch.save({{n: p.detach() for n, p in model.network.named_parameters()}}, {out!
 @canary("test_canary_stock_finetuning_freeze_lets_ddp_ranks_diverge")
 def test_canary_stock_finetuning_freeze_lets_ddp_ranks_diverge(tmp_path):
     script = tmp_path / "two_ranks.py"
-    script.write_text(textwrap.dedent(TWO_RANKS.format(tests=str(REPO / "tests"), out=str(tmp_path))))
+    script.write_text(textwrap.dedent(TWO_RANKS.format(tests=str(TESTS), out=str(tmp_path))))
     result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -383,7 +383,7 @@ def test_the_private_launcher_class_compat_spawn_names_still_tells_spawning_from
 @pytest.mark.slow  # a torchrun job of 2 workers restarted once: ~15 s
 def test_canary_stock_torchrun_restart_meets_the_previous_attempts_keys():
     port = free_port()
-    worker = REPO / "tests" / "elastic_canary_worker.py"
+    worker = TESTS / "elastic_canary_worker.py"
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--max-restarts=1",
                              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", str(worker)],
                             capture_output=True, text=True, timeout=240)

@@ -19,7 +19,7 @@ import scipy.io
 from PIL import Image
 from tools.prepare_imagenet import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the template around engine/
 # Devkit ids deliberately not in wnid order: the class index must follow the sorted folders, not the devkit ids.
 CLASSES = {  # wnid: (devkit id, words, train images)
     "n02119789": (1, "kit fox, Vulpes macrotis", 5),
