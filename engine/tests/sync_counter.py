@@ -23,7 +23,9 @@ import project
 import torch
 import torch.distributed as dist
 
-PROJECT = str(Path(project.__file__).resolve().parent) + os.sep
+import classifier_engine
+
+PROJECT = tuple(str(Path(package.__file__).resolve().parent) + os.sep for package in (project, classifier_engine))
 LIGHTNING = str(Path(L.__file__).resolve().parent / "pytorch")
 LIGHTNING_DRIVERS = tuple(os.path.join(LIGHTNING, part) + os.sep for part in ("loops", "trainer"))
 
