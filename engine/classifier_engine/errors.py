@@ -83,7 +83,7 @@ _PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "Broke
 def user_message(error: BaseException) -> Optional[str]:
     """The one-line message for an error the user caused, or None for a bug (which keeps its traceback)."""
     if isinstance(error, (UserError, UnreadableImageError)):
-        return str(error)
+        return raised_in_worker(error) or str(error)
     if type(error).__name__ == "MisconfigurationException":  # Lightning's word for a setting that cannot work
         return " ".join(str(error).split())
     if isinstance(error, KeyboardInterrupt):
@@ -96,6 +96,15 @@ def user_message(error: BaseException) -> Optional[str]:
     while cause is not None and not isinstance(cause, UserError):  # jsonargparse wraps what a nested class raised
         cause = cause.__cause__
     return None if cause is None else str(cause)
+
+
+def raised_in_worker(error: BaseException) -> Optional[str]:
+    """The message of an error a DataLoader worker raised: torch raises it again in the main process as `Caught X in
+    DataLoader worker process N` followed by the worker's traceback, whose last line is `module.X: message`."""
+    text = str(error)
+    if not re.match(r"Caught \w+ in DataLoader worker process \d+\.\nOriginal Traceback", text):
+        return None
+    return text.rpartition(f"{type(error).__module__}.{type(error).__qualname__}: ")[2].strip() or None
 
 
 # Lines of jsonargparse's report on a value no alternative of a Union (Optional[...] included) accepts that say
