@@ -599,3 +599,19 @@ def test_canary_stock_dcp_runs_code_from_a_crafted_checkpoint(tmp_path):
     with contextlib.suppress(Exception):
         dcp.FileSystemReader(tmp_path / "bytes").read_metadata()
     assert not any(path.exists() for path in ran.values()), "stock DCP ran a crafted checkpoint's pickled call"
+
+
+@canary("test_canary_stock_cli_calls_jsonargparse_apis_that_5_removes")
+def test_canary_stock_cli_calls_jsonargparse_apis_that_5_removes(monkeypatch, tmp_path):
+    import warnings
+
+    from jsonargparse._deprecated import JsonargparseDeprecationWarning
+
+    monkeypatch.setenv("JSONARGPARSE_DEPRECATION_WARNINGS", "all")  # else each is shown once per process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli = LightningCLI(Tiny, args=[f"--trainer.default_root_dir={tmp_path}"], run=False)
+        cli.parser.dump(cli.config)  # what SaveConfigCallback writes with
+    removed = [str(w.message).split(".")[0].strip() for w in caught
+               if issubclass(w.category, JsonargparseDeprecationWarning) and "removed in v5" in str(w.message)]
+    assert not removed, removed

@@ -141,3 +141,11 @@ def test_ci_installs_with_the_constraints():
     ci = (ROOT / ".ci" / "run").read_text()
     command = re.search(r"# --- the README's test command, verbatim ---\n(.+)\n# ---", ci).group(1)
     assert command.startswith('pip install -e "./engine[dev]" -e ".[dev]" -c constraints.txt && '), command
+
+
+def test_jsonargparse_is_capped_below_5_which_removes_what_lightnings_cli_calls():
+    # Lightning 2.6.6's CLI calls ArgumentParser.add_instantiator, instantiate_classes and dump(skip_none=...), which
+    # jsonargparse 4.49 deprecated and 5.0 removes (Lightning #21900; canary in tests/test_compat.py).
+    (requirement,) = [r for r in dev_requirements() if canonicalize_name(r.name) == "jsonargparse"]
+    assert not requirement.specifier.contains("5.0.0", prereleases=True), requirement
+    assert requirement.specifier.contains(pins()["jsonargparse"]), (requirement, pins()["jsonargparse"])

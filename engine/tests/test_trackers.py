@@ -36,7 +36,8 @@ def mlflow_server(tmp_path_factory):
                "--workers", "1"]
     # Without MLflow 3's job runner (7 huey consumer processes for GenAI scoring and trace archival, no part of
     # tracking): they took CPU from the runs under test and ~10 s to stop. Older MLflow ignores the variable.
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    # The AI Gateway off too: no part of tracking, and the subject of CVE-2026-71211 (docs/reliability.md).
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_ENABLE_AI_GATEWAY": "false"}
     log = open(home / "server.log", "w")
     server = subprocess.Popen(command, cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
