@@ -45,7 +45,7 @@ from classifier_engine.run.last_checkpoint import LastCheckpoint, StopSignals, s
 from classifier_engine.run.launchers import check_devices, check_process_count
 from classifier_engine.run.saved_config import KeepingSaveConfigCallback
 from classifier_engine.run.slurm import cluster_environment, slurm_job_id, task_line
-from classifier_engine.run.trackers import continue_csv_logs, how_to_look
+from classifier_engine.run.trackers import continue_csv_logs, how_to_look, redact
 from classifier_engine.samplers import ExactLoaders
 from classifier_engine.strategies.fsdp import FSDPStrategy
 from classifier_engine.strategies.sync_batchnorm import SyncBatchNormAnyBackend
@@ -74,7 +74,7 @@ class ProjectParser(LightningArgumentParser):
             cfg = cfg.clone()
             for hook in self.tidy_hooks:
                 hook(cfg)
-        return super().dump(cfg, *args, **kwargs)
+        return redact(super().dump(cfg, *args, **kwargs))  # a URI's password (a run's moved to the environment)
 
 
 LINK_TARGETS = {"model": ("num_classes", "image_sizes", "batch_size", "seed"), "data": ("seed",)}

@@ -6,6 +6,7 @@ A run stopped by SIGTERM and resumed with `--ckpt_path last` is ONE tracked run 
 with the checkpoints, config.yaml and every file-based logger's output; bad tracker settings are one line each.
 """
 
+import contextlib
 import csv as csv_module
 import json
 import os
@@ -27,10 +28,21 @@ mlflow = pytest.importorskip("mlflow", reason="the tracking extra: pip install -
 
 
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    """A real MLflow tracking server (sqlite backend, artifacts in a temp folder) on 127.0.0.1; stopped after."""
+def mlflow_service(tmp_path_factory):
+    """A real MLflow tracking server (sqlite backend, artifacts in a temp folder) on 127.0.0.1: (URI, its folder)."""
     home = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
+    with running_mlflow_server(home, free_port()) as uri:
+        yield uri, home
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(mlflow_service):
+    return mlflow_service[0]
+
+
+@contextlib.contextmanager
+def running_mlflow_server(home: Path, port: int):
+    """`mlflow server` on 127.0.0.1:port, its database, artifacts and log in `home`; stopped on exit (if not before)."""
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
                "--default-artifact-root", str(home / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
                "--workers", "1"]
@@ -53,13 +65,16 @@ def mlflow_server(tmp_path_factory):
             server.kill()
             pytest.fail(f"mlflow server did not start: {(home / 'server.log').read_text()[-2000:]}")
         time.sleep(0.5)
-    yield uri
-    os.killpg(server.pid, signal.SIGTERM)
     try:
-        server.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-    log.close()
+        yield uri
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
 
 
 def _loggers(*entries: dict) -> str:
@@ -215,12 +230,14 @@ def test_a_tracking_uri_with_a_password_is_used_and_never_printed(tiny_root, tmp
                       init_args=Namespace(tracking_uri=with_password))
     check_trackers(Namespace(logger=[entry]))  # the server answers: no refusal as an unknown host
     assert redact(with_password) == mlflow_server.replace("http://", "http://ann:***@")
-    nobody = f"http://ann:s3cret@127.0.0.1:{free_port()}"
-    args = ["fit", *tiny_args(tiny_root, tmp_path, _loggers(_mlflow(nobody, "x")))]
+    port = free_port()
+    args = ["fit", *tiny_args(tiny_root, tmp_path, _loggers(_mlflow(f"http://ann:s3cret@127.0.0.1:{port}", "x")))]
     code, out, err = project_in_process(args, monkeypatch, capsys)
     assert code == 2 and err.strip().splitlines() == [err.strip()], err[-3000:]
-    assert "http://ann:***@127.0.0.1" in err and "does not answer" in err and "s3cret" not in out + err
+    assert f"http://127.0.0.1:{port} does not answer" in err and "s3cret" not in out + err
     assert not (tmp_path / "lightning_logs").exists()
+    code, out, err = project_in_process([*args, "--print_config"], monkeypatch, capsys)
+    assert code == 0 and f"http://ann:***@127.0.0.1:{port}" in out and "s3cret" not in out + err
 
 
 def _resume_plan(root: Path, uri: str, experiment: str, recorded: dict):
@@ -316,3 +333,41 @@ def test_tracked_parameters_are_named_as_the_cli_spells_them_without_init_args()
     assert flat_config(config) == {"model.class_path": "project.ImageClassifier", "model.arch": "resnet18",
                                    "model.optim.lr_per_256": 0.2, "trainer.max_epochs": 2,
                                    "trainer.logger": [{"class_path": "x.Y"}]}
+
+
+@pytest.mark.parametrize("given_as", ["MLFLOW_TRACKING_URI", "tracking_uri"])
+def test_a_password_in_the_tracking_uri_reaches_no_console_log_saved_config_or_tracker_artifact(
+        given_as, tiny_root, tmp_path, mlflow_service, monkeypatch):
+    # Issue 39, item 3: MLflow printed the URI with its password twice, and config.yaml (saved and sent as an artifact)
+    # held it. The password moves into MLflow's own MLFLOW_TRACKING_PASSWORD, which its client sends as basic auth.
+    from jsonargparse import Namespace
+    from mlflow import MlflowClient
+
+    uri, home = mlflow_service
+    with_password = uri.replace("http://", "http://ann:s3cret@")
+    logger = _mlflow(with_password, f"secret-{given_as}")
+    env = {"MLFLOW_TRACKING_URI": with_password} if given_as == "MLFLOW_TRACKING_URI" else {}
+    if env:
+        del logger["init_args"]["tracking_uri"]  # MLFlowLogger's default: the variable's value
+    args = tiny_args(tiny_root, tmp_path / "runs", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
+                     _loggers(_tensorboard(tmp_path / "runs"), logger))
+    result = run_project(["fit", *args], env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"MLflow {uri}/#/experiments/" in result.stdout + result.stderr  # tracked, at the URI without the password
+    run = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name(f"secret-{given_as}").experiment_id])
+    assert len(run) == 1 and "config.yaml" in [a.path for a in MlflowClient(uri).list_artifacts(run[0].info.run_id)]
+    holding = ["the console"] if "s3cret" in result.stdout + result.stderr else []
+    holding += [str(path) for root in (tmp_path, home) for path in root.rglob("*")  # run dir, server db, artifacts, log
+                if path.is_file() and b"s3cret" in path.read_bytes()]
+    assert not holding, holding
+
+    from classifier_engine.run.trackers import hide_credentials
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", with_password)  # what MLflow's client sends: the password, as basic auth
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    trainer = Namespace(logger=[Namespace(class_path="lightning.pytorch.loggers.MLFlowLogger",
+                                          init_args=Namespace(tracking_uri=with_password))])
+    hide_credentials(trainer)
+    assert trainer.logger[0].init_args.tracking_uri == uri == os.environ["MLFLOW_TRACKING_URI"]
+    credentials = MlflowClient(uri)._tracking_client.store.get_host_creds()
+    assert (credentials.username, credentials.password) == ("ann", "s3cret")

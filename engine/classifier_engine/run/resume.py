@@ -25,7 +25,7 @@ from classifier_engine.run.run_dirs import (
     version_name,
 )
 from classifier_engine.run.slurm import slurm_job_id, slurm_restart_count
-from classifier_engine.run.trackers import check_trackers, kind_of, logger_entries, point_trackers
+from classifier_engine.run.trackers import check_trackers, hide_credentials, kind_of, logger_entries, point_trackers
 
 
 @dataclass
@@ -114,6 +114,7 @@ def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False)
         raise ConfigError(f"trainer.default_root_dir {root_text}: runs write to a local or mounted filesystem here "
                           "(atomic checkpoints, the run lock, resume); point it at a mounted path")
     root = Path(local_path(root_text))
+    hide_credentials(trainer)  # before anything prints, saves or sends the tracking URI
     if subcommand == "fit":
         check_trackers(trainer)  # a missing package, MLflow's file store, a server that does not answer: one line
     logs = logs_dir(trainer, root)

@@ -66,6 +66,32 @@ def redact(text: str) -> str:
     return re.sub(r"(\b[a-zA-Z][\w+.-]*://[^/@\s:]*):[^/@\s]*@", r"\1:***@", text)
 
 
+def bare(uri: str) -> str:
+    """The URI without its user:password@."""
+    parts = urllib.parse.urlsplit(uri)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl() if "@" in parts.netloc else uri
+
+
+def hide_credentials(trainer: Namespace) -> None:
+    """A user:password in MLflow's tracking URI (trainer.logger's or $MLFLOW_TRACKING_URI, which MLFlowLogger takes as
+    its default) moved into MLflow's own MLFLOW_TRACKING_USERNAME and _PASSWORD, which ranks and sweep trials inherit:
+    the URI MLflow prints, config.yaml keeps and the tracker receives has none (a redacted `***` is not taken)."""
+    def take(uri: str) -> str:
+        parts = urllib.parse.urlsplit(uri)
+        if parts.password is None or not uri.startswith(("http://", "https://")):
+            return uri
+        if parts.password != "***":
+            os.environ["MLFLOW_TRACKING_USERNAME"] = urllib.parse.unquote(parts.username or "")
+            os.environ["MLFLOW_TRACKING_PASSWORD"] = urllib.parse.unquote(parts.password)
+        return bare(uri)
+
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        os.environ["MLFLOW_TRACKING_URI"] = take(os.environ["MLFLOW_TRACKING_URI"])
+    for entry in (entry for entry in logger_entries(trainer) if kind_of(entry) == "mlflow"):
+        if entry.init_args.get("tracking_uri"):
+            entry.init_args.tracking_uri = take(entry.init_args.tracking_uri)
+
+
 def _check_wandb(entry: Namespace) -> None:
     args, kwargs = entry.init_args, entry.get("dict_kwargs") or {}
     mode = os.environ.get("WANDB_MODE") or kwargs.get("mode") or ""
@@ -103,11 +129,10 @@ def _check_mlflow(args: Namespace) -> None:
                           "database (sqlite:///runs/mlflow.db) or a server (http://127.0.0.1:5000, started with "
                           "`mlflow server --backend-store-uri sqlite:///mlflow.db`), or MLFLOW_ALLOW_FILE_STORE=true")
     if uri and uri.startswith(("http://", "https://")):
-        parts = urllib.parse.urlsplit(uri)  # user:password@host is MLflow's basic auth; urllib takes it as a header
-        request = urllib.request.Request(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]).geturl().rstrip("/")
-                                         + "/health")
-        if parts.username is not None:
-            token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
+        request = urllib.request.Request(bare(uri).rstrip("/") + "/health")
+        user, password = (os.environ.get(f"MLFLOW_TRACKING_{key}") for key in ("USERNAME", "PASSWORD"))
+        if user and password:  # MLflow's basic auth (hide_credentials put a URI's there)
+            token = base64.b64encode(f"{user}:{password}".encode()).decode()
             request.add_header("Authorization", f"Basic {token}")
         try:
             with urllib.request.urlopen(request, timeout=10) as answer:
@@ -175,7 +200,7 @@ def _mlflow_run_continues(args: Namespace, ids: dict[str, str]) -> bool:
     uri, was = _tracking_uri(args.get("tracking_uri")), ids.get("mlflow_tracking_uri")
     client = MlflowClient(uri)
     why = None
-    if was is not None and was != redact(uri):
+    if was is not None and bare(was) != bare(uri):
         why = f"it was tracked at {was}, this run tracks at {redact(uri)}"
     else:
         try:
@@ -203,7 +228,7 @@ def record_tracked_runs(loggers: list, run_dir: Path) -> None:
         kind = _KINDS.get(type(logger).__name__)
         if kind == "mlflow":
             ids.update(mlflow=logger.run_id, mlflow_experiment_id=logger.experiment_id,
-                       mlflow_tracking_uri=redact(_tracking_uri(None)))  # a resume elsewhere starts a new run
+                       mlflow_tracking_uri=bare(_tracking_uri(None)))  # a resume elsewhere starts a new run
         elif kind == "wandb":
             ids["wandb"] = logger.experiment.id
     if ids:
