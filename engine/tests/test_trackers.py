@@ -10,6 +10,7 @@ import contextlib
 import csv as csv_module
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -258,6 +259,53 @@ def _resume_plan(root: Path, uri: str, experiment: str, recorded: dict):
     return plan_run("fit", config), entry.init_args
 
 
+def _as_it_is(run_dir: Path) -> dict:
+    return {str(p.relative_to(run_dir)): (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None)
+            for p in sorted(run_dir.rglob("*"))}
+
+
+@pytest.mark.parametrize("case", ["truncated", "another run dir's", "experiment deleted"])
+def test_a_tracked_history_that_would_fork_or_cross_runs_is_one_line_and_leaves_the_run_dir_as_it_was(
+        case, tiny_root, tmp_path, mlflow_server, monkeypatch, capsys):
+    # Issue 39, item 2: a truncated trackers.json resumed into a new MLflow run without a word, another run dir's
+    # into that run; a deleted experiment exited 2 after the run dir's lock was taken (its .lock rewritten).
+    client = mlflow.tracking.MlflowClient(mlflow_server)
+    experiment = f"history-{case.replace(' ', '-').replace(chr(39), '')}"
+    run_id = client.create_run(client.create_experiment(experiment)).info.run_id
+    original = tmp_path / "original" / "lightning_logs" / "version_0"
+    _resume_plan(tmp_path / "original", mlflow_server, experiment, {"mlflow": run_id, "run_dir": str(original),
+                                                                     "mlflow_tracking_uri": mlflow_server})
+    run_dir, expected = original, None
+    if case == "truncated":
+        (run_dir / "trackers.json").write_text(f'{{"mlflow": "{run_id}", "mlflow_tracki')
+        expected = "trackers.json is damaged (not JSON: "
+    elif case == "another run dir's":
+        run_dir = tmp_path / "copy" / "lightning_logs" / "version_0"
+        shutil.copytree(original, run_dir)  # cp -r of a run dir: its trackers.json names the original's runs
+        expected = f"names the tracked runs of the run dir {original}, which still exists (a copy?)"
+    else:
+        client.delete_experiment(client.get_experiment_by_name(experiment).experiment_id)
+        expected = f"the MLflow experiment '{experiment}' is deleted on {mlflow_server}: restore it"
+    (run_dir / ".lock").write_text("a previous start's holder line\n")
+    before = _as_it_is(run_dir)
+    args = ["fit", *tiny_args(tiny_root, run_dir.parents[1], _loggers(_mlflow(mlflow_server, experiment))),
+            "--ckpt_path=last"]
+    _one_line_error_in_process(capsys, monkeypatch, args, expected)
+    assert _as_it_is(run_dir) == before
+    if case != "experiment deleted":  # (whose runs the server no longer lists)
+        runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+        assert [r.info.run_id for r in runs] == [run_id]  # no new MLflow run
+
+
+def test_a_moved_run_dir_continues_its_tracked_runs_said_in_a_line(tmp_path, mlflow_server, capsys):
+    client = mlflow.tracking.MlflowClient(mlflow_server)
+    run_id = client.create_run(client.create_experiment("moved")).info.run_id
+    plan, args = _resume_plan(tmp_path, mlflow_server, "moved", {"mlflow": run_id, "mlflow_tracking_uri": mlflow_server,
+                                                                 "run_dir": str(tmp_path / "gone" / "version_0")})
+    assert args.run_id == run_id
+    assert f"was written in {tmp_path / 'gone' / 'version_0'}, which is gone (moved here)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("case", ["run deleted", "experiment deleted", "another tracking uri"])
 def test_a_resume_whose_mlflow_run_cannot_continue_starts_a_new_one_said_or_stops_in_one_line(tmp_path, mlflow_server,
                                                                                                 case):
@@ -320,7 +368,7 @@ def test_an_explicit_wandb_save_dir_is_said_to_move_into_the_run_dir(tmp_path):
     run_dir = tmp_path / "lightning_logs" / "version_0"
     with pytest.warns(UserWarning, match=rf"save_dir {tmp_path / 'mine'}: W&B's local files go into the run dir "
                                          rf"{run_dir} instead"):
-        point_trackers(Namespace(logger=[entry]), run_dir, resuming=False)
+        point_trackers(Namespace(logger=[entry]), run_dir, {})
     assert entry.init_args.save_dir == str(run_dir)
 
 

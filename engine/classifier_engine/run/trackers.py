@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from jsonargparse import Namespace
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from classifier_engine.errors import ConfigError
 from classifier_engine.run.checkpoint_io import atomic_write
@@ -145,12 +145,39 @@ def _check_mlflow(args: Namespace) -> None:
 
 
 def read_tracked_runs(run_dir: Path) -> dict[str, str]:
-    """The tracked-run ids a previous start of this run dir recorded ({} for a new run dir)."""
+    """The tracked-run ids a previous start of this run dir recorded ({} for a new run dir); ConfigError when the file
+    is damaged (a new tracked run in its place would fork the run's history without a word)."""
+    path = run_dir / TRACKERS_FILE
     try:
-        loaded = json.loads((run_dir / TRACKERS_FILE).read_text())
-    except (OSError, ValueError):
+        loaded = json.loads(path.read_text())
+    except FileNotFoundError:
         return {}
-    return {str(k): str(v) for k, v in loaded.items()} if isinstance(loaded, dict) else {}
+    except (OSError, ValueError) as error:
+        loaded = error
+    if not (isinstance(loaded, dict) and all(isinstance(v, str) for v in loaded.values())):
+        what = f"not JSON: {loaded}" if isinstance(loaded, Exception) else "not an object of ids"
+        raise ConfigError(f"{path} is damaged ({what}): it names the tracked runs (MLflow, W&B) this run dir "
+                          "continues; restore it, or delete it to go on in new tracked runs (the old ones stay on "
+                          "their servers)")
+    return loaded
+
+
+def tracked_runs_to_continue(trainer: Namespace, run_dir: Path) -> dict[str, str]:
+    """The tracked runs a resume in `run_dir` continues, checked before anything is written: ConfigError for a damaged
+    trackers.json or another run dir's; one that cannot continue is left out, in a line (a new one starts)."""
+    ids, here = read_tracked_runs(run_dir), str(run_dir.resolve())
+    if ids.get("run_dir", here) != here:
+        if Path(ids["run_dir"]).is_dir():
+            raise ConfigError(f"{run_dir / TRACKERS_FILE} names the tracked runs of the run dir {ids['run_dir']}, "
+                              "which still exists (a copy?): resuming here would log into that run's history; resume "
+                              f"{ids['run_dir']} itself, or delete {run_dir / TRACKERS_FILE} to track this run dir as "
+                              "new runs")
+        rank_zero_info(f"{run_dir / TRACKERS_FILE} was written in {ids['run_dir']}, which is gone (moved here): its "
+                       "tracked runs continue")
+    for entry in logger_entries(trainer):
+        if kind_of(entry) == "mlflow" and ids.get("mlflow") and not _mlflow_run_continues(entry.init_args, ids):
+            ids = {key: value for key, value in ids.items() if not key.startswith("mlflow")}
+    return ids
 
 
 def git_commit() -> Optional[str]:
@@ -163,14 +190,14 @@ def git_commit() -> Optional[str]:
     return described.stdout.strip() if described.returncode == 0 else None
 
 
-def point_trackers(trainer: Namespace, run_dir: Path, *, resuming: bool) -> None:
-    """Point the trackers at the run dir's tracked runs (when resuming) and W&B's files into it; tag the commit."""
-    ids = read_tracked_runs(run_dir) if resuming else {}
+def point_trackers(trainer: Namespace, run_dir: Path, ids: dict[str, str]) -> None:
+    """Point the trackers at the tracked runs to continue (tracked_runs_to_continue's) and W&B's files into the run
+    dir; tag the commit."""
     commit = git_commit()
     for entry in logger_entries(trainer):
         kind, args = kind_of(entry), entry.init_args
         if kind == "mlflow":
-            if ids.get("mlflow") and _mlflow_run_continues(args, ids):
+            if ids.get("mlflow"):
                 args.run_id = ids["mlflow"]
             if commit:
                 args.tags = {**(args.get("tags") or {}), "git_commit": commit}
@@ -202,15 +229,17 @@ def _mlflow_run_continues(args: Namespace, ids: dict[str, str]) -> bool:
     why = None
     if was is not None and bare(was) != bare(uri):
         why = f"it was tracked at {was}, this run tracks at {redact(uri)}"
-    else:
+    name = args.get("experiment_name") or "lightning_logs"
+    if why is None:
         try:
             run = client.get_run(ids["mlflow"])
             experiment = client.get_experiment(run.info.experiment_id)
             if "deleted" in (run.info.lifecycle_stage, experiment.lifecycle_stage):
                 why = "it was deleted" if run.info.lifecycle_stage == "deleted" else "its experiment was deleted"
+            elif experiment.name != name:  # MLFlowLogger would log into it all the same
+                why = f"it is in experiment {experiment.name!r}, trainer.logger's experiment_name is {name!r}"
         except MlflowException as error:
             why = f"the tracking server does not have it ({redact(str(error)).splitlines()[0][:120]})"
-    name = args.get("experiment_name") or "lightning_logs"
     found = client.get_experiment_by_name(name)
     if found is not None and found.lifecycle_stage == "deleted":
         raise ConfigError(f"the MLflow experiment {name!r} is deleted on {redact(uri)}: restore it (mlflow "
@@ -232,6 +261,7 @@ def record_tracked_runs(loggers: list, run_dir: Path) -> None:
         elif kind == "wandb":
             ids["wandb"] = logger.experiment.id
     if ids:
+        ids["run_dir"] = str(run_dir.resolve())  # a copy of the run dir must not continue these runs
         atomic_write(run_dir / TRACKERS_FILE, lambda file: file.write(json.dumps(ids, indent=1) + "\n"), mode="w")
 
 
