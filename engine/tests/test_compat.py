@@ -615,3 +615,16 @@ def test_canary_stock_cli_calls_jsonargparse_apis_that_5_removes(monkeypatch, tm
     removed = [str(w.message).split(".")[0].strip() for w in caught
                if issubclass(w.category, JsonargparseDeprecationWarning) and "removed in v5" in str(w.message)]
     assert not removed, removed
+
+
+@canary("test_canary_stock_mlflow_logger_raises_when_its_server_is_gone")
+def test_canary_stock_mlflow_logger_raises_when_its_server_is_gone(monkeypatch):
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own ~8 minutes of retries, skipped
+    logger = MLFlowLogger(tracking_uri=f"http://127.0.0.1:{free_port()}", run_id="0" * 32)  # nothing listens there
+    logger._initialized = True  # as after its run started on a server that has since gone
+    try:
+        logger.log_metrics({"loss": 1.0}, step=1)
+    except Exception as error:  # noqa: BLE001  whatever it raises ends the fit it logs for
+        raise AssertionError(f"log_metrics raised {type(error).__name__}") from None

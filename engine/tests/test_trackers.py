@@ -32,7 +32,7 @@ mlflow = pytest.importorskip("mlflow", reason="the tracking extra: pip install -
 def mlflow_service(tmp_path_factory):
     """A real MLflow tracking server (sqlite backend, artifacts in a temp folder) on 127.0.0.1: (URI, its folder)."""
     home = tmp_path_factory.mktemp("mlflow")
-    with running_mlflow_server(home, free_port()) as uri:
+    with running_mlflow_server(home, free_port()) as (uri, _):
         yield uri, home
 
 
@@ -43,7 +43,8 @@ def mlflow_server(mlflow_service):
 
 @contextlib.contextmanager
 def running_mlflow_server(home: Path, port: int):
-    """`mlflow server` on 127.0.0.1:port, its database, artifacts and log in `home`; stopped on exit (if not before)."""
+    """`mlflow server` on 127.0.0.1:port, its database, artifacts and log in `home`: (URI, its process group);
+    stopped on exit (if not before)."""
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
                "--default-artifact-root", str(home / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
                "--workers", "1"]
@@ -51,7 +52,7 @@ def running_mlflow_server(home: Path, port: int):
     # tracking): they took CPU from the runs under test and ~10 s to stop. Older MLflow ignores the variable.
     # The AI Gateway off too: no part of tracking, and the subject of CVE-2026-71211 (docs/reliability.md).
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_ENABLE_AI_GATEWAY": "false"}
-    log = open(home / "server.log", "w")
+    log = open(home / "server.log", "a")
     server = subprocess.Popen(command, cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -67,7 +68,7 @@ def running_mlflow_server(home: Path, port: int):
             pytest.fail(f"mlflow server did not start: {(home / 'server.log').read_text()[-2000:]}")
         time.sleep(0.5)
     try:
-        yield uri
+        yield uri, server.pid
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGTERM)
@@ -419,3 +420,71 @@ def test_a_password_in_the_tracking_uri_reaches_no_console_log_saved_config_or_t
     assert trainer.logger[0].init_args.tracking_uri == uri == os.environ["MLFLOW_TRACKING_URI"]
     credentials = MlflowClient(uri)._tracking_client.store.get_host_creds()
     assert (credentials.username, credentials.password) == ("ann", "s3cret")
+
+
+
+# -- a tracking server that stops answering: the training goes on, its tracked run continues (issue 39, item 1) -------
+
+def test_a_tracking_server_killed_mid_run_costs_no_training_and_its_run_continues_at_the_next_start(tiny_root,
+                                                                                                    tmp_path):
+    # A real server, killed (-9) as step 3 starts; the fit must reach its last step (10) with one line about it, keep
+    # what the server could not take, and send it when the run is continued against the server started again.
+    home, port, root = tmp_path / "mlflow", free_port(), tmp_path / "runs"
+    home.mkdir()
+    loggers = _loggers(_tensorboard(root), _mlflow(f"http://127.0.0.1:{port}", "outage"))
+    with running_mlflow_server(home, port) as (uri, pgid):
+        started = time.monotonic()
+        killed = run_project(["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=2", loggers),
+                              callback("stop_callbacks.KillServerAtStep", step=3, pgid=pgid, port=port)])
+        took = time.monotonic() - started
+    output = killed.stdout + killed.stderr
+    assert killed.returncode == 0 and "Traceback" not in output, output[-3000:]
+    run_dir = root / "lightning_logs" / "version_0"
+    said = [line for line in output.splitlines() if "stopped answering" in line or "Retrying" in line]
+    assert len(said) == 1 and said[0].startswith(f"MLflow tracking server {uri} stopped answering ([Errno 111] "
+                                                 f"Connection refused): training goes on"), said
+    assert "(not all sent yet" in output.strip().splitlines()[-1]
+    import torch
+
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
+    assert (run_dir / "mlflow-pending.jsonl").is_file() and took < 180  # MLflow alone retried ~8 minutes a call
+
+    with running_mlflow_server(home, port):  # back, with its database
+        resumed = run_project(["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=3", loggers),
+                               "--ckpt_path", "last"])
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert "writes an earlier start of this run dir kept are sent to" in resumed.stderr
+        client = mlflow.tracking.MlflowClient(uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("outage").experiment_id])
+        tensorboard = read_scalars(run_dir)
+        for name, count in (("train/loss", 15), ("val/acc1", 3)):
+            steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, name))
+            assert steps == sorted(step for step, _ in tensorboard[name]) and len(set(steps)) == count, (name, steps)
+        assert run.info.status == "FINISHED" and "config.yaml" in [a.path for a in client.list_artifacts(
+            run.info.run_id)]
+    assert not (run_dir / "mlflow-pending.jsonl").exists()
+
+
+def test_a_tracking_server_back_during_the_run_gets_what_it_missed_in_order(mlflow_server, tmp_path, monkeypatch,
+                                                                            capsys):
+    from mlflow.entities import Metric
+    from tools.local_services import FaultyProxy
+
+    from classifier_engine.run import tracker_outage
+
+    monkeypatch.setattr(tracker_outage, "RETRY_S", 0.0)  # try again at every write
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    client = mlflow.tracking.MlflowClient(mlflow_server)
+    run_id = client.create_run(client.create_experiment("back")).info.run_id
+    with FaultyProxy(mlflow_server) as proxy:
+        outliving = tracker_outage.OutlivingClient(mlflow.tracking.MlflowClient(proxy.url), tmp_path, proxy.url)
+        for step in range(6):
+            proxy.fault = "refuse" if step in (2, 3) else None  # the server gone for steps 2 and 3
+            outliving.log_batch(run_id, metrics=[Metric("loss", float(step), 1000 + step, step)])
+            assert (tmp_path / "mlflow-pending.jsonl").is_file() == (step in (2, 3))
+        outliving.set_terminated(run_id, "FINISHED")
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == list(range(6))
+    assert client.get_run(run_id).info.status == "FINISHED"
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "stopped answering" in lines[0], lines
+    assert lines[1] == f"MLflow tracking server {proxy.url} answers again: 2 kept writes sent"

@@ -25,6 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 
 from classifier_engine.errors import ConfigError
 from classifier_engine.run.checkpoint_io import atomic_write
+from classifier_engine.run.tracker_outage import PENDING
 
 TRACKERS_FILE = "trackers.json"
 _KINDS = {"TensorBoardLogger": "tensorboard", "CSVLogger": "csv", "MLFlowLogger": "mlflow", "WandbLogger": "wandb"}
@@ -315,6 +316,8 @@ def how_to_look(loggers: list, run_dir: Path) -> list[str]:
             where = f"experiments/{logger.experiment_id}/runs/{logger.run_id}"
             parts.append(f"MLflow {uri.rstrip('/')}/#/{where}" if uri.startswith(("http://", "https://")) else
                          f"MLflow run {logger.run_id}: mlflow ui --backend-store-uri {uri}")
+            if (run_dir / PENDING).is_file():  # the server stopped answering (tracker_outage.py)
+                parts[-1] += f" (not all sent yet: {run_dir / PENDING}, sent at the next start)"
         elif kind == "wandb":
             run = logger.experiment
             offline = getattr(run, "offline", False) or os.environ.get("WANDB_MODE") in ("offline", "dryrun")
