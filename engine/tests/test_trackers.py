@@ -307,7 +307,7 @@ def test_a_moved_run_dir_continues_its_tracked_runs_said_in_a_line(tmp_path, mlf
     assert f"was written in {tmp_path / 'gone' / 'version_0'}, which is gone (moved here)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("case", ["run deleted", "experiment deleted", "another tracking uri"])
+@pytest.mark.parametrize("case", ["run deleted", "experiment deleted", "another tracking uri", "another experiment"])
 def test_a_resume_whose_mlflow_run_cannot_continue_starts_a_new_one_said_or_stops_in_one_line(tmp_path, mlflow_server,
                                                                                                 case):
     from classifier_engine.errors import ConfigError
@@ -325,10 +325,11 @@ def test_a_resume_whose_mlflow_run_cannot_continue_starts_a_new_one_said_or_stop
                                               rf"restore --experiment-id {experiment_id}"):
             _resume_plan(tmp_path, mlflow_server, experiment, recorded)
         return
-    else:
+    elif case == "another tracking uri":
         recorded["mlflow_tracking_uri"] = "http://elsewhere:5000"
+    configured = f"{experiment}-renamed" if case == "another experiment" else experiment  # MLFlowLogger: logged there
     with pytest.warns(UserWarning, match=rf"MLflow run {run_id} cannot continue \(.*\): a new MLflow run starts"):
-        plan, args = _resume_plan(tmp_path, mlflow_server, experiment, recorded)
+        plan, args = _resume_plan(tmp_path, mlflow_server, configured, recorded)
     assert plan.ckpt_path is not None and args.get("run_id") is None  # the logger starts a new run
 
 
