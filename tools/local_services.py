@@ -66,14 +66,16 @@ class FaultyProxy:
     """An HTTP proxy on 127.0.0.1 in front of a local server (`target`, http://host:port) that misbehaves on request,
     as object stores and trackers do: `fault` is None (pass through), "refuse" (close the connection at once), "500"
     (answer 500 Internal Server Error), "cut" (send the answer's headers and half its body, then close), or "stall"
-    (take the request, never answer); only for requests whose path holds `match`, after `after` of them passed.
-    `faults` counts the requests it spoiled. Set `fault` at any time; the proxy stops on exit.
+    (take the request, never answer); only for requests whose path holds `match`, after `after` of them passed, and
+    `times` of them at most (None: all). `faults` counts the requests it spoiled. Set `fault` at any time; the proxy
+    stops on exit.
 
         with FaultyProxy("http://127.0.0.1:5000", fault="500", match=".shard") as proxy:  # proxy.url to use instead
     """
 
-    def __init__(self, target: str, fault: str | None = None, match: str = "", after: int = 0):
-        self.target, self.fault, self.match, self.after, self.faults = target, fault, match, after, 0
+    def __init__(self, target: str, fault: str | None = None, match: str = "", after: int = 0,
+                 times: int | None = None):
+        self.target, self.fault, self.match, self.after, self.times, self.faults = target, fault, match, after, times, 0
         self._stopped = threading.Event()
         self._lock = threading.Lock()
 
@@ -138,7 +140,7 @@ class FaultyProxy:
         if self.fault is None or self.match not in path:
             return None
         with self._lock:
-            if self.after > 0:
+            if self.after > 0 or (self.times is not None and self.faults >= self.times):
                 self.after -= 1
                 return None
             self.faults += 1
