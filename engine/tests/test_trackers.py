@@ -468,7 +468,7 @@ def test_a_tracking_server_killed_mid_run_costs_no_training_and_its_run_continue
 
 def test_a_tracking_server_back_during_the_run_gets_what_it_missed_in_order(mlflow_server, tmp_path, monkeypatch,
                                                                             capsys):
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, Param
     from tools.local_services import FaultyProxy
 
     from classifier_engine.run import tracker_outage
@@ -483,6 +483,10 @@ def test_a_tracking_server_back_during_the_run_gets_what_it_missed_in_order(mlfl
             proxy.fault = "refuse" if step in (2, 3) else None  # the server gone for steps 2 and 3
             outliving.log_batch(run_id, metrics=[Metric("loss", float(step), 1000 + step, step)])
             assert (tmp_path / "mlflow-pending.jsonl").is_file() == (step in (2, 3))
+        outliving.log_batch(run_id, params=[Param("lr", "0.1")])
+        with pytest.raises(mlflow.exceptions.RestException, match="Changing param values is not allowed"):
+            outliving.log_batch(run_id, params=[Param("lr", "0.2")])  # refused, not an outage: raised, as stock
+        assert not (tmp_path / "mlflow-pending.jsonl").exists()
         outliving.set_terminated(run_id, "FINISHED")
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == list(range(6))
     assert client.get_run(run_id).info.status == "FINISHED"

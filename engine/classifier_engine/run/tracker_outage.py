@@ -68,6 +68,8 @@ class OutlivingClient:
                 self.send_pending()
             send(self.client, call)
         except Exception as error:  # noqa: BLE001  whatever the client raises for a server that is gone
+            if refused(error):
+                raise  # the server answered, and refused the write: no outage (it ends the fit, as ever)
             self.lose(error)
             self.keep(call)
 
@@ -106,7 +108,9 @@ class OutlivingClient:
                 call["metrics"] = [m for m in call["metrics"] if m[3] < before_step]
             try:
                 send(self.client, call)
-            except BaseException:
+            except BaseException as error:
+                if refused(error):  # (a parameter it holds already, say): it would be refused again
+                    continue
                 text = "".join(json.dumps(c) + "\n" for c in calls[sent:])
                 atomic_write(self.pending, lambda file, text=text: file.write(text), mode="w", fsync=False)
                 raise
@@ -116,6 +120,13 @@ class OutlivingClient:
                   flush=True)
         self.lost_at = None
         return len(calls)
+
+
+def refused(error: BaseException) -> bool:
+    """The server answered the request and refused it (a 4xx): not an outage."""
+    from mlflow.exceptions import RestException
+
+    return isinstance(error, RestException) and error.get_http_status_code() < 500
 
 
 def send(client: Any, call: dict[str, Any]) -> None:
