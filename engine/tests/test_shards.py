@@ -360,11 +360,11 @@ def test_a_shard_download_that_fails_is_tried_again_with_backoff_then_stops_in_o
     with pytest.raises(Exception) as error:
         ShardDataModule(shards="s3://datasets/faulty", cache_dir=str(tmp_path / "b"))._images("val", None)[0]
     assert type(error.value).__name__ == "DataUnavailable", repr(error.value)  # a UserError: one line, exit 2
-    why = {"500": "500 InternalError", "cut": "the connection was cut mid-transfer",
-           "stall": "no answer for 1 s: stalled"}[fault]
-    assert str(error.value) == (f"s3://datasets/faulty/val-00000.shard: the object store kept failing ({why}; 4 "
-                                "tries): check the server (AWS_ENDPOINT_URL, or AWS's when unset), then continue with "
-                                "--ckpt_path last")
+    why = {"500": "kept failing (500 InternalError)", "cut": "cut the connection mid-transfer",
+           "stall": "stopped answering (no byte for 1 s)"}[fault]
+    assert str(error.value) == (f"s3://datasets/faulty/val-00000.shard: the object store {why}, 4 tries: check the "
+                                "server behind AWS_ENDPOINT_URL (or AWS's status when unset) and that variable, then "
+                                "rerun (--ckpt_path last continues a run)")
     assert faulty_store.faults == 4 and time.monotonic() - started < 30
     assert not list((tmp_path / "b").rglob("*.shard"))  # nothing half-written in the cache
 
@@ -383,8 +383,9 @@ def test_an_object_store_failing_mid_run_stops_in_one_line_with_the_step_saved(f
     assert code == 2 and "Traceback" not in err and len(lines) == 1, err[-3000:]
     saved = tmp_path / LAST
     assert re.fullmatch(r"error: s3://datasets/faulty/train-\d{5}\.shard: the object store kept failing \(500 "
-                        rf"InternalError; 4 tries\): .*; saved {re.escape(str(saved))} at global step 1: the same "
-                        r"command with --ckpt_path last continues there", lines[0]), lines[0]
+                        r"InternalError\), 4 tries: .* then rerun \(--ckpt_path last continues a run\); saved "
+                        rf"{re.escape(str(saved))} at global step 1: the same command with --ckpt_path last continues "
+                        r"there", lines[0]), lines[0]
     assert torch.load(saved, weights_only=True)["global_step"] == 1
     faulty_store.fault = None
     code, _, err = project_in_process([*args, "--ckpt_path=last"], monkeypatch, capsys)

@@ -70,15 +70,16 @@ def s3_client(retries: int = 3):
 
 
 def s3_error(error: Exception, url: str, tries: int = 1) -> Exception:
-    """A botocore error as one line naming what to fix (the endpoint and keys are never printed: they may be secret)."""
+    """A botocore error as one line naming what to fix (the endpoint and keys are never printed: they may be secret).
+    A failure a later try may not meet is a ConfigError at start (one try: the setting, most likely) and DataUnavailable
+    after the tries of a download mid-run (an outage: last.ckpt is saved at the step reached)."""
     import botocore.exceptions as be
 
-    if isinstance(error, (be.ReadTimeoutError, be.ResponseStreamingError)):  # their own text names the endpoint
-        return ConfigError(f"{url}: the object store stopped answering (a read timed out, after retries): check the "
-                           "server behind AWS_ENDPOINT_URL (or AWS's status when unset), then rerun")
-    if isinstance(error, (be.ConnectionError, be.HTTPClientError)):
-        return ConfigError(f"{url}: cannot reach the object store (the endpoint in AWS_ENDPOINT_URL, or AWS's when "
-                           "unset): check that variable and that the server is up")
+    if (why := passing_failure(error)) is not None:  # (their own text names the endpoint: never printed)
+        kind = DataUnavailable if tries > 1 else ConfigError
+        return kind(f"{url}: {why}{f', {tries} tries' if tries > 1 else ''}: check the server behind "
+                    "AWS_ENDPOINT_URL (or AWS's status when unset) and that variable, then rerun (--ckpt_path last "
+                    "continues a run)")
     if isinstance(error, be.NoCredentialsError):
         return ConfigError(f"{url}: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)")
     code = error.response.get("Error", {}).get("Code", "") if isinstance(error, be.ClientError) else ""
@@ -93,28 +94,24 @@ def s3_error(error: Exception, url: str, tries: int = 1) -> Exception:
     if code in ("NoSuchKey", "404"):
         return ConfigError(f"{url}: no {INDEX} there: not a finished shard set; write one with python -m "
                            "tools.make_shards --source ROOT --out URL")
-    if (why := passing_failure(error)) is not None:
-        return DataUnavailable(f"{url}: the object store kept failing ({why}; {tries} tr{'ies' if tries > 1 else 'y'}"
-                               "): check the server (AWS_ENDPOINT_URL, or AWS's when unset), then continue with "
-                               "--ckpt_path last")
     return error
 
 
 def passing_failure(error: Exception) -> Optional[str]:
-    """What went wrong, for a failure a later try may not meet (a 5xx, a cut or stalled transfer); else None."""
+    """What went wrong, for a failure a later try may not meet (a stall, a cut transfer, no connection, a 5xx)."""
     import botocore.exceptions as be  # (its StreamingBody raises these for urllib3's errors mid-transfer)
 
     if isinstance(error, be.ReadTimeoutError):
-        return f"no answer for {READ_TIMEOUT_S:g} s: stalled"
+        return f"the object store stopped answering (no byte for {READ_TIMEOUT_S:g} s)"
     if isinstance(error, (be.ResponseStreamingError, be.IncompleteReadError, be.ConnectionClosedError)):
-        return "the connection was cut mid-transfer"
-    if isinstance(error, (be.EndpointConnectionError, be.ConnectTimeoutError)):
-        return "cannot connect"
+        return "the object store cut the connection mid-transfer"
+    if isinstance(error, (be.ConnectionError, be.HTTPClientError)):
+        return "cannot reach the object store (the endpoint in AWS_ENDPOINT_URL, or AWS's when unset)"
     status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) if isinstance(
         error, be.ClientError) else 0
     if status >= 500 or (isinstance(error, be.ClientError) and error.response.get("Error", {}).get("Code") in (
             "SlowDown", "RequestTimeout", "Throttling")):
-        return f"{status} {error.response.get('Error', {}).get('Code', '')}".strip()
+        return f"the object store kept failing ({status} {error.response.get('Error', {}).get('Code', '')})"
     return None
 
 
