@@ -147,8 +147,13 @@ def build_schedule(optimizer: torch.optim.Optimizer, trainer: L.Trainer,
     if math.isinf(trainer.num_training_batches):
         # Given max_steps alone Lightning does not size the epoch, but warmup and milestones are counted in epochs.
         trainer.fit_loop.setup_data()
+    if math.isinf(trainer.num_training_batches) and (optim.warmup_epochs or optim.schedule == "step"):
+        raise ConfigError("the train loader has no length (an IterableDataset without __len__), and the LR schedule's "
+                          "warmup (and a step schedule's milestones) are counted in epochs: set "
+                          "--model.optim.warmup_epochs=0 and a cosine or linear schedule, or give the data set a __len__")
     # Rounded up as Lightning counts: an epoch's last, partial accumulation window still steps the optimizer.
-    steps_per_epoch = max(1, math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches))
+    batches = trainer.num_training_batches if math.isfinite(trainer.num_training_batches) else 1  # (unused then)
+    steps_per_epoch = max(1, math.ceil(batches / trainer.accumulate_grad_batches))
     return warmup_then_decay(optimizer, total_steps=int(total_steps), schedule=optim.schedule, gamma=optim.step_gamma,
                              warmup_steps=round(optim.warmup_epochs * steps_per_epoch),
                              milestones=[m * steps_per_epoch for m in optim.step_milestones])

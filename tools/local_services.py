@@ -1,16 +1,20 @@
-"""Real services on 127.0.0.1 for the tests and benchmarks: a free port, and moto's S3-compatible server
-(`moto[server]`, in the dev extra) reached over HTTP by the same boto3 code a user runs against AWS or MinIO.
+"""Real services on 127.0.0.1 for the tests and benchmarks: a free port, moto's S3-compatible server (`moto[server]`,
+in the dev extra) reached over HTTP by the same boto3 code a user runs against AWS or MinIO, and a proxy that makes any
+such server misbehave (errors, cut connections, stalls).
 
     with s3_server(bucket="datasets") as env:   # AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... for that server
         ...
 """
 
 import contextlib
+import http.client
+import http.server
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -56,3 +60,93 @@ def s3_server(bucket: str, authenticated: bool = True) -> Iterator[dict[str, str
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+class FaultyProxy:
+    """An HTTP proxy on 127.0.0.1 in front of a local server (`target`, http://host:port) that misbehaves on request,
+    as object stores and trackers do: `fault` is None (pass through), "refuse" (close the connection at once), "500"
+    (answer 500 Internal Server Error), "cut" (send the answer's headers and half its body, then close), or "stall"
+    (take the request, never answer); only for requests whose path holds `match`, after `after` of them passed, and
+    `times` of them at most (None: all). `faults` counts the requests it spoiled. Set `fault` at any time; the proxy
+    stops on exit.
+
+        with FaultyProxy("http://127.0.0.1:5000", fault="500", match=".shard") as proxy:  # proxy.url to use instead
+    """
+
+    def __init__(self, target: str, fault: str | None = None, match: str = "", after: int = 0,
+                 times: int | None = None):
+        self.target, self.fault, self.match, self.after, self.times, self.faults = target, fault, match, after, times, 0
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> "FaultyProxy":
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def handle_one(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                fault = proxy.fault_for(self.path)
+                if fault == "refuse":
+                    self.close_connection = True
+                    return
+                if fault == "stall":
+                    proxy._stopped.wait()
+                    self.close_connection = True
+                    return
+                if fault == "500":
+                    payload = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
+                    self.answer(500, [("Content-Type", "application/xml")], payload)
+                    return
+                host, port = proxy.target.split("://", 1)[1].rsplit(":", 1)
+                upstream = http.client.HTTPConnection(host, int(port), timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("expect", "connection")}
+                upstream.request(self.command, self.path, body=body or None, headers=headers)
+                answer = upstream.getresponse()
+                payload = answer.read()
+                upstream.close()
+                kept = [(k, v) for k, v in answer.getheaders()
+                        if k.lower() not in ("transfer-encoding", "connection", "content-length")]
+                if fault == "cut":
+                    self.answer(answer.status, kept, payload, cut=True)
+                else:
+                    self.answer(answer.status, kept, payload)
+
+            def answer(self, status: int, headers: list, payload: bytes, cut: bool = False) -> None:
+                self.send_response(status)
+                for key, value in headers:
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(payload[: len(payload) // 2] if cut else payload)
+                if cut:
+                    self.wfile.flush()
+                    self.close_connection = True
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = do_PATCH = handle_one
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def fault_for(self, path: str) -> str | None:
+        if self.fault is None or self.match not in path:
+            return None
+        with self._lock:
+            if self.after > 0 or (self.times is not None and self.faults >= self.times):
+                self.after -= 1
+                return None
+            self.faults += 1
+        return self.fault
+
+    def __exit__(self, *exc) -> None:
+        self._stopped.set()
+        self._server.shutdown()
+        self._server.server_close()

@@ -45,7 +45,8 @@ from classifier_engine.run.last_checkpoint import LastCheckpoint, StopSignals, s
 from classifier_engine.run.launchers import check_devices, check_process_count
 from classifier_engine.run.saved_config import KeepingSaveConfigCallback
 from classifier_engine.run.slurm import cluster_environment, slurm_job_id, task_line
-from classifier_engine.run.trackers import continue_csv_logs, how_to_look
+from classifier_engine.run.tracker_outage import outlive_outages
+from classifier_engine.run.trackers import continue_csv_logs, how_to_look, redact
 from classifier_engine.samplers import ExactLoaders
 from classifier_engine.strategies.fsdp import FSDPStrategy
 from classifier_engine.strategies.sync_batchnorm import SyncBatchNormAnyBackend
@@ -74,7 +75,7 @@ class ProjectParser(LightningArgumentParser):
             cfg = cfg.clone()
             for hook in self.tidy_hooks:
                 hook(cfg)
-        return super().dump(cfg, *args, **kwargs)
+        return redact(super().dump(cfg, *args, **kwargs))  # a URI's password (a run's moved to the environment)
 
 
 LINK_TARGETS = {"model": ("num_classes", "image_sizes", "batch_size", "seed"), "data": ("seed",)}
@@ -247,18 +248,22 @@ class ProjectCLI(CheckpointReadOnceCLI):
         super().after_instantiate_classes()
         contract.check_data(self.datamodule)
         contract.check_model(self.model)
+        resume_step = None
         if self.subcommand and self.plan and self.plan.ckpt_path is not None:
             # The plan's load, checked, then handed to Lightning's restore (the file is not read again); the plan
             # keeps no reference to it (its memory map goes with its last user).
             checkpoint, self.plan.checkpoint = self.plan.checkpoint, None
             check_checkpoint_fits(self.plan.ckpt_path, checkpoint, self.model, self.datamodule)
             if self.subcommand == "fit" and not self.plan.fresh:  # before the Trainer first touches its loggers
-                continue_csv_logs(self.trainer.loggers, checkpoint["global_step"])
+                resume_step = checkpoint["global_step"]
+                continue_csv_logs(self.trainer.loggers, resume_step)
             elif self.subcommand != "fit":  # ModelCheckpoint's records are the fit's (its dir), not an evaluation's
                 checkpoint["callbacks"] = {key: value for key, value in (checkpoint.get("callbacks") or {}).items()
                                            if not key.startswith(ModelCheckpoint.__name__)}
             if self._checkpoint_io is not None:
                 self._checkpoint_io.hand_over(self.plan.ckpt_path, checkpoint)
+        if self.subcommand == "fit" and self.plan and self.plan.run_dir is not None:
+            outlive_outages(self.trainer, self.plan.run_dir, resume_step)  # MLflow (Lightning #12833)
 
     def fit(self, model, datamodule=None, **kwargs) -> None:
         with stops_reach_spawned_ranks(self.trainer):  # ddp_spawn: this process only waits for the ranks

@@ -113,11 +113,50 @@ def check_data(datamodule: Any) -> ClassificationData:
         missing = [key for key in ("num_classes", "class_names") if not hasattr(datamodule, key)]
         raise ConfigError(f"data module {name} lacks {' and '.join(missing)}: set them in its __init__ (the class "
                           "count, and the class names in label order; see engine/README.md)")
+    if isinstance(datamodule.class_names, (str, bytes)) or not isinstance(datamodule.class_names, Sequence):
+        raise ConfigError(f"data module {name}: class_names is {type(datamodule.class_names).__name__}, expected a "
+                          "list of the class names in label order: set it in its __init__ (see engine/README.md)")
     names = list(datamodule.class_names)
     if len(names) != datamodule.num_classes or len(set(names)) != len(names):
         raise ConfigError(f"data module {name}: num_classes is {datamodule.num_classes} but class_names holds "
                           f"{len(names)} names ({len(set(names))} distinct): one name per class, in label order")
     return datamodule
+
+
+def check_batch(batch: Any, num_classes: int, where: str) -> None:
+    """A batch as the contract has it, (images, labels) with labels in 0..num_classes-1 (or (B, num_classes) soft
+    targets): ConfigError naming what came instead. Cheap (on the host, where the loader makes the batch)."""
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(x, torch.Tensor) for x in batch)):
+        if isinstance(batch, dict):
+            what = f"a dict (keys {', '.join(map(str, batch))})"
+        elif isinstance(batch, (tuple, list)):
+            what = f"a {type(batch).__name__} of {len(batch)} ({', '.join(type(x).__name__ for x in batch)})"
+        else:
+            what = f"a {type(batch).__name__}"
+        raise ConfigError(f"{where} yields {what}, expected a pair (images, labels) of tensors: return (image, label) "
+                          "from the data set (or its collate_fn; see engine/README.md)")
+    images, labels = batch
+    soft = labels.is_floating_point() and labels.shape == (len(images), num_classes)
+    if not soft and (labels.is_floating_point() or labels.dtype == torch.bool or labels.shape != images.shape[:1]):
+        raise ConfigError(f"{where} yields labels of shape {tuple(labels.shape)} and dtype {labels.dtype} for "
+                          f"{len(images)} images, expected one integer class index per image")
+    if not soft and labels.numel() and labels.device.type == "cpu":
+        low, high = int(labels.min()), int(labels.max())
+        if low < 0 or high >= num_classes:
+            raise ConfigError(f"{where} yields label {low if low < 0 else high}, outside 0..{num_classes - 1} "
+                              f"(num_classes is {num_classes}): fix the labels, or num_classes and class_names")
+
+
+class CheckedCollate:
+    """A user's loader's collate_fn, each batch then checked (check_batch) in the process that makes it."""
+
+    def __init__(self, collate: Any, num_classes: int, where: str):
+        self.collate, self.num_classes, self.where = collate, num_classes, where
+
+    def __call__(self, samples: Any) -> Any:
+        batch = self.collate(samples)
+        check_batch(batch, self.num_classes, self.where)
+        return batch
 
 
 def eval_preprocessing(datamodule: Any) -> Optional[EvalPreprocessing]:

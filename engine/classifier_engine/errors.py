@@ -69,6 +69,12 @@ class DiskFullError(UserError):
     """A write found no space left (ENOSPC, EDQUOT); the file it would have replaced is intact."""
 
 
+class DataUnavailable(UserError):
+    """A data source (an object store) that kept failing after bounded retries; `saved` says where the run was saved."""
+
+    saved: Optional[str] = None
+
+
 class UnreadableImageError(OSError):
     """A file no decoder can read (truncated, corrupt, not an image); an OSError, as PIL's are, for their handlers."""
 
@@ -83,7 +89,8 @@ _PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "Broke
 def user_message(error: BaseException) -> Optional[str]:
     """The one-line message for an error the user caused, or None for a bug (which keeps its traceback)."""
     if isinstance(error, (UserError, UnreadableImageError)):
-        return str(error)
+        saved = getattr(error, "saved", None)  # DataUnavailable after a save (run/last_checkpoint.py)
+        return (raised_in_worker(error) or str(error)) + (f"; {saved}" if saved else "")
     if type(error).__name__ == "MisconfigurationException":  # Lightning's word for a setting that cannot work
         return " ".join(str(error).split())
     if isinstance(error, KeyboardInterrupt):
@@ -96,6 +103,15 @@ def user_message(error: BaseException) -> Optional[str]:
     while cause is not None and not isinstance(cause, UserError):  # jsonargparse wraps what a nested class raised
         cause = cause.__cause__
     return None if cause is None else str(cause)
+
+
+def raised_in_worker(error: BaseException) -> Optional[str]:
+    """The message of an error a DataLoader worker raised: torch raises it again in the main process as `Caught X in
+    DataLoader worker process N` followed by the worker's traceback, whose last line is `module.X: message`."""
+    text = str(error)
+    if not re.match(r"Caught \w+ in DataLoader worker process \d+\.\nOriginal Traceback", text):
+        return None
+    return text.rpartition(f"{type(error).__module__}.{type(error).__qualname__}: ")[2].strip() or None
 
 
 # Lines of jsonargparse's report on a value no alternative of a Union (Optional[...] included) accepts that say

@@ -12,6 +12,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
 
+from classifier_engine.contract import CheckedCollate
 from classifier_engine.errors import ConfigError
 from classifier_engine.seeds import order_seed
 
@@ -115,7 +116,8 @@ class ExactLoaders(Callback):
     unpadded, the training order from the run seed, resumable mid-epoch. Others are left to Lightning."""
 
     def __init__(self, datamodule: Any, seed: int):
-        self.seed = seed
+        self.seed, self.num_classes = seed, getattr(datamodule, "num_classes", None)
+        self.owner = type(datamodule).__qualname__
         self.sampler: Optional[ResumableSampler] = None
         self.batch_size: Optional[int] = None
         self._resume_state: Optional[dict[str, Any]] = None
@@ -138,6 +140,7 @@ class ExactLoaders(Callback):
         world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         if isinstance(loader, DataLoader) and isinstance(loader.sampler, DistributedSampler):
             return loader  # it shards itself (ours do)
+        loader = self.taken_at_its_word(loader, name, trainer)
         if not _plain(loader):
             if world_size > 1:
                 rank_zero_warn(f"{name}: not a plain DataLoader over a map-style data set; Lightning shards it (padded "
@@ -153,6 +156,26 @@ class ExactLoaders(Callback):
             self.sampler.restore_loader_state(loader.batch_size, self._resume_state)
             self._resume_state = None
         return _rebuild(loader, self.sampler, ResumableDataLoader)
+
+
+    def taken_at_its_word(self, loader: Any, name: str, trainer: Any) -> Any:
+        """A user's loader, checked before the first step: its batches against the contract, an evaluation that
+        would drop images, a train loader of unknown length in a run whose length is counted in epochs."""
+        where = f"data module {self.owner}: {name}"
+        if not isinstance(loader, DataLoader):
+            return loader
+        if isinstance(self.num_classes, int) and not isinstance(loader.collate_fn, CheckedCollate):
+            loader.collate_fn = CheckedCollate(loader.collate_fn, self.num_classes, where)
+        if name == "train_dataloader" and not _sized(loader) and trainer is not None and trainer.max_steps == -1:
+            raise ConfigError(f"{where} has no length (an IterableDataset without __len__): the run's length in steps "
+                              "is unknown; set --trainer.max_steps")
+        if name == "train_dataloader" or not (loader.drop_last or getattr(loader.batch_sampler, "drop_last", False)):
+            return loader
+        if not _plain(loader):
+            raise ConfigError(f"{where} drops its last partial batch (drop_last): exact evaluation needs every image; "
+                              "build it with drop_last=False")
+        rank_zero_warn(f"{where} has drop_last=True: every image is evaluated all the same (exact evaluation)")
+        return _rebuild(loader, loader.sampler, drop_last=False)
 
 
 class _LoaderHook:
@@ -175,11 +198,21 @@ def _plain(loader: Any) -> bool:
             and isinstance(loader.sampler, (RandomSampler, SequentialSampler)))
 
 
-def _rebuild(loader: DataLoader, sampler: Any, cls: type[DataLoader] = DataLoader) -> DataLoader:
+def _sized(loader: DataLoader) -> bool:
+    try:
+        len(loader)
+    except TypeError:
+        return False
+    return True
+
+
+def _rebuild(loader: DataLoader, sampler: Any, cls: type[DataLoader] = DataLoader, *,
+             drop_last: Optional[bool] = None) -> DataLoader:
     """`loader` again, with `sampler` (torch's DataLoader cannot swap one in place)."""
     workers = loader.num_workers
+    drop_last = loader.drop_last if drop_last is None else drop_last
     return cls(loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=workers,
-               collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+               collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=drop_last,
                timeout=loader.timeout, worker_init_fn=loader.worker_init_fn, generator=loader.generator,
                multiprocessing_context=loader.multiprocessing_context if workers else None,
                prefetch_factor=loader.prefetch_factor if workers else None,

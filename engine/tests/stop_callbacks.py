@@ -67,3 +67,23 @@ class SaveAtStep(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == self.step and not Path(self.path).exists():
             trainer.save_checkpoint(self.path)
+
+
+class KillServerAtStep(L.Callback):
+    """Kills process group `pgid` (a server the run talks to: a tracker, an object store) with SIGKILL as optimizer
+    step `step` is about to start, and waits until 127.0.0.1:`port` refuses connections."""
+
+    def __init__(self, step: int, pgid: int, port: int):
+        self.step, self.pgid, self.port = step, pgid, port
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step and trainer.global_rank == 0:
+            import socket
+
+            os.killpg(self.pgid, signal.SIGKILL)
+            for _ in range(600):
+                try:
+                    socket.create_connection(("127.0.0.1", self.port), 0.5).close()
+                except OSError:
+                    return
+                time.sleep(0.05)

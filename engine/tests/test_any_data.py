@@ -42,6 +42,47 @@ class Digits(L.LightningDataModule):
         return DataLoader(self.val_set, batch_size=self.batch_size)
 '''
 
+# The same data module, broken one way at a time: what a user's module may hand the engine (issue 39, item 11).
+BAD_DATA = '''
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from my_data import Digits
+
+
+class Stream(IterableDataset):
+    def __init__(self, images, labels):
+        self.images, self.labels = images, labels
+
+    def __iter__(self):
+        return zip(self.images, self.labels)
+
+
+class Bad(Digits):
+    def __init__(self, case: str, batch_size: int = 16):
+        super().__init__(batch_size)
+        self.case = case
+        if case == "labels out of range":
+            images, labels = self.val_set.tensors
+            self.val_set = TensorDataset(images, labels + 3)
+        if case == "no class_names":
+            self.class_names = None
+
+    def train_dataloader(self):
+        images, labels = self.train_set.tensors
+        if self.case.startswith("iterable"):
+            return DataLoader(Stream(images, labels), batch_size=self.batch_size)
+        if self.case == "(x, y, extra)":
+            return DataLoader(TensorDataset(images, labels, labels), batch_size=self.batch_size)
+        if self.case == "dicts":
+            return DataLoader(self.train_set, batch_size=self.batch_size,
+                              collate_fn=lambda samples: {"image": torch.stack([x for x, _ in samples])})
+        return super().train_dataloader()
+
+    def val_dataloader(self):
+        return DataLoader(self.val_set, batch_size=self.batch_size, drop_last=self.case == "drop_last")
+'''
+
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
 
 
@@ -49,10 +90,12 @@ LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
 def my_data(tmp_path_factory):
     code = tmp_path_factory.mktemp("code")
     (code / "my_data.py").write_text(MY_DATA)
+    (code / "bad_data.py").write_text(BAD_DATA)
     sys.path.insert(0, str(code))
     yield code
     sys.path.remove(str(code))
     sys.modules.pop("my_data", None)
+    sys.modules.pop("bad_data", None)
 
 
 def args(run_dir, *extra: str) -> list[str]:
@@ -99,3 +142,71 @@ def test_a_plain_validation_loader_gives_the_same_accuracy_at_one_and_two_ranks(
                           f"--ckpt_path={checkpoint}"], env={"PYTHONPATH": f"{my_data}"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert val_acc1(result.stdout) == one  # 51 and 50 images, none twice: not Lightning's padded 51 + 51
+
+
+BROKEN = {  # case: (extra arguments, what the one line says)
+    "dicts": ((), "train_dataloader yields a dict (keys image), expected a pair (images, labels)"),
+    "(x, y, extra)": ((), "train_dataloader yields a list of 3 (Tensor, Tensor, Tensor), expected a pair"),
+    "labels out of range": ((), "val_dataloader yields label 12, outside 0..9 (num_classes is 10)"),
+    "no class_names": ((), "class_names is NoneType, expected a list of the class names"),
+    "iterable, no max_steps": ((), "train_dataloader has no length (an IterableDataset without __len__): the run's "
+                                   "length in steps is unknown; set --trainer.max_steps"),
+    "iterable, warmup in epochs": (("--trainer.max_steps=3",), "warmup (and a step schedule's milestones) are counted "
+                                                               "in epochs: set --model.optim.warmup_epochs=0"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_data_module_that_breaks_the_contract_is_one_line_before_the_first_step(my_data, case, tmp_path,
+                                                                                   monkeypatch, capsys):
+    from conftest import project_in_process
+
+    extra, expected = BROKEN[case]
+    given = args(tmp_path, "--data.class_path=bad_data.Bad", "--trainer.max_epochs=1", f"--data.init_args.case={case}",
+                 *extra)
+    code, _, err = project_in_process(["fit", *given], monkeypatch, capsys)
+    errors = [line for line in err.splitlines() if line.startswith("error")]
+    assert code == 2 and "Traceback" not in err and len(errors) == 1, err[-3000:]
+    assert errors[0].startswith("error: ") and expected in errors[0], errors[0]
+    assert not list(tmp_path.rglob("*.ckpt"))  # not a step trained
+
+
+def test_an_iterable_train_loader_trains_to_max_steps(my_data, tmp_path):
+    cli_main(["fit", *args(tmp_path, "--data.class_path=bad_data.Bad", "--data.init_args.case=iterable",
+                           "--trainer.max_steps=3", "--model.optim.warmup_epochs=0")])
+    assert torch.load(tmp_path / LAST, map_location="cpu", weights_only=True)["global_step"] == 3
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_validation_loader_with_drop_last_still_evaluates_every_image(my_data, world_size):
+    # 101 images in batches of 16: drop_last=True would evaluate 96 on one process and 80 (5 x 16) on two.
+    from types import SimpleNamespace
+
+    from bad_data import Bad
+
+    from classifier_engine.samplers import ExactLoaders
+
+    seen = 0
+    for rank in range(world_size):
+        data = Bad(case="drop_last")
+        ExactLoaders(data, seed=0)
+        data.trainer = SimpleNamespace(world_size=world_size, global_rank=rank, max_steps=-1)
+        with pytest.warns(UserWarning, match="val_dataloader has drop_last=True: every image is evaluated"):
+            loader = data.val_dataloader()
+        seen += sum(len(labels) for _, labels in loader)
+    assert seen == 101
+
+
+def test_an_evaluation_loader_that_drops_images_in_its_own_batch_sampler_is_refused_in_one_line(my_data):
+    from bad_data import Bad
+    from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+    from classifier_engine.errors import ConfigError
+    from classifier_engine.samplers import ExactLoaders
+
+    data = Bad(case="ok")
+    loaders = ExactLoaders(data, seed=0)
+    dropping = DataLoader(data.val_set, batch_sampler=BatchSampler(SequentialSampler(data.val_set), 16, True))
+    with pytest.raises(ConfigError, match=r"val_dataloader drops its last partial batch \(drop_last\): exact "
+                                          r"evaluation needs every image; build it with drop_last=False"):
+        loaders.exact(dropping, "val_dataloader", None)

@@ -160,3 +160,19 @@ def test_a_yaml_alias_bomb_and_a_50_mb_config_are_refused_before_they_are_parsed
                              (huge, r"huge.yaml is 52.4 MB: a config is a few KB of YAML")):
         with pytest.raises(ConfigError, match=expected):
             check_config_files(["fit", "--config", str(config)])
+
+
+def test_a_data_error_in_a_loader_worker_is_the_same_one_line_as_in_the_main_process(broken, tmp_path, monkeypatch,
+                                                                                      capsys):
+    # torch raises a worker's error again as "Caught X in DataLoader worker process 0" with the worker's traceback:
+    # the line must be the one the main process prints for the same image (issue 39, item 10).
+    from conftest import project_in_process
+
+    lines = {}
+    for workers in (0, 1):
+        args = ["fit", *tiny_args(broken["truncated_jpeg"], tmp_path / f"w{workers}"), f"--data.num_workers={workers}"]
+        code, _, err = project_in_process(args, monkeypatch, capsys)
+        assert code == 2 and "Traceback" not in err and "DataLoader worker" not in err, err[-3000:]
+        lines[workers] = [line for line in err.splitlines() if line.startswith("error")]
+    assert len(lines[0]) == 1 and f"cannot decode {broken['victim']}" in lines[0][0], lines
+    assert lines[1] == lines[0]

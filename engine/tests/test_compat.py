@@ -599,3 +599,32 @@ def test_canary_stock_dcp_runs_code_from_a_crafted_checkpoint(tmp_path):
     with contextlib.suppress(Exception):
         dcp.FileSystemReader(tmp_path / "bytes").read_metadata()
     assert not any(path.exists() for path in ran.values()), "stock DCP ran a crafted checkpoint's pickled call"
+
+
+@canary("test_canary_stock_cli_calls_jsonargparse_apis_that_5_removes")
+def test_canary_stock_cli_calls_jsonargparse_apis_that_5_removes(monkeypatch, tmp_path):
+    import warnings
+
+    from jsonargparse._deprecated import JsonargparseDeprecationWarning
+
+    monkeypatch.setenv("JSONARGPARSE_DEPRECATION_WARNINGS", "all")  # else each is shown once per process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli = LightningCLI(Tiny, args=[f"--trainer.default_root_dir={tmp_path}"], run=False)
+        cli.parser.dump(cli.config)  # what SaveConfigCallback writes with
+    removed = [str(w.message).split(".")[0].strip() for w in caught
+               if issubclass(w.category, JsonargparseDeprecationWarning) and "removed in v5" in str(w.message)]
+    assert not removed, removed
+
+
+@canary("test_canary_stock_mlflow_logger_raises_when_its_server_is_gone")
+def test_canary_stock_mlflow_logger_raises_when_its_server_is_gone(monkeypatch):
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own ~8 minutes of retries, skipped
+    logger = MLFlowLogger(tracking_uri=f"http://127.0.0.1:{free_port()}", run_id="0" * 32)  # nothing listens there
+    logger._initialized = True  # as after its run started on a server that has since gone
+    try:
+        logger.log_metrics({"loss": 1.0}, step=1)
+    except Exception as error:  # noqa: BLE001  whatever it raises ends the fit it logs for
+        raise AssertionError(f"log_metrics raised {type(error).__name__}") from None

@@ -15,7 +15,8 @@ from packaging.version import Version
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11; CI runs 3.11
 
-ROOT = Path(__file__).resolve().parents[1]
+ENGINE = Path(__file__).resolve().parents[1]  # engine/pyproject.toml: the ranges (its dev extra installs everything)
+ROOT = ENGINE.parent  # the template around it: constraints.txt and .ci/run
 # Each advisory, checked at its source (docs/reliability.md): the releases on the package index it affects.
 LIGHTNING_AFFECTED = ["2.6.5", "2.6.4", "2.6.3", "2.6.2", "2.6.1", "2.6.0", "2.5.6", "2.5.0", "2.4.0"]
 ADVISORIES = {
@@ -52,7 +53,7 @@ def pins() -> dict[str, Version]:
 
 def dev_requirements() -> list[Requirement]:
     """pyproject's dependencies plus the dev extra, with `project[...]` self-references expanded into those extras."""
-    metadata = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    metadata = tomllib.loads((ENGINE / "pyproject.toml").read_text())["project"]
     extras = metadata["optional-dependencies"]
     self_name = canonicalize_name(metadata["name"])
 
@@ -139,4 +140,12 @@ def test_ci_installs_with_the_constraints():
     # tests/test_readme.py checks that this line is the README's test command, verbatim.
     ci = (ROOT / ".ci" / "run").read_text()
     command = re.search(r"# --- the README's test command, verbatim ---\n(.+)\n# ---", ci).group(1)
-    assert command == 'pip install -e ".[dev]" -c constraints.txt && python -m pytest -n 2', command
+    assert command.startswith('pip install -e "./engine[dev]" -e ".[dev]" -c constraints.txt && '), command
+
+
+def test_jsonargparse_is_capped_below_5_which_removes_what_lightnings_cli_calls():
+    # Lightning 2.6.6's CLI calls ArgumentParser.add_instantiator, instantiate_classes and dump(skip_none=...), which
+    # jsonargparse 4.49 deprecated and 5.0 removes (Lightning #21900; canary in tests/test_compat.py).
+    (requirement,) = [r for r in dev_requirements() if canonicalize_name(r.name) == "jsonargparse"]
+    assert not requirement.specifier.contains("5.0.0", prereleases=True), requirement
+    assert requirement.specifier.contains(pins()["jsonargparse"]), (requirement, pins()["jsonargparse"])

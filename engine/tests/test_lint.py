@@ -21,8 +21,9 @@ MAX_FUNCTION_LINES = 60
 # batches, dp's autocast dtype, fsdp2's precision policy, stop signals without checkpointing). Main then held 6,682;
 # issue 39 items 4, 5, 6, 12 added 118 (the resume order by what checkpoints record, evaluations' own version dir,
 # trainer.devices and dp-on-CPU checks, hidden files' rule, config-size and alias limits, a grid's ints), the sweep's
-# never-logged metric 9. It may only shrink.
-MAX_ENGINE_LINES = 6_810
+# never-logged metric 9; items 1, 2, 3, 9, 10, 11 ~410 (training that outlives its MLflow server, tracked-history and
+# password checks, bounded object-store retries, every user batch checked against the contract). It may only shrink.
+MAX_ENGINE_LINES = 7_220
 # The room's words (the template's model, network, options and metric names): the engine reads a model and data only
 # through the contract (classifier_engine/contract.py), so none may appear in its code, strings or comments.
 ROOM_WORDS = re.compile(r"val/acc1|val_acc1|\.network\b|[\"']network[\"']|\barch\b|ImageClassifier"

@@ -8,7 +8,9 @@ half-valid, a chunk-aware order drawn from the seed, exact resume and exact eval
 import json
 import re
 import signal
+import subprocess
 import sys
+import time
 
 import boto3
 import pytest
@@ -322,3 +324,92 @@ def test_an_s3_index_naming_a_path_outside_the_cache_writes_nothing_there(shards
     with pytest.raises(ConfigError, match=re.escape(f"{escape!r} names a file outside")):
         ShardDataModule(shards="s3://datasets/evil", cache_dir=str(cache))._images("train", None)[0]
     assert not (tmp_path / "site-packages").exists() and not cache.exists()
+
+
+
+# -- an object store that misbehaves (issue 39, item 9): bounded tries with backoff, then one line; never a hang ------
+
+@pytest.fixture
+def faulty_store(tiny_root, object_store, monkeypatch):
+    """The tiny shard set on the object store, reached through a FaultyProxy; the tries' bounds shrunk to test size."""
+    from tools.local_services import FaultyProxy
+
+    from classifier_engine.data import shards as shard_module
+
+    for name, value in object_store.items():
+        monkeypatch.setenv(name, value)
+    try:  # written once per module
+        boto3.session.Session().client("s3").head_object(Bucket="datasets", Key="faulty/index.json")
+    except boto3.exceptions.botocore.exceptions.ClientError:
+        assert make_shards(["--source", str(tiny_root), "--out", "s3://datasets/faulty", *SMALL]) == 0
+    monkeypatch.setattr(shard_module, "READ_TIMEOUT_S", 1.0, raising=False)  # a stall: 1 s without a byte, not 15
+    monkeypatch.setattr(shard_module, "BACKOFF_S", 0.05, raising=False)
+    with FaultyProxy(object_store["AWS_ENDPOINT_URL"], match=".shard") as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        yield proxy
+
+
+@pytest.mark.parametrize("fault", ["500", "cut", "stall"])
+def test_a_shard_download_that_fails_is_tried_again_with_backoff_then_stops_in_one_line(faulty_store, fault,
+                                                                                         tmp_path):
+    faulty_store.fault, faulty_store.times = fault, 2  # two bad answers, then good ones
+    data = ShardDataModule(shards="s3://datasets/faulty", cache_dir=str(tmp_path / "a"))
+    assert data._images("val", None)[0] is not None and faulty_store.faults == 2
+    faulty_store.times, faulty_store.faults = None, 0  # now every answer is bad
+    started = time.monotonic()
+    with pytest.raises(Exception) as error:
+        ShardDataModule(shards="s3://datasets/faulty", cache_dir=str(tmp_path / "b"))._images("val", None)[0]
+    assert type(error.value).__name__ == "DataUnavailable", repr(error.value)  # a UserError: one line, exit 2
+    why = {"500": "kept failing (500 InternalError)", "cut": "cut the connection mid-transfer",
+           "stall": "stopped answering (no byte for 1 s)"}[fault]
+    assert str(error.value) == (f"s3://datasets/faulty/val-00000.shard: the object store {why}, 4 tries: check the "
+                                "server behind AWS_ENDPOINT_URL (or AWS's status when unset) and that variable, then "
+                                "rerun (--ckpt_path last continues a run)")
+    assert faulty_store.faults == 4 and time.monotonic() - started < 30
+    assert not list((tmp_path / "b").rglob("*.shard"))  # nothing half-written in the cache
+
+
+@pytest.mark.slow
+def test_an_object_store_failing_mid_run_stops_in_one_line_with_the_step_saved(faulty_store, tmp_path, monkeypatch,
+                                                                                 capsys):
+    # The first train shard downloads; every later one gets a 500: one `error:` line, exit 2, no traceback, last.ckpt
+    # at the step reached, from which --ckpt_path last continues once the store answers again.
+    faulty_store.match, faulty_store.fault, faulty_store.after = "/faulty/train-", "500", 1
+    args = ["fit", *fit_args("s3://datasets/faulty", tmp_path, f"--data.init_args.cache_dir={tmp_path / 'cache'}",
+                             "--data.init_args.shuffle_window=1", "--data.init_args.num_workers=1",
+                             "--trainer.max_epochs=1")]
+    code, _, err = project_in_process(args, monkeypatch, capsys)
+    lines = [line for line in err.splitlines() if line.startswith("error")]
+    assert code == 2 and "Traceback" not in err and len(lines) == 1, err[-3000:]
+    saved = tmp_path / LAST
+    assert re.fullmatch(r"error: s3://datasets/faulty/train-\d{5}\.shard: the object store kept failing \(500 "
+                        r"InternalError\), 4 tries: .* then rerun \(--ckpt_path last continues a run\); saved "
+                        rf"{re.escape(str(saved))} at global step 1: the same command with --ckpt_path last continues "
+                        r"there", lines[0]), lines[0]
+    assert torch.load(saved, weights_only=True)["global_step"] == 1
+    faulty_store.fault = None
+    code, _, err = project_in_process([*args, "--ckpt_path=last"], monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    assert torch.load(saved, weights_only=True)["global_step"] == 5
+
+
+def test_mistyped_s3_urls_and_an_unwritable_cache_dir_are_one_line_naming_the_option(tmp_path, tmpfs):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    cases = {"s3://": "data.shards s3://: '' is not a bucket name",
+             "s3:///tiny": "data.shards s3:///tiny: '' is not a bucket name",
+             "s3://My_Bucket/tiny": "data.shards s3://My_Bucket/tiny: 'My_Bucket' is not a bucket name",
+             "s3:/datasets/tiny": "data.shards s3:/datasets/tiny: expected s3://bucket/prefix",
+             "S3://datasets/tiny": "data.shards S3://datasets/tiny: expected s3://bucket/prefix"}
+    for url, expected in cases.items():
+        with pytest.raises(ConfigError) as error:
+            ShardDataModule(shards=url)
+        assert str(error.value).startswith(expected) and "\n" not in str(error.value), str(error.value)
+    with pytest.raises(ConfigError, match=rf"^data.cache_dir {blocker / 'cache'}: cannot write there \(a file is in "
+                                          r"the way\): pass a writable node-local folder"):
+        ShardDataModule(shards="s3://datasets/tiny", cache_dir=str(blocker / "cache"))
+    read_only = tmpfs("1m")
+    subprocess.run(["mount", "-o", "remount,ro", str(read_only)], check=True)
+    with pytest.raises(ConfigError, match=rf"^data.cache_dir {read_only}: cannot write there \({read_only} is not "
+                                          r"writable\)"):
+        ShardDataModule(shards="s3://datasets/tiny", cache_dir=str(read_only))

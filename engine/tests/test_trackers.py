@@ -6,9 +6,11 @@ A run stopped by SIGTERM and resumed with `--ckpt_path last` is ONE tracked run 
 with the checkpoints, config.yaml and every file-based logger's output; bad tracker settings are one line each.
 """
 
+import contextlib
 import csv as csv_module
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,17 +29,30 @@ mlflow = pytest.importorskip("mlflow", reason="the tracking extra: pip install -
 
 
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    """A real MLflow tracking server (sqlite backend, artifacts in a temp folder) on 127.0.0.1; stopped after."""
+def mlflow_service(tmp_path_factory):
+    """A real MLflow tracking server (sqlite backend, artifacts in a temp folder) on 127.0.0.1: (URI, its folder)."""
     home = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
+    with running_mlflow_server(home, free_port()) as (uri, _):
+        yield uri, home
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(mlflow_service):
+    return mlflow_service[0]
+
+
+@contextlib.contextmanager
+def running_mlflow_server(home: Path, port: int):
+    """`mlflow server` on 127.0.0.1:port, its database, artifacts and log in `home`: (URI, its process group);
+    stopped on exit (if not before)."""
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
                "--default-artifact-root", str(home / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
                "--workers", "1"]
     # Without MLflow 3's job runner (7 huey consumer processes for GenAI scoring and trace archival, no part of
     # tracking): they took CPU from the runs under test and ~10 s to stop. Older MLflow ignores the variable.
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    log = open(home / "server.log", "w")
+    # The AI Gateway off too: no part of tracking, and the subject of CVE-2026-71211 (docs/reliability.md).
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_ENABLE_AI_GATEWAY": "false"}
+    log = open(home / "server.log", "a")
     server = subprocess.Popen(command, cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -52,13 +67,16 @@ def mlflow_server(tmp_path_factory):
             server.kill()
             pytest.fail(f"mlflow server did not start: {(home / 'server.log').read_text()[-2000:]}")
         time.sleep(0.5)
-    yield uri
-    os.killpg(server.pid, signal.SIGTERM)
     try:
-        server.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-    log.close()
+        yield uri, server.pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
 
 
 def _loggers(*entries: dict) -> str:
@@ -214,12 +232,14 @@ def test_a_tracking_uri_with_a_password_is_used_and_never_printed(tiny_root, tmp
                       init_args=Namespace(tracking_uri=with_password))
     check_trackers(Namespace(logger=[entry]))  # the server answers: no refusal as an unknown host
     assert redact(with_password) == mlflow_server.replace("http://", "http://ann:***@")
-    nobody = f"http://ann:s3cret@127.0.0.1:{free_port()}"
-    args = ["fit", *tiny_args(tiny_root, tmp_path, _loggers(_mlflow(nobody, "x")))]
+    port = free_port()
+    args = ["fit", *tiny_args(tiny_root, tmp_path, _loggers(_mlflow(f"http://ann:s3cret@127.0.0.1:{port}", "x")))]
     code, out, err = project_in_process(args, monkeypatch, capsys)
     assert code == 2 and err.strip().splitlines() == [err.strip()], err[-3000:]
-    assert "http://ann:***@127.0.0.1" in err and "does not answer" in err and "s3cret" not in out + err
+    assert f"http://127.0.0.1:{port} does not answer" in err and "s3cret" not in out + err
     assert not (tmp_path / "lightning_logs").exists()
+    code, out, err = project_in_process([*args, "--print_config"], monkeypatch, capsys)
+    assert code == 0 and f"http://ann:***@127.0.0.1:{port}" in out and "s3cret" not in out + err
 
 
 def _resume_plan(root: Path, uri: str, experiment: str, recorded: dict):
@@ -240,7 +260,54 @@ def _resume_plan(root: Path, uri: str, experiment: str, recorded: dict):
     return plan_run("fit", config), entry.init_args
 
 
-@pytest.mark.parametrize("case", ["run deleted", "experiment deleted", "another tracking uri"])
+def _as_it_is(run_dir: Path) -> dict:
+    return {str(p.relative_to(run_dir)): (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None)
+            for p in sorted(run_dir.rglob("*"))}
+
+
+@pytest.mark.parametrize("case", ["truncated", "another run dir's", "experiment deleted"])
+def test_a_tracked_history_that_would_fork_or_cross_runs_is_one_line_and_leaves_the_run_dir_as_it_was(
+        case, tiny_root, tmp_path, mlflow_server, monkeypatch, capsys):
+    # Issue 39, item 2: a truncated trackers.json resumed into a new MLflow run without a word, another run dir's
+    # into that run; a deleted experiment exited 2 after the run dir's lock was taken (its .lock rewritten).
+    client = mlflow.tracking.MlflowClient(mlflow_server)
+    experiment = f"history-{case.replace(' ', '-').replace(chr(39), '')}"
+    run_id = client.create_run(client.create_experiment(experiment)).info.run_id
+    original = tmp_path / "original" / "lightning_logs" / "version_0"
+    _resume_plan(tmp_path / "original", mlflow_server, experiment, {"mlflow": run_id, "run_dir": str(original),
+                                                                     "mlflow_tracking_uri": mlflow_server})
+    run_dir, expected = original, None
+    if case == "truncated":
+        (run_dir / "trackers.json").write_text(f'{{"mlflow": "{run_id}", "mlflow_tracki')
+        expected = "trackers.json is damaged (not JSON: "
+    elif case == "another run dir's":
+        run_dir = tmp_path / "copy" / "lightning_logs" / "version_0"
+        shutil.copytree(original, run_dir)  # cp -r of a run dir: its trackers.json names the original's runs
+        expected = f"names the tracked runs of the run dir {original}, which still exists (a copy?)"
+    else:
+        client.delete_experiment(client.get_experiment_by_name(experiment).experiment_id)
+        expected = f"the MLflow experiment '{experiment}' is deleted on {mlflow_server}: restore it"
+    (run_dir / ".lock").write_text("a previous start's holder line\n")
+    before = _as_it_is(run_dir)
+    args = ["fit", *tiny_args(tiny_root, run_dir.parents[1], _loggers(_mlflow(mlflow_server, experiment))),
+            "--ckpt_path=last"]
+    _one_line_error_in_process(capsys, monkeypatch, args, expected)
+    assert _as_it_is(run_dir) == before
+    if case != "experiment deleted":  # (whose runs the server no longer lists)
+        runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+        assert [r.info.run_id for r in runs] == [run_id]  # no new MLflow run
+
+
+def test_a_moved_run_dir_continues_its_tracked_runs_said_in_a_line(tmp_path, mlflow_server, capsys):
+    client = mlflow.tracking.MlflowClient(mlflow_server)
+    run_id = client.create_run(client.create_experiment("moved")).info.run_id
+    plan, args = _resume_plan(tmp_path, mlflow_server, "moved", {"mlflow": run_id, "mlflow_tracking_uri": mlflow_server,
+                                                                 "run_dir": str(tmp_path / "gone" / "version_0")})
+    assert args.run_id == run_id
+    assert f"was written in {tmp_path / 'gone' / 'version_0'}, which is gone (moved here)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["run deleted", "experiment deleted", "another tracking uri", "another experiment"])
 def test_a_resume_whose_mlflow_run_cannot_continue_starts_a_new_one_said_or_stops_in_one_line(tmp_path, mlflow_server,
                                                                                                 case):
     from classifier_engine.errors import ConfigError
@@ -258,10 +325,11 @@ def test_a_resume_whose_mlflow_run_cannot_continue_starts_a_new_one_said_or_stop
                                               rf"restore --experiment-id {experiment_id}"):
             _resume_plan(tmp_path, mlflow_server, experiment, recorded)
         return
-    else:
+    elif case == "another tracking uri":
         recorded["mlflow_tracking_uri"] = "http://elsewhere:5000"
+    configured = f"{experiment}-renamed" if case == "another experiment" else experiment  # MLFlowLogger: logged there
     with pytest.warns(UserWarning, match=rf"MLflow run {run_id} cannot continue \(.*\): a new MLflow run starts"):
-        plan, args = _resume_plan(tmp_path, mlflow_server, experiment, recorded)
+        plan, args = _resume_plan(tmp_path, mlflow_server, configured, recorded)
     assert plan.ckpt_path is not None and args.get("run_id") is None  # the logger starts a new run
 
 
@@ -302,7 +370,7 @@ def test_an_explicit_wandb_save_dir_is_said_to_move_into_the_run_dir(tmp_path):
     run_dir = tmp_path / "lightning_logs" / "version_0"
     with pytest.warns(UserWarning, match=rf"save_dir {tmp_path / 'mine'}: W&B's local files go into the run dir "
                                          rf"{run_dir} instead"):
-        point_trackers(Namespace(logger=[entry]), run_dir, resuming=False)
+        point_trackers(Namespace(logger=[entry]), run_dir, {})
     assert entry.init_args.save_dir == str(run_dir)
 
 
@@ -315,3 +383,113 @@ def test_tracked_parameters_are_named_as_the_cli_spells_them_without_init_args()
     assert flat_config(config) == {"model.class_path": "project.ImageClassifier", "model.arch": "resnet18",
                                    "model.optim.lr_per_256": 0.2, "trainer.max_epochs": 2,
                                    "trainer.logger": [{"class_path": "x.Y"}]}
+
+
+@pytest.mark.parametrize("given_as", ["MLFLOW_TRACKING_URI", "tracking_uri"])
+def test_a_password_in_the_tracking_uri_reaches_no_console_log_saved_config_or_tracker_artifact(
+        given_as, tiny_root, tmp_path, mlflow_service, monkeypatch):
+    # Issue 39, item 3: MLflow printed the URI with its password twice, and config.yaml (saved and sent as an artifact)
+    # held it. The password moves into MLflow's own MLFLOW_TRACKING_PASSWORD, which its client sends as basic auth.
+    from jsonargparse import Namespace
+    from mlflow import MlflowClient
+
+    uri, home = mlflow_service
+    with_password = uri.replace("http://", "http://ann:s3cret@")
+    logger = _mlflow(with_password, f"secret-{given_as}")
+    env = {"MLFLOW_TRACKING_URI": with_password} if given_as == "MLFLOW_TRACKING_URI" else {}
+    if env:
+        del logger["init_args"]["tracking_uri"]  # MLFlowLogger's default: the variable's value
+    args = tiny_args(tiny_root, tmp_path / "runs", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
+                     _loggers(_tensorboard(tmp_path / "runs"), logger))
+    result = run_project(["fit", *args], env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"MLflow {uri}/#/experiments/" in result.stdout + result.stderr  # tracked, at the URI without the password
+    run = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name(f"secret-{given_as}").experiment_id])
+    assert len(run) == 1 and "config.yaml" in [a.path for a in MlflowClient(uri).list_artifacts(run[0].info.run_id)]
+    holding = ["the console"] if "s3cret" in result.stdout + result.stderr else []
+    holding += [str(path) for root in (tmp_path, home) for path in root.rglob("*")  # run dir, server db, artifacts, log
+                if path.is_file() and b"s3cret" in path.read_bytes()]
+    assert not holding, holding
+
+    from classifier_engine.run.trackers import hide_credentials
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", with_password)  # what MLflow's client sends: the password, as basic auth
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    trainer = Namespace(logger=[Namespace(class_path="lightning.pytorch.loggers.MLFlowLogger",
+                                          init_args=Namespace(tracking_uri=with_password))])
+    hide_credentials(trainer)
+    assert trainer.logger[0].init_args.tracking_uri == uri == os.environ["MLFLOW_TRACKING_URI"]
+    credentials = MlflowClient(uri)._tracking_client.store.get_host_creds()
+    assert (credentials.username, credentials.password) == ("ann", "s3cret")
+
+
+
+# -- a tracking server that stops answering: the training goes on, its tracked run continues (issue 39, item 1) -------
+
+def test_a_tracking_server_killed_mid_run_costs_no_training_and_its_run_continues_at_the_next_start(tiny_root,
+                                                                                                    tmp_path):
+    # A real server, killed (-9) as step 3 starts; the fit must reach its last step (10) with one line about it, keep
+    # what the server could not take, and send it when the run is continued against the server started again.
+    home, port, root = tmp_path / "mlflow", free_port(), tmp_path / "runs"
+    home.mkdir()
+    loggers = _loggers(_tensorboard(root), _mlflow(f"http://127.0.0.1:{port}", "outage"))
+    with running_mlflow_server(home, port) as (uri, pgid):
+        started = time.monotonic()
+        killed = run_project(["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=2", loggers),
+                              callback("stop_callbacks.KillServerAtStep", step=3, pgid=pgid, port=port)])
+        took = time.monotonic() - started
+    output = killed.stdout + killed.stderr
+    assert killed.returncode == 0 and "Traceback" not in output, output[-3000:]
+    run_dir = root / "lightning_logs" / "version_0"
+    said = [line for line in output.splitlines() if "stopped answering" in line or "Retrying" in line]
+    assert len(said) == 1 and said[0].startswith(f"MLflow tracking server {uri} stopped answering ([Errno 111] "
+                                                 f"Connection refused): training goes on"), said
+    assert "(not all sent yet" in output.strip().splitlines()[-1]
+    import torch
+
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
+    assert (run_dir / "mlflow-pending.jsonl").is_file() and took < 180  # MLflow alone retried ~8 minutes a call
+
+    with running_mlflow_server(home, port):  # back, with its database
+        resumed = run_project(["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=3", loggers),
+                               "--ckpt_path", "last"])
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert "writes an earlier start of this run dir kept are sent to" in resumed.stderr
+        client = mlflow.tracking.MlflowClient(uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("outage").experiment_id])
+        tensorboard = read_scalars(run_dir)
+        for name, count in (("train/loss", 15), ("val/acc1", 3)):
+            steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, name))
+            assert steps == sorted(step for step, _ in tensorboard[name]) and len(set(steps)) == count, (name, steps)
+        assert run.info.status == "FINISHED" and "config.yaml" in [a.path for a in client.list_artifacts(
+            run.info.run_id)]
+    assert not (run_dir / "mlflow-pending.jsonl").exists()
+
+
+def test_a_tracking_server_back_during_the_run_gets_what_it_missed_in_order(mlflow_server, tmp_path, monkeypatch,
+                                                                            capsys):
+    from mlflow.entities import Metric, Param
+    from tools.local_services import FaultyProxy
+
+    from classifier_engine.run import tracker_outage
+
+    monkeypatch.setattr(tracker_outage, "RETRY_S", 0.0)  # try again at every write
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    client = mlflow.tracking.MlflowClient(mlflow_server)
+    run_id = client.create_run(client.create_experiment("back")).info.run_id
+    with FaultyProxy(mlflow_server) as proxy:
+        outliving = tracker_outage.OutlivingClient(mlflow.tracking.MlflowClient(proxy.url), tmp_path, proxy.url)
+        for step in range(6):
+            proxy.fault = "refuse" if step in (2, 3) else None  # the server gone for steps 2 and 3
+            outliving.log_batch(run_id, metrics=[Metric("loss", float(step), 1000 + step, step)])
+            assert (tmp_path / "mlflow-pending.jsonl").is_file() == (step in (2, 3))
+        outliving.log_batch(run_id, params=[Param("lr", "0.1")])
+        with pytest.raises(mlflow.exceptions.RestException, match="Changing param values is not allowed"):
+            outliving.log_batch(run_id, params=[Param("lr", "0.2")])  # refused, not an outage: raised, as stock
+        assert not (tmp_path / "mlflow-pending.jsonl").exists()
+        outliving.set_terminated(run_id, "FINISHED")
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == list(range(6))
+    assert client.get_run(run_id).info.status == "FINISHED"
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "stopped answering" in lines[0], lines
+    assert lines[1] == f"MLflow tracking server {proxy.url} answers again: 2 kept writes sent"

@@ -249,4 +249,25 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         delete_when="a stock jsonargparse parse of a GridSampler's search_space keeps 32 an int",
         canary="test_canary_stock_parse_of_a_grid_makes_its_integers_floats",
     ),
+    Workaround(
+        name="MLFlowLogger lets a tracking server that stopped answering end the training: MLflow's client retries "
+             "each write for minutes, then log_metrics raises MlflowException out of the fit",
+        where="classifier_engine/run/tracker_outage.py OutlivingClient (put in MLFlowLogger._mlflow_client by "
+              "outlive_outages, called from classifier_engine/cli.py): writes kept in the run dir, sent later",
+        upstream="Lightning #12833 (open)",
+        seen="lightning 2.6.6, mlflow 3.17.2",
+        delete_when="a stock MLFlowLogger's log_metrics returns when its server does not answer",
+        canary="test_canary_stock_mlflow_logger_raises_when_its_server_is_gone",
+    ),
+    Workaround(
+        name="LightningCLI calls jsonargparse APIs deprecated in 4.49 that 5.0 removes "
+             "(ArgumentParser.add_instantiator, instantiate_classes, dump's skip_none): under jsonargparse 5 the CLI "
+             "cannot start",
+        where="engine/pyproject.toml caps jsonargparse below 5 (a version range, no code)",
+        upstream="Lightning #21900 (closed by PR #21906, which keeps ArgumentParser.add_instantiator: no replacement "
+                 "keeps its per-parser scope)",
+        seen="lightning 2.6.6, jsonargparse 4.53.0",
+        delete_when="a stock LightningCLI calls no jsonargparse API deprecated for removal in 5.0",
+        canary="test_canary_stock_cli_calls_jsonargparse_apis_that_5_removes",
+    ),
 )

@@ -12,6 +12,8 @@ import io
 import json
 import logging
 import os
+import re
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,7 +26,7 @@ from classifier_engine.data.embedded import cache_dir as data_cache
 from classifier_engine.data.image_data import ImageDataModule
 from classifier_engine.data.listed_paths import inside
 from classifier_engine.data.training_samples import SeededSamples
-from classifier_engine.errors import ConfigError, UnreadableImageError
+from classifier_engine.errors import ConfigError, DataUnavailable, UnreadableImageError
 from classifier_engine.options import PositiveInt
 from classifier_engine.run.checkpoint_io import atomic_write
 from classifier_engine.samplers import ResumableSampler
@@ -33,6 +35,11 @@ logger = logging.getLogger(__name__)
 INDEX = "index.json"  # written last, atomically, by tools/make_shards.py: a folder without it is not a shard set
 FORMAT = "project-shards/1"
 EXTRA = 'pip install -e ".[shards]"'
+# A shard download that fails in a way that may pass (a 5xx, a cut or stalled transfer) is tried TRIES times, waiting
+# BACKOFF_S, then twice that, ... between tries; a transfer that sends nothing for READ_TIMEOUT_S has stalled. At most
+# ~70 s, then one line (and last.ckpt saved at the step reached: run/last_checkpoint.py).
+TRIES, BACKOFF_S, READ_TIMEOUT_S = 4, 1.0, 15.0
+BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3's (and MinIO's) rule for bucket names
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -41,7 +48,16 @@ def split_url(url: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
-def s3_client():
+def check_location(location: str) -> None:
+    """A mistyped s3:// URL as one line naming data.shards (boto3's own is a traceback, or a folder not found)."""
+    if re.match(r"(?i)s3:", location) and not location.startswith("s3://"):
+        raise ConfigError(f"data.shards {location}: expected s3://bucket/prefix (or a folder)")
+    if location.startswith("s3://") and not BUCKET.fullmatch(split_url(location)[0]):
+        raise ConfigError(f"data.shards {location}: {split_url(location)[0]!r} is not a bucket name (3-63 lowercase "
+                          "letters, digits, dots and hyphens): expected s3://bucket/prefix")
+
+
+def s3_client(retries: int = 3):
     """An S3 client configured as the AWS tools are: AWS_ENDPOINT_URL (MinIO, a local server), AWS_ACCESS_KEY_ID,
     AWS_SECRET_ACCESS_KEY, AWS_PROFILE, AWS_REGION... are read from the environment by boto3, never from our config."""
     try:
@@ -49,20 +65,21 @@ def s3_client():
         from botocore.config import Config
     except ImportError:
         raise ConfigError(f"s3:// shards need boto3: {EXTRA}") from None
-    config = Config(connect_timeout=5, read_timeout=60, retries={"max_attempts": 3})
+    config = Config(connect_timeout=5, read_timeout=READ_TIMEOUT_S, retries={"max_attempts": retries})
     return boto3.session.Session().client("s3", config=config)  # a new session reads the variables again
 
 
-def s3_error(error: Exception, url: str) -> Exception:
-    """A botocore error as one line naming what to fix (the endpoint and keys are never printed: they may be secret)."""
+def s3_error(error: Exception, url: str, tries: int = 1) -> Exception:
+    """A botocore error as one line naming what to fix (the endpoint and keys are never printed: they may be secret).
+    A failure a later try may not meet is a ConfigError at start (one try: the setting, most likely) and DataUnavailable
+    after the tries of a download mid-run (an outage: last.ckpt is saved at the step reached)."""
     import botocore.exceptions as be
 
-    if isinstance(error, (be.ReadTimeoutError, be.ResponseStreamingError)):  # their own text names the endpoint
-        return ConfigError(f"{url}: the object store stopped answering (a read timed out, after retries): check the "
-                           "server behind AWS_ENDPOINT_URL (or AWS's status when unset), then rerun")
-    if isinstance(error, (be.ConnectionError, be.HTTPClientError)):
-        return ConfigError(f"{url}: cannot reach the object store (the endpoint in AWS_ENDPOINT_URL, or AWS's when "
-                           "unset): check that variable and that the server is up")
+    if (why := passing_failure(error)) is not None:  # (their own text names the endpoint: never printed)
+        kind = DataUnavailable if tries > 1 else ConfigError
+        return kind(f"{url}: {why}{f', {tries} tries' if tries > 1 else ''}: check the server behind "
+                    "AWS_ENDPOINT_URL (or AWS's status when unset) and that variable, then rerun (--ckpt_path last "
+                    "continues a run)")
     if isinstance(error, be.NoCredentialsError):
         return ConfigError(f"{url}: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)")
     code = error.response.get("Error", {}).get("Code", "") if isinstance(error, be.ClientError) else ""
@@ -80,15 +97,39 @@ def s3_error(error: Exception, url: str) -> Exception:
     return error
 
 
+def passing_failure(error: Exception) -> Optional[str]:
+    """What went wrong, for a failure a later try may not meet (a stall, a cut transfer, no connection, a 5xx)."""
+    import botocore.exceptions as be  # (its StreamingBody raises these for urllib3's errors mid-transfer)
+
+    if isinstance(error, be.ReadTimeoutError):
+        return f"the object store stopped answering (no byte for {READ_TIMEOUT_S:g} s)"
+    if isinstance(error, (be.ResponseStreamingError, be.IncompleteReadError, be.ConnectionClosedError)):
+        return "the object store cut the connection mid-transfer"
+    if isinstance(error, (be.ConnectionError, be.HTTPClientError)):
+        return "cannot reach the object store (the endpoint in AWS_ENDPOINT_URL, or AWS's when unset)"
+    status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) if isinstance(
+        error, be.ClientError) else 0
+    if status >= 500 or (isinstance(error, be.ClientError) and error.response.get("Error", {}).get("Code") in (
+            "SlowDown", "RequestTimeout", "Throttling")):
+        return f"the object store kept failing ({status} {error.response.get('Error', {}).get('Code', '')})"
+    return None
+
+
 class ShardStore:
     """Where the shards are: a folder (read in place), or s3://bucket/prefix (each shard downloaded whole, once, into
     `cache_dir`, and read from there: one sequential GET per shard, never random reads across the object store)."""
 
     def __init__(self, location: str, cache_dir: Optional[str] = None):
+        check_location(location)
         self.location, self.remote = location, location.startswith("s3://")
         if self.remote:
             bucket, prefix = split_url(location)
-            self.cache = Path(cache_dir or data_cache() / "shards").expanduser() / bucket / prefix
+            self.cache_root = Path(cache_dir or data_cache() / "shards").expanduser()
+            self.cache = self.cache_root / bucket / prefix
+            # Now, in one line, not at the first download (in a DataLoader worker); nothing is written yet.
+            there = next(p for p in (self.cache, *self.cache.parents) if p.exists())
+            if not there.is_dir() or not os.access(there, os.W_OK | os.X_OK):
+                self.cache_error("a file is in the way" if not there.is_dir() else f"{there} is not writable")
         else:
             self.cache = Path(location).expanduser()
         self._client, self._pid = None, None
@@ -96,29 +137,24 @@ class ShardStore:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_client": None, "_pid": None}  # ddp_spawn, spawned workers: a new client there
 
+    def cache_error(self, why: str) -> None:
+        raise ConfigError(f"data.cache_dir {self.cache_root}: cannot write there ({why}): pass a writable node-local "
+                          "folder with room for the shard set")
+
     def client(self):
         if self._pid != os.getpid():  # a client per process: DataLoader workers fork
-            self._client, self._pid = s3_client(), os.getpid()
+            self._client, self._pid = s3_client(retries=0), os.getpid()  # ShardStore.get tries again itself
         return self._client
 
     def read_index(self) -> dict[str, Any]:
-        try:
-            if self.remote:
-                bucket, prefix = split_url(self.location)
-                body = self.client().get_object(Bucket=bucket, Key=f"{prefix}/{INDEX}".lstrip("/"))["Body"].read()
-            else:
-                body = (self.cache / INDEX).read_bytes()
+        try:  # at start-up a server that is not there is said at once (mid-run a shard's download is retried)
+            body = self.get(INDEX, tries=1) if self.remote else (self.cache / INDEX).read_bytes()
         except FileNotFoundError:
             why = "no such folder" if not self.cache.exists() else f"no {INDEX}: a conversion not finished"
             raise ConfigError(f"data.shards: {self.location}: {why}; write the shards with python -m "
                               f"tools.make_shards --source ROOT --out {self.location}") from None
         except OSError as error:
-            if not self.remote:
-                raise ConfigError(f"data.shards: cannot read {self.cache / INDEX} ({error.strerror or error})"
-                                  ) from None
-            raise s3_error(error, self.location) from None
-        except Exception as error:
-            raise s3_error(error, self.location) from None
+            raise ConfigError(f"data.shards: cannot read {self.cache / INDEX} ({error.strerror or error})") from None
         where = f"data.shards: {self.location}/{INDEX}"
         try:
             index = json.loads(body)
@@ -144,21 +180,33 @@ class ShardStore:
         path = self.cache / name
         if not self.remote or (path.is_file() and path.stat().st_size == size):
             return path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            self.cache_error(error.strerror or str(error))
         with open(path.parent / f".{name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers and ranks of the node wait for this download
             if not (path.is_file() and path.stat().st_size == size):
-                bucket, prefix = split_url(self.location)
-                try:
-                    data = self.client().get_object(Bucket=bucket, Key=f"{prefix}/{name}".lstrip("/"))["Body"].read()
-                except Exception as error:
-                    raise s3_error(error, f"{self.location}/{name}") from None
+                data = self.get(name)
                 if sha256 and hashlib.sha256(data).hexdigest() != sha256:
                     raise ConfigError(f"{self.location}/{name} is not the shard its {INDEX} lists (sha256 differs): "
                                       f"delete {name} and {name}.json there and rerun python -m tools.make_shards")
                 atomic_write(path, lambda file: file.write(data), fsync=False,
                              fix="Free space there or pass another data.cache_dir")
         return path
+
+
+    def get(self, name: str, tries: int = TRIES) -> bytes:
+        """The object's bytes; a failure that may pass is tried again (with backoff), then one line."""
+        bucket, prefix = split_url(self.location)
+        for attempt in range(tries):
+            try:
+                return self.client().get_object(Bucket=bucket, Key=f"{prefix}/{name}".lstrip("/"))["Body"].read()
+            except Exception as error:  # noqa: BLE001  botocore's and urllib3's, sorted by s3_error
+                if attempt + 1 == tries or passing_failure(error) is None:
+                    raise s3_error(error, f"{self.location}/{name}" if name != INDEX else self.location,
+                                   attempt + 1) from None
+                time.sleep(BACKOFF_S * 2 ** attempt)
 
 
 def check_index(index: dict[str, Any], where: str, folder: Path) -> None:

@@ -25,7 +25,14 @@ from classifier_engine.run.run_dirs import (
     version_name,
 )
 from classifier_engine.run.slurm import slurm_job_id, slurm_restart_count
-from classifier_engine.run.trackers import check_trackers, kind_of, logger_entries, point_trackers
+from classifier_engine.run.trackers import (
+    check_trackers,
+    hide_credentials,
+    kind_of,
+    logger_entries,
+    point_trackers,
+    tracked_runs_to_continue,
+)
 
 
 @dataclass
@@ -114,6 +121,7 @@ def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False)
         raise ConfigError(f"trainer.default_root_dir {root_text}: runs write to a local or mounted filesystem here "
                           "(atomic checkpoints, the run lock, resume); point it at a mounted path")
     root = Path(local_path(root_text))
+    hide_credentials(trainer)  # before anything prints, saves or sends the tracking URI
     if subcommand == "fit":
         check_trackers(trainer)  # a missing package, MLflow's file store, a server that does not answer: one line
     logs = logs_dir(trainer, root)
@@ -182,12 +190,14 @@ def _place_run(plan: RunPlan, trainer: Namespace, root: Path, logs: Path, given_
         plan.run_dir, plan.fresh = job_dir, not job_dir.exists()
     elif plan.ckpt_path is not None and (existing := run_dir_of(plan.ckpt_path, logs)) is not None:
         plan.run_dir, plan.fresh = existing, False
+    # Checked before the run dir is claimed: a resume refused here leaves it as it was.
+    ids = tracked_runs_to_continue(trainer, plan.run_dir) if not plan.fresh and plan.run_dir is not None else {}
     if claim_run_dir:
         plan.lock = claim(plan.run_dir) if plan.run_dir is not None else claim_new_version(logs)
         plan.run_dir = plan.lock.run_dir
     elif plan.run_dir is None:
         plan.run_dir = logs / version_name(next_version(logs))
-    point_trackers(trainer, plan.run_dir, resuming=not plan.fresh)
+    point_trackers(trainer, plan.run_dir, ids)
     if given_dir is None:
         # (With loggers that write elsewhere, saved_config.py places the checkpoints in the run dir, not the config.)
         pin_logger_version(trainer, root, logger_version(plan.run_dir.name))

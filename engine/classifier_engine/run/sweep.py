@@ -28,6 +28,7 @@ from classifier_engine.contract import monitor_options
 from classifier_engine.errors import ConfigError, check_config_files, readable_parse_error
 from classifier_engine.run.checkpoint_io import atomic_write
 from classifier_engine.run.sweep_trials import BEST, CHECKPOINT, RUN_DIR, Worker, open_storage, param_flags
+from classifier_engine.run.trackers import hide_credentials
 
 
 @dataclass
@@ -98,6 +99,7 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     code = 0
     if not summary_only:
         study_dir.mkdir(parents=True, exist_ok=True)  # with an RDB storage too: the trials' run dirs, the summary
+        hide_credentials(config.trainer)  # a tracking URI's password: the trials inherit it, not in their options
         options = parser.dump(config, skip_none=False)  # the fit options every trial starts from
         code = Worker(study, storage, study_dir, options, sweep, yaml.safe_load(options)["trainer"]["logger"]).run()
         if code == 2:  # a trial's bad input: its error stays the last line

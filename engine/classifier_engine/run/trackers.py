@@ -21,10 +21,11 @@ from typing import Any, Optional
 
 from jsonargparse import Namespace
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from classifier_engine.errors import ConfigError
 from classifier_engine.run.checkpoint_io import atomic_write
+from classifier_engine.run.tracker_outage import PENDING
 
 TRACKERS_FILE = "trackers.json"
 _KINDS = {"TensorBoardLogger": "tensorboard", "CSVLogger": "csv", "MLFlowLogger": "mlflow", "WandbLogger": "wandb"}
@@ -66,6 +67,32 @@ def redact(text: str) -> str:
     return re.sub(r"(\b[a-zA-Z][\w+.-]*://[^/@\s:]*):[^/@\s]*@", r"\1:***@", text)
 
 
+def bare(uri: str) -> str:
+    """The URI without its user:password@."""
+    parts = urllib.parse.urlsplit(uri)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl() if "@" in parts.netloc else uri
+
+
+def hide_credentials(trainer: Namespace) -> None:
+    """A user:password in MLflow's tracking URI (trainer.logger's or $MLFLOW_TRACKING_URI, which MLFlowLogger takes as
+    its default) moved into MLflow's own MLFLOW_TRACKING_USERNAME and _PASSWORD, which ranks and sweep trials inherit:
+    the URI MLflow prints, config.yaml keeps and the tracker receives has none (a redacted `***` is not taken)."""
+    def take(uri: str) -> str:
+        parts = urllib.parse.urlsplit(uri)
+        if parts.password is None or not uri.startswith(("http://", "https://")):
+            return uri
+        if parts.password != "***":
+            os.environ["MLFLOW_TRACKING_USERNAME"] = urllib.parse.unquote(parts.username or "")
+            os.environ["MLFLOW_TRACKING_PASSWORD"] = urllib.parse.unquote(parts.password)
+        return bare(uri)
+
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        os.environ["MLFLOW_TRACKING_URI"] = take(os.environ["MLFLOW_TRACKING_URI"])
+    for entry in (entry for entry in logger_entries(trainer) if kind_of(entry) == "mlflow"):
+        if entry.init_args.get("tracking_uri"):
+            entry.init_args.tracking_uri = take(entry.init_args.tracking_uri)
+
+
 def _check_wandb(entry: Namespace) -> None:
     args, kwargs = entry.init_args, entry.get("dict_kwargs") or {}
     mode = os.environ.get("WANDB_MODE") or kwargs.get("mode") or ""
@@ -103,11 +130,10 @@ def _check_mlflow(args: Namespace) -> None:
                           "database (sqlite:///runs/mlflow.db) or a server (http://127.0.0.1:5000, started with "
                           "`mlflow server --backend-store-uri sqlite:///mlflow.db`), or MLFLOW_ALLOW_FILE_STORE=true")
     if uri and uri.startswith(("http://", "https://")):
-        parts = urllib.parse.urlsplit(uri)  # user:password@host is MLflow's basic auth; urllib takes it as a header
-        request = urllib.request.Request(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]).geturl().rstrip("/")
-                                         + "/health")
-        if parts.username is not None:
-            token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
+        request = urllib.request.Request(bare(uri).rstrip("/") + "/health")
+        user, password = (os.environ.get(f"MLFLOW_TRACKING_{key}") for key in ("USERNAME", "PASSWORD"))
+        if user and password:  # MLflow's basic auth (hide_credentials put a URI's there)
+            token = base64.b64encode(f"{user}:{password}".encode()).decode()
             request.add_header("Authorization", f"Basic {token}")
         try:
             with urllib.request.urlopen(request, timeout=10) as answer:
@@ -120,12 +146,39 @@ def _check_mlflow(args: Namespace) -> None:
 
 
 def read_tracked_runs(run_dir: Path) -> dict[str, str]:
-    """The tracked-run ids a previous start of this run dir recorded ({} for a new run dir)."""
+    """The tracked-run ids a previous start of this run dir recorded ({} for a new run dir); ConfigError when the file
+    is damaged (a new tracked run in its place would fork the run's history without a word)."""
+    path = run_dir / TRACKERS_FILE
     try:
-        loaded = json.loads((run_dir / TRACKERS_FILE).read_text())
-    except (OSError, ValueError):
+        loaded = json.loads(path.read_text())
+    except FileNotFoundError:
         return {}
-    return {str(k): str(v) for k, v in loaded.items()} if isinstance(loaded, dict) else {}
+    except (OSError, ValueError) as error:
+        loaded = error
+    if not (isinstance(loaded, dict) and all(isinstance(v, str) for v in loaded.values())):
+        what = f"not JSON: {loaded}" if isinstance(loaded, Exception) else "not an object of ids"
+        raise ConfigError(f"{path} is damaged ({what}): it names the tracked runs (MLflow, W&B) this run dir "
+                          "continues; restore it, or delete it to go on in new tracked runs (the old ones stay on "
+                          "their servers)")
+    return loaded
+
+
+def tracked_runs_to_continue(trainer: Namespace, run_dir: Path) -> dict[str, str]:
+    """The tracked runs a resume in `run_dir` continues, checked before anything is written: ConfigError for a damaged
+    trackers.json or another run dir's; one that cannot continue is left out, in a line (a new one starts)."""
+    ids, here = read_tracked_runs(run_dir), str(run_dir.resolve())
+    if ids.get("run_dir", here) != here:
+        if Path(ids["run_dir"]).is_dir():
+            raise ConfigError(f"{run_dir / TRACKERS_FILE} names the tracked runs of the run dir {ids['run_dir']}, "
+                              "which still exists (a copy?): resuming here would log into that run's history; resume "
+                              f"{ids['run_dir']} itself, or delete {run_dir / TRACKERS_FILE} to track this run dir as "
+                              "new runs")
+        rank_zero_info(f"{run_dir / TRACKERS_FILE} was written in {ids['run_dir']}, which is gone (moved here): its "
+                       "tracked runs continue")
+    for entry in logger_entries(trainer):
+        if kind_of(entry) == "mlflow" and ids.get("mlflow") and not _mlflow_run_continues(entry.init_args, ids):
+            ids = {key: value for key, value in ids.items() if not key.startswith("mlflow")}
+    return ids
 
 
 def git_commit() -> Optional[str]:
@@ -138,14 +191,14 @@ def git_commit() -> Optional[str]:
     return described.stdout.strip() if described.returncode == 0 else None
 
 
-def point_trackers(trainer: Namespace, run_dir: Path, *, resuming: bool) -> None:
-    """Point the trackers at the run dir's tracked runs (when resuming) and W&B's files into it; tag the commit."""
-    ids = read_tracked_runs(run_dir) if resuming else {}
+def point_trackers(trainer: Namespace, run_dir: Path, ids: dict[str, str]) -> None:
+    """Point the trackers at the tracked runs to continue (tracked_runs_to_continue's) and W&B's files into the run
+    dir; tag the commit."""
     commit = git_commit()
     for entry in logger_entries(trainer):
         kind, args = kind_of(entry), entry.init_args
         if kind == "mlflow":
-            if ids.get("mlflow") and _mlflow_run_continues(args, ids):
+            if ids.get("mlflow"):
                 args.run_id = ids["mlflow"]
             if commit:
                 args.tags = {**(args.get("tags") or {}), "git_commit": commit}
@@ -175,17 +228,19 @@ def _mlflow_run_continues(args: Namespace, ids: dict[str, str]) -> bool:
     uri, was = _tracking_uri(args.get("tracking_uri")), ids.get("mlflow_tracking_uri")
     client = MlflowClient(uri)
     why = None
-    if was is not None and was != redact(uri):
+    if was is not None and bare(was) != bare(uri):
         why = f"it was tracked at {was}, this run tracks at {redact(uri)}"
-    else:
+    name = args.get("experiment_name") or "lightning_logs"
+    if why is None:
         try:
             run = client.get_run(ids["mlflow"])
             experiment = client.get_experiment(run.info.experiment_id)
             if "deleted" in (run.info.lifecycle_stage, experiment.lifecycle_stage):
                 why = "it was deleted" if run.info.lifecycle_stage == "deleted" else "its experiment was deleted"
+            elif experiment.name != name:  # MLFlowLogger would log into it all the same
+                why = f"it is in experiment {experiment.name!r}, trainer.logger's experiment_name is {name!r}"
         except MlflowException as error:
             why = f"the tracking server does not have it ({redact(str(error)).splitlines()[0][:120]})"
-    name = args.get("experiment_name") or "lightning_logs"
     found = client.get_experiment_by_name(name)
     if found is not None and found.lifecycle_stage == "deleted":
         raise ConfigError(f"the MLflow experiment {name!r} is deleted on {redact(uri)}: restore it (mlflow "
@@ -203,10 +258,11 @@ def record_tracked_runs(loggers: list, run_dir: Path) -> None:
         kind = _KINDS.get(type(logger).__name__)
         if kind == "mlflow":
             ids.update(mlflow=logger.run_id, mlflow_experiment_id=logger.experiment_id,
-                       mlflow_tracking_uri=redact(_tracking_uri(None)))  # a resume elsewhere starts a new run
+                       mlflow_tracking_uri=bare(_tracking_uri(None)))  # a resume elsewhere starts a new run
         elif kind == "wandb":
             ids["wandb"] = logger.experiment.id
     if ids:
+        ids["run_dir"] = str(run_dir.resolve())  # a copy of the run dir must not continue these runs
         atomic_write(run_dir / TRACKERS_FILE, lambda file: file.write(json.dumps(ids, indent=1) + "\n"), mode="w")
 
 
@@ -260,6 +316,8 @@ def how_to_look(loggers: list, run_dir: Path) -> list[str]:
             where = f"experiments/{logger.experiment_id}/runs/{logger.run_id}"
             parts.append(f"MLflow {uri.rstrip('/')}/#/{where}" if uri.startswith(("http://", "https://")) else
                          f"MLflow run {logger.run_id}: mlflow ui --backend-store-uri {uri}")
+            if (run_dir / PENDING).is_file():  # the server stopped answering (tracker_outage.py)
+                parts[-1] += f" (not all sent yet: {run_dir / PENDING}, sent at the next start)"
         elif kind == "wandb":
             run = logger.experiment
             offline = getattr(run, "offline", False) or os.environ.get("WANDB_MODE") in ("offline", "dryrun")
