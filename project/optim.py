@@ -150,7 +150,8 @@ def build_schedule(optimizer: torch.optim.Optimizer, trainer: L.Trainer,
     if math.isinf(trainer.num_training_batches) and (optim.warmup_epochs or optim.schedule == "step"):
         raise ConfigError("the train loader has no length (an IterableDataset without __len__), and the LR schedule's "
                           "warmup (and a step schedule's milestones) are counted in epochs: set "
-                          "--model.optim.warmup_epochs=0 and a cosine or linear schedule, or give the data set a __len__")
+                          "--model.optim.warmup_epochs=0 and a cosine or linear schedule, or give the data set a "
+                          "__len__")
     # Rounded up as Lightning counts: an epoch's last, partial accumulation window still steps the optimizer.
     batches = trainer.num_training_batches if math.isfinite(trainer.num_training_batches) else 1  # (unused then)
     steps_per_epoch = max(1, math.ceil(batches / trainer.accumulate_grad_batches))
