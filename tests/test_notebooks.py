@@ -19,6 +19,16 @@ NOTEBOOKS = REPO / "notebooks"
 pytestmark = pytest.mark.slow  # a kernel start and ~10 s of imports per notebook
 
 
+class Payload:
+    """Unpickling it runs code (creates a file): what a crafted checkpoint does to torch.load(weights_only=False)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
 def execute(name: str, **env: str) -> nbformat.NotebookNode:
     """Run notebooks/NAME in a fresh kernel (cwd notebooks/, as in Jupyter) with these extra environment variables."""
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
@@ -94,8 +104,6 @@ def test_inspect_run_refuses_a_crafted_checkpoint_even_where_torch_would_load_it
 
     import torch
     from nbclient.exceptions import CellExecutionError
-
-    from test_reliability import Payload
 
     _, run_dir = quickstart
     copy = tmp_path / "run"
