@@ -139,7 +139,7 @@ def test_constraints_pin_every_package_the_dev_extra_installs_at_the_installed_v
 def test_ci_installs_with_the_constraints():
     # tests/test_readme.py checks that this line is the README's test command, verbatim.
     ci = (ROOT / ".ci" / "run").read_text()
-    command = re.search(r"# --- the README's test command, verbatim ---\n(.+)\n# ---", ci).group(1)
+    command = re.search(r"# --- the README's test command, verbatim ---\n(.+)\n", ci).group(1)
     assert command.startswith('pip install -e "./engine[dev]" -e ".[dev]" -c constraints.txt && '), command
 
 

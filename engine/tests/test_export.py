@@ -50,9 +50,8 @@ def trained_like(network: nn.Module) -> nn.Module:
 def test_the_exported_program_gives_the_eager_logits_at_any_batch_size(tmp_path, make):
     torch.manual_seed(0)
     network = trained_like(make())
-    arch = "resnet18" if isinstance(network, models.ResNet) else None
     files = export_network(network, tmp_path, example=torch.randn(2, 3, 32, 32), class_names=NAMES,
-                           preprocessing=PRE, onnx=False, arch=arch)
+                           preprocessing=PRE, onnx=False)
     assert sorted(files) == ["json", "pt2"] and not (tmp_path / "model.onnx").exists()
     assert network.training  # the caller's network keeps its mode
     exported, meta = read_export(tmp_path)
