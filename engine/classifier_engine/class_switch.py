@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Optional
 
 import yaml
@@ -59,7 +60,7 @@ def _before_switch(args: Sequence[str], part: str) -> tuple[set[str], set[str]]:
         path = args[i + 1] if word == "--config" and i + 1 < len(args) else word.partition("=")[2] \
             if word.startswith("--config=") else None
         if path and os.path.isfile(path):  # config files are trusted input (README)
-            section = (yaml.safe_load(open(path)) or {}).get(part)
+            section = (yaml.safe_load(Path(path).read_text()) or {}).get(part)
             if isinstance(section, dict):
                 files |= {key for key in (section.get("init_args") or section) if key not in ("class_path",)}
     return flags, files

@@ -129,7 +129,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
         parser.link_arguments("data.init_args.batch_size", "model.init_args.batch_size")
         parser.link_arguments("seed_everything", "data.init_args.seed", compute_fn=run_seed)
         parser.link_arguments("seed_everything", "model.init_args.seed", compute_fn=run_seed)
-        parser.set_defaults({key: {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": {}}
+        parser.set_defaults({key: {"class_path": f"{cls.__module__}.{cls.__qualname__}"}
                              for key, cls in (("model", self.defaults.model), ("data", self.defaults.data)) if cls})
         parser.add_argument("--ddp_timeout_minutes", type=float, default=10.0,
                             help="ddp, ddp_spawn, fsdp2(_sharded): a rank that stops answering ends the job after "

@@ -231,8 +231,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         name="torch distributed checkpoint (DCP) reads a folder's .metadata with pickle.load and its non-tensor items "
              "with torch.load(weights_only=False): a crafted sharded checkpoint runs code when it is loaded",
         where="classifier_engine/strategies/fsdp.py MetadataUnpickler, WeightsOnlyLoadPlanner, read_sharded (called "
-              "from "
-              "classifier_engine/run/checkpoint_io.py load_checkpoint)",
+              "from classifier_engine/run/checkpoint_io.py load_checkpoint)",
         upstream="pytorch#189308 (open; .metadata); fix PR #191326 closed unmerged; load_bytes: no issue found",
         seen="torch 2.14.1 (filesystem.py FileSystemReader.read_metadata, default_planner.py load_bytes)",
         delete_when="stock DCP refuses a pickled global beyond its metadata types in both places",
