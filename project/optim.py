@@ -16,6 +16,7 @@ from classifier_engine.options import (
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
+    PositiveInt,
     ShrinkFactor,
     check_fields,
 )
@@ -39,9 +40,12 @@ class Optimization:
         eps: AdamW/RMSprop epsilon (None: torch's default; SGD has none).
         weight_decay: weight decay, >= 0 (decoupled for AdamW).
         decay_norm_and_bias: apply weight decay to norm weights and biases too (False excludes them).
-        schedule: after the warmup, "cosine" or "linear" (FFCV) decay to 0, or "step": x step_gamma at step_milestones.
+        schedule: after the warmup, "cosine" or "linear" (FFCV) decay to 0, or "step": x step_gamma at step_milestones
+            (or every step_every_epochs).
         warmup_epochs: linear warmup length in epochs, >= 0 (fractions allowed), stepped per optimizer step.
         step_milestones: increasing epochs at which the "step" schedule multiplies the LR by `step_gamma`.
+        step_every_epochs: the "step" schedule multiplies the LR by `step_gamma` every this many epochs instead
+            (torchvision's --lr-step-size); leave step_milestones at their default then.
         step_gamma: the "step" schedule's factor, in (0, 1].
     """
 
@@ -56,6 +60,7 @@ class Optimization:
     schedule: Literal["cosine", "step", "linear"] = "cosine"
     warmup_epochs: NonNegativeFloat = 5.0
     step_milestones: list[NonNegativeInt] = field(default_factory=lambda: [30, 60, 80])
+    step_every_epochs: Optional[PositiveInt] = None
     step_gamma: ShrinkFactor = 0.1
 
     def __post_init__(self) -> None:
@@ -73,6 +78,9 @@ class Optimization:
         if any(later <= earlier for earlier, later in zip(milestones, milestones[1:])):
             raise ConfigError(f"model.optim.step_milestones: expected increasing epochs, got {milestones}: sort "
                               f"them, without repeats (--model.optim.step_milestones={sorted(set(milestones))})")
+        if self.step_every_epochs is not None and list(milestones) != [30, 60, 80]:
+            raise ConfigError(f"model.optim.step_every_epochs={self.step_every_epochs} and "
+                              f"step_milestones={milestones} both say when the LR steps: keep one of them")
 
 
 def scaled_lr(lr_per_256: float, global_batch_size: int) -> float:
@@ -155,9 +163,13 @@ def build_schedule(optimizer: torch.optim.Optimizer, trainer: L.Trainer,
     # Rounded up as Lightning counts: an epoch's last, partial accumulation window still steps the optimizer.
     batches = trainer.num_training_batches if math.isfinite(trainer.num_training_batches) else 1  # (unused then)
     steps_per_epoch = max(1, math.ceil(batches / trainer.accumulate_grad_batches))
+    milestones = optim.step_milestones
+    if optim.step_every_epochs is not None:  # every k epochs to the run's end
+        every = optim.step_every_epochs
+        milestones = range(every, math.ceil(total_steps / steps_per_epoch) + 1, every)
     return warmup_then_decay(optimizer, total_steps=int(total_steps), schedule=optim.schedule, gamma=optim.step_gamma,
                              warmup_steps=round(optim.warmup_epochs * steps_per_epoch),
-                             milestones=[m * steps_per_epoch for m in optim.step_milestones])
+                             milestones=[m * steps_per_epoch for m in milestones])
 
 
 def steps_fused(trainer: L.Trainer, network: nn.Module) -> bool:

@@ -6,11 +6,13 @@
 import math
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import lightning as L
 import pytest
 import torch
+from classifier_engine import ConfigError
 from lightning.pytorch.plugins import MixedPrecision
 from torch import nn
 
@@ -20,6 +22,7 @@ from project.backbones import build_network
 from project.optim import (
     Optimization,
     build_optimizer,
+    build_schedule,
     parameter_groups,
     scaled_lr,
     steps_fused,
@@ -57,6 +60,22 @@ def test_warmup_rises_linearly_then_cosine_decays_to_zero():
 def test_step_schedule_multiplies_by_gamma_at_each_milestone():
     factors = _factors(total_steps=10, warmup_steps=2, schedule="step", milestones=[4, 7], gamma=0.1)
     assert factors == pytest.approx([0.5, 1, 1, 1, 0.1, 0.1, 0.1, 0.01, 0.01, 0.01])
+
+
+def test_step_every_epochs_steps_the_lr_every_k_epochs_to_the_runs_end():
+    # 3 batches an epoch, 7 epochs; every 2 epochs as torchvision's --lr-step-size 2 (configs/model/mobilenet_v3_large)
+    trainer = SimpleNamespace(estimated_stepping_batches=21, num_training_batches=3, accumulate_grad_batches=1)
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = build_schedule(optimizer, trainer, Optimization(schedule="step", warmup_epochs=0, step_every_epochs=2,
+                                                                step_gamma=0.5))
+    factors = []
+    for _ in range(21):
+        factors.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert factors == pytest.approx([1.0] * 6 + [0.5] * 6 + [0.25] * 6 + [0.125] * 3)
+    with pytest.raises(ConfigError, match="both say when the LR steps: keep one of them"):
+        Optimization(schedule="step", step_every_epochs=2, step_milestones=[5])
 
 
 def test_no_warmup_starts_at_the_full_lr():

@@ -226,6 +226,8 @@ MODEL_BAD_VALUES = {
                                   "model.optim.warmup_epochs: expected a float >= 0, got nan"),
     "model.optim.step_milestones": (Optimization, {"step_milestones": [60, 30]},
                                     "expected increasing epochs, got [60, 30]: sort them"),
+    "model.optim.step_every_epochs": (Optimization, {"step_every_epochs": 0},
+                                      "model.optim.step_every_epochs: expected an int >= 1, got 0"),
     "model.optim.step_gamma": (Optimization, {"step_gamma": 0}, "model.optim.step_gamma: expected a float in (0, 1]"),
     "model.loss.name": (Loss, {"name": "ce"}, "model.loss.name: expected one of 'cross_entropy', 'bce', got 'ce'"),
     "model.loss.label_smoothing": (Loss, {"label_smoothing": 1.0},
