@@ -36,12 +36,14 @@ def test_arch_list_is_the_promised_resnet_family():
 
 @pytest.mark.parametrize("arch", RESNET_ARCHS)
 def test_every_arch_gives_batch_by_num_classes_logits(arch):
-    model = ImageClassifier(num_classes=7, arch=arch).eval()
-    assert isinstance(model.network, nn.Module) and type(model.network).__module__.startswith("torchvision.")
-    with torch.no_grad():
-        logits = model(torch.randn(3, 3, 32, 32))
+    # meta (shapes only, no initialisation) but resnet18: the big ones' random init took 3 s each on 2 cores
+    with torch.device("cpu" if arch == "resnet18" else "meta"):
+        model = ImageClassifier(num_classes=7, arch=arch).eval()
+        assert isinstance(model.network, nn.Module) and type(model.network).__module__.startswith("torchvision.")
+        with torch.no_grad():
+            logits = model(torch.randn(3, 3, 32, 32))
     assert logits.shape == (3, 7)
-    assert torch.isfinite(logits).all()
+    assert arch != "resnet18" or torch.isfinite(logits).all()
 
 
 def test_unknown_arch_error_lists_every_valid_name_and_the_closest_one():
@@ -108,7 +110,8 @@ HEADS = [
 @pytest.mark.parametrize(("family", "arch", "head"), HEADS, ids=[h[0] for h in HEADS])
 def test_classifier_head_is_the_layer_giving_the_logits(family, arch, head):
     assert family_of(arch) == family
-    network = build_network(arch, 7)
+    with torch.device("cpu" if family == "regnet" else "meta"):  # meta: shapes only, no initialisation
+        network = build_network(arch, 7)
     name, module = classifier_head(network)
     assert name == head and network.get_submodule(name) is module and head_outputs(module) == 7
 
