@@ -6,7 +6,7 @@
 # PyTorch loop, device augmentation per batch, and one short fit through configs/gpu.yaml, dp, ddp (one device), fp16,
 # bf16, fsdp2 (one device) and the JPEGs as shards (classifier_engine.data.ShardDataModule).
 #   bash bench/gpu_all.sh            # one GPU: runs/gpu_all/table.md; parts (*.json) and logs beside it
-#   bash bench/gpu_all.sh --tiny     # the same code on CPU (resnet18, 32 px, 32-true, a few steps; 4 of the 7 fits):
+#   bash bench/gpu_all.sh --tiny     # the same code on CPU (resnet18, 32 px, 32-true, a few steps; 2 of the 7 fits):
 #                                    # engine/tests/test_bench.py
 # A GPU machine without network: run `bash bench/fetch_gpu_wheels.sh` where there is one and bring .whl/ along; the
 # wheels of what is missing here (jsonargparse, torchcodec) are installed into $GPU_ALL_SITE and put on PYTHONPATH.
@@ -207,9 +207,10 @@ fit() {  # name, seconds kept for the fits after it, extra arguments: one fit
     NOSAVE=1 stage "fits/$name" 45 "$2" python3 -m project fit "${base[@]}" $source $3 --trainer.enable_progress_bar=false \
         --trainer.enable_model_summary=false --trainer.default_root_dir="$out/fits/$name"
 }
-# --tiny leaves out the fits whose command lines engine/tests/test_strategies.py parses and builds (dp, ddp, fp16): the
-# rest, two at a time (each is mostly imports on one core); one GPU: one by one.
-tiny_skips=" dp ddp fp16 "
+# --tiny leaves out the fits the engine's tests run on CPU (dp, fp16 and bf16: test_strategies.py; ddp; fsdp on 1-3
+# processes: test_fsdp.py): the folder and the shards fit, side by side (each is mostly imports on one core); one GPU:
+# one by one.
+tiny_skips=" dp ddp fp16 bf16 fsdp "
 pending=()
 for ((i = 0; i < ${#fits[@]}; i += 2)); do
     name=${fits[i]}

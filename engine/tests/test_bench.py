@@ -79,12 +79,11 @@ def test_gpu_all_tiny_runs_every_stage_into_one_table_saved_after_each_and_cuts_
         assert float(row[2].replace(",", "")) > 0, table  # img/s: the stages before and after the hung one
     assert all(row[1].endswith("run in 32-true") for row in cells[1:2] + cells[3:4])  # what --tiny ran, not the name
     fits = {row[0]: row[-1] for row in cells[-7:]}
-    skipped = "not with --tiny: tests/test_strategies.py builds it"
+    skipped = "not with --tiny: the engine's tests run it"
     assert fits == {"fit: gpu": "exit 0", "fit: dp": skipped, "fit: ddp": skipped, "fit: fp16": skipped,
-                    "fit: bf16": "exit 0", "fit: fsdp": "exit 0", "fit: shards": "exit 0"}, table
+                    "fit: bf16": skipped, "fit: fsdp": skipped, "fit: shards": "exit 0"}, table
     settings = {row[0]: row[1].split("; ", 1)[1] for row in cells[-7:] if "; " in row[1]}
-    assert settings == {"fit: gpu": "32-true", "fit: bf16": "bf16-mixed", "fit: shards": "32-true",
-                        "fit: fsdp": "32-true; fsdp2 on one device: no replication or collective"}, table
+    assert settings == {"fit: gpu": "32-true", "fit: shards": "32-true"}, table
     assert [row[7].endswith("of synthetic") for row in cells[4:8]] == [True] * 4
     rows = [r for name in ("synthetic", "nvjpeg", "torchcodec-cuda", "cpu-decode")
             for r in json.loads((out / f"{name}.json").read_text())["rows"]]
@@ -104,11 +103,11 @@ def test_gpu_all_tiny_runs_every_stage_into_one_table_saved_after_each_and_cuts_
             assert unsaved == [], f"{event!r} started before {unsaved} were saved"
         elif ": exit " in event:
             unsaved.append(event)
-    assert unsaved == [] and saves == result.stdout.count("| measurement |") == 13, events
+    assert unsaved == [] and saves == result.stdout.count("| measurement |") == 12, events
     with tarfile.open(saved / "gpu_all.tgz") as archive:
         names = set(archive.getnames())
     stages = ["meta", "gpu-tests", "jpegs", "synthetic", "nvjpeg", "torchcodec-cuda", "cpu-decode", "compile",
-              "overhead", "augment", "shards", "fits/gpu", "fits/bf16", "fits/fsdp", "fits/shards"]
+              "overhead", "augment", "shards", "fits/gpu", "fits/shards"]
     assert {f"./{stage}.log" for stage in stages} <= names, names
     assert {"./table.md", "./stages.tsv", "./fits.tsv", "./gpu_all.log", "./gpu-tests.xml", "./overhead.json"} <= names
     kept_out = [n for n in names if n.endswith((".JPEG", ".ckpt")) or n.startswith(("./fake_imagenet", "./shards/"))]
@@ -117,6 +116,20 @@ def test_gpu_all_tiny_runs_every_stage_into_one_table_saved_after_each_and_cuts_
 
 
 @pytest.mark.slow
+def test_a_fit_rows_setting_says_the_precision_it_ran_in_and_a_one_device_strategy(monkeypatch):
+    # What the GPU run's fits (bf16, fsdp on one device) write in the setting column; --tiny runs only two fits.
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from gpu_table import fit_setting
+
+    assert fit_setting("configs/bf16.yaml", {"precision": "bf16-mixed", "devices": 1}, tf32=True) == (
+        "--config configs/bf16.yaml; bf16-mixed")
+    assert fit_setting("configs/gpu.yaml", {"precision": None}, tf32=True) == (
+        "--config configs/gpu.yaml; 32-true (TF32 convolutions)")
+    assert fit_setting("configs/fsdp.yaml --trainer.devices=1", {"strategy": "fsdp", "devices": 1}, tf32=False) == (
+        "--config configs/fsdp.yaml --trainer.devices=1; 32-true; fsdp on one device: no replication or collective")
+    assert fit_setting("configs/fp16.yaml", {}, tf32=False) == "--config configs/fp16.yaml"  # stopped before saving
+
+
 def test_gpu_bench_row_that_fails_says_why_and_the_rows_after_it_still_run(tmp_path, tiny_root):
     command = [sys.executable, "bench/gpu_bench.py", "--tiny", "--jpegs", str(tiny_root), "--variants", "fp32",
                "--real", "fp32", "--no-synthetic", "--decoders", "no-such-decoder,torchvision", "--out",
