@@ -56,20 +56,16 @@ def fsdp_run(tiny_root, tmp_path_factory) -> Path:
     return run_dir
 
 
-def validate(checkpoint: Path, tiny_root: Path, run_dir: Path, devices: int) -> dict[str, float]:
-    """Reduced val metrics of `validate` on `devices` processes: fsdp2 for 3, 1: one plain process (this one)."""
-    args = ["validate", *tiny_args(tiny_root, run_dir), "--data.batch_size=4", f"--ckpt_path={checkpoint}"]
-    if devices == 1:
-        in_process(args)
-    else:
-        assert_ok(run_project([*args, *FSDP, f"--trainer.devices={devices}"], timeout=300))
+def validate(checkpoint: Path, tiny_root: Path, run_dir: Path) -> dict[str, float]:
+    """Val metrics of `validate` in one plain process (this one)."""
+    in_process(["validate", *tiny_args(tiny_root, run_dir), "--data.batch_size=4", f"--ckpt_path={checkpoint}"])
     scalars = read_scalars(run_dir / "lightning_logs" / "version_0")
     return {key: scalars[key][-1][1] for key in ("val/acc1", "val/loss")}
 
 
 @pytest.mark.slow
-def test_fsdp_steps_as_ddp_does_and_its_checkpoint_evaluates_exactly_at_1_2_and_3_processes(fsdp_run, tiny_root,
-                                                                                           tmp_path):
+def test_fsdp_steps_as_ddp_does_and_its_checkpoint_evaluates_exactly_at_1_and_2_processes(fsdp_run, tiny_root,
+                                                                                       tmp_path):
     # One step: gradients averaged over the ranks, the LR, weight decay and momentum as ddp has them (measured 7e-7).
     # Later steps drift apart in float32 as ddp drifts from itself: this tiny network turns 1e-7 in the weights into
     # 4e-2 in the next gradient (docs/how-it-works.md#fsdp); ModelParallelStrategy refuses 64-true.
@@ -87,16 +83,17 @@ def test_fsdp_steps_as_ddp_does_and_its_checkpoint_evaluates_exactly_at_1_2_and_
     assert_same_training(trained(continued, tmp_path), final_state(ddp_run / "step2.ckpt"), tolerance=1e-5)
     # The checkpoint is a ddp one, key for key: what validates and exports in one process (python -m project export).
     assert {k: v.shape for k, v in fsdp["weights"].items()} == {k: v.shape for k, v in reference["weights"].items()}
-    # 17 val images: shards of 17, 9+8 and 6+6+5; padding would count some twice. 2 ranks: the fit's own validation
-    # of the weights it saved last (at the end of its last epoch), in batches of 8 (4 for the others).
-    one, three = (validate(fsdp_run / LAST, tiny_root, tmp_path / f"w{n}", n) for n in (1, 3))
+    # 17 val images: 17 in one process, 9+8 on the fit's 2 ranks (its own validation of the weights it saved last, at
+    # the end of its last epoch), in batches of 8: 2 batches on one rank and 1 on the other, the uneven case the
+    # sharded forward must survive; padding would count some twice. (At 3 and more ranks the same sampler shards
+    # ddp's and the shards' evaluations: test_distributed.py, test_shards.py.)
+    one = validate(fsdp_run / LAST, tiny_root, tmp_path / "w1")
     scalars = read_scalars(fsdp_run / "lightning_logs" / "version_0")
     two = {key: scalars[key][-1][1] for key in ("val/acc1", "val/loss")}
     assert "perf/device/tflops" in scalars  # FLOPs counted on the network before it was sharded
-    assert one["val/acc1"] == two["val/acc1"] == three["val/acc1"]
-    # float32 forwards of other batch compositions: 1.1e-6 measured at 3 ranks (the counts above are exact)
+    assert one["val/acc1"] == two["val/acc1"]
+    # float32 forwards of other batch compositions (1.1e-6 measured; the counts above are exact)
     assert two["val/loss"] == pytest.approx(one["val/loss"], rel=1e-5)
-    assert three["val/loss"] == pytest.approx(one["val/loss"], rel=1e-5)
 
 
 @pytest.mark.slow
