@@ -242,6 +242,7 @@ def test_a_rerun_of_a_run_without_file_loggers_from_its_config_yaml_is_a_new_run
     assert sorted(p.name for p in run.glob("config*.yaml")) == ["config.yaml"]  # the first run's, untouched
 
 
+@pytest.mark.slow  # three short fits: ~20 s
 def test_a_resume_under_a_relative_root_or_in_a_cp_r_copy_keeps_the_earlier_best_and_one_best_file(tiny_root, tmp_path,
                                                                                                      monkeypatch,
                                                                                                      recwarn):

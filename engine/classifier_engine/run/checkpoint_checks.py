@@ -34,33 +34,28 @@ class CheckpointValues(Callback):
                 (checkpoint.get(key) or {}).pop(code, None)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        # ModelCheckpoint's records hold absolute paths: in a run dir moved or copied (`cp -r`) and resumed from its own
-        # checkpoints folder they name the old place, and Lightning forgets the earlier best ("The dirpath has
-        # changed"), then keeps a second "best" file. Runs before all callbacks' load_state_dict (Lightning 2.6).
-        if trainer.ckpt_path is None:
-            return
-        here = os.path.realpath(os.path.dirname(trainer.ckpt_path))
+        # ModelCheckpoint's records are absolute paths: in a run dir moved or copied (`cp -r`) and resumed from its own
+        # checkpoints they name the old folder, and Lightning forgets the earlier best ("The dirpath has changed"),
+        # then keeps a second "best" file. Runs before every callback's load_state_dict (Lightning 2.6).
+        here = os.path.realpath(os.path.dirname(trainer.ckpt_path or ""))
         states = checkpoint.get("callbacks") or {}
         for callback in trainer.checkpoint_callbacks:
             state = states.get(callback.state_key) if isinstance(callback, ModelCheckpoint) else None
-            if state and callback.dirpath and os.path.realpath(callback.dirpath) == here \
-                    and state.get("dirpath") not in (None, here):
+            if state and callback.dirpath and os.path.realpath(callback.dirpath) == here != state.get("dirpath", here):
                 states[callback.state_key] = moved_records(state, state["dirpath"], here)
 
 
 def moved_records(state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
-    """ModelCheckpoint's state with the paths under folder `old` named under `new` (the same file names)."""
+    """ModelCheckpoint's state with the paths in folder `old` named in folder `new` (the same file names)."""
     def moved(path: Any) -> Any:
-        inside = isinstance(path, str) and os.path.dirname(path) == old
-        return os.path.join(new, os.path.basename(path)) if inside else path
+        return os.path.join(new, os.path.basename(path)) if isinstance(path, str) and os.path.dirname(path) == old \
+            else path
 
-    state = dict(state, dirpath=new)
-    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
-        if key in state:
-            state[key] = moved(state[key])
-    if isinstance(state.get("best_k_models"), dict):
-        state["best_k_models"] = {moved(path): score for path, score in state["best_k_models"].items()}
-    return state
+    paths = {key: moved(state[key]) for key in ("best_model_path", "kth_best_model_path", "last_model_path")
+             if key in state}
+    best = {"best_k_models": {moved(path): score for path, score in state["best_k_models"].items()}} \
+        if isinstance(state.get("best_k_models"), dict) else {}
+    return {**state, **paths, **best, "dirpath": new}
 
 
 def saved_class_names(checkpoint: Mapping[str, Any]) -> Optional[list[str]]:
