@@ -37,7 +37,7 @@ from classifier_engine.compat.log_device_move import skip_same_device_moves
 from classifier_engine.compat.spawn import trains_in_this_process
 from classifier_engine.compat.subclass_nulls import restore_nulls
 from classifier_engine.data.predict import ImagePathDataset
-from classifier_engine.errors import ConfigError, is_peer_failure, record_rank, user_message
+from classifier_engine.errors import ConfigError, is_peer_failure, limited_yaml_mode, record_rank, user_message
 from classifier_engine.run import RunPlan, start_run
 from classifier_engine.run.checkpoint_checks import CheckpointValues, check_checkpoint_fits
 from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
@@ -318,8 +318,10 @@ def cli_main(args: Optional[list[str]] = None, *, model: Optional[type] = None, 
         auto_configure_optimizers=False,  # the model's configure_optimizers scales the LR: no --optimizer override
         save_config_callback=KeepingSaveConfigCallback,
         save_config_kwargs={"overwrite": True},  # a resumed run writes its config; the previous one is kept
-        # Parse errors raise (main() prints them as one line) instead of printing the whole usage and exiting.
+        # Parse errors raise (main() prints them as one line) instead of printing the whole usage and exiting; every
+        # YAML text read (nested config files too) is size- and alias-checked first.
         parser_kwargs={"prog": f"python -m {entry_module(model)}", "exit_on_error": False,
+                       "parser_mode": limited_yaml_mode(),
                        **{sub: {"exit_on_error": False} for sub in ("fit", "validate", "test", "predict")}},
     )
 

@@ -265,14 +265,10 @@ def load_config_file(name: str | os.PathLike) -> object:
     if not os.path.isfile(path):
         raise ConfigError(f"config file {name} does not exist (--config takes a YAML file, e.g. "
                           "configs/quickstart.yaml)")
-    if (size := os.path.getsize(path)) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config file {name} is {size / 1e6:.1f} MB: a config is a few KB of YAML (at most "
-                          f"{MAX_CONFIG_BYTES / 1e6:.1f} MB); is it the right file?")
+    check_config_text(f"config file {name}", os.path.getsize(path))
     try:
         text = Path(path).read_text()
-        if _expanded_size(yaml.compose(text, Loader=yaml.SafeLoader), {}) > MAX_CONFIG_VALUES:
-            raise ConfigError(f"config file {name}: its YAML aliases (*name) expand to over {MAX_CONFIG_VALUES:,} "
-                              "values (an alias bomb?); write the values out")
+        check_config_text(f"config file {name}", 0, text)
         return yaml.safe_load(text)
     except RecursionError:
         raise ConfigError(f"config file {name} is nested too deeply to be a config; fix the file") from None
@@ -281,6 +277,44 @@ def load_config_file(name: str | os.PathLike) -> object:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise ConfigError(f"config file {name}: YAML syntax error{where}: {problem}; fix the file") from None
+
+
+def check_config_text(what: str, size: int, text: str = "") -> None:
+    """ConfigError for a config whose parse would exhaust memory: over 1 MB, or aliases expanding to 100,001 values."""
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{what} is {size / 1e6:.1f} MB: a config is a few KB of YAML (at most "
+                          f"{MAX_CONFIG_BYTES / 1e6:.1f} MB); is it the right file?")
+    if "*" in text and _expanded_size(yaml.compose(text, Loader=yaml.SafeLoader), {}) > MAX_CONFIG_VALUES:
+        raise ConfigError(f"{what}: its YAML aliases (*name) expand to over {MAX_CONFIG_VALUES:,} values (an alias "
+                          "bomb?); write the values out")
+
+
+def limited_yaml_mode() -> str:
+    """The CLI's parser mode: jsonargparse's YAML, each text checked first (load_limited_yaml)."""
+    from jsonargparse import set_loader
+
+    set_loader("yaml_limited", load_limited_yaml, exceptions=(yaml.YAMLError,))
+    return "yaml_limited"
+
+
+def load_limited_yaml(text: str) -> object:
+    """jsonargparse's YAML loader for every text the CLI parses: a --config file, a file one names (`config: x.yaml`,
+    `trainer: x.yaml`, `--data x.yaml`), a value; ConfigError, naming the file, before an over-large one is parsed."""
+    from jsonargparse import get_loader
+
+    try:  # the files jsonargparse is reading, to name them (private, seen in 4.53: its stack for its loop check)
+        from jsonargparse._util import config_load_stack
+
+        files = [str(shown) for _, shown in config_load_stack.get()]
+    except (ImportError, AttributeError, TypeError, ValueError):
+        files = []
+    what = (f"config file {files[-1]}" + (f" (named in {files[-2]})" if len(files) > 1 else "")) if files else \
+        "a YAML value on the command line"
+    try:
+        check_config_text(what, len(text.encode()), text)
+        return get_loader("yaml")(text)
+    except RecursionError:
+        raise ConfigError(f"{what} is nested too deeply to be a config; fix the file") from None
 
 
 def _expanded_size(node: Optional[yaml.Node], sizes: dict[int, int]) -> int:

@@ -37,10 +37,16 @@ class ResumableSampler(DistributedSampler):
     augmentation, in epochs of the same length. docs/how-it-works.md#resumable-order."""
 
     def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, seed: int, repeats: int = 1,
-                 shuffle: bool = True, keys: bool = True):
+                 shuffle: bool = True, keys: bool = True, batch_size: Optional[int] = None):
+        """`batch_size`: the loader's, when it keeps its last partial batch (drop_last=False)."""
         if repeats < 1:
             raise ConfigError(f"data.ra_reps must be >= 1, got {repeats}")
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
+        if batch_size is not None and batch_size > 1 and self.num_samples > 1 and self.num_samples % batch_size == 1:
+            # A last batch of one sample makes BatchNorm raise in training: each rank's share takes one more sample
+            # from the start of the order, as DistributedSampler pads the shares to one length.
+            self.num_samples += 1
+            self.total_size = self.num_samples * self.num_replicas
         self.repeats = repeats
         self.keys = keys  # False: plain indices, for a data set that does not seed its own augmentation
         self.position = 0  # global samples of the epoch in progress already handed out as batches

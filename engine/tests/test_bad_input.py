@@ -146,20 +146,44 @@ def test_validate_on_a_read_only_root_is_one_line(tiny_root, tmp_path, tmpfs, mo
     assert "Read-only file system" in err
 
 
-def test_a_yaml_alias_bomb_and_a_50_mb_config_are_refused_before_they_are_parsed(tmp_path):
-    from classifier_engine.errors import ConfigError, check_config_files
-
-    bomb = tmp_path / "bomb.yaml"  # 400 bytes: nine levels of nine aliases, 387 million strings once expanded
+def write_bomb_and_huge(folder: Path) -> tuple[Path, Path]:
+    """A 1 KB YAML alias bomb and a 50 MB (sparse) config file."""
+    bomb = folder / "bomb.yaml"  # 400 bytes: nine levels of nine aliases, 387 million strings once expanded
     lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     lines += [f"a{k}: &a{k} [{', '.join([f'*a{k - 1}'] * 9)}]" for k in range(1, 9)]
     bomb.write_text("\n".join([*lines, "model:", "  init_args:", "    x: *a8", ""]))
-    huge = tmp_path / "huge.yaml"
+    huge = folder / "huge.yaml"
     with open(huge, "wb") as file:
         file.truncate(50 * 2**20)  # sparse: the size is what is checked, before a byte is read
+    return bomb, huge
+
+
+def test_a_yaml_alias_bomb_and_a_50_mb_config_are_refused_before_they_are_parsed(tmp_path):
+    from classifier_engine.errors import ConfigError, check_config_files
+
+    bomb, huge = write_bomb_and_huge(tmp_path)
     for config, expected in ((bomb, r"bomb.yaml: its YAML aliases \(\*name\) expand to over 100,000 values"),
                              (huge, r"huge.yaml is 52.4 MB: a config is a few KB of YAML")):
         with pytest.raises(ConfigError, match=expected):
             check_config_files(["fit", "--config", str(config)])
+
+
+def test_config_files_a_config_or_the_command_line_names_are_refused_as_the_top_level_one_is(tmp_path, monkeypatch,
+                                                                                              capsys):
+    # jsonargparse reads every file a config names (`config: x.yaml`, `trainer: x.yaml`) and a `--data x.yaml`.
+    from conftest import project_in_process
+
+    bomb, huge = write_bomb_and_huge(tmp_path)
+    (tmp_path / "includes.yaml").write_text("config: bomb.yaml\n")
+    (tmp_path / "trainer.yaml").write_text("trainer: huge.yaml\n")
+    aliases = "its YAML aliases (*name) expand to over 100,000 values (an alias bomb?); write the values out"
+    for args, expected in ((["--config", str(tmp_path / "includes.yaml")],
+                            f"config file bomb.yaml (named in {tmp_path / 'includes.yaml'}): {aliases}"),
+                           (["--config", str(tmp_path / "trainer.yaml")],
+                            f"config file huge.yaml (named in {tmp_path / 'trainer.yaml'}) is 52.4 MB"),
+                           (["--data", str(bomb)], f"config file {bomb}: {aliases}")):
+        code, _, err = project_in_process(["fit", *args], monkeypatch, capsys)
+        assert code == 2 and "Traceback" not in err and expected in err.strip().splitlines()[-1], err[-2000:]
 
 
 def test_a_data_error_in_a_loader_worker_is_the_same_one_line_as_in_the_main_process(broken, tmp_path, monkeypatch,

@@ -17,19 +17,24 @@ tomllib = pytest.importorskip("tomllib")  # Python >= 3.11; CI runs 3.11
 
 ENGINE = Path(__file__).resolve().parents[1]  # engine/pyproject.toml: the ranges (its dev extra installs everything)
 ROOT = ENGINE.parent  # the template around it: constraints.txt and .ci/run
-# Each advisory, checked at its source (docs/reliability.md): the releases on the package index it affects.
+# Each advisory, checked at its source (docs/reliability.md): the first release clear of it that the ranges must admit
+# (its fix, or the first after the record's last affected one) and the releases on the package index it affects.
 LIGHTNING_AFFECTED = ["2.6.5", "2.6.4", "2.6.3", "2.6.2", "2.6.1", "2.6.0", "2.5.6", "2.5.0", "2.4.0"]
 ADVISORIES = {
     # GHSA-w37p-236h-pfx3 (Lightning #21691): compromised uploads, credential-stealing code on `import lightning`.
     # GHSA-qqmf-gpg7-g8gw (CVE-2026-58659, PYSEC-2026-3624 / -3967): load_from_checkpoint imports and calls a
     # checkpoint's `_instantiator`, weights_only=True or not; fixed in 2.6.6 (Lightning PR #21832, #21914).
-    "lightning": ("2.6.6", LIGHTNING_AFFECTED),
-    "pytorch-lightning": ("2.6.6", LIGHTNING_AFFECTED),
-    # CVE-2026-24747 (GHSA-63cw-57p8-fm3p): torch.load(weights_only=True) memory corruption; fixed in 2.10.0.
-    "torch": ("2.10.0", ["2.9.1", "2.9.0", "2.8.0", "2.6.0", "2.4.0"]),
+    "GHSA-qqmf-gpg7-g8gw lightning": ("lightning", "2.6.6", LIGHTNING_AFFECTED),
+    "GHSA-qqmf-gpg7-g8gw pytorch-lightning": ("pytorch-lightning", "2.6.6", LIGHTNING_AFFECTED),
+    # CVE-2026-24747 (GHSA-63cw-57p8-fm3p): torch.load(weights_only=True) memory corruption; fixed in 2.10.0, which
+    # PYSEC-2026-139 affects: 2.11.0 is the first release clear of both.
+    "CVE-2026-24747": ("torch", "2.11.0", ["2.9.1", "2.9.0", "2.8.0", "2.6.0", "2.4.0"]),
+    # PYSEC-2026-139 (CVE-2026-4538): deserialization in torch.export.load's pt2 handler; no fixed release recorded,
+    # last affected 2.10.0 (fix proposed in pytorch PR #176791); the next release on the index is 2.11.0.
+    "PYSEC-2026-139": ("torch", "2.11.0", ["2.10.0"]),
     # MLflow server advisories, the last fixed in 3.13.0: GHSA-2cm6-r77w-6g96 (CVE-2026-8147, trace endpoints without
     # authorization, 2.14.0rc0-3.12), GHSA-fh64-r2vc-xvhr (3.11.1), GHSA-7qhf-v65m-g5f3 (3.11.0), 3.10.0's file read.
-    "mlflow": ("3.13.0", ["3.12.0", "3.11.1", "3.10.1", "3.9.0", "3.0.0", "2.22.4", "2.12.0"]),
+    "GHSA-2cm6-r77w-6g96": ("mlflow", "3.13.0", ["3.12.0", "3.11.1", "3.10.1", "3.9.0", "3.0.0", "2.22.4", "2.12.0"]),
 }
 
 
@@ -97,16 +102,16 @@ def installed_closure() -> dict[str, tuple[Version, list[Requirement]]]:
     return {name: (versions[name], required_by[name]) for name in versions}
 
 
-@pytest.mark.parametrize("name", ADVISORIES)
-def test_the_ranges_and_pins_admit_no_release_an_advisory_names(name):
-    fixed, affected = ADVISORIES[name]
+@pytest.mark.parametrize("advisory", ADVISORIES)
+def test_the_ranges_and_pins_admit_no_release_an_advisory_names(advisory):
+    name, fixed, affected = ADVISORIES[advisory]
     requirements = [r for r in dev_requirements() if canonicalize_name(r.name) == name]
     assert requirements, f"pyproject no longer requires {name}: drop its row here and in docs/reliability.md"
     for requirement in requirements:
         admitted = [version for version in affected if requirement.specifier.contains(version, prereleases=True)]
-        assert not admitted, f"pyproject's {requirement} admits {admitted} (fixed in {fixed})"
-        assert requirement.specifier.contains(fixed), f"pyproject's {requirement} excludes the fixed {fixed}"
-    assert pins()[name] >= Version(fixed), f"constraints.txt pins {name}=={pins()[name]}, before the fix {fixed}"
+        assert not admitted, f"pyproject's {requirement} admits {admitted}, which {advisory} affects"
+        assert requirement.specifier.contains(fixed), f"pyproject's {requirement} excludes {fixed}, clear of {advisory}"
+    assert pins()[name] >= Version(fixed), f"constraints.txt pins {name}=={pins()[name]}, before {fixed} ({advisory})"
 
 
 def test_every_pin_of_a_direct_requirement_is_inside_pyprojects_range():

@@ -156,7 +156,26 @@ def test_the_incomplete_last_training_batch_is_dropped(tmp_path):
     assert [len(batch[1]) for batch in dm.train_dataloader()] == [4, 4, 4]
     dm = _datamodule(root, drop_last=False)
     dm.setup("fit")
-    assert [len(batch[1]) for batch in dm.train_dataloader()] == [4, 4, 4, 1]
+    assert [len(batch[1]) for batch in dm.train_dataloader()] == [4, 4, 4, 2]  # see the next test
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_kept_last_training_batch_is_never_one_image_and_every_image_is_seen(tmp_path, world_size):
+    # data.drop_last=false, 13 images per process in batches of 4: a last batch of one image would make BatchNorm raise
+    # in training ("Expected more than 1 value per channel"); it takes an image from the start of the epoch instead.
+    from types import SimpleNamespace
+
+    root = write_image_folder(tmp_path / "data", {"cat": (7 * world_size, 1), "dog": (6 * world_size, 1)})
+    batches, seen = [], []
+    for rank in range(world_size):
+        dm = _datamodule(root, drop_last=False)
+        dm.trainer = SimpleNamespace(world_size=world_size, global_rank=rank)
+        dm.setup("fit")
+        batches += [len(labels) for _, labels in dm.train_dataloader()]
+        seen += [index for index, _, _ in dm.train_sampler]
+    assert batches == [4, 4, 4, 2] * world_size
+    assert sorted(set(seen)) == list(range(13 * world_size)) and len(seen) == 14 * world_size  # one image twice
+    torch.nn.BatchNorm2d(3).train()(torch.randn(batches[-1], 3, 2, 2))
 
 
 def test_fewer_training_images_than_a_batch_still_train_one_batch(tmp_path):

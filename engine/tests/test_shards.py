@@ -249,7 +249,7 @@ def test_a_stalled_object_store_is_one_line_that_never_prints_the_endpoint(tmp_p
     finally:
         stalled.close()
     assert code == 2 and "Traceback" not in err, err[-2000:]
-    assert one_line(err).startswith("error: s3://datasets/tiny: the object store stopped answering")
+    assert one_line(err).startswith("error: data.shards: s3://datasets/tiny: the object store stopped answering")
     assert endpoint.rsplit(":", 1)[1] not in out + err and not (tmp_path / "run").exists()
 
 
@@ -362,9 +362,9 @@ def test_a_shard_download_that_fails_is_tried_again_with_backoff_then_stops_in_o
     assert type(error.value).__name__ == "DataUnavailable", repr(error.value)  # a UserError: one line, exit 2
     why = {"500": "kept failing (500 InternalError)", "cut": "cut the connection mid-transfer",
            "stall": "stopped answering (no byte for 1 s)"}[fault]
-    assert str(error.value) == (f"s3://datasets/faulty/val-00000.shard: the object store {why}, 4 tries: check the "
-                                "server behind AWS_ENDPOINT_URL (or AWS's status when unset) and that variable, then "
-                                "rerun (--ckpt_path last continues a run)")
+    assert str(error.value) == (f"data.shards: s3://datasets/faulty/val-00000.shard: the object store {why}, 4 tries: "
+                                "check the server behind AWS_ENDPOINT_URL (or AWS's status when unset) and that "
+                                "variable, then rerun (--ckpt_path last continues a run)")
     assert faulty_store.faults == 4 and time.monotonic() - started < 30
     assert not list((tmp_path / "b").rglob("*.shard"))  # nothing half-written in the cache
 
@@ -382,8 +382,8 @@ def test_an_object_store_failing_mid_run_stops_in_one_line_with_the_step_saved(f
     lines = [line for line in err.splitlines() if line.startswith("error")]
     assert code == 2 and "Traceback" not in err and len(lines) == 1, err[-3000:]
     saved = tmp_path / LAST
-    assert re.fullmatch(r"error: s3://datasets/faulty/train-\d{5}\.shard: the object store kept failing \(500 "
-                        r"InternalError\), 4 tries: .* then rerun \(--ckpt_path last continues a run\); saved "
+    assert re.fullmatch(r"error: data.shards: s3://datasets/faulty/train-\d{5}\.shard: the object store kept failing "
+                        r"\(500 InternalError\), 4 tries: .* then rerun \(--ckpt_path last continues a run\); saved "
                         rf"{re.escape(str(saved))} at global step 1: the same command with --ckpt_path last continues "
                         r"there", lines[0]), lines[0]
     assert torch.load(saved, weights_only=True)["global_step"] == 1

@@ -298,6 +298,20 @@ def test_a_tracked_history_that_would_fork_or_cross_runs_is_one_line_and_leaves_
         assert [r.info.run_id for r in runs] == [run_id]  # no new MLflow run
 
 
+def test_a_new_fit_into_a_deleted_mlflow_experiment_is_one_line_and_writes_nothing(tiny_root, tmp_path, mlflow_server,
+                                                                                    monkeypatch, capsys):
+    # Issue 39, item 2: a resume said so in one line; a new run ended in MLflow's traceback after its run dir was made.
+    client = mlflow.tracking.MlflowClient(mlflow_server)
+    experiment_id = client.create_experiment("deleted-before-a-new-fit")
+    client.delete_experiment(experiment_id)
+    args = ["fit", *tiny_args(tiny_root, tmp_path, _loggers(_mlflow(mlflow_server, "deleted-before-a-new-fit")))]
+    _one_line_error_in_process(capsys, monkeypatch, args, f"the MLflow experiment 'deleted-before-a-new-fit' is "
+                               f"deleted on {mlflow_server}: restore it (mlflow experiments restore --experiment-id "
+                               f"{experiment_id}) or set trainer.logger's experiment_name to another one")
+    assert not list(tmp_path.iterdir())
+    assert client.search_runs([experiment_id], run_view_type=mlflow.entities.ViewType.ALL) == []  # no run started
+
+
 def test_a_moved_run_dir_continues_its_tracked_runs_said_in_a_line(tmp_path, mlflow_server, monkeypatch):
     said = []  # (Lightning's info logger keeps the stream it found when first imported: capsys may not see it)
     monkeypatch.setattr("classifier_engine.run.trackers.rank_zero_info", said.append)

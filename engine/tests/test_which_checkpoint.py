@@ -6,6 +6,7 @@ in-process.
 
 import multiprocessing
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -18,12 +19,16 @@ from classifier_engine.run.resume import plan_run, start_run
 
 
 def write_checkpoint(path: Path, step: int, *, epoch: int = 0, mtime: float | None = None,
-                     saved_at: float | None = None) -> Path:
-    """A small but complete Lightning-format checkpoint (the keys classifier_engine.run.resume checks, real tensors)."""
+                     saved_at: float | None = None, batches: int | None = None) -> Path:
+    """A small but complete Lightning-format checkpoint (the keys classifier_engine.run.resume checks, real tensors);
+    `batches`: the training batches done, as Lightning's fit loop records them."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    progress = {"total": {"ready": batches, "started": batches, "processed": batches, "completed": batches}}
     torch.save({"state_dict": {"network.w": torch.full((2,), float(step))}, "epoch": epoch, "global_step": step,
                 "hyper_parameters": {"arch": "resnet18", "num_classes": 3},
-                **({"saved_at": saved_at} if saved_at is not None else {})}, path)
+                **({"saved_at": saved_at} if saved_at is not None else {}),
+                **({"loops": {"fit_loop": {"epoch_loop.batch_progress": progress}}} if batches is not None else {})},
+               path)
     if mtime is not None:
         os.utime(path, (mtime, mtime))
     return path
@@ -77,6 +82,18 @@ def test_last_goes_by_what_the_checkpoints_record_never_by_file_times(tmp_path):
     further.unlink()
     write_checkpoint(checkpoints / "last.ckpt", 6, epoch=2, saved_at=now - 40)  # a tie: last.ckpt, saved after
     assert plan_run("fit", fit_config(tmp_path, "last")).ckpt_path == last != at_epoch_end
+
+
+def test_last_among_checkpoints_older_than_saved_at_goes_by_steps_epochs_then_batches_never_by_file_times(tmp_path):
+    logs, now = tmp_path / "lightning_logs", time.time()  # (written before checkpoints recorded when they were saved)
+    furthest = write_checkpoint(logs / "version_0" / "checkpoints" / "epoch003-val_acc1=0.6000.ckpt", 8, epoch=3,
+                                batches=32, mtime=now - 3600)
+    write_checkpoint(logs / "version_1" / "checkpoints" / "last.ckpt", 6, epoch=3, batches=24, mtime=now)
+    assert plan_run("fit", fit_config(tmp_path, "last")).ckpt_path == furthest
+    # A stop between two optimizer steps (gradient accumulation): the same step and epoch, 3 batches further.
+    ahead = write_checkpoint(logs / "version_1" / "checkpoints" / "last.ckpt", 8, epoch=3, batches=35, mtime=now - 7200)
+    write_checkpoint(logs / "version_0" / "checkpoints" / "last.ckpt", 8, epoch=3, batches=32, mtime=now)
+    assert plan_run("fit", fit_config(tmp_path, "last")).ckpt_path == ahead
 
 
 def test_last_skips_a_truncated_or_crafted_newest_checkpoint_and_says_why(tmp_path):
@@ -225,8 +242,10 @@ def test_a_rerun_of_a_run_without_file_loggers_from_its_config_yaml_is_a_new_run
     assert sorted(p.name for p in run.glob("config*.yaml")) == ["config.yaml"]  # the first run's, untouched
 
 
-def test_a_resume_under_a_relative_root_keeps_the_earlier_best_and_one_best_file(tiny_root, tmp_path, monkeypatch,
-                                                                                 recwarn):
+@pytest.mark.slow  # three short fits: ~20 s
+def test_a_resume_under_a_relative_root_or_in_a_cp_r_copy_keeps_the_earlier_best_and_one_best_file(tiny_root, tmp_path,
+                                                                                                     monkeypatch,
+                                                                                                     recwarn):
     from project import cli_main
 
     from conftest import tiny_args
@@ -235,13 +254,22 @@ def test_a_resume_under_a_relative_root_keeps_the_earlier_best_and_one_best_file
     short = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
     first = cli_main(["fit", *tiny_args(tiny_root, Path("runs"), *short)])
     earlier = first.trainer.checkpoint_callback.best_model_score
-    resumed = cli_main(["fit", *tiny_args(tiny_root, Path("runs"), *short, "--trainer.max_epochs=3"),
+    original = tmp_path / "runs" / "lightning_logs" / "version_0" / "checkpoints"
+    resumed = cli_main(["fit", *tiny_args(tiny_root, Path("runs"), *short, "--trainer.max_epochs=2"),
                         "--ckpt_path=last"])
+    before = sorted(p.name for p in original.glob("*.ckpt"))
+    # The run dir copied as `cp -r` does (new mtimes) and continued there: its checkpoints' records name the original.
+    shutil.copytree(tmp_path / "runs", tmp_path / "copy", copy_function=shutil.copy)
+    copied = cli_main(["fit", *tiny_args(tiny_root, Path("copy"), *short, "--trainer.max_epochs=3"),
+                       "--ckpt_path=last"])
+    assert sorted(p.name for p in original.glob("*.ckpt")) == before  # the copy's run never touches the original
     assert not [w for w in recwarn if "dirpath has changed" in str(w.message)]
-    best = resumed.trainer.checkpoint_callback
-    assert best.best_model_score >= earlier
-    kept = [p.name for p in (tmp_path / "runs" / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt")]
-    assert sorted(kept) == sorted(["last.ckpt", Path(best.best_model_path).name])  # one best, the best
+    copy = tmp_path / "copy" / original.relative_to(tmp_path / "runs")
+    for run, checkpoints in ((resumed, original), (copied, copy)):
+        best = run.trainer.checkpoint_callback
+        assert best.best_model_score >= earlier and Path(best.best_model_path).parent == checkpoints.resolve()
+        kept = [p.name for p in checkpoints.glob("*.ckpt")]
+        assert sorted(kept) == sorted(["last.ckpt", Path(best.best_model_path).name])  # one best, the best
 
 
 def test_validate_and_predict_from_a_runs_config_yaml_write_their_own_records_not_into_the_run(tiny_root, tmp_path,

@@ -71,7 +71,8 @@ class ImageDataModule(L.LightningDataModule):
         normalize_on_device: workers return uint8 and the device normalizes the batch; False: the workers do.
         on_corrupt: an unreadable image stops the run naming it ("error"), or is left out and counted ("skip").
         multiprocessing_context: the DataLoader workers' start method; None: "fork" on Linux, also under ddp_spawn.
-        drop_last: drop each epoch's incomplete last training batch (one image breaks BatchNorm), if not its only one.
+        drop_last: drop each epoch's incomplete last training batch (one image breaks BatchNorm), if not its only one;
+            False keeps it, never as one image (each process then takes one more image from the epoch's start).
         ra_reps: repeated augmentation (RASampler, DeiT): each drawn image this many times per epoch, on different
             ranks, each copy augmented differently; the epoch keeps the data set's length.
         seed: the run seed, linked from seed_everything: the training order and every augmentation derive from it.
@@ -202,8 +203,10 @@ class ImageDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         world_size, rank = self._world()
+        kept = None if self.hparams.drop_last else self.batch_size  # a kept last batch is never one image (BatchNorm)
         self.train_sampler = self.train_sampler_class(self.datasets["train"], num_replicas=world_size, rank=rank,
-                                                      seed=self.hparams.seed, repeats=self.hparams.ra_reps)
+                                                      seed=self.hparams.seed, repeats=self.hparams.ra_reps,
+                                                      batch_size=kept)
         # With fewer images than a batch, the one batch there is stays: an epoch never trains on nothing.
         drop_last = self.hparams.drop_last and len(self.train_sampler) >= self.batch_size
         if len(self.train_sampler) < 2:  # that batch would be one image: BatchNorm raises in the first step

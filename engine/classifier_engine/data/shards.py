@@ -69,12 +69,16 @@ def s3_client(retries: int = 3):
     return boto3.session.Session().client("s3", config=config)  # a new session reads the variables again
 
 
-def s3_error(error: Exception, url: str, tries: int = 1) -> Exception:
-    """A botocore error as one line naming what to fix (the endpoint and keys are never printed: they may be secret).
-    A failure a later try may not meet is a ConfigError at start (one try: the setting, most likely) and DataUnavailable
-    after the tries of a download mid-run (an outage: last.ckpt is saved at the step reached)."""
+def s3_error(error: Exception, url: str, tries: int = 1, option: Optional[str] = None) -> Exception:
+    """A botocore error as one line naming what to fix (the endpoint and keys are never printed: they may be secret),
+    and the `option` that gave the URL. A failure a later try may not meet is a ConfigError at start (one try: the
+    setting, most likely) and DataUnavailable after the tries of a download mid-run (an outage: last.ckpt is saved at
+    the step reached)."""
     import botocore.exceptions as be
 
+    if option is not None:
+        found = s3_error(error, url, tries)
+        return type(found)(f"{option}: {found}") if isinstance(found, (ConfigError, DataUnavailable)) else found
     if (why := passing_failure(error)) is not None:  # (their own text names the endpoint: never printed)
         kind = DataUnavailable if tries > 1 else ConfigError
         return kind(f"{url}: {why}{f', {tries} tries' if tries > 1 else ''}: check the server behind "
@@ -205,7 +209,7 @@ class ShardStore:
             except Exception as error:  # noqa: BLE001  botocore's and urllib3's, sorted by s3_error
                 if attempt + 1 == tries or passing_failure(error) is None:
                     raise s3_error(error, f"{self.location}/{name}" if name != INDEX else self.location,
-                                   attempt + 1) from None
+                                   attempt + 1, "data.shards") from None
                 time.sleep(BACKOFF_S * 2 ** attempt)
 
 

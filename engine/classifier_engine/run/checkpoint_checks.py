@@ -4,13 +4,14 @@
     # error: checkpoint other_project.ckpt was trained on other classes: class 3 is 'fox' there and 'ant' here; ...
 """
 
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from classifier_engine.errors import CheckpointError
 
@@ -21,7 +22,7 @@ SAVED_AT = "saved_at"  # and for when it was saved (time.time()): which run `--c
 class CheckpointValues(Callback):
     """What every checkpoint carries: the data's class names (checked against the data by name when it is loaded), the
     time it was saved, and values only: LightningCLI's `_class_path` / `_instantiator` (code it would import on load)
-    are left out."""
+    are left out. On a resume, the best-checkpoint records follow a run dir that was moved or copied."""
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         names = getattr(trainer.datamodule, "class_names", None)
@@ -31,6 +32,30 @@ class CheckpointValues(Callback):
         for key in ("hyper_parameters", "datamodule_hyper_parameters"):
             for code in ("_class_path", "_instantiator"):
                 (checkpoint.get(key) or {}).pop(code, None)
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        # ModelCheckpoint's records are absolute paths: in a run dir moved or copied (`cp -r`) and resumed from its own
+        # checkpoints they name the old folder, and Lightning forgets the earlier best ("The dirpath has changed"),
+        # then keeps a second "best" file. Runs before every callback's load_state_dict (Lightning 2.6).
+        here = os.path.realpath(os.path.dirname(trainer.ckpt_path or ""))
+        states = checkpoint.get("callbacks") or {}
+        for callback in trainer.checkpoint_callbacks:
+            state = states.get(callback.state_key) if isinstance(callback, ModelCheckpoint) else None
+            if state and callback.dirpath and os.path.realpath(callback.dirpath) == here != state.get("dirpath", here):
+                states[callback.state_key] = moved_records(state, state["dirpath"], here)
+
+
+def moved_records(state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    """ModelCheckpoint's state with the paths in folder `old` named in folder `new` (the same file names)."""
+    def moved(path: Any) -> Any:
+        return os.path.join(new, os.path.basename(path)) if isinstance(path, str) and os.path.dirname(path) == old \
+            else path
+
+    paths = {key: moved(state[key]) for key in ("best_model_path", "kth_best_model_path", "last_model_path")
+             if key in state}
+    best = {"best_k_models": {moved(path): score for path, score in state["best_k_models"].items()}} \
+        if isinstance(state.get("best_k_models"), dict) else {}
+    return {**state, **paths, **best, "dirpath": new}
 
 
 def saved_class_names(checkpoint: Mapping[str, Any]) -> Optional[list[str]]:

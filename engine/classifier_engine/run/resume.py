@@ -72,8 +72,16 @@ def newest_loadable(candidates: list[Path], plan: RunPlan) -> Optional[tuple[Pat
     saved: dict[Path, float] = {}
     for path, checkpoint in loaded:
         saved[path.parent] = max(saved.get(path.parent, 0.0), float(checkpoint.get(SAVED_AT) or 0.0))
-    return max(loaded, default=None, key=lambda c: (saved[c[0].parent], c[1]["global_step"], c[1]["epoch"],
-                                                    c[0].name == LAST))
+    return max(loaded, default=None, key=lambda c: (saved[c[0].parent], *progress(c[1]), c[0].name == LAST))
+
+
+def progress(checkpoint: dict[str, Any]) -> tuple[int, int, int]:
+    """How far a checkpoint's training got, by its own records: optimizer steps, epochs, then training batches (a stop
+    between two steps of gradient accumulation is further along at the same step)."""
+    batches = checkpoint.get("loops")  # Lightning's fit loop state; absent in a checkpoint not saved by a fit
+    for key in ("fit_loop", "epoch_loop.batch_progress", "total", "completed"):
+        batches = batches.get(key) if isinstance(batches, dict) else None
+    return checkpoint["global_step"], checkpoint["epoch"], batches if isinstance(batches, int) else 0
 
 
 def _file_loggers(trainer: Namespace) -> list[Namespace]:

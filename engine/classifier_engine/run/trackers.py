@@ -143,6 +143,35 @@ def _check_mlflow(args: Namespace) -> None:
             raise ConfigError(f"the MLflow tracking server {redact(uri)} does not answer ({reason}): start it (mlflow "
                               "server --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000) or fix "
                               "trainer.logger's tracking_uri") from None
+    _check_mlflow_experiment(uri, args.get("experiment_name") or "lightning_logs")
+
+
+def _check_mlflow_experiment(given_uri: Optional[str], name: str) -> None:
+    """ConfigError for an experiment deleted on the server: MLFlowLogger would try to create it again and MLflow
+    refuses (a traceback, after the run dir is made), for a new run and a resume alike."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    uri = _tracking_uri(given_uri)
+    if (local := _local_store(uri)) is not None and not os.path.exists(local):
+        return  # a database or file store not made yet has no experiment (and is not made here: nothing is written)
+    try:
+        found = MlflowClient(uri).get_experiment_by_name(name)
+    except MlflowException as error:
+        raise ConfigError(f"the MLflow tracking server {redact(uri)} could not look up experiment {name!r} "
+                          f"({redact(str(error)).splitlines()[0][:200]}): check trainer.logger's tracking_uri and "
+                          "the credentials (MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD)") from None
+    if found is not None and found.lifecycle_stage == "deleted":
+        raise ConfigError(f"the MLflow experiment {name!r} is deleted on {redact(uri)}: restore it (mlflow "
+                          f"experiments restore --experiment-id {found.experiment_id}) or set trainer.logger's "
+                          "experiment_name to another one")
+
+
+def _local_store(uri: str) -> Optional[str]:
+    """The file of a sqlite:/// URI or the folder of a file store; None for a server."""
+    if uri.startswith("sqlite:///"):
+        return uri[len("sqlite:///"):]
+    return urllib.parse.urlsplit(uri).path if uri.startswith("file:") or "://" not in uri else None
 
 
 def read_tracked_runs(run_dir: Path) -> dict[str, str]:
@@ -241,12 +270,7 @@ def _mlflow_run_continues(args: Namespace, ids: dict[str, str]) -> bool:
                 why = f"it is in experiment {experiment.name!r}, trainer.logger's experiment_name is {name!r}"
         except MlflowException as error:
             why = f"the tracking server does not have it ({redact(str(error)).splitlines()[0][:120]})"
-    found = client.get_experiment_by_name(name)
-    if found is not None and found.lifecycle_stage == "deleted":
-        raise ConfigError(f"the MLflow experiment {name!r} is deleted on {redact(uri)}: restore it (mlflow "
-                          f"experiments restore --experiment-id {found.experiment_id}) or set trainer.logger's "
-                          "experiment_name to another one")
-    if why:
+    if why:  # (a deleted experiment `name` stopped the fit in check_trackers, before this)
         rank_zero_warn(f"the run dir's MLflow run {ids['mlflow']} cannot continue ({why}): a new MLflow run starts")
     return why is None
 
