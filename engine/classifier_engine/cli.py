@@ -67,6 +67,9 @@ class Defaults:
     tidy_hooks: Sequence[TidyHook] = ()
 
 
+# Registered on import, not in cli_main: a ddp_spawn child unpickles the parser, whose mode must name a known loader.
+LIMITED_YAML = limited_yaml_mode()
+
 class ProjectParser(LightningArgumentParser):
     tidy_hooks: Sequence[TidyHook] = ()  # the entry point's (Defaults), set by ProjectCLI.init_parser
 
@@ -321,7 +324,7 @@ def cli_main(args: Optional[list[str]] = None, *, model: Optional[type] = None, 
         # Parse errors raise (main() prints them as one line) instead of printing the whole usage and exiting; every
         # YAML text read (nested config files too) is size- and alias-checked first.
         parser_kwargs={"prog": f"python -m {entry_module(model)}", "exit_on_error": False,
-                       "parser_mode": limited_yaml_mode(),
+                       "parser_mode": LIMITED_YAML,
                        **{sub: {"exit_on_error": False} for sub in ("fit", "validate", "test", "predict")}},
     )
 
