@@ -220,16 +220,20 @@ def test_bad_sweep_input_is_one_line_exit_2_before_anything_is_written(case, tmp
 
 
 @pytest.mark.slow
-def test_a_metric_the_model_never_logs_stops_the_sweep_after_its_first_validation_in_one_line(tiny_root, tmp_path):
+def test_a_metric_the_model_never_logs_stops_the_sweep_after_its_first_validation_in_one_line(tiny_root, tmp_path,
+                                                                                              capsys):
     # The engine cannot know what a model logs before it runs: the first trial's first validation tells, and says what
-    # it logs. One trial, stopped at its first validation; the sweep ends with exit 2.
-    result = run_project(sweep_args(tmp_path / "runs", "--sweep.metric=val/acc2", f"--data.root={tiny_root}",
-                                    "--trainer.max_epochs=3", "--trainer.limit_train_batches=2"))
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1] == (
+    # it logs. One trial, stopped at its first validation; the sweep ends with exit 2. The worker runs in this process.
+    args = sweep_args(tmp_path / "runs", "--sweep.metric=val/acc2", f"--data.root={tiny_root}",
+                      "--trainer.max_epochs=3", "--trainer.limit_train_batches=2")
+    with pytest.raises(SystemExit) as stopped:
+        sweep_main(args[1:], cli_main)
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
         "error: sweep.metric 'val/acc2' is never logged: trial 0's fit logs val/acc1, val/acc5, val/loss at its "
         "validation; pass one of them with --sweep.metric")
-    assert "trial 1" not in result.stdout
+    assert "trial 1" not in out
 
 
 @pytest.mark.slow
