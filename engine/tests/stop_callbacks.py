@@ -47,6 +47,22 @@ class HoldUntilSignalled(L.Callback):
             time.sleep(0.05)
 
 
+class WaitAtTrainStart(L.Callback):
+    """Every rank writes `marker`.<rank> as training starts (after the sanity check, before the first batch is read)
+    and waits there for `marker`.go: the test sets the stage (e.g. busy cores) for the first step only."""
+
+    def __init__(self, marker: str, timeout_s: float = 300):
+        self.marker, self.timeout_s = marker, timeout_s
+
+    def on_train_start(self, trainer, pl_module):
+        Path(f"{self.marker}.{trainer.global_rank}").write_text(f"{os.getpid()}\n")
+        deadline = time.monotonic() + self.timeout_s
+        while not Path(f"{self.marker}.go").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"WaitAtTrainStart: no {self.marker}.go within {self.timeout_s} s")
+            time.sleep(0.05)
+
+
 class StopAfterEpoch(L.Callback):
     """Stops fit gracefully after `epoch` (what a run with a shorter max_epochs leaves behind)."""
 

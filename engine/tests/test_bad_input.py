@@ -8,13 +8,14 @@ ddp x2 in real processes, where the failing rank's message must be the last line
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from project import ImageClassifier, main
 
-from conftest import CONFIGS, last_line, run_project, tiny_args, write_image_folder
+from conftest import CONFIGS, callback, last_line, start_project, tiny_args, write_image_folder
 
 
 def files_under(root: Path) -> list[str]:
@@ -94,18 +95,29 @@ def test_bad_input_is_one_line_exit_2_no_traceback_nothing_written(case, broken,
 def test_under_ddp_on_a_busy_machine_the_failing_rank_prints_last_naming_itself_and_the_file(broken, tmp_path):
     # Two processes spinning on the 2 cores: the timing under which the culprit's line was lost (Lightning's launcher
     # killed that rank while it waited to print last). 16 images, batch 8, 2 ranks: the bad one is in the first step.
+    # The ranks wait at the train start until the spinners run: busy cores for the failure, not for ~40 s of imports
+    # (which slowed the other CI worker's tests as much).
+    marker = tmp_path / "ready"
+    job = start_project(["fit", *tiny_args(broken["truncated_jpeg"], tmp_path / "runs"),
+                         "--config", str(CONFIGS / "cpu_ddp.yaml"),
+                         callback("stop_callbacks.WaitAtTrainStart", marker=str(marker))])
+    deadline = time.monotonic() + 300
+    while not all(Path(f"{marker}.{rank}").exists() for rank in (0, 1)) and job.poll() is None:
+        assert time.monotonic() < deadline, "the ranks never reached the train start"
+        time.sleep(0.1)
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
-        result = run_project(["fit", *tiny_args(broken["truncated_jpeg"], tmp_path / "runs"),
-                              "--config", str(CONFIGS / "cpu_ddp.yaml")])
+        time.sleep(0.5)  # spinning before the first batch is read
+        Path(f"{marker}.go").touch()
+        _, stderr = job.communicate(timeout=300)
     finally:
         for burner in burners:
             burner.kill()
-    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    culprit = [line for line in result.stderr.splitlines() if f"cannot decode {broken['victim']}" in line]
-    assert culprit and culprit[0].startswith("error (rank "), result.stderr[-3000:]
-    last = last_line(result.stderr)  # the culprit is rank 1 (the seed's shuffle): Lightning's launcher may add a line
-    assert last.startswith("error (rank ") and f"cannot decode {broken['victim']}" in last, result.stderr[-3000:]
+    assert job.returncode != 0 and "Traceback" not in stderr, stderr[-3000:]
+    culprit = [line for line in stderr.splitlines() if f"cannot decode {broken['victim']}" in line]
+    assert culprit and culprit[0].startswith("error (rank "), stderr[-3000:]
+    last = last_line(stderr)  # the culprit is rank 1 (the seed's shuffle): Lightning's launcher may add a line
+    assert last.startswith("error (rank ") and f"cannot decode {broken['victim']}" in last, stderr[-3000:]
     assert files_under(tmp_path / "runs") == []
 
 
