@@ -1,11 +1,17 @@
 """Pack an ImageNet-layout folder (or CSV manifests) into the shards classifier_engine.data.ShardDataModule reads.
 
     python -m tools.make_shards --source /datasets/imagenet --out s3://my-bucket/imagenet-256 --workers 16
+    python -m tools.make_shards --source /datasets/imagenet --out /data/in1k-wds --format webdataset   # WebDataset tars
 
 Each shard is the encoded images of `--shard-size` samples back to back; `<shard>.json` beside it (written after it)
 records its byte lengths and labels, and index.json (classes, splits, shards) is written last, atomically: a folder or
 prefix without index.json is not a shard set. A rerun keeps every shard whose record matches the plan (same images,
 same options) and writes the rest. Why this format and not LitData's: docs/data-at-scale.md.
+
+--format webdataset writes WebDataset tars instead, named and split as the Hugging Face ImageNet sets are
+(`<set>-train-0000.tar`, `<set>-validation-0000.tar`; keys `%08d`, members `<key>.jpg` and `<key>.cls`, the class index
+as text), readable by the `webdataset` package and timm; timm's `_info.json` (splits, shard lengths, and the class
+names, our addition) is written last.
 """
 
 import argparse
@@ -15,6 +21,7 @@ import io
 import json
 import os
 import sys
+import tarfile
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -130,14 +137,43 @@ def fingerprint(samples: list[tuple[str, int]], options: Options) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def write_shard(job: tuple[Output, str, list[tuple[str, int]], Options, str]) -> tuple[str, bool]:
+WEBDATASET_SPLITS = {"train": "train", "val": "validation", "test": "test"}  # the Hugging Face sets' split names
+INFO = "_info.json"  # timm's record of a WebDataset set's splits, written last
+EXTENSIONS = {b"\xff\xd8\xff": "jpg", b"\x89PNG": "png"}  # WEBP: RIFF....WEBP
+
+
+def image_extension(data: bytes, path: str) -> str:
+    """The WebDataset member extension of an encoded image: jpg, png or webp (what timm and the readers decode)."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    for magic, extension in EXTENSIONS.items():
+        if data.startswith(magic):
+            return extension
+    raise ConfigError(f"{path}: --format webdataset stores JPEG, PNG or WEBP images, and --keep-original kept another "
+                      "format: drop --keep-original (it is then re-encoded as JPEG)")
+
+
+def tar_bytes(images: list[bytes], samples: list[tuple[str, int]], first: int) -> bytes:
+    """A WebDataset tar: for sample i, `<first+i as %08d>.<jpg|png|webp>` then `.cls` (its label as text)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i, (data, (path, label)) in enumerate(zip(images, samples)):
+            key = f"{first + i:08d}"
+            for member, body in ((f"{key}.{image_extension(data, path)}", data), (f"{key}.cls", str(label).encode())):
+                info = tarfile.TarInfo(member)  # mtime 0, no owner: the same images give the same bytes
+                info.size, info.mode = len(body), 0o644
+                tar.addfile(info, io.BytesIO(body))
+    return out.getvalue()
+
+
+def write_shard(job: tuple[Output, str, list[tuple[str, int]], Options, str, int]) -> tuple[str, bool]:
     """Write one shard, then its record; nothing when a record with the same fingerprint is there already."""
-    output, name, samples, options, print_ = job
+    output, name, samples, options, print_, first = job
     old = output.read(f"{name}.json")
     if old is not None and json.loads(old)["fingerprint"] == print_:
         return name, False
     images = [encode(path, options) for path, _ in samples]
-    data = b"".join(images)
+    data = tar_bytes(images, samples, first) if name.endswith(".tar") else b"".join(images)
     output.write(name, data)
     record = {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
               "lengths": list(map(len, images)), "labels": [label for _, label in samples], "fingerprint": print_}
@@ -167,43 +203,63 @@ def read_source(source: str, val_source: Optional[str]) -> tuple[list[str], list
     return classes, classes, {split: [(p, index[label]) for p, label in rows] for split, rows in named.items()}
 
 
-def plan(splits: dict[str, list], options: Options) -> list[tuple[str, list, str]]:
-    """(shard name, samples, fingerprint) of every shard: shard k of a split holds its samples k*size ... in order."""
+def plan(splits: dict[str, list], options: Options, webdataset: bool = False) -> list[tuple[str, list, str, int]]:
+    """(shard name, samples, fingerprint, first sample's number) of every shard: shard k of a split holds its samples
+    k*size ... in order."""
     jobs = []
     for split, samples in splits.items():
         for k, first in enumerate(range(0, len(samples), options.shard_size)):
             chunk = [(str(path), int(label)) for path, label in samples[first:first + options.shard_size]]
-            jobs.append((f"{split}-{k:05d}.shard", chunk, fingerprint(chunk, options)))
+            name = f"{split}-{k:05d}.shard" if not webdataset else f"{WEBDATASET_SPLITS[split]}-{k:04d}.tar"
+            jobs.append((name, chunk, fingerprint(chunk, options), first))
     return jobs
 
 
-def convert(source: str, out: str, options: Options, *, val_source: Optional[str] = None, workers: int = 1) -> dict:
+def convert(source: str, out: str, options: Options, *, val_source: Optional[str] = None, workers: int = 1,
+            webdataset: bool = False) -> dict:
     classes, labels, splits = read_source(source, val_source)
-    jobs = plan(splits, options)
+    jobs = plan(splits, options, webdataset)
     output = Output(out)
     output.check()
-    whole = hashlib.sha256("".join(f for _, _, f in jobs).encode()).hexdigest()[:16]
-    old = output.read(INDEX)
+    whole = hashlib.sha256("".join(f for _, _, f, _ in jobs).encode()).hexdigest()[:16]
+    last = INFO if webdataset else INDEX  # the file that makes the set whole, written last
+    old = output.read(last)
     if old is not None:
         if json.loads(old).get("fingerprint") == whole:
             log(f"{out} is complete already ({len(jobs)} shards): nothing to do")
             return json.loads(old)
         log(f"{out} holds another shard set (other images or options): starting over, shards rewritten")
-        output.remove(INDEX)  # never an index naming shards that are being rewritten
+        output.remove(last)  # never an index naming shards that are being rewritten
     started, written = time.time(), 0
-    tasks = [(output, n, s, options, f) for n, s, f in jobs]
+    tasks = [(output, *job[:2], options, *job[2:]) for job in jobs]
     with Pool(workers) if workers > 1 else nullcontext() as pool:  # one worker: this process, no fork
         for _, fresh in (pool.imap_unordered(write_shard, tasks) if pool else map(write_shard, tasks)):
             written += fresh
     log(f"{written} shards written, {len(jobs) - written} kept from an earlier run, in {time.time() - started:.1f} s")
+    records = {name: json.loads(output.read(f"{name}.json")) for name, *_ in jobs}
+    if webdataset:
+        return write_info(output, classes, labels, whole, {split: [r for n, r in records.items() if
+                                                                  n.startswith(f"{WEBDATASET_SPLITS[split]}-")]
+                                                              for split in splits})
     index = {"format": FORMAT, "classes": classes, "class_labels": labels, "options": asdict(options),
              "fingerprint": whole, "splits": {split: [] for split in splits}}
-    for name, _, _ in jobs:
-        record = json.loads(output.read(f"{name}.json"))
+    for name, record in records.items():
         shard = {k: record[k] for k in ("file", "bytes", "sha256", "lengths", "labels")}
         index["splits"][name.split("-")[0]].append(shard)
     output.write(INDEX, json.dumps(index).encode())
     return index
+
+
+def write_info(output: Output, classes: list[str], labels: list[str], whole: str, splits: dict[str, list]) -> dict:
+    """timm's _info.json of the tars (its reader takes the splits' files and lengths from it), plus the class names."""
+    info = {"name": Path(output.location.rstrip("/")).name, "classes": classes, "class_labels": labels,
+            "fingerprint": whole, "splits": {
+                WEBDATASET_SPLITS[split]: {"name": WEBDATASET_SPLITS[split], "filenames": [r["file"] for r in records],
+                                           "shard_lengths": [len(r["labels"]) for r in records],
+                                           "num_samples": sum(len(r["labels"]) for r in records)}
+                for split, records in splits.items()}}
+    output.write(INFO, json.dumps(info).encode())
+    return info
 
 
 def log(message: str) -> None:
@@ -219,12 +275,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality of the re-encoded images")
     parser.add_argument("--keep-original", action="store_true", help="store each file's bytes as they are")
     parser.add_argument("--shard-size", type=int, default=1024, help="images per shard")
+    parser.add_argument("--format", choices=["project", "webdataset"], default="project",
+                        help="our shards (index.json), or WebDataset tars named as the Hugging Face ImageNet sets")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
                         help="processes encoding shards (default: the cores this process may use)")
     args = parser.parse_args(argv)
     try:
         options = Options(args.max_short_side, args.quality, args.keep_original, args.shard_size)
-        index = convert(args.source, args.out, options, val_source=args.val_source, workers=args.workers)
+        index = convert(args.source, args.out, options, val_source=args.val_source, workers=args.workers,
+                        webdataset=args.format == "webdataset")
     except (ConfigError, DiskFullError) as error:
         print(f"make_shards: {error}", file=sys.stderr)
         return 2
@@ -233,7 +292,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"make_shards: {error.filename or args.out}: {error.strerror or error}: {fix}, then rerun "
               "(finished shards are kept)", file=sys.stderr)
         return 2
-    counts = {split: sum(len(s["labels"]) for s in shards) for split, shards in index["splits"].items()}
+    counts = {split: shards["num_samples"] if isinstance(shards, dict) else sum(len(s["labels"]) for s in shards)
+              for split, shards in index["splits"].items()}  # _info.json's splits, or index.json's
     log(f"{args.out}: {len(index['classes'])} classes, {counts}")
     return 0
 

@@ -24,8 +24,10 @@ MAX_FUNCTION_LINES = 60
 # never-logged metric 9; items 1, 2, 3, 9, 10, 11 ~410 (training that outlives its MLflow server, tracked-history and
 # password checks, bounded object-store retries, every user batch checked against the contract); its last gaps 100 (a
 # moved run dir's best checkpoint, batches ordered by progress, drop_last=false's batch of one, every config file
-# jsonargparse reads size-checked, a new fit into a deleted MLflow experiment, data.shards named). It may only shrink.
-MAX_ENGINE_LINES = 7_320
+# jsonargparse reads size-checked, a new fit into a deleted MLflow experiment, data.shards named); issue 38 item 3 203
+# (WebDataset tars read as they are: each tar indexed from its headers into the cache, member names and samples checked
+# as untrusted input, timm's _info.json checked, an object-store prefix listed). It may only shrink.
+MAX_ENGINE_LINES = 7_525
 # The room's words (the template's model, network, options and metric names): the engine reads a model and data only
 # through the contract (classifier_engine/contract.py), so none may appear in its code, strings or comments.
 ROOM_WORDS = re.compile(r"val/acc1|val_acc1|\.network\b|[\"']network[\"']|\barch\b|ImageClassifier"

@@ -1,5 +1,6 @@
-"""ShardDataModule: images packed into shards by tools/make_shards.py, read from a local or parallel-filesystem folder
-or from s3://bucket/prefix (through a node-local cache), with every option of the folder module (docs/data-at-scale.md).
+"""ShardDataModule: images packed into shards by tools/make_shards.py, or WebDataset tars (tar_shards.py), read from a
+local or parallel-filesystem folder or from s3://bucket/prefix (through a node-local cache), with every option of the
+folder module (docs/data-at-scale.md).
 
     python -m project fit --config configs/quickstart.yaml --data.class_path classifier_engine.data.ShardDataModule \
         --data.init_args.shards s3://my-bucket/imagenet-256 --data.init_args.cache_dir /local/nvme/shards
@@ -25,6 +26,7 @@ from classifier_engine.data.decoders import DEVICE_DECODERS
 from classifier_engine.data.embedded import cache_dir as data_cache
 from classifier_engine.data.image_data import ImageDataModule
 from classifier_engine.data.listed_paths import inside
+from classifier_engine.data.tar_shards import tar_index
 from classifier_engine.data.training_samples import SeededSamples
 from classifier_engine.errors import ConfigError, DataUnavailable, UnreadableImageError
 from classifier_engine.options import PositiveInt
@@ -40,6 +42,10 @@ EXTRA = 'pip install -e ".[shards]"'
 # ~70 s, then one line (and last.ckpt saved at the step reached: run/last_checkpoint.py).
 TRIES, BACKOFF_S, READ_TIMEOUT_S = 4, 1.0, 15.0
 BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3's (and MinIO's) rule for bucket names
+
+
+class MissingIndex(ConfigError):
+    """A location without our index.json: not a shard set, unless it holds WebDataset tars."""
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -96,8 +102,8 @@ def s3_error(error: Exception, url: str, tries: int = 1, option: Optional[str] =
         return ConfigError(f"{url}: missing from the object store: copy the whole shard set again, or rewrite it with "
                            "python -m tools.make_shards")
     if code in ("NoSuchKey", "404"):
-        return ConfigError(f"{url}: no {INDEX} there: not a finished shard set; write one with python -m "
-                           "tools.make_shards --source ROOT --out URL")
+        return MissingIndex(f"{url}: no {INDEX} there: not a finished shard set; write one with python -m "
+                            "tools.make_shards --source ROOT --out URL")
     return error
 
 
@@ -126,9 +132,9 @@ class ShardStore:
     def __init__(self, location: str, cache_dir: Optional[str] = None):
         check_location(location)
         self.location, self.remote = location, location.startswith("s3://")
+        self.cache_root = Path(cache_dir or data_cache() / "shards").expanduser()  # also WebDataset tars' indexes
         if self.remote:
             bucket, prefix = split_url(location)
-            self.cache_root = Path(cache_dir or data_cache() / "shards").expanduser()
             self.cache = self.cache_root / bucket / prefix
             # Now, in one line, not at the first download (in a DataLoader worker); nothing is written yet.
             there = next(p for p in (self.cache, *self.cache.parents) if p.exists())
@@ -150,13 +156,29 @@ class ShardStore:
             self._client, self._pid = s3_client(retries=0), os.getpid()  # ShardStore.get tries again itself
         return self._client
 
+    def listing(self) -> dict[str, tuple[int, str]]:
+        """(bytes, version) of each file directly in the folder (its mtime) or under the prefix (its ETag)."""
+        if not self.remote:
+            files = [path for path in self.cache.iterdir() if path.is_file()] if self.cache.is_dir() else []
+            return {path.name: (path.stat().st_size, str(path.stat().st_mtime_ns)) for path in files}
+        bucket, prefix = split_url(self.location)
+        found, client = {}, self.client()
+        try:  # one try at start-up, as the index's read
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/".lstrip("/"),
+                                                                          Delimiter="/"):
+                found.update({item["Key"].rpartition("/")[2]: (item["Size"], item["ETag"])
+                              for item in page.get("Contents", [])})
+        except Exception as error:  # noqa: BLE001  botocore's, sorted by s3_error
+            raise s3_error(error, self.location, option="data.shards") from None
+        return found
+
     def read_index(self) -> dict[str, Any]:
         try:  # at start-up a server that is not there is said at once (mid-run a shard's download is retried)
             body = self.get(INDEX, tries=1) if self.remote else (self.cache / INDEX).read_bytes()
         except FileNotFoundError:
             why = "no such folder" if not self.cache.exists() else f"no {INDEX}: a conversion not finished"
-            raise ConfigError(f"data.shards: {self.location}: {why}; write the shards with python -m "
-                              f"tools.make_shards --source ROOT --out {self.location}") from None
+            raise MissingIndex(f"data.shards: {self.location}: {why}; write the shards with python -m "
+                               f"tools.make_shards --source ROOT --out {self.location}") from None
         except OSError as error:
             raise ConfigError(f"data.shards: cannot read {self.cache / INDEX} ({error.strerror or error})") from None
         where = f"data.shards: {self.location}/{INDEX}"
@@ -271,7 +293,9 @@ class ShardImages(Dataset):
         self.starts = [0]
         for size in self.sizes:
             self.starts.append(self.starts[-1] + size)
-        self.offsets = [[0, *torch.tensor(shard["lengths"]).cumsum(0).tolist()] for shard in shards]
+        # Each image's first byte: given for a tar's members, back to back in our shards.
+        self.offsets = [shard["offsets"] if "offsets" in shard else
+                        [0, *torch.tensor(shard["lengths"]).cumsum(0).tolist()][:-1] for shard in shards]
         self._files: dict[int, Any] = {}
         self._pid = None
 
@@ -287,13 +311,14 @@ class ShardImages(Dataset):
         if shard not in self._files:
             entry = self.shards[shard]
             self._files[shard] = open(self.store.local(entry["file"], entry["bytes"], entry.get("sha256")), "rb")
-        start, end = self.offsets[shard][item], self.offsets[shard][item + 1]
-        return os.pread(self._files[shard].fileno(), end - start, start)
+        return os.pread(self._files[shard].fileno(), self.shards[shard]["lengths"][item], self.offsets[shard][item])
 
     def __getitem__(self, index: int):
         shard = bisect.bisect_right(self.starts, index) - 1
         item = index - self.starts[shard]
-        where = f"{self.store.location}/{self.shards[shard]['file']} (image {item})"
+        keys = self.shards[shard].get("keys")  # a tar's: the sample's key names it
+        sample = f"key {keys[item]!r}" if keys else f"image {item}"
+        where = f"{self.store.location}/{self.shards[shard]['file']} ({sample})"
         try:
             image = decode_bytes(self._read(shard, item), self.decoder, where)
         except UnreadableImageError as error:
@@ -322,7 +347,8 @@ class ShardOrderSampler(ResumableSampler):
 
 
 class ShardDataModule(ImageDataModule):
-    """The classes and splits of a shard set written by tools/make_shards.py; labels are class names in its index."""
+    """The classes and splits of a shard set written by tools/make_shards.py (labels are class names in its index), or
+    of a folder or prefix of WebDataset tars (labels their .cls indices)."""
 
     train_sampler_class = ShardOrderSampler
 
@@ -331,10 +357,12 @@ class ShardDataModule(ImageDataModule):
         """
         Args:
             shards: folder (local or a parallel filesystem) or s3://bucket/prefix written by python -m
-                tools.make_shards; the object store's endpoint and keys come from AWS_ENDPOINT_URL,
+                tools.make_shards, or of WebDataset tars (<set>-train-0000.tar, <set>-validation-0000.tar, as the
+                Hugging Face ImageNet sets); the object store's endpoint and keys come from AWS_ENDPOINT_URL,
                 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (never from the config).
-            cache_dir: node-local folder s3:// shards are downloaded to, each once (default
-                $PROJECT_DATA_CACHE/shards, else ~/.cache/project/shards); it needs room for the whole shard set.
+            cache_dir: node-local folder s3:// shards are downloaded to, each once, and WebDataset tars' indexes are
+                kept in (default $PROJECT_DATA_CACHE/shards, else ~/.cache/project/shards); it needs room for the
+                whole shard set.
             shuffle_window: shards whose images are shuffled together (more: a better shuffle, more open shards).
             **options: the options every image data module has (classifier_engine.data.image_data.ImageDataModule).
         """
@@ -346,7 +374,12 @@ class ShardDataModule(ImageDataModule):
             raise ConfigError(f"data.decoder={self.decoder}: shards decode in the DataLoader workers: choose auto, "
                               "torchvision, torchcodec or pil")
         self.store = ShardStore(shards, cache_dir)
-        self.index = self.store.read_index()  # now, not in setup(): the CLI links num_classes into the model
+        try:  # now, not in setup(): the CLI links num_classes into the model
+            self.index = self.store.read_index()
+        except MissingIndex:  # a location of WebDataset tars (tar_shards.py), if it holds some
+            if (tars := tar_index(self.store, self.store.listing())) is None:
+                raise
+            self.index = tars
         self.class_names = list(self.index["classes"])
         self.num_classes = len(self.class_names)
         self.class_labels = list(self.index.get("class_labels") or self.class_names)
