@@ -67,8 +67,7 @@ class Defaults:
     tidy_hooks: Sequence[TidyHook] = ()
 
 
-# Registered on import, not in cli_main: a ddp_spawn child unpickles the parser, whose mode must name a known loader.
-LIMITED_YAML = limited_yaml_mode()
+LIMITED_YAML = limited_yaml_mode()  # on import: a ddp_spawn child unpickles the parser, never runs cli_main
 
 class ProjectParser(LightningArgumentParser):
     tidy_hooks: Sequence[TidyHook] = ()  # the entry point's (Defaults), set by ProjectCLI.init_parser
