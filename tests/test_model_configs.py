@@ -26,7 +26,8 @@ MODEL_CONFIGS = sorted(path for path in CONFIGS.rglob("*.yaml")
 
 # Networks stepped as the smallest of their torchvision family, everything else of the config as it is: the same
 # family code for a fraction of the compute (wide_resnet50_2's two steps at 32 px took 26 s of CI's 2 cores, ViT-L's
-# 50 s). The configured network is built on meta and counted; tests/test_backbones.py steps each config's own network.
+# 50 s). The configured network is built on meta and counted; tests/test_backbones.py steps each config's own network
+# (the ResNets: their forward, on meta but resnet18).
 STEPPED_AS = {"resnet": "resnet18", "efficientnet": "efficientnet_b0", "mobilenetv3": "mobilenet_v3_small",
               "vision_transformer": "vit_b_32"}
 
