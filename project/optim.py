@@ -26,6 +26,8 @@ from torch.distributed.tensor import DTensor
 
 from project.backbones import classifier_head
 
+STEP_MILESTONES = (30, 60, 80)  # the ResNet recipe's: x0.1 at epochs 30, 60 and 80
+
 
 @dataclass(frozen=True)
 class Optimization:
@@ -59,7 +61,7 @@ class Optimization:
     decay_norm_and_bias: bool = True
     schedule: Literal["cosine", "step", "linear"] = "cosine"
     warmup_epochs: NonNegativeFloat = 5.0
-    step_milestones: list[NonNegativeInt] = field(default_factory=lambda: [30, 60, 80])
+    step_milestones: list[NonNegativeInt] = field(default_factory=lambda: list(STEP_MILESTONES))
     step_every_epochs: Optional[PositiveInt] = None
     step_gamma: ShrinkFactor = 0.1
 
@@ -78,7 +80,7 @@ class Optimization:
         if any(later <= earlier for earlier, later in zip(milestones, milestones[1:])):
             raise ConfigError(f"model.optim.step_milestones: expected increasing epochs, got {milestones}: sort "
                               f"them, without repeats (--model.optim.step_milestones={sorted(set(milestones))})")
-        if self.step_every_epochs is not None and list(milestones) != [30, 60, 80]:
+        if self.step_every_epochs is not None and tuple(milestones) != STEP_MILESTONES:
             raise ConfigError(f"model.optim.step_every_epochs={self.step_every_epochs} and "
                               f"step_milestones={milestones} both say when the LR steps: keep one of them")
 
