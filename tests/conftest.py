@@ -11,6 +11,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+# One intra-op thread per process, in this one (torch is not imported yet) and in every process a test starts: CI runs
+# two test workers on two cores, each with its own processes (ranks, runs), and torch's default, a thread a core, then
+# oversubscribes them while OpenMP's threads spin-wait on descheduled ones. A quickstart fit under the suite's load
+# took 17.6 s with 2 threads and 8.9 s with 1 (mean of 4 each, this machine, 2026-12-06).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 CONFIGS = REPO / "configs"

@@ -13,6 +13,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import warm_python
+
+# One intra-op thread per process, in this one (torch is not imported yet) and in every process a test starts: CI runs
+# two test workers on two cores, each with its own processes (ranks, runs), and torch's default, a thread a core, then
+# oversubscribes them while OpenMP's threads spin-wait on descheduled ones. A quickstart fit under the suite's load
+# took 17.6 s with 2 threads and 8.9 s with 1 (mean of 4 each, this machine, 2026-12-06).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 REPO = Path(__file__).resolve().parents[2]  # the template around engine/
 TESTS = Path(__file__).resolve().parent
 CONFIGS = REPO / "configs"
@@ -103,16 +111,25 @@ def project_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str, 
 
 
 def run_project(args: list[str], *, cwd: Path = REPO, env: dict | None = None, timeout: float = 600,
-                launcher: list[str] | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m project ARGS` (or `LAUNCHER -m project ARGS`) in a fresh process; output captured."""
+                launcher: list[str] | None = None, fresh: bool = False) -> subprocess.CompletedProcess:
+    """Run `python -m project ARGS` in a new process; output captured. The process starts warm (warm_python.py: forked
+    from an interpreter that has the imports) unless a LAUNCHER is given or `fresh` asks for a new interpreter."""
+    if launcher is None and not fresh:
+        return warm_python.run(args, cwd=cwd, env=project_env(env), timeout=timeout)
     command = [*(launcher or [sys.executable]), "-m", "project", *args]
     return subprocess.run(command, cwd=cwd, env=project_env(env), capture_output=True, text=True, timeout=timeout)
 
 
-def start_project(args: list[str], *, env: dict | None = None, new_session: bool = False) -> subprocess.Popen:
-    """Start `python -m project ARGS` without waiting (for signals, kill -9, concurrent runs); output captured."""
+def start_project(args: list[str], *, env: dict | None = None, new_session: bool = False, merge_stderr: bool = False,
+                  fresh: bool = False) -> subprocess.Popen | warm_python.WarmProcess:
+    """Start `python -m project ARGS` without waiting (for signals, kill -9, concurrent runs); output captured (in one
+    stream with merge_stderr, as a terminal shows it). Warm (as run_project) unless `fresh`."""
+    if not fresh:
+        return warm_python.start(args, cwd=REPO, env=project_env(env), new_session=new_session,
+                                 merge_stderr=merge_stderr)
     return subprocess.Popen([sys.executable, "-m", "project", *args], cwd=REPO, env=project_env(env), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=new_session)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                            start_new_session=new_session)
 
 
 # Lightning's launcher (rank 0 of strategy ddp) polls its child ranks every 5 s; one that exited non-zero makes it log

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 
 import pytest
@@ -20,6 +19,7 @@ import torch
 from PIL import Image
 
 import classifier_engine
+import warm_python
 from conftest import callback
 
 MY_MODEL = '''
@@ -194,9 +194,9 @@ def test_it_validates_alike_at_one_and_two_ranks(code, reference, capsys):
     engine("validate", *args(run_dir), f"--ckpt_path={checkpoint}")
     one = float(re.search(r"val/accuracy\s+([0-9.]+)", capsys.readouterr().out).group(1))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
-    two = subprocess.run([sys.executable, "-m", "classifier_engine", "validate", *args(run_dir),
-                          "--trainer.strategy=ddp", "--trainer.devices=2", f"--ckpt_path={checkpoint}"],
-                         env=env, capture_output=True, text=True, timeout=600)
+    two = warm_python.run(["validate", *args(run_dir), "--trainer.strategy=ddp", "--trainer.devices=2",
+                           f"--ckpt_path={checkpoint}"], module="classifier_engine", cwd=os.getcwd(), env=env,
+                          timeout=600)
     assert two.returncode == 0, two.stderr[-3000:]
     assert float(re.search(r"val/accuracy\s+([0-9.]+)", two.stdout).group(1)) == one  # 51 + 50 images, none twice
 

@@ -7,8 +7,6 @@ image, repeated augmentation, and a progressive-resizing ramp the kill lands in.
 """
 
 import signal
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import pytest
 import torch
 from project import cli_main
 
-from conftest import CONFIGS, REPO, callback, project_env, read_scalars, run_project, start_project, tiny_args
+from conftest import CONFIGS, callback, read_scalars, run_project, start_project, tiny_args
 
 # 40 images in batches of 8: 5 steps per epoch on one process, 2 per rank under ddp x2 (20 images each, the
 # incomplete last batch dropped: data.drop_last).
@@ -114,8 +112,7 @@ def test_sighup_to_the_process_group_is_a_sigterm_saves_says_so_on_its_own_line_
     args = tiny_args(tiny_root, tmp_path, *EPOCHS, *WORKERS)
     stop = [f"--last_checkpoint.every_minutes={1e-7}", "--trainer.enable_progress_bar=true",
             callback("stop_callbacks.SignalAtStep", step=4, signum=int(signal.SIGHUP), group=True)]
-    run = subprocess.Popen([sys.executable, "-m", "project", "fit", *args, *stop], cwd=REPO, env=project_env(),
-                           text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    run = start_project(["fit", *args, *stop], new_session=True, merge_stderr=True)
     out, _ = run.communicate(timeout=300)
     assert run.returncode == 143, out[-3000:]
     assert "Traceback" not in out
