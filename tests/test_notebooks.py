@@ -32,7 +32,7 @@ class Payload:
 def execute(name: str, **env: str) -> nbformat.NotebookNode:
     """Run notebooks/NAME in a fresh kernel (cwd notebooks/, as in Jupyter) with these extra environment variables."""
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
-    client = NotebookClient(notebook, timeout=300, kernel_name="python3",
+    client = NotebookClient(notebook, timeout=900, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOKS)}})
     # PROJECT_DATA_CACHE comes from the session fixture in conftest: the kernel reuses the materialized digits.
     client.execute(env={**os.environ, "PROJECT_NOTEBOOK_FAST": "1", **env})

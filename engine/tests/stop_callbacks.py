@@ -51,7 +51,7 @@ class WaitAtTrainStart(L.Callback):
     """Every rank writes `marker`.<rank> as training starts (after the sanity check, before the first batch is read)
     and waits there for `marker`.go: the test sets the stage (e.g. busy cores) for the first step only."""
 
-    def __init__(self, marker: str, timeout_s: float = 300):
+    def __init__(self, marker: str, timeout_s: float = 900):
         self.marker, self.timeout_s = marker, timeout_s
 
     def on_train_start(self, trainer, pl_module):

@@ -101,7 +101,7 @@ def test_under_ddp_on_a_busy_machine_the_failing_rank_prints_last_naming_itself_
     job = start_project(["fit", *tiny_args(broken["truncated_jpeg"], tmp_path / "runs"),
                          "--config", str(CONFIGS / "cpu_ddp.yaml"),
                          callback("stop_callbacks.WaitAtTrainStart", marker=str(marker))])
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 900
     while not all(Path(f"{marker}.{rank}").exists() for rank in (0, 1)) and job.poll() is None:
         assert time.monotonic() < deadline, "the ranks never reached the train start"
         time.sleep(0.1)
@@ -109,7 +109,7 @@ def test_under_ddp_on_a_busy_machine_the_failing_rank_prints_last_naming_itself_
     try:
         time.sleep(0.5)  # spinning before the first batch is read
         Path(f"{marker}.go").touch()
-        _, stderr = job.communicate(timeout=300)
+        _, stderr = job.communicate(timeout=900)
     finally:
         for burner in burners:
             burner.kill()

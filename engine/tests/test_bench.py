@@ -17,7 +17,7 @@ from conftest import REPO
 
 def run(command: list[str], tmp_path, **env) -> subprocess.CompletedProcess:
     result = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
-                            capture_output=True, text=True, timeout=600)
+                            capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, f"{command} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     return result
 
@@ -134,7 +134,7 @@ def test_gpu_bench_row_that_fails_says_why_and_the_rows_after_it_still_run(tmp_p
     command = [sys.executable, "bench/gpu_bench.py", "--tiny", "--jpegs", str(tiny_root), "--variants", "fp32",
                "--real", "fp32", "--no-synthetic", "--decoders", "no-such-decoder,torchvision", "--out",
                str(tmp_path / "rows")]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 1, result.stderr[-3000:]  # a row failed
     failed, measured = json.loads((tmp_path / "rows.json").read_text())["rows"]
     assert failed["decoder"] == "no-such-decoder" and failed["error"].startswith("ConfigError: data.decoder: expected")

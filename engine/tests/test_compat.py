@@ -200,7 +200,7 @@ def test_canary_stock_slurm_requeue_saves_inside_the_signal_handler(tmp_path):
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "SLURM_JOB_ID": "1",
            "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
     script = SLURM_REQUEUE.format(tests=str(TESTS), out=str(tmp_path))
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert "SAVED_IN_HANDLER [" in result.stdout, result.stderr[-2000:]
     assert "SAVED_IN_HANDLER [False]" in result.stdout  # saved at a batch end, not inside the handler
 
@@ -222,7 +222,7 @@ L.Trainer(accelerator="cpu", devices=1, max_steps=20, logger=False, enable_progr
 @canary("test_canary_stock_trainer_exits_0_on_sigterm")
 def test_canary_stock_trainer_exits_0_on_sigterm(tmp_path):
     script = SIGTERM_EXIT.format(tests=str(TESTS), out=str(tmp_path))
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode != 0
 
@@ -349,7 +349,7 @@ torch.save({{n: p.detach() for n, p in model.network.named_parameters()}}, {out!
 def test_canary_stock_finetuning_freeze_lets_ddp_ranks_diverge(tmp_path):
     script = tmp_path / "two_ranks.py"
     script.write_text(textwrap.dedent(TWO_RANKS.format(tests=str(TESTS), out=str(tmp_path))))
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=900,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr[-3000:]
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
@@ -386,7 +386,7 @@ def test_canary_stock_torchrun_restart_meets_the_previous_attempts_keys():
     worker = TESTS / "elastic_canary_worker.py"
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--max-restarts=1",
                              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", str(worker)],
-                            capture_output=True, text=True, timeout=240)
+                            capture_output=True, text=True, timeout=900)
     verdict = [line for line in result.stdout.splitlines() if line in ("stale", "fresh")]
     if not verdict:  # the job itself failed: not the bug's own failure, so not an xfail
         raise RuntimeError(result.stdout[-2000:] + result.stderr[-2000:])

@@ -55,7 +55,7 @@ def ddp_run(tiny_root, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("ddp_run")
     args = ["fit", *tiny_args(tiny_root, run_dir, "--trainer.max_epochs=2", "--trainer.check_val_every_n_epoch=2",
                               "--trainer.enable_progress_bar=true"), *CPU_DDP, "--ddp_timeout_minutes=1"]
-    assert_ok(run_project(args, timeout=240))
+    assert_ok(run_project(args, timeout=900))
     return run_dir
 
 

@@ -205,7 +205,7 @@ def test_a_failed_check_ends_the_process_with_one_line_naming_the_file_and_the_d
                                                   example=torch.randn(2, 3, 8, 8), class_names=["a", "b", "c"],
                                                   preprocessing={PRE!r}, onnx=False))
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900)
     assert result.returncode == 2, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]

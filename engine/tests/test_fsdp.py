@@ -52,7 +52,7 @@ def trained(path: Path, tmp_path: Path) -> dict:
 @pytest.fixture(scope="module")
 def fsdp_run(tiny_root, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("fsdp_run")
-    assert_ok(run_project(["fit", *tiny_args(tiny_root, run_dir, *EPOCHS), *FSDP, after_step(run_dir)], timeout=300))
+    assert_ok(run_project(["fit", *tiny_args(tiny_root, run_dir, *EPOCHS), *FSDP, after_step(run_dir)], timeout=900))
     return run_dir
 
 
@@ -79,7 +79,7 @@ def test_fsdp_steps_as_ddp_does_and_its_checkpoint_evaluates_exactly_at_1_and_2_
     # 9.7e-9 and momentum 4.0e-7 apart, relative; the step moves the weights 5.7e-2).
     continued = tmp_path / "continued"
     assert_ok(run_project(["fit", *tiny_args(tiny_root, continued, *EPOCHS), *FSDP, *SHARDED,
-                           "--trainer.max_steps=2", f"--ckpt_path={ddp_run / 'step1.ckpt'}"], timeout=300))
+                           "--trainer.max_steps=2", f"--ckpt_path={ddp_run / 'step1.ckpt'}"], timeout=900))
     assert_same_training(trained(continued, tmp_path), final_state(ddp_run / "step2.ckpt"), tolerance=1e-5)
     # The checkpoint is a ddp one, key for key: what validates and exports in one process (python -m project export).
     assert {k: v.shape for k, v in fsdp["weights"].items()} == {k: v.shape for k, v in reference["weights"].items()}
@@ -101,7 +101,7 @@ def test_fsdp_kill_9_mid_epoch_then_resume_ends_as_the_uninterrupted_run(fsdp_ru
     # Sharded checkpoints, killed and resumed: the fixture's one-file run, bitwise (the same reductions).
     run = tmp_path / "run"
     args = [*tiny_args(tiny_root, run, *EPOCHS), *FSDP, *SHARDED]
-    killed = run_project(["fit", *args, *EVERY_STEP, callback("stop_callbacks.SignalAtStep", step=3)], timeout=300)
+    killed = run_project(["fit", *args, *EVERY_STEP, callback("stop_callbacks.SignalAtStep", step=3)], timeout=900)
     assert killed.returncode != 0
     stopped = trained(run, tmp_path)
     assert (stopped["step"], stopped["epoch"]) == (3, 1)  # epoch 1, after its first batch
@@ -109,7 +109,7 @@ def test_fsdp_kill_9_mid_epoch_then_resume_ends_as_the_uninterrupted_run(fsdp_ru
     # network's): the shards read into the one-file checkpoint they stand for.
     files = export_main(["--ckpt_path", str(run / LAST), "--out_dir", str(tmp_path / "export"), "--no-onnx"])
     assert files["pt2"].is_file()
-    assert_ok(run_project(["fit", *args, "--ckpt_path=last"], timeout=300))
+    assert_ok(run_project(["fit", *args, "--ckpt_path=last"], timeout=900))
     assert_same_training(trained(run, tmp_path), final_state(fsdp_run), tolerance=0)
     # Each checkpoint is its file and one folder: the earlier saves' folders were deleted as each new one landed.
     checkpoints = (run / LAST).parent

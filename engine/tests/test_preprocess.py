@@ -106,7 +106,7 @@ def test_the_copied_file_runs_an_export_without_this_package_or_lightning(tmp_pa
                "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run([sys.executable, "-c", blocked, "export/preprocess.py", "export", *map(str, photos)],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     printed = [dict(re.findall(r"^  (\w+): ([0-9.]+)$", block, flags=re.M))
                for block in re.split(r"^\S.*$", result.stdout, flags=re.M)[1:]]

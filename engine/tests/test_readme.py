@@ -158,11 +158,11 @@ def test_the_readmes_commands_run_the_cli_and_the_table_generator():
     fit = shlex.split(the_command("project fit").split("&&")[-1])
     assert fit[:3] == ["python", "-m", "project"]
     parsed = subprocess.run([sys.executable, *fit[1:], "--print_config"], cwd=REPO, capture_output=True, text=True,
-                            timeout=300)
+                            timeout=900)
     assert parsed.returncode == 0, parsed.stderr[-2000:]
     assert yaml.safe_load(parsed.stdout)["data"]["init_args"]["root"] == "embedded:digits"  # the no-download data
 
     printed = subprocess.run([sys.executable, "-m", "tools.workarounds_table"], cwd=REPO, capture_output=True,
-                             text=True, timeout=300)
+                             text=True, timeout=900)
     assert printed.returncode == 0, printed.stderr[-2000:]
     assert printed.stdout == markdown_table()

@@ -72,7 +72,7 @@ def test_kill_9_during_a_checkpoint_rewrite_leaves_the_previous_file_whole(tmp_p
     path = run / "last.ckpt"
     saver = subprocess.Popen([sys.executable, "-c", SAVE_LOOP, str(path)], env=env, stdout=subprocess.PIPE, text=True)
     assert saver.stdout.readline().strip() == "0"  # one complete save
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300
     while not [p for p in run.glob(".last.ckpt.*.partial") if p.stat().st_size > 10_000_000]:
         assert time.monotonic() < deadline, "the second save never started writing"
         time.sleep(0.001)
@@ -289,7 +289,7 @@ def test_a_second_fit_into_a_run_dir_in_use_stops_naming_the_first(trained, tiny
         code, _, second_err = project_in_process(args, monkeypatch, capsys)
     finally:
         os.kill(first.pid, signal.SIGCONT)
-    out, err = first.communicate(timeout=300)
+    out, err = first.communicate(timeout=900)
     assert first.returncode == 0, err[-3000:]
     assert code == 2 and "Traceback" not in second_err
     assert f"run dir {root / 'lightning_logs' / 'version_0'} is in use by pid {first.pid} on" in second_err
@@ -346,7 +346,7 @@ def test_a_rank_that_stops_answering_or_dies_ends_the_ddp_job_with_a_message(tin
     job = ranks[0]
     try:
         started = time.monotonic()
-        job.wait(timeout=120)
+        job.wait(timeout=600)
         ended_after = time.monotonic() - started
     finally:
         for rank in ranks:

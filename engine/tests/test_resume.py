@@ -113,7 +113,7 @@ def test_sighup_to_the_process_group_is_a_sigterm_saves_says_so_on_its_own_line_
     stop = [f"--last_checkpoint.every_minutes={1e-7}", "--trainer.enable_progress_bar=true",
             callback("stop_callbacks.SignalAtStep", step=4, signum=int(signal.SIGHUP), group=True)]
     run = start_project(["fit", *args, *stop], new_session=True, merge_stderr=True)
-    out, _ = run.communicate(timeout=300)
+    out, _ = run.communicate(timeout=900)
     assert run.returncode == 143, out[-3000:]
     assert "Traceback" not in out
     (line,) = [line for line in out.split("\n") if "stopped by SIGHUP" in line]
@@ -197,7 +197,7 @@ def test_ctrl_c_to_a_ddp_job_saves_once_on_every_rank_and_exits_130(tiny_root, t
     args = ["fit", *tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=3", "--last_checkpoint.check_every_n_steps=1"),
             *CPU_DDP, callback("stop_callbacks.SignalAtStep", step=1, signum=int(signal.SIGINT), rank=1, group=True)]
     job = start_project(args, new_session=True)
-    out, err = job.communicate(timeout=300)
+    out, err = job.communicate(timeout=900)
     assert job.returncode == 130, err[-3000:]
     assert "stopped by SIGINT at epoch 0, global step 2" in out + err and "Traceback" not in err
     assert torch.load(tmp_path / LAST, map_location="cpu", weights_only=True)["global_step"] == 2
@@ -213,11 +213,11 @@ def test_ddp_spawn_sigterm_to_the_main_process_saves_exits_143_and_the_resume_ke
     args = [*tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=2", with_csv(tmp_path)), *spawn]
     marker = tmp_path / "holding"
     job = start_project(["fit", *args, callback("stop_callbacks.HoldUntilSignalled", step=1, marker=str(marker))])
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 900
     while not marker.exists() and job.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     job.send_signal(signal.SIGTERM)
-    out, err = job.communicate(timeout=240)
+    out, err = job.communicate(timeout=900)
     assert job.returncode == 143, err[-3000:]
     assert f"stopped by SIGTERM at epoch 0, global step 2; last checkpoint: {tmp_path / LAST}" in out + err, err[-3000:]
     assert "Traceback" not in err

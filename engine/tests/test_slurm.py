@@ -31,7 +31,7 @@ TWO_TASKS = ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-pe
 # while training, and val/acc1 is logged exactly once. The ranks agree on signals every 2 steps (default 10).
 EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3", "--data.batch_size=4",
           "--last_checkpoint.check_every_n_steps=2"]
-JOB_TIMEOUT = 240  # only reached on failure; a loaded 2-core machine needed up to 155 s for the preempted job
+JOB_TIMEOUT = 900  # only reached on failure; a loaded 2-core machine needed up to 155 s for the preempted job
 
 
 @pytest.fixture(scope="module")

@@ -142,7 +142,7 @@ def test_preempted_or_killed_workers_leave_their_trial_to_the_next_worker_which_
     first = start_project(args)
     wait_for(lambda: last.is_file() or first.poll() is not None, 900, "the first epoch's last.ckpt")
     first.send_signal(signal.SIGTERM)
-    out, err = first.communicate(timeout=300)
+    out, err = first.communicate(timeout=900)
     assert first.returncode == 143, f"{out[-2000:]}\n{err[-3000:]}"
     assert [t.state.name for t in load_study(tmp_path).trials] == ["FAIL", "WAITING"]
 

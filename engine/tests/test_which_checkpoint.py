@@ -216,7 +216,7 @@ def test_fits_started_at_the_same_moment_each_claim_their_own_version_dir(tmp_pa
     for run in runs:
         run.start()
     try:
-        claimed = sorted(results.get(timeout=60) for _ in runs)
+        claimed = sorted(results.get(timeout=300) for _ in runs)
         assert [name for name, _, _ in claimed] == ["version_1", "version_2", "version_3", "version_4"]
         for name, version, pid in claimed:
             assert name == f"version_{version}"  # the logger is pinned to the dir it claimed
