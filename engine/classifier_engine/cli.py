@@ -80,6 +80,7 @@ class ProjectParser(LightningArgumentParser):
         return redact(super().dump(cfg, *args, **kwargs))  # a URI's password (a run's moved to the environment)
 
 
+DDP_START_METHODS = {"ddp": "popen", "ddp_spawn": "spawn", "ddp_fork": "fork"}  # Lightning's names, our DDPStrategy
 LINK_TARGETS = {"model": ("num_classes", "image_sizes", "batch_size", "seed"), "data": ("seed",)}
 
 
@@ -218,9 +219,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
         trainer_config["plugins"] = plugins
         timeout = timedelta(minutes=config.get("ddp_timeout_minutes") or 10.0)
         strategy = trainer_config.get("strategy")
-        if strategy in ("ddp", "ddp_spawn"):
-            start_method = "spawn" if strategy == "ddp_spawn" else "popen"
-            trainer_config["strategy"] = DDPStrategy(timeout=timeout, start_method=start_method)
+        if strategy in DDP_START_METHODS:
+            trainer_config["strategy"] = DDPStrategy(timeout=timeout, start_method=DDP_START_METHODS[strategy])
         elif strategy in ("fsdp2", "fsdp2_sharded"):
             trainer_config["strategy"] = FSDPStrategy(timeout=timeout, sharded=strategy == "fsdp2_sharded")
         callbacks = list(trainer_config.get("callbacks") or [])

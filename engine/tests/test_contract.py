@@ -194,7 +194,7 @@ def test_it_validates_alike_at_one_and_two_ranks(code, reference, capsys):
     engine("validate", *args(run_dir), f"--ckpt_path={checkpoint}")
     one = float(re.search(r"val/accuracy\s+([0-9.]+)", capsys.readouterr().out).group(1))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
-    two = warm_python.run(["validate", *args(run_dir), "--trainer.strategy=ddp", "--trainer.devices=2",
+    two = warm_python.run(["validate", *args(run_dir), "--trainer.strategy=ddp_fork", "--trainer.devices=2",
                            f"--ckpt_path={checkpoint}"], module="classifier_engine", cwd=os.getcwd(), env=env,
                           timeout=600)
     assert two.returncode == 0, two.stderr[-3000:]

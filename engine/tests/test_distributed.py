@@ -21,6 +21,11 @@ from test_strategies import NO_AUGMENT, relative_difference
 pytestmark = pytest.mark.slow
 
 CPU_DDP = ["--config", str(CONFIGS / "cpu_ddp.yaml")]
+# The same DDPStrategy and gloo group with ranks forked from the run's process (strategy ddp_fork), not started as new
+# interpreters (~10 s of imports each here, several times that on CI): for the tests of what ranks compute together
+# (exact evaluation, sync BatchNorm, gathering); those of how ranks start and stop (signals, kill -9, launchers,
+# writing one run) run cpu_ddp.yaml's ddp as a user does.
+FORKED_DDP = [*CPU_DDP, "--trainer.strategy=ddp_fork"]
 
 
 def assert_ok(result):
@@ -83,9 +88,10 @@ def test_ddp_with_the_progress_bar_gets_past_an_epoch_end_without_validation(ddp
 
 
 def validate_metrics(checkpoint: Path, tiny_root: Path, run_dir: Path, devices: int) -> dict[str, float]:
-    """The reduced val metrics of `validate` with strategy ddp on `devices` processes: 2 or 3 real processes; 1 is
-    the pytest process itself (a 1-rank gloo group, the same arguments), as a process would run it."""
-    args = ["validate", *tiny_args(tiny_root, run_dir), *CPU_DDP, f"--trainer.devices={devices}",
+    """The reduced val metrics of `validate` with strategy ddp on `devices` processes: 2 or 3 real processes (forked);
+    1 is the pytest process itself (a 1-rank gloo group), as a process would run it."""
+    args = ["validate", *tiny_args(tiny_root, run_dir), *(FORKED_DDP if devices > 1 else CPU_DDP),
+            f"--trainer.devices={devices}",
             "--data.batch_size=4", f"--ckpt_path={checkpoint}"]
     if devices == 1:
         in_process(args)
@@ -119,7 +125,7 @@ def test_ddp_2x_batch_b_with_sync_batchnorm_and_ema_equals_one_process_with_batc
     steps = ["--trainer.limit_train_batches=3", "--trainer.precision=64-true", *NO_AUGMENT,
              "--trainer.callbacks+=project.callbacks.ema.EMA", "--trainer.callbacks.decay=0.5"]
     single = ["fit", *tiny_args(tiny_root, tmp_path / "single"), "--data.batch_size=12", *steps]
-    ddp = ["fit", *tiny_args(tiny_root, tmp_path / "ddp"), *CPU_DDP, "--data.batch_size=6",
+    ddp = ["fit", *tiny_args(tiny_root, tmp_path / "ddp"), *FORKED_DDP, "--data.batch_size=6",
            "--trainer.sync_batchnorm=true", *steps]
     in_process(single)  # the one-process reference runs here; the 2 ranks are real processes
     # 64-true makes float64 torch's default dtype only inside Lightning's contexts: the tests that follow get float32

@@ -28,7 +28,7 @@ from classifier_engine.run.checkpoint_io import SHARDS, load_checkpoint
 from classifier_engine.strategies import FSDPStrategy
 from classifier_engine.strategies.fsdp import by_position
 from conftest import CONFIGS, callback, project_in_process, read_scalars, run_project, tiny_args
-from test_distributed import CPU_DDP, assert_ok, in_process
+from test_distributed import FORKED_DDP, assert_ok, in_process
 from test_resume import EVERY_STEP, LAST, assert_same_training, final_state
 
 FSDP = ["--config", str(CONFIGS / "fsdp.yaml"), "--trainer.devices=2"]
@@ -70,7 +70,7 @@ def test_fsdp_steps_as_ddp_does_and_its_checkpoint_evaluates_exactly_at_1_and_2_
     # Later steps drift apart in float32 as ddp drifts from itself: this tiny network turns 1e-7 in the weights into
     # 4e-2 in the next gradient (docs/how-it-works.md#fsdp); ModelParallelStrategy refuses 64-true.
     ddp_run = tmp_path / "ddp"  # the fixture's run under ddp
-    ddp_args = [*CPU_DDP, after_step(ddp_run), after_step(ddp_run, 2)]
+    ddp_args = [*FORKED_DDP, after_step(ddp_run), after_step(ddp_run, 2)]
     assert_ok(run_project(["fit", *tiny_args(tiny_root, ddp_run, *EPOCHS), *ddp_args]))
     fsdp, reference = final_state(fsdp_run / "step1.ckpt"), final_state(ddp_run / "step1.ckpt")
     assert fsdp["step"] == reference["step"] == 1

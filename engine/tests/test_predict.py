@@ -108,8 +108,9 @@ def test_ddp_two_ranks_gather_into_one_csv_equal_to_the_single_process_one(
     tiny_root, checkpoint, image_folder, single_process_csv, tmp_path
 ):
     # 17 images over 2 ranks: shards of 9 and 8. No --predictions.output: the file goes into the run's log dir.
-    result = run_project(["predict", *tiny_args(tiny_root, tmp_path, "--trainer.strategy=ddp", "--trainer.devices=2"),
-                          f"--ckpt_path={checkpoint}", f"--data.predict_root={image_folder}"])
+    ranks = ["--trainer.strategy=ddp_fork", "--trainer.devices=2"]  # forked ranks: test_distributed.FORKED_DDP
+    result = run_project(["predict", *tiny_args(tiny_root, tmp_path, *ranks), f"--ckpt_path={checkpoint}",
+                          f"--data.predict_root={image_folder}"])
     assert result.returncode == 0, result.stderr[-3000:]
     written = sorted(tmp_path.rglob("*.csv"))
     assert written == [tmp_path / "lightning_logs" / "version_0" / "predictions.csv"]

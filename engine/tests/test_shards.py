@@ -23,7 +23,8 @@ from tools.make_shards import main as make_shards
 
 from classifier_engine import ShardDataModule
 from classifier_engine.errors import ConfigError
-from conftest import CONFIGS, QUICKSTART, SHRINK, callback, project_in_process, run_project
+from conftest import QUICKSTART, SHRINK, callback, project_in_process, run_project
+from test_distributed import FORKED_DDP
 
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
 SMALL = ["--shard-size", "8", "--workers", "1"]  # tiny_root: 40 train images in 5 shards, 17 val in 3
@@ -168,7 +169,7 @@ def test_validate_at_1_2_and_3_ranks_gives_the_same_metrics(shards, reference, m
     one = metrics(out)
     assert set(one) >= {"val/acc1", "val/acc5", "val/loss"}
     for devices in (2, 3):  # 17 images: 9 + 8, 6 + 6 + 5
-        result = run_project(["validate", *fit_args(shards, reference), "--config", str(CONFIGS / "cpu_ddp.yaml"),
+        result = run_project(["validate", *fit_args(shards, reference), *FORKED_DDP,
                               f"--trainer.devices={devices}", checkpoint])
         assert result.returncode == 0, result.stderr[-3000:]
         many = metrics(result.stdout)
