@@ -135,7 +135,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
         parser.set_defaults({key: {"class_path": f"{cls.__module__}.{cls.__qualname__}"}
                              for key, cls in (("model", self.defaults.model), ("data", self.defaults.data)) if cls})
         parser.add_argument("--ddp_timeout_minutes", type=float, default=10.0,
-                            help="ddp, ddp_spawn, fsdp2(_sharded): a rank that stops answering ends the job after "
+                            help="ddp(_spawn, _fork), fsdp2(_sharded): a rank that stops answering ends the job after "
                                  "this long (torch's default is 30 minutes)")
         # Checkpoint callbacks: the best by the model's Monitor (ModelCheckpoint), then last.ckpt, which saves after.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
