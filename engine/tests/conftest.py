@@ -111,22 +111,22 @@ def project_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str, 
 
 
 def run_project(args: list[str], *, cwd: Path = REPO, env: dict | None = None, timeout: float = 600,
-                launcher: list[str] | None = None, fresh: bool = False) -> subprocess.CompletedProcess:
+                launcher: list[str] | None = None, fresh: bool | None = None) -> subprocess.CompletedProcess:
     """Run `python -m project ARGS` in a new process; output captured. The process starts warm (warm_python.py: forked
-    from an interpreter that has the imports) unless a LAUNCHER is given, `fresh` asks for a new interpreter, or the
-    test sets variables of its own (`env`): some are read at import (Lightning's MLFlowLogger has
+    from an interpreter that has the imports) unless a LAUNCHER is given or `fresh`; by default (None) a test that sets
+    variables of its own (`env`) gets a new interpreter: some are read at import (Lightning's MLFlowLogger has
     `tracking_uri=os.getenv("MLFLOW_TRACKING_URI")` in its signature); a fresh interpreter reads them as a user's."""
-    if launcher is None and not fresh and env is None:
+    if launcher is None and not (env is not None if fresh is None else fresh):
         return warm_python.run(args, cwd=cwd, env=project_env(env), timeout=timeout)
     command = [*(launcher or [sys.executable]), "-m", "project", *args]
     return subprocess.run(command, cwd=cwd, env=project_env(env), capture_output=True, text=True, timeout=timeout)
 
 
 def start_project(args: list[str], *, env: dict | None = None, new_session: bool = False, merge_stderr: bool = False,
-                  fresh: bool = False) -> subprocess.Popen | warm_python.WarmProcess:
+                  fresh: bool | None = None) -> subprocess.Popen | warm_python.WarmProcess:
     """Start `python -m project ARGS` without waiting (for signals, kill -9, concurrent runs); output captured (in one
-    stream with merge_stderr, as a terminal shows it). Warm (as run_project) unless `fresh` or `env`."""
-    if not fresh and env is None:
+    stream with merge_stderr, as a terminal shows it). Warm or fresh as run_project decides."""
+    if not (env is not None if fresh is None else fresh):
         return warm_python.start(args, cwd=REPO, env=project_env(env), new_session=new_session,
                                  merge_stderr=merge_stderr)
     return subprocess.Popen([sys.executable, "-m", "project", *args], cwd=REPO, env=project_env(env), text=True,

@@ -334,15 +334,15 @@ def test_kill_9_leaves_no_lock_behind_though_its_dataloader_workers_outlive_it(t
 @pytest.mark.parametrize("how", ["stopped", "killed"])
 def test_a_rank_that_stops_answering_or_dies_ends_the_ddp_job_with_a_message(tiny_root, tmp_path, how):
     signum = signal.SIGSTOP if how == "stopped" else signal.SIGKILL
-    # Both ranks started together, as torchrun starts them: they import side by side and meet at the rendezvous within
-    # seconds, which shares the 15 s timeout (under Lightning's launcher rank 1 starts importing only once rank 0 has,
-    # and 15 s missed it on a loaded 2-core CI).
+    # Both ranks started together, as torchrun starts them, and warm (torchrun's variables are read when the Trainer
+    # is built): they meet at the rendezvous at once, which shares the 15 s timeout (under Lightning's launcher rank 1
+    # starts importing only once rank 0 has, and 15 s missed it on a loaded 2-core CI).
     env = dict(LOCAL_WORLD_SIZE="2", WORLD_SIZE="2", TORCHELASTIC_RUN_ID="t", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()))
     args = ["fit", *tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=3"), "--config", str(CONFIGS / "cpu_ddp.yaml"),
             "--ddp_timeout_minutes=0.25", callback("stop_callbacks.SignalAtStep", step=2, signum=int(signum), rank=1)]
-    ranks = [start_project(args, env={**env, "RANK": str(rank), "GROUP_RANK": "0", "LOCAL_RANK": str(rank)})
-             for rank in (0, 1)]
+    ranks = [start_project(args, env={**env, "RANK": str(rank), "GROUP_RANK": "0", "LOCAL_RANK": str(rank)},
+                           fresh=False) for rank in (0, 1)]
     job = ranks[0]
     try:
         started = time.monotonic()
