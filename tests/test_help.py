@@ -10,6 +10,7 @@ import pytest
 import yaml
 from classifier_engine.errors import ConfigError
 
+import project
 from conftest import CONFIGS, project_in_process
 from project.model import ImageClassifier
 
@@ -33,7 +34,7 @@ def test_help_does_not_enumerate_every_nn_module_subclass_for_backbone(monkeypat
 def test_top_level_help_lists_export_and_sweep(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["python -m project", "--help"])
     with pytest.raises(SystemExit) as exit:
-        runpy.run_module("project", run_name="__main__")
+        runpy.run_module(project.__name__, run_name="__main__")  # the room, renamed or not
     assert exit.value.code in (0, None)
     out = capsys.readouterr().out
     assert "    fit " in out
@@ -43,7 +44,7 @@ def test_top_level_help_lists_export_and_sweep(monkeypatch, capsys):
 
 def test_sweep_help_is_help_not_an_error(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["python -m project", "sweep", "--help"])
-    runpy.run_module("project", run_name="__main__")
+    runpy.run_module(project.__name__, run_name="__main__")  # the room, renamed or not
     out, err = capsys.readouterr()
     assert out.startswith("usage: python -m project sweep") and "n_trials" in out and "space" in out
     assert err == ""

@@ -1,8 +1,5 @@
-"""Errors a person can read: one line (what, where, the fix), no traceback, exit 2 (docs/reliability.md#bad-input).
-
-    python -m project fit --config configs/quickstart.yaml --data.root /nowhere    # error: data root /nowhere ...
-    PROJECT_DEBUG=1 python -m project fit ...                                       # the same, with the traceback
-"""
+"""Errors a person can read: one line (what, where, the fix), no traceback, exit 2 (docs/reliability.md#bad-input);
+`PROJECT_DEBUG=1 python -m <package> fit ...` shows the traceback too."""
 
 import argparse
 import contextlib
@@ -96,7 +93,9 @@ def user_message(error: BaseException) -> Optional[str]:
     if isinstance(error, KeyboardInterrupt):
         return "interrupted (Ctrl+C) before training started; nothing was trained"
     if isinstance(error, argparse.ArgumentError):  # jsonargparse: an unknown option, a value of the wrong type
-        return f"{readable_parse_error(str(error))[:600]} (`python -m project <subcommand> --help` lists every option)"
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)  # python -m <a template's package, or ours>
+        package = spec.name.partition(".")[0] if spec else "classifier_engine"
+        return f"{readable_parse_error(str(error))[:600]} (`python -m {package} <subcommand> --help` lists each option)"
     if isinstance(error, pickle.UnpicklingError):
         return untrusted_checkpoint_message(error)
     cause = error.__cause__

@@ -114,7 +114,7 @@ def sweep_parser(cli_main: Callable[..., Any]) -> ArgumentParser:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # LightningCLI: "args given in-process while sys.argv holds others"
         parser = capture_parser(lambda: cli_main([], run=False))
-    parser.prog = "python -m project sweep"
+    parser.prog = f"{parser.prog} sweep"  # python -m <the template's package, or classifier_engine> sweep
     parser.description = "Hyperparameter sweeps (Optuna): the fit options every trial starts from, then the sweep's."
     parser.add_class_arguments(Sweep, "sweep")
     parser.add_argument("--summary", action="store_true", help="write trials.csv and the plots, print the best trial; "
