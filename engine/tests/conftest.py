@@ -36,12 +36,12 @@ SHRINK = [
 ]
 
 
-# The slowest files first (CI's --durations=0 of 2026-12-03; the rename test, 2026-12-06), the rest in their order.
-# Refresh it when a file's time moves far: a long file started last keeps one worker busy while the other waits.
+# The slowest files first (from CI's --durations=0, 2026-12-03); the rest follow in their usual order. Refresh it when
+# a file's time moves far: a long file started last keeps one worker busy while the other waits.
 SLOWEST_FILES = [
-    "test_your_own_project.py", "test_resume.py", "test_fsdp.py", "test_bench.py", "test_shards.py", "test_sweep.py",
-    "test_distributed.py", "test_reliability.py", "test_slurm.py", "test_trackers.py", "test_compat.py",
-    "test_elastic_restart.py", "test_cli.py", "test_notebooks.py", "test_bad_input.py", "test_any_data.py",
+    "test_resume.py", "test_fsdp.py", "test_bench.py", "test_shards.py", "test_sweep.py", "test_distributed.py",
+    "test_reliability.py", "test_slurm.py", "test_trackers.py", "test_compat.py", "test_elastic_restart.py",
+    "test_cli.py", "test_notebooks.py", "test_bad_input.py", "test_any_data.py",
 ]
 
 
