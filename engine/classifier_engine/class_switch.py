@@ -1,6 +1,6 @@
 """A model or data class chosen by `class_path` starts from its own defaults (engine/README.md, "Your defaults").
 
-    python -m project fit --data.class_path my_data.Digits        # Digits' batch_size default, not the template's
+    python -m classifier_engine fit --data.class_path my_data.Digits  # Digits' batch_size default, not the template's
 
 On a class switch jsonargparse keeps every `init_args` value of the previous class that the new class also takes,
 its defaults included (seen in jsonargparse 4.30-4.53, documented behaviour): a data module's `batch_size: int = 64`

@@ -1,8 +1,7 @@
 """LightningCLI over any LightningModule and LightningDataModule, with the run's safety rails (docs/how-it-works.md).
 
-    python -m project fit --config configs/quickstart.yaml
-    python -m project fit --config configs/quickstart.yaml --data.class_path my_data.MyData --data.init_args.x=1
-    python -m project validate --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt
+    python -m classifier_engine fit --model.class_path my_models.MyModule --data.class_path my_data.MyData
+    python -m classifier_engine validate --config RUN/config.yaml --ckpt_path RUN/checkpoints/last.ckpt
 """
 
 import sys
@@ -349,7 +348,7 @@ def main(argv: Optional[list[str]] = None, **defaults) -> None:
     if argv[:1] == ["export"]:
         from classifier_engine.export import main as export_main
 
-        exit_on_user_error(lambda: export_main(argv[1:]))
+        exit_on_user_error(lambda: export_main(argv[1:], prog=f"python -m {entry_module(defaults.get('model'))}"))
         return
     if argv[:1] == ["sweep"]:
         from classifier_engine.run.sweep import main as sweep_main

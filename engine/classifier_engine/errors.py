@@ -262,8 +262,8 @@ def load_config_file(name: str | os.PathLike) -> object:
     values (either would exhaust memory), nested too deeply, or a syntax error at its line and column."""
     path = os.path.expanduser(name)
     if not os.path.isfile(path):
-        raise ConfigError(f"config file {name} does not exist (--config takes a YAML file, e.g. "
-                          "configs/quickstart.yaml)")
+        raise ConfigError(f"config file {name} does not exist (--config takes a YAML file: "
+                          "a run's config.yaml, or the options printed by --print_config)")
     check_config_text(f"config file {name}", os.path.getsize(path))
     try:
         text = Path(path).read_text()

@@ -1,6 +1,6 @@
 """Export a network for use without this package: model.pt2, model.onnx, model.json (docs/how-it-works.md#export).
 
-    python -m project export --ckpt_path RUN/checkpoints/last.ckpt [--config RUN/config.yaml] [--out_dir DIR]
+    python -m classifier_engine export --ckpt_path RUN/checkpoints/last.ckpt [--config RUN/config.yaml] [--out_dir DIR]
     python tools/preprocess.py RUN/export cat.jpg        # run it: torch, torchvision and Pillow only
 """
 
@@ -203,9 +203,9 @@ def build_from_run(ckpt_path: Path, config: Path):
     return cli.model, cli.datamodule
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict[str, Path]:
-    """`python -m project export`: export a run's checkpoint next to it (RUN/export/ by default)."""
-    parser = argparse.ArgumentParser(prog="python -m project export", description=__doc__.splitlines()[0])
+def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier_engine") -> dict[str, Path]:
+    """`PROG export`: export a run's checkpoint next to it (RUN/export/ by default)."""
+    parser = argparse.ArgumentParser(prog=f"{prog} export", description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt_path", type=Path, required=True, help="RUN/checkpoints/best.ckpt or last.ckpt")
     parser.add_argument("--config", type=Path, help="the run's config.yaml (default: RUN/config.yaml)")
     parser.add_argument("--out_dir", type=Path, help="where to write (default: RUN/export)")

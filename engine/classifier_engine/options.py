@@ -1,6 +1,6 @@
 """Value types of the options: a bad value is refused in one line naming the option (docs/how-it-works.md).
 
-    python -m project fit --config configs/quickstart.yaml --data.batch_size=-1
+    python -m classifier_engine fit --config CONFIG --data.batch_size=-1
 """
 
 import dataclasses

@@ -1,6 +1,6 @@
 """Samplers: exact evaluation at any world size, and a training order that resumes at any batch.
 
-    python -m project fit --config configs/quickstart.yaml --ckpt_path last    # continues mid-epoch where it stopped
+    python -m classifier_engine fit --config CONFIG --ckpt_path last    # continues mid-epoch where it stopped
 """
 
 from typing import Any, Iterator, Optional

@@ -1,6 +1,6 @@
 """Every random draw of a run derives from the run seed and *where* it happens, never from how far a process got.
 
-    python -m project fit --config configs/quickstart.yaml --seed_everything 7    # the run seed
+    python -m classifier_engine fit --config CONFIG --seed_everything 7    # the run seed
 
 Which draw takes which seed: docs/how-it-works.md#seeds.
 """

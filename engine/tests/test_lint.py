@@ -32,7 +32,9 @@ MAX_ENGINE_LINES = 7_525
 # through the contract (classifier_engine/contract.py), so none may appear in its code, strings or comments.
 ROOM_WORDS = re.compile(r"val/acc1|val_acc1|\.network\b|[\"']network[\"']|\barch\b|ImageClassifier"
                         r"|ImageNetDataModule|lr_per_256|label_smoothing|freeze_backbone|backbone_lr_factor|mixup"
-                        r"|cutmix|(?<![-/\w])project\.[a-z_]")
+                        r"|cutmix|(?<![-/\w])project\.[a-z_]"
+                        # the template's package and files: `python -m project`, project/..., configs/..., slurm/...
+                        r"|-m project\b|(?<![-\w.])project/|(?<![-\w./])(configs|slurm)/")
 
 
 def python_files(root: Path) -> list[Path]:

@@ -1,6 +1,6 @@
 """predict's CSV: path, then the top-k class names and probabilities, in path order (docs/how-it-works.md#predict).
 
-    python -m project predict --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt \
+    python -m classifier_engine predict --config CONFIG --ckpt_path <run>/checkpoints/last.ckpt \
         --data.predict_root path/to/images [--predictions.output predictions.csv]
 """
 

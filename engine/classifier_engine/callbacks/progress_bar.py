@@ -1,6 +1,6 @@
 """The progress bar, read on the host only when it refreshes (docs/how-it-works.md#performance-you-can-see).
 
-    python -m project fit --config configs/quickstart.yaml        # refreshes every trainer.log_every_n_steps steps
+    python -m classifier_engine fit --config CONFIG        # refreshes every trainer.log_every_n_steps steps
 """
 
 from typing import Any

@@ -1,6 +1,6 @@
 """images/s, step time, data-wait share and MFU under perf/ in the logs (docs/how-it-works.md#performance-you-can-see).
 
-    python -m project fit --config configs/quickstart.yaml      # on by default; tensorboard --logdir runs/quickstart
+    python -m classifier_engine fit --config CONFIG      # on by default; tensorboard --logdir runs/quickstart
 """
 
 import copy

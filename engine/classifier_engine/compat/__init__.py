@@ -190,7 +190,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="BaseFinetuning freezes before the DDP wrapper exists: frozen parameters stay out of DDP's gradient "
              "sync after they are unfrozen, and the ranks diverge",
-        where="project/callbacks/finetuning.py FreezeBackbone (a plain Callback using BaseFinetuning's static freeze "
+        where="the template's FreezeBackbone callback (a plain Callback using BaseFinetuning's static freeze "
               "helpers: freezes at train start, adds no param group)",
         upstream="Lightning #20340",
         seen="lightning 2.6.6",
@@ -200,7 +200,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="torch's AveragedModel.update_parameters reads its device-side counter on the host (2 syncs per update), "
              "and Lightning's EMAWeightAveraging averages the whole LightningModule after calling configure_model",
-        where="the template's EMA callback (project/callbacks/ema.py: a Callback owning its averaged copy of the "
+        where="the template's EMA callback (a Callback owning its averaged copy of the "
               "module's network: a foreach lerp per update, the counter on the device)",
         upstream="no upstream issue found; seen in torch/optim/swa_utils.py and lightning weight_averaging.py",
         seen="torch 2.14.1, lightning 2.6.6",

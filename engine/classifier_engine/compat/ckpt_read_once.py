@@ -1,6 +1,6 @@
 """`--ckpt_path` hyperparameters from the run plan's one load of the checkpoint, values only (docs/how-it-works.md).
 
-    python -m project validate --config configs/quickstart.yaml --ckpt_path <run>/checkpoints/last.ckpt
+    python -m classifier_engine validate --config CONFIG --ckpt_path <run>/checkpoints/last.ckpt
 """
 
 import dataclasses

@@ -1,7 +1,6 @@
 """Under torchrun, each restart's process group in a namespace of its own in the agent's store (torch #135712).
 
-    torchrun --nproc_per_node=2 --max-restarts=3 -m project fit --config configs/quickstart.yaml \
-        --config configs/cpu_ddp.yaml
+    torchrun --nproc_per_node=2 --max-restarts=3 -m classifier_engine fit --config CONFIG --trainer.devices=2
 """
 
 import os
@@ -28,7 +27,7 @@ def init_attempt_process_group(strategy: object, timeout: timedelta) -> bool:
     backend = strategy.process_group_backend or dist.Backend.default_device_backend_map.get(device.type, "gloo")
     # The client's timeout bounds every wait on a peer's key: connecting is bounded by --ddp_timeout_minutes.
     agent_store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout)
-    store = dist.PrefixStore(f"project/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent_store)
+    store = dist.PrefixStore(f"classifier_engine/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent_store)
     dist.init_process_group(backend, store=store, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
                             timeout=timeout, device_id=device if device.type != "cpu" else None)
     return True

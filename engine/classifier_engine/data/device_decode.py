@@ -1,7 +1,7 @@
 """Device decoders: the workers read JPEG bytes and draw the train crops; the training device decodes the batch and
 runs the uint8 presets batch-wise, crops resized per size bucket (how and why: docs/imagenet.md).
 
-    python -m project fit --config configs/gpu.yaml --data.root /datasets/imagenet --data.decoder nvjpeg
+    python -m classifier_engine fit --config CONFIG --trainer.accelerator=gpu --data.root DIR --data.decoder nvjpeg
 """
 
 import itertools

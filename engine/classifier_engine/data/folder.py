@@ -1,7 +1,7 @@
 """ImageFolderDataModule: ImageFolder-layout data (ROOT/train/<class>/, ROOT/val/<class>/) with role-named presets.
 
-    python -m project fit --config configs/quickstart.yaml            # embedded digits, no download
-    python -m project fit --config configs/ddp_8gpu.yaml --data.root /datasets/imagenet
+    python -m classifier_engine fit --config CONFIG  # embedded digits, no download
+    python -m classifier_engine fit --config CONFIG --trainer.devices=8 --data.root /datasets/imagenet
 """
 
 from pathlib import Path

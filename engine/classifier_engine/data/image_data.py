@@ -1,7 +1,7 @@
 """ImageDataModule: what every shipped image data module shares (presets, decoders, the device pipeline, exact and
 resumable loaders); a subclass says only where its (path, label) samples come from: datamodule.py, manifest.py.
 
-    python -m project fit --config configs/quickstart.yaml --data.batch_size=32 --data.mean=[0.5,0.5,0.5]
+    python -m classifier_engine fit --config CONFIG --data.batch_size=32 --data.mean=[0.5,0.5,0.5]
 """
 
 import dataclasses

@@ -1,7 +1,7 @@
 """ManifestDataModule: image paths and class names listed per split in a CSV or JSON Lines manifest (columns `path`
 and `label`, paths relative to the manifest), with every option of the folder module.
 
-    python -m project fit --config configs/quickstart.yaml --data.class_path classifier_engine.data.ManifestDataModule \
+    python -m classifier_engine fit --config CONFIG --data.class_path classifier_engine.data.ManifestDataModule \
         --data.init_args.train_manifest train.csv --data.init_args.val_manifest val.csv
 """
 

@@ -1,6 +1,6 @@
 """The images to predict: every image file at any depth under a folder, once, in sorted order (docs/imagenet.md).
 
-    python -m project predict --config configs/quickstart.yaml --ckpt_path RUN/checkpoints/last.ckpt \\
+    python -m classifier_engine predict --config CONFIG --ckpt_path RUN/checkpoints/last.ckpt \\
         --data.predict_root path/to/images
 """
 

@@ -2,7 +2,7 @@
 local or parallel-filesystem folder or from s3://bucket/prefix (through a node-local cache), with every option of the
 folder module (docs/data-at-scale.md).
 
-    python -m project fit --config configs/quickstart.yaml --data.class_path classifier_engine.data.ShardDataModule \
+    python -m classifier_engine fit --config CONFIG --data.class_path classifier_engine.data.ShardDataModule \
         --data.init_args.shards s3://my-bucket/imagenet-256 --data.init_args.cache_dir /local/nvme/shards
 """
 
@@ -361,7 +361,7 @@ class ShardDataModule(ImageDataModule):
                 Hugging Face ImageNet sets); the object store's endpoint and keys come from AWS_ENDPOINT_URL,
                 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (never from the config).
             cache_dir: node-local folder s3:// shards are downloaded to, each once, and WebDataset tars' indexes are
-                kept in (default $PROJECT_DATA_CACHE/shards, else ~/.cache/project/shards); it needs room for the
+                kept in (default: shards/ in the data cache, $PROJECT_DATA_CACHE); it needs room for the
                 whole shard set.
             shuffle_window: shards whose images are shuffled together (more: a better shuffle, more open shards).
             **options: the options every image data module has (classifier_engine.data.image_data.ImageDataModule).

@@ -1,7 +1,7 @@
 """WebDataset tars read as they are (the Hugging Face ImageNet sets', timm's, OpenCLIP's): each tar indexed once into
 data.cache_dir (every sample's image by byte offset, and its label), so ShardDataModule reads them as its own shards.
 
-    python -m project fit ... --data.class_path classifier_engine.data.ShardDataModule --data.init_args.shards DIR
+    python -m classifier_engine fit ... --data.class_path classifier_engine.ShardDataModule --data.init_args.shards DIR
 """
 
 import fcntl

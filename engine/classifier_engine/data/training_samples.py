@@ -1,7 +1,7 @@
 """The training set as the sampler keys it: each image augmented from (run seed, epoch, index, repeat), as in an
 uninterrupted run; progressive resizing's train crop size per epoch (FFCV's rule). Both: docs/imagenet.md.
 
-    python -m project fit ... --data.progressive_resizing '{start_size: 160, end_size: 192, start_epoch: 65, ...}'
+    python -m classifier_engine fit ... --data.progressive_resizing '{start_size: 160, end_size: 192, ...}'
 """
 
 from collections.abc import Callable

@@ -1,6 +1,6 @@
 """The run wing: what makes a run safe to start, stop and continue, one question per file (docs/reliability.md).
 
-    python -m project fit --config configs/quickstart.yaml --ckpt_path last      # the CLI calls start_run (resume.py)
+    python -m classifier_engine fit --config CONFIG --ckpt_path last      # the CLI calls start_run (resume.py)
 """
 
 from classifier_engine.run.resume import RunPlan, start_run

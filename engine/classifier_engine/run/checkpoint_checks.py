@@ -1,6 +1,6 @@
 """Does the chosen checkpoint fit the model and the data? Checked before anything is written, with one line if not.
 
-    python -m project validate --config configs/quickstart.yaml --ckpt_path other_project.ckpt
+    python -m classifier_engine validate --config CONFIG --ckpt_path other_project.ckpt
     # error: checkpoint other_project.ckpt was trained on other classes: class 3 is 'fox' there and 'ant' here; ...
 """
 

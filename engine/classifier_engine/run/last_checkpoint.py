@@ -1,6 +1,6 @@
 """last.ckpt, rewritten every few minutes, at epoch ends and on a stop signal (docs/reliability.md#what-a-stop-costs).
 
-    python -m project fit --config configs/quickstart.yaml --ckpt_path last      # continues at the next batch
+    python -m classifier_engine fit --config CONFIG --ckpt_path last      # continues at the next batch
 """
 
 import signal

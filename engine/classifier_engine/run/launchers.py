@@ -1,6 +1,6 @@
 """What started this process (torchrun, srun, Lightning, a person), and whether its process count fits the Trainer.
 
-    torchrun --nproc_per_node=2 -m project fit ...   # error: torchrun started 2 processes but the Trainer expects 1 ...
+    torchrun --nproc_per_node=2 -m classifier_engine fit ...  # error: 2 processes, the Trainer expects 1
 """
 
 import os
@@ -34,7 +34,7 @@ def check_process_count(world_size: int, num_devices: int, num_nodes: int) -> No
             f"x trainer.num_nodes={num_nodes}). Make them agree: e.g. --trainer.devices="
             f"{max(1, count // max(1, num_nodes))} --trainer.num_nodes={num_nodes} with a distributed strategy "
             f"(--trainer.strategy=ddp), or start {world_size} process(es)."
-            + (" Under slurm/train.sbatch, leave --trainer.devices/--trainer.num_nodes out: it sets them from"
+            + (" Under an sbatch script, leave --trainer.devices/--trainer.num_nodes out: it sets them from"
                " the allocation (--ntasks-per-node, --nodes)." if launcher == "srun" else ""))
 
 

@@ -1,6 +1,6 @@
 """One run dir, one writer: a POSIX record lock on <run dir>/.lock (docs/reliability.md#one-writer-per-run-dir).
 
-    python -m project fit --config configs/quickstart.yaml --ckpt_path last   # error: run dir ... is in use by pid ...
+    python -m classifier_engine fit --config CONFIG --ckpt_path last   # error: run dir ... is in use by pid ...
 """
 
 import errno

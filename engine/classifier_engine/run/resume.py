@@ -1,6 +1,6 @@
 """Which checkpoint and run dir a run continues in, decided once here (docs/reliability.md#which-checkpoint-wins).
 
-    python -m project fit --config configs/quickstart.yaml --ckpt_path last
+    python -m classifier_engine fit --config CONFIG --ckpt_path last
 """
 
 import os

@@ -1,6 +1,6 @@
 """A run dir's place and names: `<logs>/version_N/` or `slurm-<job id>/`; the only place that spells `version_N`.
 
-    python -m project fit --config configs/quickstart.yaml      # -> <root>/lightning_logs/version_<next N>/
+    python -m classifier_engine fit --config CONFIG      # -> <root>/lightning_logs/version_<next N>/
 """
 
 from pathlib import Path

@@ -1,6 +1,6 @@
 """config.yaml in the run dir: the resolved config of the run's latest fit (docs/reliability.md#configyaml).
 
-    python -m project fit --config <run dir>/config.yaml      # the latest settings of that run
+    python -m classifier_engine fit --config <run dir>/config.yaml      # the latest settings of that run
 """
 
 import itertools

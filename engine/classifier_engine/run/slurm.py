@@ -1,6 +1,6 @@
 """Slurm jobs: which job this process belongs to, and requeueing it (why Lightning's own requeue is off: docs/slurm.md).
 
-    sbatch slurm/train.sbatch --config configs/quickstart.yaml   # then: scancel --signal=USR1 <job id>
+    sbatch train.sbatch --config CONFIG   # a script running srun python -m ...; then: scancel --signal=USR1 <job id>
 """
 
 import os

@@ -1,8 +1,8 @@
 """Optuna sweeps: a sweep file is a fit config with a `sweep:` section (Sweep below); how it runs: docs/sweeps.md.
 
-    python -m project sweep --config configs/sweep/quickstart.yaml                 # a worker; start more to share it
-    python -m project sweep --summary --config configs/sweep/quickstart.yaml       # trials.csv, plots, the best
-    python -m project sweep --help                                                 # fit options, then the sweep's
+    python -m classifier_engine sweep --config SWEEP.yaml  # a worker; start more to share it
+    python -m classifier_engine sweep --summary --config SWEEP.yaml  # trials.csv, plots, the best
+    python -m classifier_engine sweep --help  # fit options, then the sweep's
 """
 
 import argparse
@@ -49,7 +49,7 @@ class Sweep:
         heartbeat_interval: seconds between a worker's heartbeats on its trial
         grace_period: a running trial silent this long is failed and retried from its last.ckpt
         max_retry: retries of a trial whose worker died or was preempted; then it stays failed
-        launcher: prefix of each trial's command, e.g. "srun --kill-on-bad-exit=1" (slurm/sweep.sbatch)
+        launcher: prefix of each trial's command, e.g. "srun --kill-on-bad-exit=1" (under sbatch)
     """
 
     study: Optional[str] = None
@@ -68,8 +68,8 @@ class Sweep:
 
 
 def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
-    """`python -m project sweep ARGV`: check everything, run this worker's share of the study, print the summary.
-    `cli_main`: classifier_engine.cli's, handed in by project/__main__.py (the run wing does not import the CLI)."""
+    """`python -m <package> sweep ARGV`: check everything, run this worker's share of the study, print the summary.
+    `cli_main`: classifier_engine.cli's with the entry point's defaults (the run wing does not import the CLI)."""
     check_config_files(argv)
     # jsonargparse carries the init_args a new class_path accepts over from the previous class (a MedianPruner's
     # n_warmup_steps into a ThresholdPruner): a sampler or pruner on the command line is given whole.
@@ -101,7 +101,9 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
         study_dir.mkdir(parents=True, exist_ok=True)  # with an RDB storage too: the trials' run dirs, the summary
         hide_credentials(config.trainer)  # a tracking URI's password: the trials inherit it, not in their options
         options = parser.dump(config, skip_none=False)  # the fit options every trial starts from
-        code = Worker(study, storage, study_dir, options, sweep, yaml.safe_load(options)["trainer"]["logger"]).run()
+        entry = parser.prog.removeprefix("python -m ").removesuffix(" sweep")  # trials: `python -m ENTRY fit`
+        loggers = yaml.safe_load(options)["trainer"]["logger"]
+        code = Worker(study, storage, study_dir, options, sweep, loggers, entry).run()
         if code == 2:  # a trial's bad input: its error stays the last line
             sys.exit(code)
     print(summarize(study, study_dir, sweep), flush=True)
@@ -135,7 +137,7 @@ def parse(parser: ArgumentParser, args: list[str]) -> Namespace:
         text = re.sub(r"sweep\.(sampler|pruner): Expected a dot import path string: (\S+)",
                       r"sweep.\1: cannot build optuna.\1s.\2", text)
         where = "" if text.startswith("sweep.") else "fit options of the sweep: "
-        raise ConfigError(f"{where}{text[:600]} (`python -m project sweep --help` lists them)") from None
+        raise ConfigError(f"{where}{text[:600]} (`{parser.prog} --help` lists them)") from None
     restore_nulls(config, args)
     return config
 
@@ -145,7 +147,7 @@ def check_sweep(sweep: Namespace, config_files: list) -> Optional[optuna.sampler
     """Check the settings (ConfigError), fill in the study's name and direction; the sampler (None: Optuna's)."""
     sweep.space, sweep.study = flat(sweep.space), sweep.study or sweep_file_name(config_files)
     if sweep.study is None:
-        raise ConfigError("no sweep file: pass --config configs/sweep/<name>.yaml (a YAML file with a `sweep:` "
+        raise ConfigError("no sweep file: pass --config <name>.yaml (a YAML file with a `sweep:` "
                           "section)")
     if not sweep.study or "/" in sweep.study or sweep.study.startswith("."):
         raise ConfigError(f"sweep.study {sweep.study!r}: expected a name (it is the study's folder under sweeps/)")
@@ -253,7 +255,7 @@ def check_fit_options(parser: ArgumentParser, argv: list[str], config: Namespace
         if name not in names:
             near = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
             raise ConfigError(f"sweep.space.{name} is not a fit option{f' (did you mean {near[0]}?)' if near else ''};"
-                              " `python -m project fit --print_config` lists them")
+                              f" `{parser.prog.removesuffix(' sweep')} fit --print_config` lists them")
         if isinstance(names[name], Namespace):
             raise ConfigError(f"sweep.space.{name} is a group of options: sweep one of them, e.g. "
                               f"{name}.{next(iter(names[name].keys()))}")
@@ -277,8 +279,8 @@ def open_study(sweep: Namespace, storage: str, study_dir: Path, sampler, *, crea
     if "://" not in storage:
         journal = Path(storage)
         if not create and not journal.is_file():
-            raise ConfigError(f"no study {name!r} yet: {journal} does not exist; start it with python -m project sweep "
-                              "--config <sweep file>")
+            raise ConfigError(f"no study {name!r} yet: {journal} does not exist; start it with a worker "
+                              "(the sweep subcommand without --summary, --config <sweep file>)")
         if sweep.storage is None and create:
             made = [p for p in (study_dir, *study_dir.parents) if not p.exists()]
             study_dir.mkdir(parents=True, exist_ok=True)
@@ -292,8 +294,8 @@ def open_study(sweep: Namespace, storage: str, study_dir: Path, sampler, *, crea
                                      load_if_exists=True) if create
                  else optuna.load_study(study_name=name, storage=opened, sampler=sampler))
     except KeyError:
-        raise ConfigError(f"no study {name!r} in {storage}; start it with python -m project sweep --config "
-                          "<sweep file>") from None
+        raise ConfigError(f"no study {name!r} in {storage}; start it with a worker (the sweep "
+                          "subcommand without --summary, --config <sweep file>)") from None
     except Exception as error:  # noqa: BLE001  sqlalchemy's, OSError, ...: the storage cannot be used at all
         for directory in made:  # innermost first
             with contextlib.suppress(OSError):

@@ -1,6 +1,6 @@
 """A sweep's workers: each takes a trial of the shared study, runs it as a fit and tells the result (docs/sweeps.md).
 
-    python -m project sweep --config configs/sweep/quickstart.yaml      # one worker; start more, anywhere, to share
+    python -m classifier_engine sweep --config SWEEP.yaml  # one worker; start more, anywhere, to share
 """
 
 import contextlib
@@ -182,6 +182,7 @@ class Worker:
     fit_options: str  # YAML: the sweep's fit config, as the fit's parser resolved it
     sweep: Any  # the checked `sweep:` settings (classifier_engine.run.sweep.Sweep)
     loggers: Any  # the resolved trainer.logger, pointed at each trial's run dir
+    entry: str  # what each trial runs: python -m ENTRY fit (the sweep's own entry point)
 
     def __post_init__(self):
         self.name, self.signal, self.child = f"{os.uname().nodename}:{os.getpid()}", 0, None
@@ -307,7 +308,7 @@ class Worker:
                 *([f"--trainer.logger={json.dumps(pinned)}"] if pinned else []),
                 *(["--ckpt_path=last"] if resume else [])]
         with open(run_dir / FIT_LOG, "ab") as log:
-            self.child = subprocess.Popen([*shlex.split(self.sweep.launcher or ""), sys.executable, "-m", "project",
+            self.child = subprocess.Popen([*shlex.split(self.sweep.launcher or ""), sys.executable, "-m", self.entry,
                                            "fit", *args], stdout=log, stderr=subprocess.STDOUT,
                                           preexec_fn=_stop_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         stopped = threading.Event()

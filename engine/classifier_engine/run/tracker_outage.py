@@ -1,7 +1,7 @@
 """Training outlives its tracker: what an MLflow server that stopped answering could not take is kept in the run dir and
 sent when it answers again, or at the next start (docs/reliability.md#trackers).
 
-    python -m project fit --config configs/quickstart.yaml --config configs/tracking/mlflow.yaml --ckpt_path last
+    python -m classifier_engine fit --config CONFIG --config MLFLOW.yaml --ckpt_path last
 """
 
 import json

@@ -1,6 +1,6 @@
 """Experiment trackers, checked at start-up; a resume continues their tracked runs (docs/reliability.md#trackers).
 
-    python -m project fit --config configs/quickstart.yaml --config configs/tracking/mlflow.yaml --ckpt_path last
+    python -m classifier_engine fit --config CONFIG --config MLFLOW.yaml --ckpt_path last
 """
 
 import base64

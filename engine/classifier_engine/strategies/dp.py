@@ -1,6 +1,6 @@
 """strategy="dp": torch DataParallel for Lightning 2, which removed its own (PR #16748).
 
-    python -m project fit --config configs/dp_8gpu.yaml --data.root /datasets/imagenet
+    python -m classifier_engine fit --config CONFIG --trainer.strategy=dp --trainer.devices=8 --data.root /data/imagenet
 
 What runs where: docs/how-it-works.md#what-stays-the-same-whichever-strategy-you-pick.
 """

@@ -1,6 +1,6 @@
 """strategy="fsdp2" (or "fsdp2_sharded"): torch's FSDP2 (`fully_shard`) by Lightning's ModelParallelStrategy, CPU too.
 
-    python -m project fit --config configs/quickstart.yaml --config configs/fsdp.yaml --trainer.devices=2
+    python -m classifier_engine fit --config CONFIG --trainer.strategy=fsdp2 --trainer.devices=2
 
 The model shards itself in configure_model with `shard` (which blocks: the room's choice); docs/how-it-works.md#fsdp.
 """

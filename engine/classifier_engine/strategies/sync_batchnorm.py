@@ -1,6 +1,6 @@
 """`sync_batchnorm: true` that also works on CPU (gloo), where torch's SyncBatchNorm refuses to run.
 
-    python -m project fit --config configs/quickstart.yaml --config configs/cpu_ddp.yaml --trainer.sync_batchnorm=true
+    python -m classifier_engine fit --config CONFIG --trainer.strategy=ddp --trainer.sync_batchnorm=true
 """
 
 import torch
