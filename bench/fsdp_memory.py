@@ -26,10 +26,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torchvision import models
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine" / "tests"))  # local_services
 from classifier_engine.strategies.fsdp import shard  # noqa: E402
+from local_services import free_port  # noqa: E402  (engine/tests/local_services.py)
 
 from project.backbones import shard_blocks  # noqa: E402  the checkout's, not an installed copy
-from tools.local_services import free_port  # noqa: E402
 
 
 def rss_bytes() -> int:

@@ -174,9 +174,9 @@ stage overhead 60 80 python3 bench/overhead.py "${overhead[@]}" --json "$out/ove
 if [ "$tiny" = 1 ]; then augment=(--device cpu --batch 16 --crop 32 --resize 36 --rounds 2); else augment=(--rounds 5); fi
 stage augment 30 70 python3 bench/device_augment.py --jpegs "$jpegs" "${augment[@]}" --json "$out/augment.json"
 
-# 6. One short fit through each config, as a user starts it; the same JPEGs as shards first (tools/make_shards.py:
+# 6. One short fit through each config, as a user starts it; the same JPEGs as shards first (classifier_engine/data/make_shards.py:
 # short side <= 256, re-encoded; a rerun keeps finished shards), for the shards fit beside the folder's (fit: gpu).
-stage shards 45 60 python3 -m tools.make_shards --source "$jpegs" --out "$out/shards"
+stage shards 45 60 python3 -m classifier_engine.data.make_shards --source "$jpegs" --out "$out/shards"
 if [ "$tiny" = 1 ]; then
     base=(--config configs/quickstart.yaml --trainer.max_steps=2 --data.batch_size=8
           --trainer.log_every_n_steps=1 --trainer.limit_val_batches=1)

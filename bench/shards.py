@@ -34,13 +34,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine" / "tests"))  # local_services
 from classifier_engine import ShardDataModule  # noqa: E402
+from classifier_engine.data.make_shards import main as make_shards  # noqa: E402
 from classifier_engine.data.tar_shards import index_tar  # noqa: E402
+from local_services import s3_server  # noqa: E402  (engine/tests/local_services.py)
 
 from fake_imagenet import write_fake_imagenet  # noqa: E402
 from project.data import ImageNetDataModule  # noqa: E402
-from tools.local_services import s3_server  # noqa: E402
-from tools.make_shards import main as make_shards  # noqa: E402
 
 PRESET = dict(batch_size=64, num_workers=0, pin_memory=False, train_crop_size=224, drop_last=False)
 

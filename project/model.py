@@ -69,6 +69,7 @@ class ImageClassifier(L.LightningModule):
     classifier_engine.ClassificationModel."""
 
     monitor = Monitor("val/acc1", "max")  # the best checkpoint, sweeps' default metric, the progress bar
+    weights_option = "model.finetune.weights"  # what a refused checkpoint's message offers: its weights, a new head
 
     def __init__(self, num_classes: PositiveInt = 1000, arch: Optional[str] = "resnet50",
                  backbone: Optional[Callable[[int], Network]] = None, zero_init_residual: bool = False,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import lightning as L
 from jsonargparse import Namespace
@@ -93,6 +93,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
 
     plan: Optional[RunPlan] = None
     _checkpoint_io: Optional[AtomicCheckpointIO] = None
+    instantiation_links = ("num_classes", "image_sizes")  # add_arguments_to_parser's apply_on="instantiate"
 
     def __init__(self, *args, defaults: Defaults = Defaults(), **kwargs) -> None:
         # LightningCLI runs the whole command in __init__: the run dir claimed while parsing is released (or, after
@@ -145,6 +146,16 @@ class ProjectCLI(CheckpointReadOnceCLI):
         defaults = contract.monitor_options(self.defaults.model)  # a class chosen by class_path: parse_arguments
         parser.set_defaults({"checkpoint.auto_insert_metric_name": False, **defaults})
 
+    @staticmethod
+    def _monitor_options(config: Namespace, explicit: Namespace) -> dict[str, Any]:
+        """The checkpoint options of the chosen model class's Monitor that were not given; without a Monitor,
+        ModelCheckpoint's own defaults (the latest is kept as best)."""
+        if explicit.get("checkpoint.monitor") is not None or not isinstance(config.get("model"), Namespace):
+            return {}
+        chosen = contract.monitor_options(config.model.get("class_path")) or {
+            "checkpoint.monitor": None, "checkpoint.mode": "min", "checkpoint.filename": None}
+        return {key: value for key, value in chosen.items() if explicit.get(key) is None}
+
     # -- after parsing: the run plan (the one read of the checkpoint), before its hyperparameters are parsed ------
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         given = list(sys.argv[1:] if args is None else args) if not isinstance(args, (dict, Namespace)) else None
@@ -158,18 +169,16 @@ class ProjectCLI(CheckpointReadOnceCLI):
             config = self.config[subcommand] if subcommand else self.config
             resets = class_switch.resets(config, explicit, quiet, {"model": self.defaults.model, "data":
                                          self.defaults.data}, LINK_TARGETS)
+            if printing:  # printed as the run will use it: the chosen class's Monitor, not the default class's
+                resets += [f"--{key}={'null' if value is None else value}"
+                           for key, value in self._monitor_options(config, explicit).items()]
             if resets or printing:
                 self.config = parser.parse_args([*given, *resets])
             restore_nulls(self.config[subcommand] if subcommand else self.config, given)
         self._explicit = explicit_values(parser, args, self.config, subcommand)
         config = self.config[subcommand] if subcommand else self.config
-        if self._explicit.get("checkpoint.monitor") is None and isinstance(config.get("model"), Namespace):
-            # The chosen class's Monitor; without one, ModelCheckpoint's own defaults (the latest is kept as best).
-            chosen = contract.monitor_options(config.model.get("class_path")) or {
-                "checkpoint.monitor": None, "checkpoint.mode": "min", "checkpoint.filename": None}
-            for key, value in chosen.items():
-                if self._explicit.get(key) is None:
-                    config[key] = value
+        for key, value in self._monitor_options(config, self._explicit).items():
+            config[key] = value
         if subcommand:
             self.plan = start_run(subcommand, self.config[subcommand])
             self.save_config_kwargs = {**self.save_config_kwargs, "run_dir": self.plan.run_dir}

@@ -2,10 +2,10 @@
 
 Data, known after `__init__`: `num_classes` and `class_names` (label i is class_names[i]); train and val loaders
 yielding `(images, labels)`. Optional: `class_labels` (human names, in class_names' order), `eval_preprocessing()`
-(for predict, export and tools/preprocess.py), `image_sizes()` (the model's size check).
+(for predict and export), `image_sizes()` (the model's size check).
 
 Model (ClassificationModel below): `monitor`, `num_classes` among its saved hyperparameters, what `predict_step`
-returns, and optionally `exportable()`. Checked once after instantiation, in one line each.
+returns, and optionally `exportable()` and `weights_option`. Checked once after instantiation, in one line each.
 """
 
 import importlib
@@ -51,6 +51,8 @@ class ClassificationModel(Protocol):
       "classes": (B, k)}`, the top k; the prediction CSV names the classes.
     - optional `exportable()`: the plain nn.Module (images in, logits out) that export writes and the FLOP count (MFU)
       runs on; without it export writes the module itself and no FLOPs are counted.
+    - optional `weights_option` (a class attribute): the option that starts a fit from a checkpoint's weights with a
+      new head, which the refusal of a checkpoint of other classes or another network names.
     """
 
     monitor: ClassVar[Monitor]

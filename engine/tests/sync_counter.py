@@ -8,10 +8,11 @@ tensor on the host (.item(), .tolist(), bool/int/float(tensor), .numpy()), ops w
 (torch.unique, nonzero: the host reads the size), torch.cuda.synchronize, and the blocking collectives
 (torch.distributed.all_reduce, broadcast, barrier, all_gather, and Lightning's strategy.reduce, broadcast, barrier,
 all_gather, reduce_boolean_decision, which call them). A call is *ours* when, walking the stack from the call outwards,
-a frame of project/ comes before any frame of Lightning's loops or Trainer: our callback calling strategy.reduce is
-ours; Lightning's progress bar reading a tensor is Lightning's.
+a frame of the library (or of the template's package, when there is one) comes before any frame of Lightning's loops
+or Trainer: our callback calling strategy.reduce is ours; Lightning's progress bar reading a tensor is Lightning's.
 """
 
+import importlib.util
 import json
 import os
 import sys
@@ -19,13 +20,14 @@ from collections import defaultdict
 from pathlib import Path
 
 import lightning as L
-import project
 import torch
 import torch.distributed as dist
 
 import classifier_engine
 
-PROJECT = tuple(str(Path(package.__file__).resolve().parent) + os.sep for package in (project, classifier_engine))
+TEMPLATE = importlib.util.find_spec("project")  # None without the template
+PROJECT = tuple(str(Path(init).resolve().parent) + os.sep
+                for init in (classifier_engine.__file__, *([TEMPLATE.origin] if TEMPLATE else [])))
 LIGHTNING = str(Path(L.__file__).resolve().parent / "pytorch")
 LIGHTNING_DRIVERS = tuple(os.path.join(LIGHTNING, part) + os.sep for part in ("loops", "trainer"))
 

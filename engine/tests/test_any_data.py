@@ -9,9 +9,8 @@ import sys
 
 import pytest
 import torch
-from project import cli_main
 
-from conftest import QUICKSTART, callback
+from conftest import QUICKSTART, TEMPLATE, callback, cli_main
 
 # What a user writes: digits as tensors (no files), plain DataLoaders; 101 validation images, which no world size
 # of 2 or 3 divides.
@@ -144,7 +143,7 @@ BROKEN = {  # case: (extra arguments, what the one line says)
 }
 
 
-@pytest.mark.parametrize("case", list(BROKEN))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.template) if "warmup" in c else c for c in BROKEN])
 def test_a_data_module_that_breaks_the_contract_is_one_line_before_the_first_step(my_data, case, tmp_path,
                                                                                    monkeypatch, capsys):
     from conftest import project_in_process
@@ -161,7 +160,7 @@ def test_a_data_module_that_breaks_the_contract_is_one_line_before_the_first_ste
 
 def test_an_iterable_train_loader_trains_to_max_steps(my_data, tmp_path):
     cli_main(["fit", *args(tmp_path, "--data.class_path=bad_data.Bad", "--data.init_args.case=iterable",
-                           "--trainer.max_steps=3", "--model.optim.warmup_epochs=0")])
+                           "--trainer.max_steps=3", *(["--model.optim.warmup_epochs=0"] if TEMPLATE else []))])
     assert torch.load(tmp_path / LAST, map_location="cpu", weights_only=True)["global_step"] == 3
 
 

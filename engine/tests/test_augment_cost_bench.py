@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.template  # the template's bench/augment_cost.py
+
 REPO = Path(__file__).resolve().parents[2]  # the template around engine/
 
 

@@ -14,6 +14,8 @@ import pytest
 
 from conftest import REPO
 
+pytestmark = pytest.mark.template  # the template's bench/ scripts
+
 
 def run(command: list[str], tmp_path, **env) -> subprocess.CompletedProcess:
     result = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},

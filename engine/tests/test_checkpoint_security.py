@@ -15,10 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from project import ImageClassifier, ImageNetDataModule, cli_main
 
 from classifier_engine.compat.ckpt_read_once import checkpoint_values
 from conftest import QUICKSTART, SHRINK, project_in_process
+
+pytestmark = pytest.mark.template  # the template's model and its backbone option
+pytest.importorskip("project", reason="tests the template beside the library")
+from project import ImageClassifier, ImageNetDataModule, cli_main  # noqa: E402
 
 MY_NET = '''
 from torch import nn

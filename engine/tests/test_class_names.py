@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import project_in_process, tiny_args
+from conftest import model_class, project_in_process, tiny_args
 
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
 
@@ -17,7 +17,7 @@ LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
 @pytest.fixture(scope="module")
 def trained(tiny_root, tmp_path_factory):
     """One step on {cat, dog, fox}, in-process."""
-    from project import cli_main
+    from conftest import cli_main
 
     run_dir = tmp_path_factory.mktemp("trained")
     cli_main(["fit", *tiny_args(tiny_root, run_dir, "--trainer.limit_train_batches=1",
@@ -48,8 +48,10 @@ def test_data_with_the_same_count_under_other_names_is_refused_in_one_line(subco
     code, out, err = project_in_process([subcommand, *tiny_args(renamed_root, run_dir), f"--ckpt_path={trained}"],
                                         monkeypatch, capsys)
     assert code == 2
+    option = getattr(model_class(), "weights_option", None)  # the template's model names one (the contract)
+    hint = f"--{option} {trained} (no --ckpt_path)" if option else "your model's own loading (no --ckpt_path)"
     assert err.strip().splitlines() == [
         f"error: checkpoint {trained} was trained on other classes: class 0 is 'cat' there and 'ant' in the data; use "
         "data with the checkpoint's class folders (names and order), or fine-tune from its weights with a new head: "
-        f"--model.finetune.weights {trained} (no --ckpt_path)"]
+        + hint]
     assert not (run_dir / "lightning_logs").exists() or not any((run_dir / "lightning_logs").iterdir())

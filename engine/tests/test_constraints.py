@@ -13,6 +13,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+pytestmark = pytest.mark.template  # the template's constraints.txt (what its CI installed)
+
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11; CI runs 3.11
 
 ENGINE = Path(__file__).resolve().parents[1]  # engine/pyproject.toml: the ranges (its dev extra installs everything)

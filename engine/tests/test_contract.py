@@ -16,59 +16,12 @@ import sys
 
 import pytest
 import torch
+import yaml
 from PIL import Image
 
 import classifier_engine
 import warm_python
-from conftest import callback
-
-MY_MODEL = '''
-import lightning as L
-import torch
-import torch.nn.functional as F
-from torch import nn
-from torchmetrics.classification import MulticlassAccuracy
-
-from classifier_engine import Monitor
-
-
-class TinyNet(L.LightningModule):
-    monitor = Monitor("val/accuracy", "max")
-
-    def __init__(self, num_classes: int, width: int = 16, lr: float = 0.05):
-        super().__init__()
-        self.save_hyperparameters()
-        self.net = nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.GroupNorm(4, width), nn.ReLU(),
-                                 nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, num_classes))
-        self.accuracy = MulticlassAccuracy(num_classes, average="micro")
-
-    def forward(self, images):
-        return self.net(images)
-
-    def training_step(self, batch, batch_idx):
-        images, labels = batch
-        loss = F.cross_entropy(self(images), labels)
-        self.log("train/loss", loss)
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        images, labels = batch
-        self.accuracy.update(self(images), labels)
-        self.log("val/accuracy", self.accuracy)
-
-    def predict_step(self, batch, batch_idx):
-        return self(batch[0])
-
-    def exportable(self):
-        return self.net
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
-
-
-class Unmonitored(TinyNet):
-    monitor = None
-'''
+from conftest import TESTS, callback
 
 MY_DATA = '''
 import lightning as L
@@ -103,7 +56,7 @@ LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
 @pytest.fixture(scope="module")
 def code(tmp_path_factory):
     folder = tmp_path_factory.mktemp("my_code")
-    (folder / "my_model.py").write_text(MY_MODEL)
+    (folder / "my_model.py").write_text((TESTS / "plain_model.py").read_text())
     (folder / "my_data.py").write_text(MY_DATA)
     sys.path.insert(0, str(folder))
     yield folder
@@ -147,6 +100,16 @@ def test_the_data_modules_own_defaults_and_the_models_own_metric_decide(referenc
     assert best.monitor == "val/accuracy" and best.mode == "max"
     names = sorted(p.name for p in (run_dir / "lightning_logs" / "version_0" / "checkpoints").iterdir())
     assert "last.ckpt" in names and any(re.fullmatch(r"epoch00\d-val_accuracy=0\.\d{4}\.ckpt", n) for n in names)
+
+
+def test_print_config_shows_the_models_own_metric_and_mode(code, tmp_path, capsys):
+    # Fed back with --config, the printed options are the run's: a printed ModelCheckpoint default (mode: min) once
+    # kept the worst accuracy as the best checkpoint.
+    with pytest.raises(SystemExit):
+        engine("fit", *args(tmp_path), "--print_config")
+    printed = yaml.safe_load(capsys.readouterr().out)["checkpoint"]
+    assert (printed["monitor"], printed["mode"]) == ("val/accuracy", "max")
+    assert printed["filename"] == "epoch{epoch:03d}-val_accuracy={val/accuracy:.4f}"
 
 
 def test_stopped_mid_epoch_it_resumes_to_the_uninterrupted_weights(reference, tmp_path):
@@ -201,10 +164,9 @@ def test_it_validates_alike_at_one_and_two_ranks(code, reference, capsys):
     assert float(re.search(r"val/accuracy\s+([0-9.]+)", two.stdout).group(1)) == one  # 51 + 50 images, none twice
 
 
+@pytest.mark.template
 def test_a_class_chosen_over_the_templates_default_starts_from_its_own_defaults(code, tmp_path, monkeypatch, capsys):
-    from project import cli_main
-
-    from conftest import project_in_process
+    from conftest import cli_main, project_in_process
 
     cli = cli_main([*args(tmp_path / "run"), "--model.class_path=project.ImageClassifier",
                     "--model.init_args.arch=resnet18", "--trainer.max_epochs=1", "--trainer.limit_train_batches=1",

@@ -1,4 +1,4 @@
-"""ImageNetDataModule on a tiny ImageFolder: classes read from folders, batch shapes, one clear error per bad layout.
+"""ImageFolderDataModule on a tiny ImageFolder: classes read from folders, batch shapes, one clear error per bad layout.
 
     python -m pytest tests/test_datamodule.py
 """
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from project import ImageNetDataModule
 
+from classifier_engine import ImageFolderDataModule
 from classifier_engine.contract import EvalPreprocessing
 from classifier_engine.data.embedded import materialize_digits, resolve_root
 from classifier_engine.data.layout import DataLayoutError
@@ -21,9 +21,9 @@ from conftest import project_in_process, tiny_args, write_image_folder
 SIZES = dict(train_crop_size=24, eval_resize_size=32, eval_crop_size=28)  # distinct, so a mixed-up preset shows
 
 
-def _datamodule(root, **overrides) -> ImageNetDataModule:
+def _datamodule(root, **overrides) -> ImageFolderDataModule:
     kwargs = dict(root=str(root), batch_size=4, num_workers=0, pin_memory=False, **SIZES)
-    return ImageNetDataModule(**{**kwargs, **overrides})
+    return ImageFolderDataModule(**{**kwargs, **overrides})
 
 
 def _copy(tiny_root: Path, tmp_path: Path) -> Path:
@@ -53,7 +53,7 @@ def test_batches_have_the_configured_shapes_and_labels(tiny_root):
 
 def test_unset_root_names_the_flag():
     with pytest.raises(ValueError, match=r"data.root is not set: pass --data.root"):
-        ImageNetDataModule(root=None)
+        ImageFolderDataModule(root=None)
 
 
 def test_missing_root_names_the_path_and_the_layout(tmp_path):

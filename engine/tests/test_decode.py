@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from project.data import ImageNetDataModule
 from torch.utils.data import DataLoader
 from torchvision.transforms.v2.functional import pil_to_tensor
 
+from classifier_engine import ImageFolderDataModule
 from classifier_engine.data.decoders import image_loader, main, resolve_decoder
 from classifier_engine.data.image_folders import DecodedImages, collate_readable
 from classifier_engine.data.layout import folder_samples
@@ -204,7 +204,7 @@ def test_without_torchvision_io_decoders_auto_falls_back_and_torchvision_says_wh
 
 
 def loader_batch(root, split: str, **options):
-    module = ImageNetDataModule(str(root), batch_size=64, num_workers=0, pin_memory=False, train_crop_size=24,
+    module = ImageFolderDataModule(str(root), batch_size=64, num_workers=0, pin_memory=False, train_crop_size=24,
                                 eval_resize_size=28, eval_crop_size=24, **options)
     module.setup("fit")
     torch.manual_seed(0)  # the same crops in both pipelines: ToDtype and Normalize draw no random numbers

@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from project.data import ImageNetDataModule
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision import tv_tensors
 
+from classifier_engine import ImageFolderDataModule
 from classifier_engine.data.decoders import DEVICE_DECODERS as DEVICE_DECODER_NAMES
 from classifier_engine.data.decoders import decode_torchvision
 from classifier_engine.data.device_decode import (
@@ -106,10 +106,10 @@ def test_jpeg_frame_header_routes_files_nvjpeg_cannot_decode_to_the_workers(tmp_
 def test_device_decode_gives_the_worker_path_eval_batch_exactly(request, root_name, decoder):
     root = request.getfixturevalue(root_name)
     options = dict(batch_size=64, num_workers=0, pin_memory=False, eval_resize_size=28, eval_crop_size=24)
-    reference = ImageNetDataModule(str(root), decoder="torchvision", **options)
+    reference = ImageFolderDataModule(str(root), decoder="torchvision", **options)
     reference.setup("validate")
     images, targets = next(iter(reference.val_dataloader()))
-    module = ImageNetDataModule(str(root), decoder=decoder, **options)
+    module = ImageFolderDataModule(str(root), decoder=decoder, **options)
     module.setup("validate")
     encoded = next(iter(module.val_dataloader()))
     assert isinstance(encoded, EncodedBatch) and all(p.dim() == 1 for p in encoded.payloads())
@@ -134,7 +134,7 @@ def test_a_device_batch_crosses_from_the_workers_as_one_block_and_decodes_as_bef
     odd = Image.fromarray(smooth(40, 56, 99))
     odd.convert("CMYK").save(root / "val" / "c0" / "cmyk.JPEG", quality=90)  # decoded in the worker (3-D payloads)
     odd.save(root / "val" / "c1" / "png_named.JPEG", format="PNG")
-    module = ImageNetDataModule(str(root), decoder="nvjpeg", batch_size=64, num_workers=1, pin_memory=False,
+    module = ImageFolderDataModule(str(root), decoder="nvjpeg", batch_size=64, num_workers=1, pin_memory=False,
                                 eval_resize_size=28, eval_crop_size=24)
     module.setup("validate")
     batch = next(iter(module.val_dataloader()))  # through a worker process, as in training
@@ -273,7 +273,7 @@ def test_device_decoder_reads_no_tensor_back_to_the_host(mixed_root, monkeypatch
 @pytest.mark.parametrize("option", [dict(auto_augment="trivialaugment_wide"), dict(random_erase_prob=0.1)])
 def test_a_device_decoder_with_other_augmentations_is_refused_with_the_fix(tiny_root, option):
     with pytest.raises(ConfigError, match=r"turn the other augmentations off .* or decode in the workers") as error:
-        ImageNetDataModule(str(tiny_root), decoder="nvjpeg", **option)
+        ImageFolderDataModule(str(tiny_root), decoder="nvjpeg", **option)
     (key, value), = option.items()
     assert "\n" not in str(error.value) and f"data.{key}={value}" in str(error.value)
 
@@ -282,9 +282,7 @@ def test_a_device_decoder_with_other_augmentations_is_refused_with_the_fix(tiny_
 def test_fit_with_device_decode_skips_a_broken_jpeg(tiny_root, tmp_path, caplog, decoder):
     import shutil
 
-    from project import cli_main
-
-    from conftest import tiny_args
+    from conftest import cli_main, tiny_args
 
     root = tmp_path / "data"
     shutil.copytree(tiny_root, root)

@@ -14,7 +14,6 @@ from unittest import mock
 
 import pytest
 import torch
-from tools.preprocess import read_export
 from torch import nn
 from torchvision import models
 
@@ -37,6 +36,11 @@ class TinyNet(nn.Module):
 
     def forward(self, x):
         return self.classifier(self.features(x).flatten(1))
+
+
+def read_export(folder) -> tuple[nn.Module, dict]:
+    """model.pt2 as a callable module, and model.json, as any reader of an export opens them (torch only)."""
+    return torch.export.load(folder / "model.pt2").module(), json.loads((folder / "model.json").read_text())
 
 
 def trained_like(network: nn.Module) -> nn.Module:
@@ -215,9 +219,10 @@ def test_a_failed_check_ends_the_process_with_one_line_naming_the_file_and_the_d
     assert not (tmp_path / "export").exists()
 
 
+@pytest.mark.template
 @pytest.mark.slow  # a real fit first: 3-15 s on 2 shared cores
 def test_main_exports_a_trained_run_from_its_checkpoint_and_config(tiny_root, tmp_path):
-    from project import cli_main
+    from conftest import cli_main
 
     with mock.patch.dict(os.environ):  # the CLI seeds and sets PL_GLOBAL_SEED: keep it out of later tests
         cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--model.arch=resnet18")])

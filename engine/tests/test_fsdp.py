@@ -16,8 +16,6 @@ from unittest import mock
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from project import cli_main
-from project.weights import load_pretrained
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -27,9 +25,13 @@ from classifier_engine.export import main as export_main
 from classifier_engine.run.checkpoint_io import SHARDS, load_checkpoint
 from classifier_engine.strategies import FSDPStrategy
 from classifier_engine.strategies.fsdp import by_position
-from conftest import CONFIGS, callback, project_in_process, read_scalars, run_project, tiny_args
+from conftest import CONFIGS, callback, cli_main, project_in_process, read_scalars, run_project, tiny_args
 from test_distributed import FORKED_DDP, assert_ok, in_process
 from test_resume import EVERY_STEP, LAST, assert_same_training, final_state
+
+pytestmark = pytest.mark.template  # the template's ResNet sharded in its configure_model
+pytest.importorskip("project", reason="tests the template beside the library")
+from project.weights import load_pretrained  # noqa: E402
 
 FSDP = ["--config", str(CONFIGS / "fsdp.yaml"), "--trainer.devices=2"]
 SHARDED = ["--trainer.strategy=fsdp2_sharded"]

@@ -8,9 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from project import cli_main
 
-from conftest import CONFIGS, callback, run_project, tiny_args
+from conftest import CONFIGS, callback, cli_main, run_project, tiny_args
 
 # 40 images in batches of 4: 10 steps on one process. Steps count from 0; a step logs when (step + 1) % 5 == 0.
 SMALL = ["--data.batch_size=4", "--trainer.log_every_n_steps=5", "--trainer.enable_progress_bar=true",
@@ -58,6 +57,7 @@ FP16_WITH_SCALER = ["--trainer.precision=null", "--trainer.plugins=" + json.dump
     "scaler": {"class_path": "torch.amp.GradScaler", "init_args": {"device": "cpu"}}}})]
 
 
+@pytest.mark.template
 @pytest.mark.slow  # ~25 s: float16 is emulated on a CPU
 def test_16_mixed_steps_read_nothing_back_the_grad_scaler_checks_on_the_device(tiny_root, tmp_path):
     # An unfused SGD under a GradScaler: GradScaler.step read its inf/NaN check with .item() every step.

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.template  # the template's bench/input_pipeline.py
+
 REPO = Path(__file__).resolve().parents[2]  # the template around engine/
 
 

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import classifier_engine
 
 ENGINE = Path(__file__).resolve().parents[1]  # engine/, the distribution
@@ -26,8 +28,12 @@ MAX_FUNCTION_LINES = 60
 # moved run dir's best checkpoint, batches ordered by progress, drop_last=false's batch of one, every config file
 # jsonargparse reads size-checked, a new fit into a deleted MLflow experiment, data.shards named); issue 38 item 3 203
 # (WebDataset tars read as they are: each tar indexed from its headers into the cache, member names and samples checked
-# as untrusted input, timm's _info.json checked, an object-store prefix listed). It may only shrink.
-MAX_ENGINE_LINES = 7_525
+# as untrusted input, timm's _info.json checked, an object-store prefix listed); the shard writer moved in from the
+# template's tools/ beside its reader (+305: the library's messages named a command only the template had); the
+# contract's optional weights_option (+8: refused checkpoints named the template's fine-tuning option); two workarounds
+# registered (+22: the exact loaders' hook, a skipped link's value in a checkpoint) and --print_config printing a
+# class_path model's Monitor (+9), both found by running the suite without the template. It may only shrink.
+MAX_ENGINE_LINES = 7_874
 # The room's words (the template's model, network, options and metric names): the engine reads a model and data only
 # through the contract (classifier_engine/contract.py), so none may appear in its code, strings or comments.
 ROOM_WORDS = re.compile(r"val/acc1|val_acc1|\.network\b|[\"']network[\"']|\barch\b|ImageClassifier"
@@ -96,6 +102,7 @@ def test_the_public_api_is_about_twenty_names_each_importable():
         assert getattr(classifier_engine, name) is not None, name
 
 
+@pytest.mark.template
 def test_the_template_room_imports_only_the_public_api():
     room = ENGINE.parent / "project"
     if not room.is_dir():  # the engine on its own, or a renamed room: nothing to check here

@@ -15,13 +15,12 @@ from unittest import mock
 import pytest
 import torch
 from PIL import Image
-from project import ImageClassifier, cli_main
 
 from classifier_engine.data.decoders import image_loader
 from classifier_engine.data.predict import ImagePathDataset, list_images
 from classifier_engine.data.transforms import eval_preset
 from classifier_engine.errors import UnreadableImageError
-from conftest import project_in_process, run_project, tiny_args
+from conftest import cli_main, model_class, project_in_process, run_project, tiny_args
 
 
 def read_csv(path: Path) -> list[list[str]]:
@@ -92,7 +91,7 @@ def test_predict_csv_holds_each_images_top_classes_by_name_with_the_models_proba
     assert header == ["path", "class_1", "prob_1", "class_2", "prob_2", "class_3", "prob_3"]  # 3 classes: top-3
     assert [row[0] for row in rows] == [str(path) for path in list_images(image_folder)]
     # Recompute every row with the checkpoint's network: each row belongs to its path, names in index order.
-    model = ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu").eval()
+    model = model_class().load_from_checkpoint(checkpoint, map_location="cpu").eval()
     transform = eval_preset(resize_size=32, crop_size=32)
     names = ["cat", "dog", "fox"]
     with torch.no_grad():

@@ -21,6 +21,8 @@ from classifier_engine.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_
 from classifier_engine.export import export_network
 from conftest import REPO
 
+pytestmark = pytest.mark.template  # the template's tools/preprocess.py
+
 TOOL = REPO / "tools" / "preprocess.py"
 # (width, height): landscape and portrait photos, thin strips, a square smaller than the crop, one already at size.
 SIZES = [(640, 427), (427, 640), (33, 97), (97, 33), (500, 20), (224, 224), (256, 300), (1, 1)]

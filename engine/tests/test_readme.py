@@ -11,9 +11,12 @@ import tomllib
 
 import pytest
 import yaml
-from tools.workarounds_table import generated_part, markdown_table
 
 from conftest import REPO
+
+pytestmark = pytest.mark.template  # the template's README, docs and .ci/run
+pytest.importorskip("tools", reason="tests the template beside the library")
+from tools.workarounds_table import generated_part, markdown_table  # noqa: E402
 
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))

@@ -15,21 +15,25 @@ from unittest import mock
 import lightning as L
 import pytest
 import torch
-from project import ImageClassifier, ImageNetDataModule, cli_main
-from tools.local_services import free_port
 
+from classifier_engine import ImageFolderDataModule
 from classifier_engine.errors import CheckpointError, exit_on_user_error
 from classifier_engine.export import main as export_main
 from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
 from conftest import (
     CONFIGS,
     REPO,
+    TEMPLATE,
     callback,
+    cli_main,
     last_line,
+    model_class,
+    new_model,
     project_in_process,
     start_project,
     tiny_args,
 )
+from local_services import free_port
 
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
 
@@ -55,7 +59,6 @@ SAVE_LOOP = """
 import sys, torch
 from pathlib import Path
 from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
-from tools.local_services import free_port
 io, path = AtomicCheckpointIO(), Path(sys.argv[1])
 for version in range(1000):
     io.save_checkpoint({"version": version, "weights": torch.full((24_000_000,), float(version))}, path)  # ~96 MB
@@ -87,8 +90,10 @@ def test_kill_9_during_a_checkpoint_rewrite_leaves_the_previous_file_whole(tmp_p
 
 
 def test_a_disk_that_fills_during_a_save_keeps_the_previous_checkpoint(tiny_root, tmp_path, tmpfs):
-    # resnet18's checkpoint is ~90 MB (weights + momentum): the first fits on 150 MB, a second beside it does not.
-    disk = tmpfs("150m")
+    # A checkpoint is ~2x the weights (with momentum; resnet18's ~90 MB): the first fits on 2.5x, a second beside it
+    # does not.
+    weights = sum(t.numel() * t.element_size() for t in new_model(3).state_dict().values())
+    disk = tmpfs(f"{(5 * weights // 2 + 32 * 1024) // 1024}k")
     args = tiny_args(tiny_root, disk, "--last_checkpoint.every_n_steps=1", "--trainer.max_epochs=1")
     with pytest.raises(CheckpointError, match=rf"no space left on {disk}/lightning_logs/version_0/checkpoints while "
                                               r"saving last.ckpt; the previous last.ckpt \(if any\) is intact"):
@@ -148,12 +153,14 @@ def test_a_crafted_checkpoint_is_refused_by_every_cli_subcommand(crafted, tiny_r
 
 def test_a_crafted_checkpoint_is_refused_by_load_from_checkpoint_and_the_trainer(crafted, tiny_root, tmp_path):
     path, marker = crafted
-    for load in (ImageClassifier.load_from_checkpoint, ImageNetDataModule.load_from_checkpoint):
+    # The template's model loads weights-only as the library's data modules do; a plain LightningModule is Lightning's.
+    loads = [model_class().load_from_checkpoint] if TEMPLATE else []
+    for load in [*loads, ImageFolderDataModule.load_from_checkpoint]:
         with pytest.raises(Exception, match="Weights only load failed"):
             load(path)
-    model = ImageClassifier(num_classes=3, arch="resnet18", batch_size=8)
-    data = ImageNetDataModule(root=str(tiny_root), batch_size=8, num_workers=0, train_crop_size=32, eval_resize_size=32,
-                              eval_crop_size=32)
+    model = new_model(3)
+    data = ImageFolderDataModule(root=str(tiny_root), batch_size=8, num_workers=0, train_crop_size=32,
+                                 eval_resize_size=32, eval_crop_size=32)
     trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_progress_bar=False,
                         plugins=[AtomicCheckpointIO()], default_root_dir=tmp_path)
     with pytest.raises(CheckpointError, match="is not a trusted checkpoint"):
@@ -179,6 +186,7 @@ def test_export_refuses_a_crafted_checkpoint(crafted, trained, monkeypatch, caps
 
 # -- explicit values and mismatched checkpoints -----------------------------------------------------------------------
 
+@pytest.mark.template
 def test_an_explicit_flag_wins_over_the_checkpoints_value_and_is_said(trained, tiny_root, tmp_path, caplog):
     import shutil
 
@@ -191,6 +199,7 @@ def test_an_explicit_flag_wins_over_the_checkpoints_value_and_is_said(trained, t
     assert "model.optim.lr_per_256: 0.8 (given) instead of the checkpoint's 0.2" in caplog.text
 
 
+@pytest.mark.template
 def test_validate_with_another_arch_than_the_checkpoint_stops_naming_both(trained, tiny_root, tmp_path):
     with pytest.raises(CheckpointError, match=r"holds another network \(its model.arch is 'resnet18', this model's is "
                                               r"'resnet50'\): network.conv1.weight|holds another network \(its model"):
@@ -200,7 +209,7 @@ def test_validate_with_another_arch_than_the_checkpoint_stops_naming_both(traine
 
 
 def test_a_checkpoint_of_other_data_names_both_class_counts(tiny_root, tmp_path):
-    ten = ImageClassifier(num_classes=10, arch="resnet18")
+    ten = new_model(10)
     path = tmp_path / "digits.ckpt"
     torch.save({"state_dict": ten.state_dict(), "epoch": 3, "global_step": 90,
                 "hyper_parameters": dict(ten.hparams)}, path)
@@ -219,6 +228,7 @@ def _copy_of(trained: Path, root: Path) -> Path:
     return root
 
 
+@pytest.mark.template
 def test_predict_with_the_runs_config_leaves_its_config_yaml_for_export_and_the_readme_names_a_real_checkpoint(
         trained, tmp_path, monkeypatch, capsys):
     import re
@@ -236,6 +246,7 @@ def test_predict_with_the_runs_config_leaves_its_config_yaml_for_export_and_the_
     assert (run / "checkpoints" / name).is_file(), sorted(p.name for p in (run / "checkpoints").iterdir())
 
 
+@pytest.mark.template
 def test_a_resume_refused_by_the_optimizer_check_leaves_the_run_dir_as_it_was(trained, tiny_root, tmp_path,
                                                                                monkeypatch, capsys):
     root = _copy_of(trained, tmp_path / "run")

@@ -12,17 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from project import cli_main
 
-from conftest import CONFIGS, callback, read_scalars, run_project, start_project, tiny_args
+from conftest import CONFIGS, NETWORK, TEMPLATE, callback, cli_main, read_scalars, run_project, start_project, tiny_args
 
 # 40 images in batches of 8: 5 steps per epoch on one process, 2 per rank under ddp x2 (20 images each, the
 # incomplete last batch dropped: data.drop_last).
-EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3",
-          # the recipe ingredients: all their random draws must come out the same after a resume
-          "--model.loss.mixup_alpha=0.2", "--model.loss.cutmix_alpha=1.0",
-          callback("project.callbacks.ema.EMA", decay=0.9, every_n_steps=2,
-                   warmup_epochs=0.5),  # the quickstart's warmup
+# The template's recipe ingredients (its model's mixing, its EMA callback): their random draws too must come out the
+# same after a resume.
+RECIPE = ["--model.loss.mixup_alpha=0.2", "--model.loss.cutmix_alpha=1.0",
+          callback("project.callbacks.ema.EMA", decay=0.9, every_n_steps=2, warmup_epochs=0.5)] if TEMPLATE else []
+EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3", *RECIPE,
           "--data.auto_augment=trivialaugment_wide", "--data.random_erase_prob=0.5", "--data.ra_reps=2",
           # 24 px in epochs 0-1, 32 px in epoch 2: the kills below land in epoch 1
           "--data.progressive_resizing={start_size: 24, end_size: 32, start_epoch: 1, end_epoch: 2, multiple: 8}"]
@@ -57,7 +56,7 @@ def final_state(path: Path) -> dict:
     """Step, epoch, network weights and momentum of a checkpoint file, or of <root>'s version_0/last.ckpt."""
     checkpoint = torch.load(path if path.is_file() else path / LAST, map_location="cpu", weights_only=True)
     momentum = checkpoint["optimizer_states"][0]["state"]
-    network = lambda state: {k: v for k, v in state.items() if k.startswith("network.")}  # noqa: E731
+    network = lambda state: {k: v for k, v in state.items() if k.startswith(NETWORK)}  # noqa: E731
     return {"step": checkpoint["global_step"], "epoch": checkpoint["epoch"],
             "weights": network(checkpoint.get("current_model_state", checkpoint["state_dict"])),  # the trained ones
             "averaged": network(checkpoint["state_dict"]),  # the EMA's, when the run keeps one

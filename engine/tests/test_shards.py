@@ -1,4 +1,4 @@
-"""Shards (tools/make_shards.py, classifier_engine.ShardDataModule): a conversion that resumes and is never
+"""Shards (classifier_engine/data/make_shards.py, ShardDataModule): a conversion that resumes and is never
 half-valid, a chunk-aware order drawn from the seed, exact resume and exact evaluation, and a real object store
 (moto's server).
 
@@ -16,14 +16,13 @@ import boto3
 import pytest
 import torch
 from PIL import Image
-from project import cli_main
-from tools.local_services import free_port, s3_server
-from tools.make_shards import encode
-from tools.make_shards import main as make_shards
 
 from classifier_engine import ShardDataModule
+from classifier_engine.data.make_shards import encode
+from classifier_engine.data.make_shards import main as make_shards
 from classifier_engine.errors import ConfigError
-from conftest import QUICKSTART, SHRINK, callback, project_in_process, run_project
+from conftest import QUICKSTART, SHRINK, callback, cli_main, project_in_process, run_project
+from local_services import free_port, s3_server
 from test_distributed import FORKED_DDP
 
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
@@ -60,12 +59,12 @@ def test_a_rerun_keeps_finished_shards_and_the_index_is_written_last(tiny_root, 
             raise KeyboardInterrupt
         return encode(path, options)
 
-    monkeypatch.setattr("tools.make_shards.encode", interrupted)
+    monkeypatch.setattr("classifier_engine.data.make_shards.encode", interrupted)
     with pytest.raises(KeyboardInterrupt):
         make_shards(["--source", str(tiny_root), "--out", str(out), *SMALL])
     assert sorted(p.name for p in out.iterdir()) == ["train-00000.shard", "train-00000.shard.json",
                                                      "train-00001.shard", "train-00001.shard.json"]
-    with pytest.raises(ConfigError, match=r"no index.json: a conversion not finished.*tools.make_shards"):
+    with pytest.raises(ConfigError, match=r"no index.json: a conversion not finished.*data\.make_shards"):
         ShardDataModule(shards=str(out))
     kept = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     monkeypatch.undo()
@@ -333,9 +332,8 @@ def test_an_s3_index_naming_a_path_outside_the_cache_writes_nothing_there(shards
 @pytest.fixture
 def faulty_store(tiny_root, object_store, monkeypatch):
     """The tiny shard set on the object store, reached through a FaultyProxy; the tries' bounds shrunk to test size."""
-    from tools.local_services import FaultyProxy
-
     from classifier_engine.data import shards as shard_module
+    from local_services import FaultyProxy
 
     for name, value in object_store.items():
         monkeypatch.setenv(name, value)

@@ -16,12 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 from jsonargparse import Namespace
-from tools.make_shards import main as make_shards
 
 import slurm_cluster
+from classifier_engine.data.make_shards import main as make_shards
 from classifier_engine.run.resume import plan_run
 from conftest import REPO, TESTS, callback, read_scalars, tiny_args
 from test_resume import assert_same_training, final_state
+
+pytestmark = pytest.mark.template  # the template's slurm/ sbatch scripts
 
 SCRIPT = str(REPO / "slurm" / "train.sbatch")
 TWO_NODES = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1"]

@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from project import cli_main
 from torch import nn
 
 from classifier_engine.run.last_checkpoint import LastCheckpoint
 from classifier_engine.strategies import DataParallelStrategy
 from classifier_engine.strategies.dp import _DataParallel, _LightningForward
-from conftest import CONFIGS, callback, read_scalars, tiny_args
+from conftest import CONFIGS, NETWORK, callback, cli_main, read_scalars, tiny_args
 
 # Every config composed onto the quickstart, except the quickstart's own and the folders of model and recipe configs.
 STRATEGY_CONFIGS = sorted(p.name for p in CONFIGS.glob("*.yaml") if not p.name.startswith("quickstart"))
@@ -38,6 +37,7 @@ def printed_config(*args: str) -> dict:
     return yaml.safe_load(out.getvalue())
 
 
+@pytest.mark.template
 def test_the_strategy_and_precision_configs_are_found():
     assert {"ddp_8gpu.yaml", "dp_8gpu.yaml", "ddp_spawn_8gpu.yaml", "gpu.yaml", "fp16.yaml", "bf16.yaml",
             "cpu_ddp.yaml", "multinode.yaml"} <= set(STRATEGY_CONFIGS)
@@ -57,6 +57,7 @@ GPU_CONFIGS = [name for name in STRATEGY_CONFIGS
                if (yaml.safe_load((CONFIGS / name).read_text()).get("trainer") or {}).get("accelerator") == "gpu"]
 
 
+@pytest.mark.template
 @pytest.mark.parametrize("name", GPU_CONFIGS)
 def test_gpu_configs_turn_cudnn_autotuning_on(name, tiny_root, tmp_path):
     # Lightning leaves benchmark=None, torch's default (off): cuDNN's heuristic picks, never timed, for every shape.
@@ -64,6 +65,7 @@ def test_gpu_configs_turn_cudnn_autotuning_on(name, tiny_root, tmp_path):
     assert printed_config(*tiny_args(tiny_root, tmp_path), "--config", str(CONFIGS / name))["trainer"]["benchmark"]
 
 
+@pytest.mark.template
 @pytest.mark.parametrize("name, expected", [("fp16.yaml", "bf16-mixed"), ("bf16.yaml", "bf16-mixed")])
 def test_mixed_precision_configs_build_a_trainer_on_cpu(name, expected, tiny_root, tmp_path):
     # 16-mixed on CPU is turned into (emulated, slow) bf16 by Lightning: built here, never trained on CPU.
@@ -125,7 +127,7 @@ def last_checkpoint(cli) -> Path:
 
 def network_state(checkpoint: Path) -> dict[str, torch.Tensor]:
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
-    return {k: v for k, v in state.items() if k.startswith("network.")}
+    return {k: v for k, v in state.items() if k.startswith(NETWORK)}
 
 
 def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -1,4 +1,4 @@
-"""WebDataset tars (tools/make_shards.py --format webdataset, classifier_engine/data/tar_shards.py): written so the
+"""WebDataset tars (make_shards.py --format webdataset, tar_shards.py in classifier_engine/data): written so the
 `webdataset` package reads them back, read by ShardDataModule with our shards' guarantees (training, exact evaluation at
 any world size, resume mid-epoch in the same order), and a damaged or crafted tar is one line naming it.
 
@@ -15,14 +15,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from project import cli_main
-from tools.local_services import s3_server
-from tools.make_shards import main as make_shards
 
 from classifier_engine import ShardDataModule
 from classifier_engine.data.layout import check_layout, folder_samples
+from classifier_engine.data.make_shards import main as make_shards
 from classifier_engine.errors import UnreadableImageError
-from conftest import QUICKSTART, SHRINK, project_in_process
+from conftest import QUICKSTART, SHRINK, cli_main, project_in_process
+from local_services import s3_server
 
 SMALL = ["--shard-size", "8", "--workers", "1"]  # tiny_root: 40 train images in 5 tars, 17 val in 3
 FAST = dict(batch_size=8, num_workers=0, pin_memory=False, train_crop_size=32, eval_resize_size=32, eval_crop_size=32)

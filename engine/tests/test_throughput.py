@@ -9,11 +9,10 @@ from unittest import mock
 
 import pytest
 import torch
-from project import cli_main
-from project.backbones import build_network
+import torchvision
 
 from classifier_engine.callbacks.throughput import compute_dtype, peak_flops, train_flops_per_image
-from conftest import read_scalars, tiny_args
+from conftest import cli_main, read_scalars, tiny_args
 
 PERF_KEYS = {
     "perf/images_per_sec",
@@ -33,7 +32,7 @@ def event_dir(run_dir: Path) -> Path:
 def test_quickstart_logs_perf_keys_that_agree_with_the_batches_trained(tiny_root, tmp_path):
     # The CLI's throughput group, given a peak so MFU appears on CPU; in-process, read back from its TensorBoard events.
     with mock.patch.dict(os.environ):  # the CLI sets PL_GLOBAL_SEED: keep it out of the tests that follow
-        cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--throughput.peak_flops=1e12")])
+        cli = cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--throughput.peak_flops=1e12")])
     scalars = read_scalars(event_dir(tmp_path))
     assert PERF_KEYS <= scalars.keys(), f"missing: {PERF_KEYS - scalars.keys()}"
 
@@ -46,7 +45,7 @@ def test_quickstart_logs_perf_keys_that_agree_with_the_batches_trained(tiny_root
     assert values["perf/device/images_per_sec"] == values["perf/images_per_sec"]  # one device
     assert all(0 <= w < 1 for w in values["perf/data_wait"])
 
-    flops = train_flops_per_image(build_network("resnet18", 3), torch.Size((8, 3, 32, 32)))
+    flops = train_flops_per_image(cli.model.exportable(), torch.Size((8, 3, 32, 32)))  # the network it trained
     for rate, tflops, mfu in zip(values["perf/images_per_sec"], values["perf/device/tflops"],
                                  values["perf/device/mfu"]):
         assert tflops == pytest.approx(rate * flops / 1e12, rel=1e-4)
@@ -54,7 +53,7 @@ def test_quickstart_logs_perf_keys_that_agree_with_the_batches_trained(tiny_root
 
 
 def test_flop_count_matches_resnet50s_published_cost_and_leaves_the_network_alone():
-    network = build_network("resnet50", 1000)
+    network = torchvision.models.resnet50()
     before = {name: p.clone() for name, p in network.state_dict().items()}
     flops = train_flops_per_image(network, torch.Size((2, 3, 224, 224)))
     # torchvision: 4.09 G multiply-adds forward = 8.2 GFLOP; backward about twice that: ~24.3 GFLOP per image.

@@ -229,9 +229,7 @@ def test_fits_started_at_the_same_moment_each_claim_their_own_version_dir(tmp_pa
 
 
 def test_a_rerun_of_a_run_without_file_loggers_from_its_config_yaml_is_a_new_run(tiny_root, tmp_path):
-    from project import cli_main
-
-    from conftest import tiny_args
+    from conftest import cli_main, tiny_args
 
     short = ["--trainer.logger=false", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
     first = cli_main(["fit", *tiny_args(tiny_root, tmp_path, *short)])
@@ -246,9 +244,7 @@ def test_a_rerun_of_a_run_without_file_loggers_from_its_config_yaml_is_a_new_run
 def test_a_resume_under_a_relative_root_or_in_a_cp_r_copy_keeps_the_earlier_best_and_one_best_file(tiny_root, tmp_path,
                                                                                                      monkeypatch,
                                                                                                      recwarn):
-    from project import cli_main
-
-    from conftest import tiny_args
+    from conftest import cli_main, tiny_args
 
     monkeypatch.chdir(tmp_path)  # default_root_dir relative, as configs/quickstart.yaml has it
     short = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
@@ -274,9 +270,7 @@ def test_a_resume_under_a_relative_root_or_in_a_cp_r_copy_keeps_the_earlier_best
 
 def test_validate_and_predict_from_a_runs_config_yaml_write_their_own_records_not_into_the_run(tiny_root, tmp_path,
                                                                                                 recwarn):
-    from project import cli_main
-
-    from conftest import read_scalars, tiny_args
+    from conftest import cli_main, read_scalars, tiny_args
 
     cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--trainer.limit_train_batches=2")])
     run = tmp_path / "lightning_logs" / "version_0"

@@ -92,7 +92,7 @@ class WarmProcess:
         self.wait()
 
 
-def start(args: list[str], *, cwd, env: dict, module: str = "project", new_session: bool = False,
+def start(args: list[str], *, cwd, env: dict, module: str, new_session: bool = False,
           merge_stderr: bool = False, timeout: float = 300) -> WarmProcess:
     """Start `python -m MODULE ARGS` warm; `env` is the child's whole environment (as Popen's env=); merge_stderr:
     stderr into the stdout pipe (Popen's stderr=STDOUT: one stream, as a terminal shows it; .stderr reads nothing)."""
@@ -100,7 +100,7 @@ def start(args: list[str], *, cwd, env: dict, module: str = "project", new_sessi
                        timeout=timeout)
 
 
-def run(args: list[str], *, cwd, env: dict, timeout: float, module: str = "project") -> subprocess.CompletedProcess:
+def run(args: list[str], *, cwd, env: dict, timeout: float, module: str) -> subprocess.CompletedProcess:
     """subprocess.run(..., capture_output=True, text=True, timeout=timeout) of `python -m MODULE ARGS`, warm."""
     process = start(args, module=module, cwd=cwd, env=env, timeout=timeout)
     try:
@@ -130,10 +130,15 @@ def _server(env: dict, timeout: float) -> str:
 
 
 def _serve(path: str) -> None:
+    import importlib.util
+
     import lightning.pytorch  # noqa: F401  the imports each child would otherwise pay
-    import project  # noqa: F401
     import torchmetrics  # noqa: F401
     import torchvision  # noqa: F401
+
+    import classifier_engine.cli  # noqa: F401
+    if importlib.util.find_spec("project") is not None:  # the template, when the suite runs inside it
+        import project  # noqa: F401
 
     base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

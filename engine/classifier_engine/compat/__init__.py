@@ -18,14 +18,35 @@ class Workaround:
 
 WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
+        name="applied instantiation links: LightningCLI saves each link's value into the module's hyperparameters, "
+             "also one jsonargparse skipped because the class lacks the argument; a resume then refuses the key",
+        where="classifier_engine/compat/ckpt_read_once.py checkpoint_values (drops such a key; "
+              "ProjectCLI.instantiation_links names the links)",
+        upstream="Lightning PR #20777 (the feature); no issue found for skipped links (searched 2026-12-06)",
+        seen="lightning 2.6.6, jsonargparse 4.53.0",
+        delete_when="a model without the argument a link targets gets no such hyperparameter from a stock LightningCLI",
+        canary="test_canary_stock_cli_saves_a_skipped_links_value_into_the_hyperparameters",
+    ),
+    Workaround(
+        name="Lightning shards a data module's plain evaluation loader with a padded DistributedSampler (samples "
+             "repeated where the world size does not divide the split) and cannot resume its training order "
+             "mid-epoch; it offers no public hook between the module's loader and its sampler injection",
+        where="classifier_engine/samplers.py ExactLoaders: for the run, the module's train/val/test_dataloader are "
+              "replaced on the instance by _LoaderHook (its own method, then our samplers; its class is untouched)",
+        upstream="Lightning #5060 (closed as a duplicate), #11364 (a warning only); torch #25162 (open)",
+        seen="lightning 2.6.6",
+        delete_when="stock ddp validation of a plain loader sees each sample once at any world size",
+        canary="test_canary_stock_ddp_validation_repeats_samples_of_a_plain_loader",
+    ),
+    Workaround(
         name="jsonargparse parses `null` on the command line as the string 'None' for an Optional[str] field of a "
-             "dataclass argument of a class given by class_path (`--model.finetune.weights=null`)",
+             "dataclass argument of a class given by class_path (`--model.group.field=null`)",
         where="classifier_engine/compat/subclass_nulls.py restore_nulls (called from classifier_engine/cli.py "
               "parse_arguments)",
         upstream="no upstream issue found (jsonargparse's issues searched 2026-12-03); to report with the canary's "
                  "case",
         seen="jsonargparse 4.53.0, lightning 2.6.6",
-        delete_when="a stock LightningCLI in subclass mode parses `--model.finetune.weights=null` as None",
+        delete_when="a stock LightningCLI in subclass mode parses `--model.group.field=null` as None",
         canary="test_canary_stock_subclass_mode_parses_a_null_dataclass_field_as_the_string_none",
     ),
     Workaround(

@@ -8,7 +8,7 @@ import pydoc
 import sys
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Optional, Union
 
 from lightning.pytorch.cli import LightningCLI
@@ -38,12 +38,16 @@ def holds_values(annotation: Any) -> bool:
     return origin in CONTAINERS and all(holds_values(arg) for arg in typing.get_args(annotation) if arg is not ...)
 
 
-def checkpoint_values(model_class: type, hparams: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def checkpoint_values(model_class: type, hparams: Mapping[str, Any], linked: Sequence[str] = ()) -> tuple[
+        dict[str, Any], list[str]]:
     """The hyperparameters the model class may take (none that names code, or whose type could), the others' names."""
     try:
         hints = typing.get_type_hints(model_class.__init__)
     except Exception:  # an annotation that does not resolve: take nothing, the config stands
         hints = {}
+    # LightningCLI saves every instantiation link's value, also one jsonargparse skipped as the class lacks it: not the
+    # user's, never refused (classifier_engine.compat: "applied instantiation links").
+    hparams = {key: value for key, value in hparams.items() if key not in linked or key in hints}
     # A key the class lacks goes on to the parse, which refuses it in one line.
     taken = {key: value for key, value in hparams.items()
              if (key not in hints or holds_values(hints[key])) and not names_code(value) and key not in CODE_KEYS}
@@ -51,6 +55,7 @@ def checkpoint_values(model_class: type, hparams: Mapping[str, Any]) -> tuple[di
 
 
 class CheckpointReadOnceCLI(LightningCLI):
+    instantiation_links: tuple[str, ...] = ()  # model arguments set by links applied at instantiation
     def loaded_checkpoint(self) -> Optional[dict[str, Any]]:
         """The checkpoint `--ckpt_path` names, as already loaded; None: there is none."""
         return None
@@ -64,7 +69,8 @@ class CheckpointReadOnceCLI(LightningCLI):
         model = self.config[subcommand].model
         class_path = model.get("class_path") if self.subclass_mode_model else None
         model_class = pydoc.locate(class_path) if class_path else self._model_class  # never the checkpoint's
-        hparams, dropped = checkpoint_values(model_class, checkpoint.get("hyper_parameters") or {})
+        hparams, dropped = checkpoint_values(model_class, checkpoint.get("hyper_parameters") or {},
+                                             self.instantiation_links)
         if dropped:
             rank_zero_info(f"checkpoint hyperparameters not used (checkpoints carry values, the config names classes): "
                            f"{', '.join(f'model.{key}' for key in dropped)}")

@@ -1,4 +1,4 @@
-"""`--model.finetune.weights=null` sets None: jsonargparse's subclass mode parses it as the string 'None'."""
+"""`--model.group.field=null` sets None: jsonargparse's subclass mode parses it as the string 'None'."""
 
 from collections.abc import Sequence
 

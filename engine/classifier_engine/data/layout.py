@@ -20,7 +20,7 @@ class DataLayoutError(ConfigError):
 
 def is_data(name: str) -> bool:
     """The one rule for the files and folders below a class folder or a predict root (fit, validate, predict,
-    tools.make_shards): a name starting with '.' is not data (macOS's `._photo.jpg`, `.ipynb_checkpoints/`)."""
+    make_shards): a name starting with '.' is not data (macOS's `._photo.jpg`, `.ipynb_checkpoints/`)."""
     return not name.startswith(".")
 
 

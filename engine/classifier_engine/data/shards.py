@@ -1,4 +1,4 @@
-"""ShardDataModule: images packed into shards by tools/make_shards.py, or WebDataset tars (tar_shards.py), read from a
+"""ShardDataModule: images packed into shards by make_shards.py, or WebDataset tars (tar_shards.py), read from a
 local or parallel-filesystem folder or from s3://bucket/prefix (through a node-local cache), with every option of the
 folder module (docs/data-at-scale.md).
 
@@ -26,7 +26,7 @@ from classifier_engine.data.decoders import DEVICE_DECODERS
 from classifier_engine.data.embedded import cache_dir as data_cache
 from classifier_engine.data.image_data import ImageDataModule
 from classifier_engine.data.listed_paths import inside
-from classifier_engine.data.tar_shards import tar_index
+from classifier_engine.data.tar_shards import WRITER, tar_index
 from classifier_engine.data.training_samples import SeededSamples
 from classifier_engine.errors import ConfigError, DataUnavailable, UnreadableImageError
 from classifier_engine.options import PositiveInt
@@ -34,7 +34,7 @@ from classifier_engine.run.checkpoint_io import atomic_write
 from classifier_engine.samplers import ResumableSampler
 
 logger = logging.getLogger(__name__)
-INDEX = "index.json"  # written last, atomically, by tools/make_shards.py: a folder without it is not a shard set
+INDEX = "index.json"  # written last, atomically, by make_shards.py: a folder without it is not a shard set
 FORMAT = "project-shards/1"
 EXTRA = 'pip install -e ".[shards]"'
 # A shard download that fails in a way that may pass (a 5xx, a cut or stalled transfer) is tried TRIES times, waiting
@@ -100,10 +100,10 @@ def s3_error(error: Exception, url: str, tries: int = 1, option: Optional[str] =
                            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's permissions")
     if code in ("NoSuchKey", "404") and url.endswith(".shard"):
         return ConfigError(f"{url}: missing from the object store: copy the whole shard set again, or rewrite it with "
-                           "python -m tools.make_shards")
+                           "python -m classifier_engine.data.make_shards")
     if code in ("NoSuchKey", "404"):
         return MissingIndex(f"{url}: no {INDEX} there: not a finished shard set; write one with python -m "
-                            "tools.make_shards --source ROOT --out URL")
+                            "classifier_engine.data.make_shards --source ROOT --out URL")
     return error
 
 
@@ -178,17 +178,17 @@ class ShardStore:
         except FileNotFoundError:
             why = "no such folder" if not self.cache.exists() else f"no {INDEX}: a conversion not finished"
             raise MissingIndex(f"data.shards: {self.location}: {why}; write the shards with python -m "
-                               f"tools.make_shards --source ROOT --out {self.location}") from None
+                               f"classifier_engine.data.make_shards --source ROOT --out {self.location}") from None
         except OSError as error:
             raise ConfigError(f"data.shards: cannot read {self.cache / INDEX} ({error.strerror or error})") from None
         where = f"data.shards: {self.location}/{INDEX}"
         try:
             index = json.loads(body)
         except ValueError as error:
-            raise ConfigError(f"{where} is not JSON ({error}): rewrite it with python -m tools.make_shards") from None
+            raise ConfigError(f"{where} is not JSON ({error}): rewrite it with {WRITER}") from None
         if not isinstance(index, dict) or index.get("format") != FORMAT:
             found = index.get("format") if isinstance(index, dict) else type(index).__name__
-            raise ConfigError(f"{where} is {found!r}, expected {FORMAT}: rewrite it with python -m tools.make_shards")
+            raise ConfigError(f"{where} is {found!r}, expected {FORMAT}: rewrite it with {WRITER}")
         check_index(index, where, self.cache)
         if not self.remote:  # a missing or cut shard now, in one line, not in the first worker that reads it
             for shard in (shard for shards in index["splits"].values() for shard in shards):
@@ -197,7 +197,7 @@ class ShardStore:
                     size = path.stat().st_size if path.is_file() else None
                     state = "is missing" if size is None else f"has {size} bytes, not {shard['bytes']}"
                     raise ConfigError(f"data.shards: {path} {state}: copy the whole shard set again, or rewrite it "
-                                      "with python -m tools.make_shards")
+                                      "with python -m classifier_engine.data.make_shards")
         return index
 
     def local(self, name: str, size: int, sha256: Optional[str] = None) -> Path:
@@ -216,7 +216,7 @@ class ShardStore:
                 data = self.get(name)
                 if sha256 and hashlib.sha256(data).hexdigest() != sha256:
                     raise ConfigError(f"{self.location}/{name} is not the shard its {INDEX} lists (sha256 differs): "
-                                      f"delete {name} and {name}.json there and rerun python -m tools.make_shards")
+                                      f"delete {name} and {name}.json there and rerun {WRITER}")
                 atomic_write(path, lambda file: file.write(data), fsync=False,
                              fix="Free space there or pass another data.cache_dir")
         return path
@@ -241,16 +241,16 @@ def check_index(index: dict[str, Any], where: str, folder: Path) -> None:
     classes, splits = index.get("classes"), index.get("splits")
     if not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
         raise ConfigError(f"{where}: 'classes' is not a list of class names: rewrite it with python -m "
-                          "tools.make_shards")
+                          "classifier_engine.data.make_shards")
     if not (isinstance(splits, dict) and isinstance(splits.get("train"), list) and isinstance(splits.get("val"), list)):
         raise ConfigError(f"{where}: 'splits' lacks the train and val lists of shards: rewrite it with python -m "
-                          "tools.make_shards")
+                          "classifier_engine.data.make_shards")
     for split, shards in splits.items():
         for k, shard in enumerate(shards if isinstance(shards, list) else [None]):
             entry = f"{where}, splits.{split}[{k}]"
             if not isinstance(shard, dict) or not all(key in shard for key in ("file", "bytes", "lengths", "labels")):
                 raise ConfigError(f"{entry}: expected an object with file, bytes, lengths and labels: rewrite it with "
-                                  "python -m tools.make_shards")
+                                  "python -m classifier_engine.data.make_shards")
             inside(folder, shard["file"], entry)
             lengths, labels = shard["lengths"], shard["labels"]
             sizes_ok = (isinstance(lengths, list) and all(type(n) is int and n > 0 for n in lengths)
@@ -260,7 +260,7 @@ def check_index(index: dict[str, Any], where: str, folder: Path) -> None:
             if not (sizes_ok and labels_ok):
                 raise ConfigError(f"{entry} ({shard['file']}): its lengths, labels and bytes do not agree (a label per "
                                   f"image below {len(classes)}, lengths summing to bytes): rewrite it with python -m "
-                                  "tools.make_shards")
+                                  "classifier_engine.data.make_shards")
             shard["file"] = os.path.normpath(shard["file"])
 
 
@@ -278,7 +278,7 @@ def decode_bytes(data: bytes, decoder: str, where: str):
         return decode_image(tensor, mode=ImageReadMode.RGB)
     except (OSError, RuntimeError, ValueError) as error:
         message = (f"cannot decode {where} ({str(error).strip()[:200]}); rewrite the shard set with python -m "
-                   "tools.make_shards, or set data.on_corrupt=skip")
+                   "classifier_engine.data.make_shards, or set data.on_corrupt=skip")
         raise UnreadableImageError(message) from error
 
 
@@ -347,7 +347,7 @@ class ShardOrderSampler(ResumableSampler):
 
 
 class ShardDataModule(ImageDataModule):
-    """The classes and splits of a shard set written by tools/make_shards.py (labels are class names in its index), or
+    """The classes and splits of a shard set written by make_shards.py (labels are class names in its index), or
     of a folder or prefix of WebDataset tars (labels their .cls indices)."""
 
     train_sampler_class = ShardOrderSampler
@@ -357,9 +357,9 @@ class ShardDataModule(ImageDataModule):
         """
         Args:
             shards: folder (local or a parallel filesystem) or s3://bucket/prefix written by python -m
-                tools.make_shards, or of WebDataset tars (<set>-train-0000.tar, <set>-validation-0000.tar, as the
-                Hugging Face ImageNet sets); the object store's endpoint and keys come from AWS_ENDPOINT_URL,
-                AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (never from the config).
+                classifier_engine.data.make_shards, or of WebDataset tars (<set>-train-0000.tar,
+                <set>-validation-0000.tar, as the Hugging Face ImageNet sets); the object store's endpoint and keys
+                come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (never from the config).
             cache_dir: node-local folder s3:// shards are downloaded to, each once, and WebDataset tars' indexes are
                 kept in (default: shards/ in the data cache, $PROJECT_DATA_CACHE); it needs room for the
                 whole shard set.
@@ -369,7 +369,7 @@ class ShardDataModule(ImageDataModule):
         super().__init__(**options)
         if shards is None:
             raise ConfigError("data.shards is not set: pass --data.shards DIR or s3://bucket/prefix (written by "
-                              "python -m tools.make_shards)")
+                              "python -m classifier_engine.data.make_shards)")
         if self.decoder in DEVICE_DECODERS:
             raise ConfigError(f"data.decoder={self.decoder}: shards decode in the DataLoader workers: choose auto, "
                               "torchvision, torchcodec or pil")

@@ -20,10 +20,11 @@ from classifier_engine.run.checkpoint_io import atomic_write
 
 logger = logging.getLogger(__name__)
 IMAGES = ("jpg", "jpeg", "png", "webp")  # a sample's image: the first of these it has (timm reads jpg;png;webp)
-# imagenet1k-train-0000.tar, imagenet1k-validation-00.tar (the Hugging Face sets), train-0000.tar (tools.make_shards)
+# imagenet1k-train-0000.tar, imagenet1k-validation-00.tar (the Hugging Face sets), train-0000.tar (make_shards)
 NAME = re.compile(r"(?:(.*)-)?(train|validation|val|test)-(\d+)\.tar")
-INFO = "_info.json"  # timm's: each split's files and lengths; the class names when tools.make_shards wrote it
-FIX = "replace it with a good copy, or rewrite the set with python -m tools.make_shards --format webdataset"
+INFO = "_info.json"  # timm's: each split's files and lengths; the class names when make_shards wrote it
+WRITER = "python -m classifier_engine.data.make_shards"  # what the messages tell a user to run (shards too)
+FIX = f"replace it with a good copy, or rewrite the set with {WRITER} --format webdataset"
 Tars = dict[str, tuple[int, str]]  # file name -> (bytes, version: a local file's mtime, an object's ETag)
 CACHED = "webdataset-index/1"  # the cached index's format: another is built again
 

@@ -68,7 +68,13 @@ def saved_class_names(checkpoint: Mapping[str, Any]) -> Optional[list[str]]:
     return None
 
 
-def check_class_names(path: Path, checkpoint: Mapping[str, Any], datamodule: Any) -> None:
+def new_head_hint(path: Path, model: Any) -> str:
+    """How to start from a checkpoint's weights with a new head: the model's `weights_option` (the contract), if any."""
+    option = getattr(model, "weights_option", None)
+    return f"--{option} {path} (no --ckpt_path)" if option else "your model's own loading (no --ckpt_path)"
+
+
+def check_class_names(path: Path, checkpoint: Mapping[str, Any], datamodule: Any, model: Any) -> None:
     """The same count under other names, or in another order, would give silently wrong labels: refused here."""
     saved, names = saved_class_names(checkpoint), getattr(datamodule, "class_names", None)
     if saved is None or names is None or len(saved) != len(names):
@@ -78,13 +84,13 @@ def check_class_names(path: Path, checkpoint: Mapping[str, Any], datamodule: Any
             raise CheckpointError(
                 f"checkpoint {path} was trained on other classes: class {index} is {there!r} there and {here!r} in "
                 "the data; use data with the checkpoint's class folders (names and order), or fine-tune from its "
-                f"weights with a new head: --model.finetune.weights {path} (no --ckpt_path)")
+                f"weights with a new head: {new_head_hint(path, model)}")
 
 
 def check_checkpoint_fits(path: Path, checkpoint: dict[str, Any], model: L.LightningModule,
                           datamodule: L.LightningDataModule | None) -> None:
     """CheckpointError naming what differs: the class names, the class count, the network (keys, shapes)."""
-    check_class_names(path, checkpoint, datamodule)
+    check_class_names(path, checkpoint, datamodule, model)
     saved, expected = checkpoint["state_dict"], model.state_dict()
     missing = [key for key in expected if key not in saved]
     unexpected = [key for key in saved if key not in expected]
@@ -96,7 +102,7 @@ def check_checkpoint_fits(path: Path, checkpoint: dict[str, Any], model: L.Light
     if not (missing or unexpected) and saved_classes is not None and classes is not None and saved_classes != classes:
         raise CheckpointError(f"checkpoint {path} has {saved_classes} classes, the data has {classes}: use a "
                               "checkpoint trained on these classes, or start from its weights with a new head: "
-                              f"--model.finetune.weights {path} (no --ckpt_path)")
+                              f"{new_head_hint(path, model)}")
     differ = sorted(key for key in set(hparams) & set(model.hparams) if not key.startswith("_")
                     and isinstance(hparams[key], (str, int, float, bool)) and hparams[key] != model.hparams[key])
     network = f" (its model.{differ[0]} is {hparams[differ[0]]!r}, this model's is {model.hparams[differ[0]]!r})" \
@@ -110,5 +116,5 @@ def check_checkpoint_fits(path: Path, checkpoint: dict[str, Any], model: L.Light
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         detail = f"it has {unexpected[0]} that this model lacks{more}"
     raise CheckpointError(f"checkpoint {path} holds another network{network}: {detail}. Build the same model (its "
-                          "run's config.yaml: --config <run>/config.yaml), or start from its weights with "
-                          f"--model.finetune.weights {path}")
+                          "run's config.yaml: --config <run>/config.yaml), or start from its weights with a new "
+                          f"head: {new_head_hint(path, model)}")

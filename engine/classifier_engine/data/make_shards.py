@@ -1,7 +1,7 @@
 """Pack an ImageNet-layout folder (or CSV manifests) into the shards classifier_engine.data.ShardDataModule reads.
 
-    python -m tools.make_shards --source /datasets/imagenet --out s3://my-bucket/imagenet-256 --workers 16
-    python -m tools.make_shards --source /datasets/imagenet --out /data/in1k-wds --format webdataset   # WebDataset tars
+    python -m classifier_engine.data.make_shards --source /datasets/imagenet --out s3://bucket/imagenet-256 --workers 16
+    python -m classifier_engine.data.make_shards --source /datasets/imagenet --out /data/in1k-wds --format webdataset
 
 Each shard is the encoded images of `--shard-size` samples back to back; `<shard>.json` beside it (written after it)
 records its byte lengths and labels, and index.json (classes, splits, shards) is written last, atomically: a folder or
@@ -29,12 +29,14 @@ from multiprocessing import Pool
 from pathlib import Path
 from typing import Optional
 
+from PIL import Image
+
 from classifier_engine.data.layout import check_layout, folder_samples, read_class_labels
 from classifier_engine.data.manifest import read_manifest
 from classifier_engine.data.shards import FORMAT, INDEX, s3_client, s3_error, split_url
+from classifier_engine.data.tar_shards import WRITER
 from classifier_engine.errors import ConfigError, DiskFullError
 from classifier_engine.run.checkpoint_io import atomic_write
-from PIL import Image
 
 
 @dataclass(frozen=True)
@@ -267,7 +269,7 @@ def log(message: str) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.make_shards", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=WRITER, description=__doc__.split("\n")[0])
     parser.add_argument("--source", required=True, help="ImageNet-layout folder, or the train manifest (CSV/JSONL)")
     parser.add_argument("--val-source", help="the validation manifest, when --source is a manifest")
     parser.add_argument("--out", required=True, help="folder, or s3://bucket/prefix (endpoint and keys: AWS_* vars)")
