@@ -93,7 +93,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
 
     plan: Optional[RunPlan] = None
     _checkpoint_io: Optional[AtomicCheckpointIO] = None
-    instantiation_links = ("num_classes", "image_sizes")  # add_arguments_to_parser's apply_on="instantiate"
+    linked_model_arguments = LINK_TARGETS["model"]
 
     def __init__(self, *args, defaults: Defaults = Defaults(), **kwargs) -> None:
         # LightningCLI runs the whole command in __init__: the run dir claimed while parsing is released (or, after

@@ -67,16 +67,18 @@ class Top1Net(TinyNet):
         self.loss = MeanMetric(nan_strategy="disable")  # every image of every rank; no host read per batch
 
     def validation_step(self, batch, batch_idx):
-        super().validation_step(batch, batch_idx)
-        logits = self(batch[0])
-        self.top5.update(logits, batch[1])
-        self.loss.update(F.cross_entropy(logits, batch[1], reduction="none"))
-        self.log_dict({"val/acc5": self.top5, "val/loss": self.loss})
+        self.log_dict(self.evaluate(*batch, "val"))
 
     def test_step(self, batch, batch_idx):
-        images, labels = batch
-        self.accuracy.update(self(images), labels)
-        self.log_dict({"test/acc1": self.accuracy, "test/loss": F.cross_entropy(self(images), labels)})
+        self.log_dict(self.evaluate(*batch, "test"))
+
+    def evaluate(self, images, labels, split: str) -> dict:
+        """One forward for every metric of the batch; the metrics themselves, for Lightning to reduce over ranks."""
+        logits = self(images)
+        for metric in (self.accuracy, self.top5):
+            metric.update(logits, labels)
+        self.loss.update(F.cross_entropy(logits, labels, reduction="none"))
+        return {f"{split}/acc1": self.accuracy, f"{split}/acc5": self.top5, f"{split}/loss": self.loss}
 
     def configure_optimizers(self):
         optimizer = super().configure_optimizers()

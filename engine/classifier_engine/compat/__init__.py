@@ -21,7 +21,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         name="applied instantiation links: LightningCLI saves each link's value into the module's hyperparameters, "
              "also one jsonargparse skipped because the class lacks the argument; a resume then refuses the key",
         where="classifier_engine/compat/ckpt_read_once.py checkpoint_values (drops such a key; "
-              "ProjectCLI.instantiation_links names the links)",
+              "ProjectCLI.linked_model_arguments names the links)",
         upstream="Lightning PR #20777 (the feature); no issue found for skipped links (searched 2026-12-06)",
         seen="lightning 2.6.6, jsonargparse 4.53.0",
         delete_when="a model without the argument a link targets gets no such hyperparameter from a stock LightningCLI",

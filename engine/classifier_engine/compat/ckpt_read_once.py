@@ -55,7 +55,7 @@ def checkpoint_values(model_class: type, hparams: Mapping[str, Any], linked: Seq
 
 
 class CheckpointReadOnceCLI(LightningCLI):
-    instantiation_links: tuple[str, ...] = ()  # model arguments set by links applied at instantiation
+    linked_model_arguments: tuple[str, ...] = ()  # what the CLI's links may set in a model's init arguments
     def loaded_checkpoint(self) -> Optional[dict[str, Any]]:
         """The checkpoint `--ckpt_path` names, as already loaded; None: there is none."""
         return None
@@ -70,7 +70,7 @@ class CheckpointReadOnceCLI(LightningCLI):
         class_path = model.get("class_path") if self.subclass_mode_model else None
         model_class = pydoc.locate(class_path) if class_path else self._model_class  # never the checkpoint's
         hparams, dropped = checkpoint_values(model_class, checkpoint.get("hyper_parameters") or {},
-                                             self.instantiation_links)
+                                             self.linked_model_arguments)
         if dropped:
             rank_zero_info(f"checkpoint hyperparameters not used (checkpoints carry values, the config names classes): "
                            f"{', '.join(f'model.{key}' for key in dropped)}")
