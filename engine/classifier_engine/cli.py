@@ -37,9 +37,11 @@ from classifier_engine.compat.spawn import trains_in_this_process
 from classifier_engine.compat.subclass_nulls import restore_nulls
 from classifier_engine.data.predict import ImagePathDataset
 from classifier_engine.errors import ConfigError, is_peer_failure, limited_yaml_mode, record_rank, user_message
+from classifier_engine.options import PositiveInt
 from classifier_engine.run import RunPlan, start_run
 from classifier_engine.run.checkpoint_checks import CheckpointValues, check_checkpoint_fits
 from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
+from classifier_engine.run.global_batch import GlobalBatch, apply_global_batch, planned_world_size
 from classifier_engine.run.last_checkpoint import LastCheckpoint, StopSignals, stops_reach_spawned_ranks
 from classifier_engine.run.launchers import check_devices, check_process_count
 from classifier_engine.run.saved_config import KeepingSaveConfigCallback
@@ -137,6 +139,9 @@ class ProjectCLI(CheckpointReadOnceCLI):
         parser.add_argument("--ddp_timeout_minutes", type=float, default=10.0,
                             help="ddp(_spawn, _fork), fsdp2(_sharded): a rank that stops answering ends the job after "
                                  "this long (torch's default is 30 minutes)")
+        parser.add_argument("--global_batch_size", type=Optional[PositiveInt], default=None,
+                            help="fit: images per optimizer step at any world size (data.batch_size: the most per "
+                                 "process; the accumulation follows): a resume on another number of GPUs is exact")
         # Checkpoint callbacks: the best by the model's Monitor (ModelCheckpoint), then last.ckpt, which saves after.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
@@ -197,6 +202,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
             raise ConfigError("trainer.max_epochs=-1 and no trainer.max_steps: the run has no end, and the LR schedule "
                               "needs one; set --trainer.max_epochs or --trainer.max_steps")
         check_devices(config.trainer.devices, config.trainer.accelerator)
+        if self.subcommand == "fit" and (line := apply_global_batch(config, self._explicit)):
+            rank_zero_info(line)
         hparams = self.plan.checkpoint.get("hyper_parameters") if self.plan and self.plan.checkpoint else None
         for line in keep_explicit_model_values(config, self._explicit, hparams or {}):
             rank_zero_info(line)
@@ -244,6 +251,9 @@ class ProjectCLI(CheckpointReadOnceCLI):
             init["last_checkpoint"] = StopSignals(init["last_checkpoint"].check_every_n_steps)
         # Any data module's plain loaders: exact evaluation and a resumable training order (classifier_engine.samplers).
         callbacks += [ExactLoaders(self.datamodule, run_seed(config.seed_everything)), CheckpointValues()]
+        if self.subcommand == "fit" and config.get("global_batch_size"):
+            callbacks.append(GlobalBatch(config.global_batch_size, planned_world_size(config.trainer),
+                                         bool(trainer_config.get("sync_batchnorm"))))
         trainer = super().instantiate_trainer(**kwargs)
         skip_same_device_moves(trainer)  # self.log without Lightning's no-op move (classifier_engine/compat)
         trainer.callbacks.append(LeanBatchDispatch())  # and its per-batch dispatch without no-op hooks (the same)

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSamp
 
 from classifier_engine.contract import CheckedCollate
 from classifier_engine.errors import ConfigError
+from classifier_engine.run.global_batch import global_batch_of
 from classifier_engine.seeds import order_seed
 
 
@@ -37,12 +38,24 @@ class ResumableSampler(DistributedSampler):
     augmentation, in epochs of the same length. docs/how-it-works.md#resumable-order."""
 
     def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, seed: int, repeats: int = 1,
-                 shuffle: bool = True, keys: bool = True, batch_size: Optional[int] = None):
-        """`batch_size`: the loader's, when it keeps its last partial batch (drop_last=False)."""
+                 shuffle: bool = True, keys: bool = True, batch_size: Optional[int] = None,
+                 global_batch: Optional[int] = None):
+        """`batch_size`: the loader's, when it keeps its last partial batch (drop_last=False). `global_batch`
+        (--global_batch_size, a multiple of num_replicas): epochs of whole global batches, alike at any world size."""
         if repeats < 1:
             raise ConfigError(f"data.ra_reps must be >= 1, got {repeats}")
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
-        if batch_size is not None and batch_size > 1 and self.num_samples > 1 and self.num_samples % batch_size == 1:
+        self.global_batch = global_batch
+        if global_batch is not None:
+            # Every optimizer step takes global positions [s*N, (s+1)*N) of the epoch's order, whatever the world size:
+            # rank r's micro-batches are order[r::W], b at a time, and b * W * accumulation = N. The last partial
+            # global batch is left out (no padding, which would depend on W).
+            self.total_size = len(dataset) // global_batch * global_batch
+            if self.total_size == 0:
+                raise ConfigError(f"{len(dataset)} training images are fewer than --global_batch_size {global_batch}: "
+                                  "an epoch would train on nothing; lower --global_batch_size")
+            self.num_samples = self.total_size // num_replicas
+        elif batch_size is not None and batch_size > 1 and self.num_samples > 1 and self.num_samples % batch_size == 1:
             # A last batch of one sample makes BatchNorm raise in training: each rank's share takes one more sample
             # from the start of the order, as DistributedSampler pads the shares to one length.
             self.num_samples += 1
@@ -74,20 +87,31 @@ class ResumableSampler(DistributedSampler):
         """Rank-independent: the epoch in progress, the global samples it consumed, and what the order depends on."""
         return {"epoch": self.epoch_in_progress, "position": self.position, "seed": self.seed,
                 "world_size": self.num_replicas, "batch_size": batch_size, "dataset_size": len(self.dataset),
-                "repeats": self.repeats}
+                "repeats": self.repeats, "global_batch": self.global_batch}
 
     def restore_loader_state(self, batch_size: Optional[int], state: dict[str, Any]) -> None:
-        """Resume where `state` stopped; a changed order or batching still covers the rest of the epoch."""
-        now = {"seed": self.seed, "world_size": self.num_replicas, "batch_size": batch_size,
-               "dataset_size": len(self.dataset), "repeats": self.repeats}
+        """Resume where `state` stopped; a changed order or batching still covers the rest of the epoch. With a
+        global batch, the world size and per-process batch may change: the order and the steps do not."""
+        now = {"seed": self.seed, "dataset_size": len(self.dataset), "repeats": self.repeats,
+               "global_batch": self.global_batch}
+        if self.global_batch is None:
+            now.update(world_size=self.num_replicas, batch_size=batch_size)
         changed = {key: (state.get(key), value) for key, value in now.items() if state.get(key) != value}
-        if changed and state.get("position"):
+        position = int(state["position"])
+        if changed and position:
             what = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())
             rank_zero_warn(f"resuming mid-epoch with {what}: the rest of epoch {state['epoch']} is not the order an "
                            "uninterrupted run would have seen (resume with the same settings for an exact resume)")
-            if "dataset_size" in changed or "seed" in changed or "repeats" in changed:
+            if changed.keys() & {"dataset_size", "seed", "repeats"}:
                 return  # another order altogether: start the epoch over rather than skip unrelated samples
-        self.resume(int(state["epoch"]), int(state["position"]))
+        if self.global_batch is not None:
+            # A save inside an accumulation window kept none of its gradients: its samples are read again.
+            position -= position % self.global_batch
+        self.resume(int(state["epoch"]), position)
+
+    def resumed_position(self, epoch: int) -> Optional[int]:
+        """The global samples of `epoch` a pending resume skips (None: no resume of that epoch is pending)."""
+        return self._resume_at[1] if self._resume_at is not None and self._resume_at[0] == epoch else None
 
     def __iter__(self) -> Iterator[Key]:
         epoch, (resume_epoch, position) = self.epoch, self._resume_at or (None, 0)
@@ -156,7 +180,8 @@ class ExactLoaders(Callback):
             exact = ExactDistributedSampler(loader.dataset, world_size, rank) if world_size > 1 else None
             return _rebuild(loader, exact) if exact else loader
         self.sampler = ResumableSampler(loader.dataset, num_replicas=world_size, rank=rank, seed=self.seed,
-                                        shuffle=isinstance(loader.sampler, RandomSampler), keys=False)
+                                        shuffle=isinstance(loader.sampler, RandomSampler), keys=False,
+                                        global_batch=global_batch_of(trainer))
         self.batch_size = loader.batch_size
         if self._resume_state is not None:
             self.sampler.restore_loader_state(loader.batch_size, self._resume_state)

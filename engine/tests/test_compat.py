@@ -143,6 +143,55 @@ def test_canary_stock_trainer_drops_the_loader_state_after_estimated_stepping_ba
     assert StatefulLoader.loaded == [{"marker": 1}]
 
 
+class SamplesLoader(DataLoader):
+    """A stateful loader whose state is the samples consumed: it continues after them at any batch size."""
+
+    def __init__(self, dataset, batch_size: int):
+        super().__init__(dataset, batch_size=batch_size)
+        self.consumed, self.skip = 0, 0
+
+    def __iter__(self):
+        self.consumed, self.skip = self.skip, 0
+        rest = torch.utils.data.Subset(self.dataset, range(self.consumed, len(self.dataset)))
+        for batch in DataLoader(rest, batch_size=self.batch_size):
+            self.consumed += len(batch[0])
+            yield batch
+
+    def state_dict(self):
+        return {"consumed": self.consumed}
+
+    def load_state_dict(self, state):
+        self.skip = state["consumed"]
+
+
+class RecordsBatchIndices(Tiny):
+    seen: list = []
+
+    def __init__(self, batch_size: int = 4):
+        super().__init__()
+        self.save_hyperparameters()
+
+    def training_step(self, batch, batch_idx):
+        RecordsBatchIndices.seen.append(batch_idx)
+        return super().training_step(batch, batch_idx)
+
+    def train_dataloader(self):
+        return SamplesLoader(self._loader().dataset, self.hparams.batch_size)
+
+
+@canary("test_canary_stock_resume_keeps_the_saving_runs_batch_index")
+def test_canary_stock_resume_keeps_the_saving_runs_batch_index(tmp_path):
+    # 24 samples in batches of 4, saved after batch 1 (8 samples); resumed in batches of 8, the loader continues at
+    # sample 8: its batches 1 and 2. Lightning counts on from its saved batch 2 of 3 and ends the epoch after one
+    # batch (samples 16-23 never trained).
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    trainer(tmp_path, max_steps=2, limit_val_batches=0, callbacks=[checkpoint]).fit(RecordsBatchIndices(4))
+    RecordsBatchIndices.seen.clear()
+    (saved,) = tmp_path.glob("*step=2.ckpt")
+    trainer(tmp_path, limit_val_batches=0).fit(RecordsBatchIndices(8), ckpt_path=saved)
+    assert RecordsBatchIndices.seen == [1, 2]
+
+
 @canary("test_canary_stock_save_last_goes_stale_after_an_epoch_that_does_not_improve")
 def test_canary_stock_save_last_goes_stale_after_an_epoch_that_does_not_improve(tmp_path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="score", mode="max", save_last=True)

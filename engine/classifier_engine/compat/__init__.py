@@ -28,6 +28,17 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         canary="test_canary_stock_cli_saves_a_skipped_links_value_into_the_hyperparameters",
     ),
     Workaround(
+        name="a mid-epoch resume restores the saving run's batch index: a loader with other batches (another world "
+             "size under --global_batch_size) is cut short or overrun, and accumulation windows shift",
+        where="classifier_engine/compat/resume_batches.py continue_epoch_at_batch (called by "
+              "classifier_engine/run/global_batch.py GlobalBatch at train start)",
+        upstream="Lightning #19764 (open: resuming inside an epoch), #19367 (open: the restored batch progress)",
+        seen="lightning 2.6.6",
+        delete_when="a stock resume takes the resumed epoch's batch index from the loader's state, or offers a public "
+                    "way to set it",
+        canary="test_canary_stock_resume_keeps_the_saving_runs_batch_index",
+    ),
+    Workaround(
         name="Lightning shards a data module's plain evaluation loader with a padded DistributedSampler (samples "
              "repeated where the world size does not divide the split) and cannot resume its training order "
              "mid-epoch; it offers no public hook between the module's loader and its sampler injection",

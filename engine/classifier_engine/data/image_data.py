@@ -36,6 +36,7 @@ from classifier_engine.options import (
     Probability,
     check_arguments,
 )
+from classifier_engine.run.global_batch import global_batch_of
 from classifier_engine.run.signals import ignore_stop_signals
 from classifier_engine.samplers import ExactDistributedSampler, ResumableDataLoader, ResumableSampler
 
@@ -206,7 +207,7 @@ class ImageDataModule(L.LightningDataModule):
         kept = None if self.hparams.drop_last else self.batch_size  # a kept last batch is never one image (BatchNorm)
         self.train_sampler = self.train_sampler_class(self.datasets["train"], num_replicas=world_size, rank=rank,
                                                       seed=self.hparams.seed, repeats=self.hparams.ra_reps,
-                                                      batch_size=kept)
+                                                      batch_size=kept, global_batch=global_batch_of(self.trainer))
         # With fewer images than a batch, the one batch there is stays: an epoch never trains on nothing.
         drop_last = self.hparams.drop_last and len(self.train_sampler) >= self.batch_size
         if len(self.train_sampler) < 2:  # that batch would be one image: BatchNorm raises in the first step

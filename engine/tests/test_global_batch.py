@@ -1,0 +1,238 @@
+"""--global_batch_size: each optimizer step takes the same samples at any world size, and a run stopped on 2 ranks
+continues on 3, then on 1, seeing each sample of each epoch once and ending at the uninterrupted run's weights.
+
+    python -m pytest engine/tests/test_global_batch.py --durations=0
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from jsonargparse import Namespace
+from torch.utils.data import Dataset
+
+from classifier_engine.errors import ConfigError
+from classifier_engine.run.global_batch import planned_world_size, split_global_batch
+from classifier_engine.samplers import ResumableDataLoader, ResumableSampler
+from conftest import callback, project_in_process, run_project
+from recorded_samples import read_records
+
+
+def test_the_per_process_batch_is_the_largest_that_fits_and_divides():
+    assert split_global_batch(12, 2, 6) == (6, 1)
+    assert split_global_batch(12, 3, 6) == (4, 1)
+    assert split_global_batch(12, 1, 6) == (6, 2)
+    assert split_global_batch(12, 1, 5) == (4, 3)  # 5 does not divide 12: the next batch that does
+    assert split_global_batch(1024, 8, 256) == (128, 1)
+    assert split_global_batch(1024, 4, 64) == (64, 4)
+
+
+def test_a_global_batch_that_does_not_split_over_the_processes_is_refused_naming_the_multiples():
+    with pytest.raises(ConfigError, match=r"^--global_batch_size 1000 does not split over 3 processes: choose a "
+                                          r"multiple of 3 \(999 or 1002\)$"):
+        split_global_batch(1000, 3, 256)
+
+
+@pytest.mark.parametrize("trainer, expected", [
+    ({"devices": 3}, 3), ({"devices": "2", "num_nodes": 4}, 8), ({"devices": [0, 2]}, 2), ({"devices": "0,1,"}, 2),
+    ({"devices": "auto", "accelerator": "cpu"}, 1), ({"devices": 4, "strategy": "dp"}, 1)])
+def test_the_planned_world_size_is_the_trainers(trainer, expected):
+    assert planned_world_size(Namespace(**trainer)) == expected
+
+
+def test_under_torchrun_the_world_size_is_the_launchers(monkeypatch):
+    for name, value in {"RANK": "0", "GROUP_RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4",
+                        "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "1"}.items():
+        monkeypatch.setenv(name, value)
+    assert planned_world_size(Namespace(devices=4)) == 8
+
+
+class Indices(Dataset):
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, index):
+        return index
+
+
+def train_steps(world_size: int, steps: int, state: dict | None = None, *, global_batch: int = 12,
+                largest: int = 6, size: int = 100, epoch: int = 0) -> tuple[list[list[int]], dict]:
+    """`steps` optimizer steps of `epoch` as the ranks' loaders give them (each step: every index it trained on),
+    resumed from `state`; the state after them (rank 0's, as the checkpoint keeps it)."""
+    batch, accumulation = split_global_batch(global_batch, world_size, largest)
+    loaders = []
+    for rank in range(world_size):
+        sampler = ResumableSampler(Indices(size), num_replicas=world_size, rank=rank, seed=7, keys=False,
+                                   global_batch=global_batch)
+        sampler.set_epoch(epoch)
+        loaders.append(ResumableDataLoader(sampler.dataset, batch_size=batch, sampler=sampler))
+        if state is not None:
+            loaders[-1].load_state_dict(state)
+    batches = [iter(loader) for loader in loaders]
+    done = []
+    for _ in range(steps):
+        done.append(sorted(i for _ in range(accumulation) for ranks in batches for i in next(ranks).tolist()))
+    return done, loaders[0].state_dict()
+
+
+def test_each_step_takes_the_same_samples_on_1_2_and_3_ranks_and_a_resume_on_another_count_goes_on_exactly():
+    uninterrupted, _ = train_steps(2, 8)  # 100 images, global batch 12: 8 steps, the last 4 images left out
+    assert [train_steps(w, 8)[0] for w in (1, 3)] == [uninterrupted, uninterrupted]
+    assert sorted(i for step in uninterrupted for i in step) == sorted(set(i for step in uninterrupted for i in step))
+    assert len({i for step in uninterrupted for i in step}) == 96
+    first, state = train_steps(2, 3)
+    second, state = train_steps(3, 2, state)  # per-rank batch 4 instead of 6
+    third, state = train_steps(1, 3, state)  # 2 batches of 6 accumulated per step
+    assert first + second + third == uninterrupted
+    assert state["position"] == 96 and state["global_batch"] == 12
+
+
+def test_a_state_saved_inside_an_accumulation_window_reads_that_window_again():
+    _, state = train_steps(2, 3)
+    state = {**state, "position": state["position"] + 6}  # half of step 3's window, whose gradients were never saved
+    (step,), _ = train_steps(3, 1, state)
+    assert step == train_steps(2, 4)[0][3]
+
+
+def test_without_a_global_batch_a_resume_on_another_world_size_says_it_is_not_exact():
+    sampler = ResumableSampler(Indices(100), num_replicas=2, rank=0, seed=7, keys=False)
+    state = {**sampler.loader_state(6), "position": 24}
+    other = ResumableSampler(Indices(100), num_replicas=3, rank=0, seed=7, keys=False)
+    with pytest.warns(UserWarning, match="world_size 2 -> 3"):
+        other.restore_loader_state(6, state)
+
+
+# -- The whole run: `python -m ... fit` under ddp on CPU, stopped by kill -9 and resumed on other world sizes --------
+
+DATA = ["--data.class_path=recorded_samples.NumberedImages", "--data.init_args.batch_size=6",
+        "--data.init_args.train_size=100"]
+RUN = ["--model.class_path=plain_model.Top1Net", "--model.init_args.width=8", *DATA, "--trainer.accelerator=cpu",
+       "--trainer.precision=32-true", "--trainer.max_epochs=2", "--trainer.enable_progress_bar=false",
+       "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=1", "--global_batch_size=12",
+       "--last_checkpoint.every_n_steps=1"]
+RANKS = {1: ["--trainer.devices=1", "--trainer.strategy=auto"], 2: ["--trainer.devices=2", "--trainer.strategy=ddp"],
+         3: ["--trainer.devices=3", "--trainer.strategy=ddp"]}
+LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
+TOLERANCE = 1e-5  # relative L2 distance of all weights and momenta; measured: see test output (float32 sum order)
+
+
+def fit(run_dir: Path, ranks: int, records: Path, *extra: str):
+    result = run_project(["fit", *RUN, *RANKS[ranks], f"--trainer.default_root_dir={run_dir}",
+                          callback("recorded_samples.RecordSamples", folder=str(records)), *extra])
+    return result
+
+
+def steps_of(records: list[dict], first: int, end: int) -> dict[int, list[int]]:
+    """Every index each step in [first, end) trained on, over all ranks and accumulated batches."""
+    steps: dict[int, list[int]] = {}
+    for record in records:
+        if first <= record["step"] < end:
+            steps.setdefault(record["step"], []).extend(record["ids"])
+    return {step: sorted(ids) for step, ids in steps.items()}
+
+
+def state(path: Path) -> dict[str, torch.Tensor]:
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    momentum = {f"momentum.{k}": v["momentum_buffer"] for k, v in checkpoint["optimizer_states"][0]["state"].items()}
+    return {**checkpoint["state_dict"], **momentum, "step": torch.tensor(checkpoint["global_step"])}
+
+
+@pytest.mark.slow
+def test_killed_on_2_ranks_resumed_on_3_then_on_1_sees_each_sample_once_and_ends_at_the_uninterrupted_weights(
+        tmp_path):
+    reference = fit(tmp_path / "reference", 2, tmp_path / "reference-ids")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    assert "global batch 12: 6 per process x 2 processes x 1 accumulated" in reference.stdout + reference.stderr
+
+    run, ids = tmp_path / "run", [tmp_path / f"ids{i}" for i in range(3)]
+    killed = fit(run, 2, ids[0], callback("stop_callbacks.SignalAtStep", step=5))
+    assert killed.returncode != 0
+    resumed = fit(run, 3, ids[1], "--ckpt_path=last", callback("stop_callbacks.SignalAtStep", step=11))
+    assert resumed.returncode != 0, resumed.stderr[-3000:]
+    assert "global batch 12: 4 per process x 3 processes x 1 accumulated" in resumed.stdout + resumed.stderr
+    finished = fit(run, 1, ids[2], "--ckpt_path=last")
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "global batch 12: 6 per process x 1 process x 2 accumulated" in finished.stdout + finished.stderr
+    assert "not the order an uninterrupted run" not in resumed.stderr + finished.stderr
+
+    # The steps each run completed (a killed run may have started the step it was killed at: its records are cut).
+    expected = steps_of(read_records(tmp_path / "reference-ids"), 0, 16)
+    pieces = [steps_of(read_records(ids[0]), 0, 5), steps_of(read_records(ids[1]), 5, 11),
+              steps_of(read_records(ids[2]), 11, 16)]
+    assert [len(p) for p in pieces] == [5, 6, 5]
+    assert {step: ids for piece in pieces for step, ids in piece.items()} == expected
+    for epoch in (0, 1):  # 100 images, 8 steps of 12: 96 images of each epoch, each once
+        seen = [i for step in range(8 * epoch, 8 * epoch + 8) for i in expected[step]]
+        assert len(seen) == len(set(seen)) == 96
+
+    final, uninterrupted = state(run / LAST), state(tmp_path / "reference" / LAST)
+    assert final.keys() == uninterrupted.keys() and int(final["step"]) == 16
+    floats = [k for k in final if final[k].is_floating_point()]
+    distance = sum(float((final[k].double() - uninterrupted[k].double()).pow(2).sum()) for k in floats) ** 0.5
+    norm = sum(float(uninterrupted[k].double().pow(2).sum()) for k in floats) ** 0.5
+    print(json.dumps({"relative_distance": distance / norm}))
+    assert distance <= TOLERANCE * norm, f"relative distance {distance / norm:.2e}"
+
+
+def test_a_global_batch_that_cannot_be_planned_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    args = ["fit", *RUN, "--trainer.devices=3", f"--trainer.default_root_dir={tmp_path}"]
+    cases = {"--global_batch_size=10": "--global_batch_size 10 does not split over 3 processes: choose a multiple of 3 "
+                                       "(9 or 12)",
+             "--trainer.accumulate_grad_batches=2": "--global_batch_size chooses the gradient accumulation from the "
+                                                    "world size: drop trainer.accumulate_grad_batches",
+             "--data.class_path=recorded_samples.FixedBatches": "--global_batch_size sets the data module's "
+             "per-process batch_size, and recorded_samples.FixedBatches has none: give its __init__ a batch_size "
+             "argument (used by its train_dataloader), or drop --global_batch_size"}
+    for given, line in cases.items():
+        arguments = [a for a in args if not a.startswith("--data.init_args.batch_size")] if "Fixed" in given else args
+        code, _, err = project_in_process([*arguments, given], monkeypatch, capsys)
+        assert (code, err.strip().splitlines()[-1]) == (2, f"error: {line}")
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.slow
+def test_the_folder_module_with_sync_batchnorm_stopped_on_2_ranks_ends_alike_resumed_on_1_or_on_2(tiny_root, tmp_path):
+    import shutil
+
+    from conftest import CONFIGS, tiny_args
+
+    # 40 images, global batch 8: 5 steps per epoch; 4 per rank on 2 ranks, 8 on 1, no accumulation at either, so
+    # sync BatchNorm normalises over the same 8 images (the quickstart network's norm layers, whichever they are).
+    # float64: in float32, rounding in 4-image BatchNorm batches grows to ~20 % of the weights in 10 steps (measured:
+    # two uninterrupted runs, 2 ranks against 1), hiding whether the computations are the same. The resumes are
+    # compared with each other: a 64-true resume restores the weights through float32 (stock Lightning, ~1e-8).
+    common = ["--global_batch_size=8", "--data.batch_size=8", "--trainer.sync_batchnorm=true",
+              "--trainer.max_epochs=2", "--last_checkpoint.every_n_steps=1"]
+    ddp, precise = ["--config", str(CONFIGS / "cpu_ddp.yaml")], ["--trainer.precision=64-true"]
+    args = tiny_args(tiny_root, tmp_path / "on2", *common)
+    killed = run_project(["fit", *args, *ddp, *precise, callback("stop_callbacks.SignalAtStep", step=3)])
+    assert killed.returncode != 0
+    shutil.copytree(tmp_path / "on2", tmp_path / "on1")
+    on2 = run_project(["fit", *args, *ddp, *precise, "--ckpt_path=last"])
+    assert on2.returncode == 0, on2.stderr[-3000:]
+    on1 = run_project(["fit", *tiny_args(tiny_root, tmp_path / "on1", *common), "--trainer.devices=1", *precise,
+                       "--ckpt_path=last"])
+    assert on1.returncode == 0, on1.stderr[-3000:]
+    output = on1.stdout + on1.stderr
+    assert "global batch 8: 8 per process x 1 process x 1 accumulated" in output and "BatchNorm" not in output
+    final, other = state(tmp_path / "on1" / LAST), state(tmp_path / "on2" / LAST)
+    assert int(final["step"]) == int(other["step"]) == 10
+    floats = [k for k in final if final[k].is_floating_point()]
+    distance = sum(float((final[k].double() - other[k].double()).pow(2).sum()) for k in floats) ** 0.5
+    norm = sum(float(other[k].double().pow(2).sum()) for k in floats) ** 0.5
+    print(json.dumps({"relative_distance": distance / norm}))
+    assert distance <= 1e-9 * norm, f"relative distance {distance / norm:.2e}"
+
+
+def test_per_device_batchnorm_under_a_global_batch_is_said_once(tiny_root, tmp_path, caplog):
+    from conftest import TEMPLATE, cli_main, tiny_args
+
+    if TEMPLATE is None:
+        pytest.skip("the library's quickstart network has GroupNorm")  # the template's ResNet has BatchNorm
+    with pytest.warns(UserWarning, match="BatchNorm layers normalise over each process's 4 images") as warned:
+        cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--global_batch_size=8", "--data.batch_size=4")])
+    assert sum("BatchNorm" in str(w.message) for w in warned) == 1
