@@ -106,6 +106,39 @@ def test_without_a_global_batch_a_resume_on_another_world_size_says_it_is_not_ex
         other.restore_loader_state(6, state)
 
 
+@pytest.mark.parametrize("kind", ["folder", "shards"])
+def test_the_image_data_modules_take_the_same_images_each_step_on_1_2_and_3_ranks(kind, tiny_root, tmp_path):
+    from types import SimpleNamespace
+
+    from classifier_engine import ImageFolderDataModule, ShardDataModule
+    from classifier_engine.data.make_shards import main as make_shards
+    from classifier_engine.run.global_batch import GlobalBatch
+
+    if kind == "shards":  # 40 images in 5 shards: the chunk-aware order (ShardOrderSampler)
+        assert make_shards(["--source", str(tiny_root), "--out", str(tmp_path / "s"), "--shard-size", "8"]) == 0
+    options = dict(num_workers=0, pin_memory=False, train_crop_size=16, eval_resize_size=16, eval_crop_size=16)
+
+    def steps(world_size: int) -> list[list[int]]:
+        batch, accumulation = split_global_batch(12, world_size, 6)
+        micro_batches = []
+        for rank in range(world_size):
+            data = (ShardDataModule(shards=str(tmp_path / "s"), batch_size=batch, **options) if kind == "shards" else
+                    ImageFolderDataModule(root=str(tiny_root), batch_size=batch, **options))
+            data.trainer = SimpleNamespace(world_size=world_size, global_rank=rank,
+                                           callbacks=[GlobalBatch(12, world_size)])
+            data.setup("fit")
+            assert len(data.train_dataloader()) == 36 // 12 * accumulation  # 40 images: 3 steps of 12
+            keys = [index for index, _, _ in data.train_sampler]
+            micro_batches.append([keys[i:i + batch] for i in range(0, len(keys), batch)])
+        per_step = accumulation * world_size
+        flat = [ids for k in range(len(micro_batches[0])) for ranks in micro_batches for ids in [ranks[k]]]
+        return [sorted(i for ids in flat[s:s + per_step] for i in ids) for s in range(0, len(flat), per_step)]
+
+    two = steps(2)
+    assert steps(1) == two == steps(3) and len(two) == 3
+    assert len({i for step in two for i in step}) == 36
+
+
 # -- The whole run: `python -m ... fit` under ddp on CPU, stopped by kill -9 and resumed on other world sizes --------
 
 DATA = ["--data.class_path=recorded_samples.NumberedImages", "--data.init_args.batch_size=6",
