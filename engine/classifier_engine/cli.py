@@ -36,16 +36,25 @@ from classifier_engine.compat.log_device_move import skip_same_device_moves
 from classifier_engine.compat.spawn import trains_in_this_process
 from classifier_engine.compat.subclass_nulls import restore_nulls
 from classifier_engine.data.predict import ImagePathDataset
-from classifier_engine.errors import ConfigError, is_peer_failure, limited_yaml_mode, record_rank, user_message
+from classifier_engine.errors import (
+    ConfigError,
+    env_global_rank,
+    is_peer_failure,
+    limited_yaml_mode,
+    record_rank,
+    user_message,
+)
 from classifier_engine.options import PositiveInt
 from classifier_engine.run import RunPlan, start_run
 from classifier_engine.run.checkpoint_checks import CheckpointValues, check_checkpoint_fits
 from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
 from classifier_engine.run.global_batch import GlobalBatch, apply_global_batch, planned_world_size
 from classifier_engine.run.last_checkpoint import LastCheckpoint, StopSignals, stops_reach_spawned_ranks
-from classifier_engine.run.launchers import check_devices, check_process_count
+from classifier_engine.run.launchers import check_devices, check_process_count, torchelastic_restart
+from classifier_engine.run.remote_runs import RemoteRoot, mirror_remote_root
+from classifier_engine.run.run_dirs import LOGS
 from classifier_engine.run.saved_config import KeepingSaveConfigCallback
-from classifier_engine.run.slurm import cluster_environment, slurm_job_id, task_line
+from classifier_engine.run.slurm import cluster_environment, slurm_job_id, slurm_restart_count, task_line
 from classifier_engine.run.tracker_outage import outlive_outages
 from classifier_engine.run.trackers import continue_csv_logs, how_to_look, redact
 from classifier_engine.samplers import ExactLoaders
@@ -94,6 +103,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
     """Defined in the package (not __main__) so ddp_spawn can pickle it."""
 
     plan: Optional[RunPlan] = None
+    remote: Optional[RemoteRoot] = None  # an s3:// default_root_dir, the run working in its node-local mirror
     _checkpoint_io: Optional[AtomicCheckpointIO] = None
     linked_model_arguments = LINK_TARGETS["model"]
 
@@ -110,6 +120,10 @@ class ProjectCLI(CheckpointReadOnceCLI):
         finally:
             if self.plan is not None and self.plan.lock is not None:
                 self.plan.lock.release()
+            if self.remote is not None:  # what the run wrote since its last save (logs), then the lease
+                if self.plan is not None and self.plan.run_dir is not None and env_global_rank() == 0:
+                    self.remote.sync(self.plan.run_dir)
+                self.remote.release()
 
     def _failed_before_training(self, error: BaseException) -> bool:
         """True when the start left nothing worth keeping: it stopped before the Trainer existed, or on bad input (here
@@ -185,7 +199,12 @@ class ProjectCLI(CheckpointReadOnceCLI):
         for key, value in self._monitor_options(config, self._explicit).items():
             config[key] = value
         if subcommand:
+            resume = self.config[subcommand].get("ckpt_path") == "last" or bool(torchelastic_restart()) or bool(
+                slurm_job_id() and slurm_restart_count())
+            self.remote = mirror_remote_root(self.config[subcommand], LOGS, resume)
             self.plan = start_run(subcommand, self.config[subcommand])
+            if self.remote is not None and subcommand == "fit" and env_global_rank() == 0:
+                self.remote.claim(self.plan.run_dir)
             self.save_config_kwargs = {**self.save_config_kwargs, "run_dir": self.plan.run_dir}
             if subcommand == "fit" and self.plan.reason:
                 rank_zero_info(self.plan.reason)
@@ -224,7 +243,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
         plugins = trainer_config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
-            self._checkpoint_io = AtomicCheckpointIO()
+            self._checkpoint_io = AtomicCheckpointIO(self.remote)
             plugins.append(self._checkpoint_io)
         if (environment := cluster_environment()) is not None:
             plugins.append(environment)
@@ -288,7 +307,8 @@ class ProjectCLI(CheckpointReadOnceCLI):
     def fit(self, model, datamodule=None, **kwargs) -> None:
         with stops_reach_spawned_ranks(self.trainer):  # ddp_spawn: this process only waits for the ranks
             self.trainer.fit(model, datamodule=datamodule, **kwargs)
-        rank_zero_info(where_the_run_went(self.trainer, self.plan.run_dir if self.plan else None))
+        stored = f" (stored in {self.remote.url_of(self.plan.run_dir)})" if self.remote and self.plan else ""
+        rank_zero_info(where_the_run_went(self.trainer, self.plan.run_dir if self.plan else None) + stored)
 
 
     def predict(self, model, datamodule=None, **kwargs):

@@ -255,7 +255,8 @@ def test_a_stalled_object_store_is_one_line_that_never_prints_the_endpoint(tmp_p
 
 def test_s3_shards_without_the_extra_name_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "boto3", None)  # as if not installed
-    with pytest.raises(ConfigError, match=re.escape('s3:// shards need boto3: pip install -e ".[shards]"')):
+    expected = 's3:// shards and run dirs need boto3: pip install -e ".[shards]"'
+    with pytest.raises(ConfigError, match=re.escape(expected)):
         ShardDataModule(shards="s3://datasets/tiny")
 
 

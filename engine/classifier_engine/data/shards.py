@@ -70,7 +70,7 @@ def s3_client(retries: int = 3):
         import boto3
         from botocore.config import Config
     except ImportError:
-        raise ConfigError(f"s3:// shards need boto3: {EXTRA}") from None
+        raise ConfigError(f"s3:// shards and run dirs need boto3: {EXTRA}") from None
     config = Config(connect_timeout=5, read_timeout=READ_TIMEOUT_S, retries={"max_attempts": retries})
     return boto3.session.Session().client("s3", config=config)  # a new session reads the variables again
 

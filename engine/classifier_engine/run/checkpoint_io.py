@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from classifier_engine.errors import CheckpointError, DiskFullError, untrusted_checkpoint_message
+from classifier_engine.run.checkpoint_checks import SAVED_AT
 
 PARTIAL_SUFFIX = ".partial"  # temp files are `.<name>.<host>-<pid>.partial`: never a name `--ckpt_path last` picks
 HOST = socket.gethostname().replace(".", "_")
@@ -143,10 +144,30 @@ def _why_it_did_not_load(path: Path, error: BaseException) -> str:
     return f"{path} is not a complete checkpoint ({size} bytes; {reason[:160]})"
 
 
+def progress(checkpoint: dict[str, Any]) -> tuple[int, int, int]:
+    """How far a checkpoint's training got, by its own records: optimizer steps, epochs, then training batches (a stop
+    between two steps of gradient accumulation is further along at the same step)."""
+    batches = checkpoint.get("loops")  # Lightning's fit loop state; absent in a checkpoint not saved by a fit
+    for key in ("fit_loop", "epoch_loop.batch_progress", "total", "completed"):
+        batches = batches.get(key) if isinstance(batches, dict) else None
+    return checkpoint["global_step"], checkpoint["epoch"], batches if isinstance(batches, int) else 0
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's CheckpointIO with same-directory, fsynced, atomic saves and weights_only loading."""
 
     _handed: Optional[tuple[str, dict[str, Any]]] = None  # (real path, checkpoint) from hand_over
+
+    def __init__(self, remote: Any = None):
+        """`remote`: a RemoteRoot (run/remote_runs.py) each checkpoint is uploaded to once it is saved here."""
+        super().__init__()
+        self.remote = remote
+        self.stored: dict[str, str] = {}  # local path: where it is durable now (its URL once uploaded)
+        self.last_upload: Optional[tuple[float, float]] = None  # (MiB, seconds) of the last checkpoint uploaded
+
+    def stored_at(self, path: Any) -> str:
+        """Where the checkpoint saved at `path` is durable: its URL in the object store, or the path itself."""
+        return self.stored.get(str(path), str(path))
 
     def hand_over(self, path: Path, checkpoint: dict[str, Any]) -> None:
         """The next load of `path` returns `checkpoint` (already loaded, and checked, by the run plan) once."""
@@ -162,6 +183,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                              "--ckpt_path last")
         except DiskFullError as full:
             raise CheckpointError(str(full)) from full.__cause__
+        if self.remote is not None:
+            local = Path(local_path(path))
+            saved_at = float(checkpoint.get(SAVED_AT) or 0.0)
+            seconds = self.remote.upload(local, (saved_at, *progress(checkpoint)))
+            self.stored[str(path)] = self.remote.url_of(local) if seconds is not None else str(path)
+            if seconds is not None:
+                size = local.stat().st_size / 2**20
+                self.last_upload = (size, seconds)
+                self.remote.sync(local.parent.parent)  # the run dir's config.yaml and logs beside it
+
+    def remove_checkpoint(self, path: Any) -> None:
+        super().remove_checkpoint(path)
+        if self.remote is not None and local_path(path) is not None:
+            self.remote.delete(Path(local_path(path)))
 
     def load_checkpoint(self, path: Any, map_location: Optional[Callable] = lambda storage, loc: storage,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:

@@ -154,7 +154,13 @@ class StopSignals(Callback):
         if trainer.is_global_zero and isinstance(bar, TQDMProgressBar) and bar.is_enabled:
             print(flush=True)  # the bar's line has no end while it is drawn: this line gets its own
         as_term = " (as SIGTERM)" if signum != as_requested(signum) else ""
-        last = f"last checkpoint: {path} (continue with the same command and --ckpt_path last)" if path else saved
+        if path:  # where it is durable (an object store's URL once uploaded), and how long after the signal
+            stored = getattr(trainer.strategy.checkpoint_io, "stored_at", str)(path)
+            after = f", durable {time.monotonic() - self._stops.received_at:.1f} s after the signal" if (
+                self._stops.received_at) else ""
+            last = f"last checkpoint: {stored}{after} (continue with the same command and --ckpt_path last)"
+        else:
+            last = saved
         rank_zero_info(f"stopped by {name}{as_term} at {where}; {last}")
         return RunStopped(128 + as_requested(signum))
 

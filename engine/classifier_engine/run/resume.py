@@ -12,7 +12,7 @@ from jsonargparse import Namespace
 
 from classifier_engine.errors import CheckpointError, ConfigError, env_global_rank
 from classifier_engine.run.checkpoint_checks import SAVED_AT
-from classifier_engine.run.checkpoint_io import load_checkpoint, local_path
+from classifier_engine.run.checkpoint_io import load_checkpoint, local_path, progress
 from classifier_engine.run.launchers import torchelastic_restart
 from classifier_engine.run.lock import RunLock, claim, claim_new_version
 from classifier_engine.run.run_dirs import (
@@ -75,15 +75,6 @@ def newest_loadable(candidates: list[Path], plan: RunPlan) -> Optional[tuple[Pat
     return max(loaded, default=None, key=lambda c: (saved[c[0].parent], *progress(c[1]), c[0].name == LAST))
 
 
-def progress(checkpoint: dict[str, Any]) -> tuple[int, int, int]:
-    """How far a checkpoint's training got, by its own records: optimizer steps, epochs, then training batches (a stop
-    between two steps of gradient accumulation is further along at the same step)."""
-    batches = checkpoint.get("loops")  # Lightning's fit loop state; absent in a checkpoint not saved by a fit
-    for key in ("fit_loop", "epoch_loop.batch_progress", "total", "completed"):
-        batches = batches.get(key) if isinstance(batches, dict) else None
-    return checkpoint["global_step"], checkpoint["epoch"], batches if isinstance(batches, int) else 0
-
-
 def _file_loggers(trainer: Namespace) -> list[Namespace]:
     """The configured TensorBoard/CSV loggers (one, or in a list), whose directory is save_dir/name/version."""
     return [entry for entry in logger_entries(trainer) if kind_of(entry) in ("tensorboard", "csv")]
@@ -126,8 +117,8 @@ def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False)
     trainer = config.trainer
     root_text = str(trainer.default_root_dir or os.getcwd())
     if local_path(root_text) is None:
-        raise ConfigError(f"trainer.default_root_dir {root_text}: runs write to a local or mounted filesystem here "
-                          "(atomic checkpoints, the run lock, resume); point it at a mounted path")
+        raise ConfigError(f"trainer.default_root_dir {root_text}: runs write to a local or mounted filesystem, or to "
+                          "s3://bucket/prefix (through a node-local mirror); point it at one of those")
     root = Path(local_path(root_text))
     hide_credentials(trainer)  # before anything prints, saves or sends the tracking URI
     if subcommand == "fit":

@@ -4,6 +4,7 @@
 """
 
 import signal
+import time
 from typing import Any, Callable, Optional
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -19,6 +20,7 @@ class StopRequests:
 
     def __init__(self, signums: tuple[int, ...], forward: Optional[Callable[[int], None]] = None):
         self.received = 0
+        self.received_at = 0.0  # time.monotonic() of the first stop signal: how long until its checkpoint is durable
         self._forward = forward
         self._previous = {signum: signal.signal(signum, self._handle) for signum in signums}
 
@@ -28,6 +30,7 @@ class StopRequests:
             raise KeyboardInterrupt  # the second Ctrl+C: stop now, without the checkpoint
         first = not self.received
         self.received = self.received or signum
+        self.received_at = self.received_at or time.monotonic()
         if first and self._forward is not None and signum in (signal.SIGTERM, signal.SIGHUP):
             self._forward(as_requested(signum))
 

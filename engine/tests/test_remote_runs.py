@@ -1,0 +1,186 @@
+"""Run dirs on object storage (`--trainer.default_root_dir s3://...`) against moto's S3 server on 127.0.0.1: what a
+fit stores, a resume on another node by listing, kill -9 during an upload, SIGTERM to a durable checkpoint, a second
+writer, and the store failing mid-upload.
+
+    python -m pytest engine/tests/test_remote_runs.py --durations=0
+"""
+
+import os
+import signal
+import time
+
+import boto3
+import pytest
+import torch
+
+from conftest import callback, cli_main, start_project, tiny_args
+from local_services import FaultyProxy, s3_server
+
+RUN = "lightning_logs/version_0"
+
+
+@pytest.fixture(scope="module")
+def store():
+    # Unauthenticated: moto 5.2's signature check refuses keys holding "=" (the template's best-checkpoint names),
+    # which AWS and MinIO accept; the credentials path is test_shards.py's.
+    with s3_server(bucket="runs", authenticated=False) as env:
+        yield env
+
+
+@pytest.fixture
+def s3(store, monkeypatch):
+    for name, value in store.items():
+        monkeypatch.setenv(name, value)
+    return boto3.session.Session().client("s3")
+
+
+def stored(s3, prefix: str) -> dict[str, int]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket="runs", Prefix=prefix)
+    return {item["Key"][len(prefix) + 1:]: item["Size"] for page in pages for item in page.get("Contents", [])}
+
+
+def stored_checkpoint(s3, key: str, tmp_path) -> dict:
+    s3.download_file("runs", key, str(tmp_path / "downloaded.ckpt"))
+    return torch.load(tmp_path / "downloaded.ckpt", map_location="cpu", weights_only=True)
+
+
+def fit_args(tiny_root, url: str, *extra: str) -> list[str]:
+    return ["fit", *tiny_args(tiny_root, url, *extra)]
+
+
+@pytest.mark.slow
+def test_a_fit_stores_its_run_and_another_node_resumes_it_by_listing(tiny_root, s3, tmp_path, monkeypatch):
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node1"))
+    cli_main(fit_args(tiny_root, "s3://runs/a"))
+    files = stored(s3, "a")
+    assert {f"{RUN}/checkpoints/last.ckpt", f"{RUN}/config.yaml", f"{RUN}/hparams.yaml"} <= files.keys()
+    assert any(name.startswith(f"{RUN}/events.out.tfevents") for name in files)
+    assert sum(name.startswith(f"{RUN}/checkpoints/epoch000") for name in files) == 1  # the best one
+    assert stored_checkpoint(s3, f"a/{RUN}/checkpoints/last.ckpt", tmp_path)["global_step"] == 5
+
+    # Another node (an empty mirror): --ckpt_path last lists the store, downloads the furthest checkpoint and the run
+    # dir, continues it; the first run's config.yaml is kept as config.1.yaml, as on a filesystem.
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node2"))
+    cli_main([*fit_args(tiny_root, "s3://runs/a", "--trainer.max_epochs=2"), "--ckpt_path=last"])
+    files = stored(s3, "a")
+    assert {f"{RUN}/config.yaml", f"{RUN}/config.1.yaml"} <= files.keys()
+    assert not any(name.startswith("lightning_logs/version_1") for name in files)
+    assert stored_checkpoint(s3, f"a/{RUN}/checkpoints/last.ckpt", tmp_path)["global_step"] == 10
+    assert not any(name.endswith((".lease", ".lock", ".uploaded.json")) for name in files)
+
+
+def test_a_second_writer_into_a_stored_run_is_refused_in_one_line_and_writes_nothing(tiny_root, s3, tmp_path,
+                                                                                     monkeypatch, capsys):
+    import json
+    import threading
+
+    from conftest import project_in_process
+
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node1"))
+    cli_main(fit_args(tiny_root, "s3://runs/b"))
+    alive = threading.Event()
+
+    def other_writer() -> None:  # a run on node7 renewing its lease, as a live one does
+        while not alive.wait(1.0):
+            body = json.dumps({"holder": "pid 4242 on node7", "renewed": time.time()}).encode()
+            s3.put_object(Bucket="runs", Key=f"b/{RUN}/.lease", Body=body)
+
+    renewing = threading.Thread(target=other_writer)
+    renewing.start()
+    try:
+        time.sleep(1.5)
+        before = stored(s3, "b")
+        monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node2"))
+        code, _, err = project_in_process([*fit_args(tiny_root, "s3://runs/b", "--trainer.max_epochs=2"),
+                                           "--ckpt_path=last"], monkeypatch, capsys)
+    finally:
+        alive.set()
+        renewing.join()
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        f"error: run dir s3://runs/b/{RUN} is in use by pid 4242 on node7 (its lease is renewed); wait for that run to "
+        "end, or write elsewhere with --trainer.default_root_dir")
+    assert {k for k in stored(s3, "b") if not k.endswith(".lease")} == {k for k in before if not k.endswith(".lease")}
+
+
+def wait_for(condition, timeout: float = 300.0, every: float = 0.01) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(every)
+
+
+@pytest.mark.slow
+@pytest.mark.template  # the library's own quickstart network saves ~100 kB: no upload lasts long enough to kill
+def test_kill_9_during_a_checkpoint_upload_leaves_the_previous_one_whole_and_the_resume_continues_from_it(
+        tiny_root, s3, store, tmp_path):
+    # Every step saves last.ckpt (~90 MB for the template's ResNet-18, a multipart upload); the job is killed
+    # while an upload is in flight, as the OOM killer or a preempted node would.
+    env = {**store, "CLASSIFIER_ENGINE_RUN_MIRROR": str(tmp_path / "node1")}
+    args = [*fit_args(tiny_root, "s3://runs/c", "--trainer.max_epochs=2"), "--last_checkpoint.every_n_steps=1"]
+    job = start_project(args, env=env, new_session=True)
+    in_flight = lambda: s3.list_multipart_uploads(Bucket="runs", Prefix="c").get("Uploads")  # noqa: E731
+    try:
+        wait_for(lambda: stored(s3, "c").get(f"{RUN}/checkpoints/last.ckpt") and in_flight() or job.poll() is not None)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate(timeout=60)
+    assert job.returncode == -signal.SIGKILL
+    whole = stored_checkpoint(s3, f"c/{RUN}/checkpoints/last.ckpt", tmp_path)  # the previous one: it loads
+    assert 1 <= whole["global_step"] < 10
+    env["CLASSIFIER_ENGINE_RUN_MIRROR"] = str(tmp_path / "node2")  # resumed elsewhere: only the store is left
+    resumed = start_project([*args, "--ckpt_path=last"], env=env)
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err[-3000:]
+    assert f"Restoring states from the checkpoint path at {tmp_path / 'node2'}" in out + err
+    assert stored_checkpoint(s3, f"c/{RUN}/checkpoints/last.ckpt", tmp_path)["global_step"] == 10
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_ddp_job_uploads_a_mid_epoch_checkpoint_and_says_when_it_was_durable(tiny_root, s3, store,
+                                                                                            tmp_path):
+    from conftest import CONFIGS
+
+    env = {**store, "CLASSIFIER_ENGINE_RUN_MIRROR": str(tmp_path / "node1")}
+    marker = tmp_path / "holding"
+    job = start_project([*fit_args(tiny_root, "s3://runs/d", "--trainer.max_epochs=3"), "--config",
+                         str(CONFIGS / "cpu_ddp.yaml"),
+                         callback("stop_callbacks.HoldUntilSignalled", step=3, marker=str(marker))], env=env)
+    wait_for(lambda: marker.exists() or job.poll() is not None, every=0.1)
+    job.send_signal(signal.SIGTERM)
+    out, err = job.communicate(timeout=600)
+    assert job.returncode == 143, err[-3000:]
+    line = next(line for line in (out + err).splitlines() if line.startswith("stopped by SIGTERM"))
+    assert f"last checkpoint: s3://runs/d/{RUN}/checkpoints/last.ckpt, durable " in line
+    seconds = float(line.split(", durable ")[1].split(" s after")[0])
+    print(f"signal to durable: {seconds} s")
+    step = int(line.split("global step ")[1].split(";")[0])
+    assert stored_checkpoint(s3, f"d/{RUN}/checkpoints/last.ckpt", tmp_path)["global_step"] == step == 4
+    assert not any(name.startswith("lightning_logs/version_1") for name in stored(s3, "d"))  # one run dir
+
+
+@pytest.mark.slow
+def test_the_store_failing_mid_upload_is_one_line_the_run_goes_on_and_the_next_start_sends_what_it_kept(
+        tiny_root, s3, store, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node1"))
+    # From the 2nd request for last.ckpt on, the connection is closed as it arrives (the store, or the network to it,
+    # gone in the middle of the run; a multipart upload's later parts meet it mid-upload).
+    with FaultyProxy(store["AWS_ENDPOINT_URL"], fault="refuse", match="last.ckpt", after=1) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        with pytest.warns(UserWarning, match=r"uploading last.ckpt failed \((cannot reach the object store|the object "
+                                             r"store cut the connection).*; kept in .*last.ckpt meanwhile"):
+            cli_main([*fit_args(tiny_root, "s3://runs/e", "--trainer.max_epochs=2"),
+                      "--last_checkpoint.every_n_steps=3"])
+        assert proxy.faults >= 1
+    monkeypatch.setenv("AWS_ENDPOINT_URL", store["AWS_ENDPOINT_URL"])
+    local = tmp_path / "node1" / "runs" / "e" / RUN / "checkpoints" / "last.ckpt"
+    assert torch.load(local, weights_only=True)["global_step"] == 10  # nothing lost: the mirror has it
+    if f"{RUN}/checkpoints/last.ckpt" in stored(s3, "e"):  # (a multipart upload met the fault in its first upload)
+        assert stored_checkpoint(s3, f"e/{RUN}/checkpoints/last.ckpt", tmp_path)["global_step"] < 10
+    cli_main([*fit_args(tiny_root, "s3://runs/e", "--trainer.max_epochs=2"), "--ckpt_path=last"])  # done: sends it
+    assert stored_checkpoint(s3, f"e/{RUN}/checkpoints/last.ckpt", tmp_path)["global_step"] == 10
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing answers: one line before anything runs
+    from conftest import project_in_process
+
+    code, _, err = project_in_process(fit_args(tiny_root, "s3://runs/f"), monkeypatch, capsys)
+    assert code == 2 and err.strip().splitlines()[-1].startswith(
+        "error: trainer.default_root_dir s3://runs/f: listing the runs failed (cannot reach the object store")
