@@ -106,24 +106,37 @@ def test_without_a_global_batch_a_resume_on_another_world_size_says_it_is_not_ex
         other.restore_loader_state(6, state)
 
 
-@pytest.mark.parametrize("kind", ["folder", "shards"])
+@pytest.mark.parametrize("kind", ["folder", "manifest", "shards"])
 def test_the_image_data_modules_take_the_same_images_each_step_on_1_2_and_3_ranks(kind, tiny_root, tmp_path):
+    import csv
+    import shutil
     from types import SimpleNamespace
 
     from classifier_engine import ImageFolderDataModule, ShardDataModule
+    from classifier_engine.data import ManifestDataModule
     from classifier_engine.data.make_shards import main as make_shards
     from classifier_engine.run.global_batch import GlobalBatch
 
     if kind == "shards":  # 40 images in 5 shards: the chunk-aware order (ShardOrderSampler)
         assert make_shards(["--source", str(tiny_root), "--out", str(tmp_path / "s"), "--shard-size", "8"]) == 0
+    if kind == "manifest":  # the same 40 + 17 images, listed beside a copy of them
+        shutil.copytree(tiny_root, tmp_path / "images")
+    for split in ("train", "val") if kind == "manifest" else ():
+        with open(tmp_path / f"{split}.csv", "w", newline="") as file:
+            csv.writer(file).writerows([("path", "label"), *((str(image.relative_to(tmp_path)), image.parent.name)
+                                        for image in sorted((tmp_path / "images" / split).rglob("*.jpg")))])
     options = dict(num_workers=0, pin_memory=False, train_crop_size=16, eval_resize_size=16, eval_crop_size=16)
+    modules = {"folder": lambda batch: ImageFolderDataModule(root=str(tiny_root), batch_size=batch, **options),
+               "shards": lambda batch: ShardDataModule(shards=str(tmp_path / "s"), batch_size=batch, **options),
+               "manifest": lambda batch: ManifestDataModule(train_manifest=str(tmp_path / "train.csv"),
+                                                            val_manifest=str(tmp_path / "val.csv"), batch_size=batch,
+                                                            **options)}
 
     def steps(world_size: int) -> list[list[int]]:
         batch, accumulation = split_global_batch(12, world_size, 6)
         micro_batches = []
         for rank in range(world_size):
-            data = (ShardDataModule(shards=str(tmp_path / "s"), batch_size=batch, **options) if kind == "shards" else
-                    ImageFolderDataModule(root=str(tiny_root), batch_size=batch, **options))
+            data = modules[kind](batch)
             data.trainer = SimpleNamespace(world_size=world_size, global_rank=rank,
                                            callbacks=[GlobalBatch(12, world_size)])
             data.setup("fit")
