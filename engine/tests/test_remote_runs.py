@@ -59,9 +59,13 @@ def test_a_fit_stores_its_run_and_another_node_resumes_it_by_listing(tiny_root, 
     assert stored_checkpoint(s3, f"a/{RUN}/checkpoints/last.ckpt", tmp_path)["global_step"] == 5
 
     # Another node (an empty mirror): --ckpt_path last lists the store, downloads the furthest checkpoint and the run
-    # dir, continues it; the first run's config.yaml is kept as config.1.yaml, as on a filesystem.
-    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node2"))
-    cli_main([*fit_args(tiny_root, "s3://runs/a", "--trainer.max_epochs=2"), "--ckpt_path=last"])
+    # dir, continues it; the first run's config.yaml is kept as config.1.yaml, as on a filesystem. A key planted in
+    # the bucket to land outside the mirror is never downloaded.
+    s3.put_object(Bucket="runs", Key=f"a/{RUN}/../../../../escaped.txt", Body=b"x")
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node2" / "mirror"))
+    with pytest.warns(UserWarning, match=r"ignored 1 object\(s\) whose key leaves the run root"):
+        cli_main([*fit_args(tiny_root, "s3://runs/a", "--trainer.max_epochs=2"), "--ckpt_path=last"])
+    assert not [p for p in tmp_path.rglob("escaped.txt")]
     files = stored(s3, "a")
     assert {f"{RUN}/config.yaml", f"{RUN}/config.1.yaml"} <= files.keys()
     assert not any(name.startswith("lightning_logs/version_1") for name in files)

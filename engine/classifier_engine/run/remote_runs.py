@@ -74,7 +74,13 @@ class RemoteRoot:
                               if item["Key"].startswith(start)})
         except Exception as error:  # noqa: BLE001  botocore's
             raise self._fail(error, "listing the runs") from None
-        return found
+        # Keys are untrusted input (anyone with write access to the bucket): one that would land outside the mirror
+        # (.., an absolute or empty part) is never downloaded.
+        unsafe = [name for name in found if not _inside(name)]
+        if unsafe:
+            rank_zero_warn(f"trainer.default_root_dir {self.url}: ignored {len(unsafe)} object(s) whose key leaves "
+                           f"the run root (e.g. {unsafe[0][:100]!r})")
+        return {name: size for name, size in found.items() if name not in unsafe}
 
     # -- at start: the mirror made to know what the store holds ----------------------------------------------------
     def prepare(self, logs_name: str, resume: bool) -> Path:
@@ -106,6 +112,9 @@ class RemoteRoot:
     def download(self, name: str, size: int) -> Path:
         """The stored object `name` into the mirror (written beside, then renamed: never half a file)."""
         target = self.mirror / name
+        if not _inside(name) or self.mirror.resolve() not in target.resolve().parents:
+            raise ConfigError(f"trainer.default_root_dir {self.url}: the object {name[:100]!r} would land outside the "
+                              "run's mirror: not downloaded")
         if target.is_file() and target.stat().st_size == size and self._journal(target.parent).get(
                 target.name) == _stamp(target):
             return target  # the mirror's own upload: the same file
@@ -233,6 +242,11 @@ def _lapsed(lease: dict[str, Any], me: dict[str, str]) -> bool:
         except PermissionError:
             return False
     return False
+
+
+def _inside(name: str) -> bool:
+    """Whether a key relative to the run root names a file under it: plain parts only."""
+    return "\\" not in name and all(part not in ("", ".", "..") for part in name.split("/"))
 
 
 def _stamp(path: Path) -> list[int]:

@@ -4,6 +4,7 @@
 """
 
 import os
+import signal
 import subprocess
 from typing import Optional
 
@@ -38,9 +39,12 @@ def task_line(job_id: str, run_dir: object) -> str:
 
 
 def requeue(job_id: str) -> tuple[bool, str]:
-    """`scontrol requeue <job id>`: (whether Slurm took it, why not)."""
+    """`scontrol requeue <job id>`: (whether Slurm took it, why not). The requeue cancels this job's step, which sends
+    SIGTERM to every process of it, scontrol too: it ignores SIGTERM, or it may die (-15) before it says it was taken
+    (seen in CI, 2026-12-06: the job requeued, the line said the requeue failed)."""
     try:
-        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
     except OSError as error:  # no scontrol on the compute node's PATH
         return False, str(error)
     return result.returncode == 0, f"exit {result.returncode}: {result.stderr.strip()}"
