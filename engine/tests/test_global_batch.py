@@ -41,6 +41,19 @@ def test_the_planned_world_size_is_the_trainers(trainer, expected):
     assert planned_world_size(Namespace(**trainer)) == expected
 
 
+def test_the_plan_sets_the_batch_the_linked_model_batch_and_the_accumulation_over_a_given_one():
+    from classifier_engine.run.global_batch import apply_global_batch
+
+    config = Namespace(global_batch_size=1024, trainer=Namespace(devices=2, num_nodes=2, accumulate_grad_batches=3),
+                       data=Namespace(class_path="x.Data", init_args=Namespace(batch_size=128)),
+                       model=Namespace(class_path="x.Model", init_args=Namespace(batch_size=128)))
+    line = apply_global_batch(config, Namespace(trainer=Namespace(accumulate_grad_batches=3)))
+    assert line == ("global batch 1024: 128 per process x 4 processes x 2 accumulated (data.batch_size 128 at most); "
+                    "trainer.accumulate_grad_batches 3 given, not used")  # (a run's own config.yaml holds one)
+    assert (config.data.init_args.batch_size, config.model.init_args.batch_size) == (128, 128)
+    assert config.trainer.accumulate_grad_batches == 2
+
+
 def test_under_torchrun_the_world_size_is_the_launchers(monkeypatch):
     for name, value in {"RANK": "0", "GROUP_RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4",
                         "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "1"}.items():
@@ -233,8 +246,6 @@ def test_a_global_batch_that_cannot_be_planned_is_one_line_and_writes_nothing(tm
     args = ["fit", *RUN, "--trainer.devices=3", f"--trainer.default_root_dir={tmp_path}"]
     cases = {"--global_batch_size=10": "--global_batch_size 10 does not split over 3 processes: choose a multiple of 3 "
                                        "(9 or 12)",
-             "--trainer.accumulate_grad_batches=2": "--global_batch_size chooses the gradient accumulation from the "
-                                                    "world size: drop trainer.accumulate_grad_batches",
              "--data.class_path=recorded_samples.FixedBatches": "--global_batch_size sets the data module's "
              "per-process batch_size, and recorded_samples.FixedBatches has none: give its __init__ a batch_size "
              "argument (used by its train_dataloader), or drop --global_batch_size"}

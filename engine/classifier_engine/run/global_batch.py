@@ -61,9 +61,6 @@ def apply_global_batch(config: Namespace, explicit: Namespace) -> Optional[str]:
     global_batch = config.get("global_batch_size")
     if global_batch is None:
         return None
-    if explicit.get("trainer.accumulate_grad_batches") is not None:
-        raise ConfigError(f"{FLAG} chooses the gradient accumulation from the world size: drop "
-                          "trainer.accumulate_grad_batches")
     data = config.data.get("init_args") if isinstance(config.get("data"), Namespace) else None
     if data is None or data.get("batch_size") is None:
         name = config.data.get("class_path") if isinstance(config.get("data"), Namespace) else config.get("data")
@@ -77,8 +74,11 @@ def apply_global_batch(config: Namespace, explicit: Namespace) -> Optional[str]:
         model.batch_size = batch
     config.trainer.accumulate_grad_batches = accumulation
     processes = f"{world_size} process{'es' if world_size > 1 else ''}"
+    # A given accumulation (a run's own config.yaml holds the one it ran with) gives way: the global batch decides.
+    given = explicit.get("trainer.accumulate_grad_batches")
+    replaced = f"; trainer.accumulate_grad_batches {given} given, not used" if given not in (None, accumulation) else ""
     return (f"global batch {global_batch}: {batch} per process x {processes} x {accumulation} accumulated "
-            f"(data.batch_size {largest} at most)")
+            f"(data.batch_size {largest} at most){replaced}")
 
 
 class GlobalBatch(Callback):
