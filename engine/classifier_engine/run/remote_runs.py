@@ -19,7 +19,9 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from classifier_engine.data.embedded import cache_dir
 from classifier_engine.data.shards import BUCKET, passing_failure, s3_client, split_url
-from classifier_engine.errors import ConfigError, RunDirInUse
+from classifier_engine.errors import CheckpointError, ConfigError, RunDirInUse
+from classifier_engine.run.checkpoint_checks import SAVED_AT
+from classifier_engine.run.checkpoint_io import load_checkpoint, progress
 
 PROGRESS = "progress"  # metadata of an uploaded checkpoint: "saved_at global_step epoch batches", compared
 JOURNAL = ".uploaded.json"  # in the mirror: (size, mtime) of each file as uploaded; others are pending
@@ -94,20 +96,36 @@ class RemoteRoot:
         self.mirror.mkdir(parents=True, exist_ok=True)
         if resume:
             checkpoints = [name for name in stored if name.endswith(".ckpt") and name.startswith(f"{logs_name}/")]
-            best = max(checkpoints, key=self._progress, default=None)
-            if best is not None:  # and the run dir's config.yaml, logs...: a resumed run keeps and extends them
+            progress = {name: self._progress(name) for name in checkpoints}
+            best = max(checkpoints, key=progress.__getitem__, default=None)
+            # and the run dir's config.yaml, logs...: a resumed run keeps and extends them. A checkpoint this mirror
+            # saved further along and could not upload yet is kept, with its run dir: nothing it trained is redone.
+            if best is not None and not self._further_here(self.mirror / best, progress[best]):
                 run_dir = best.rsplit("/checkpoints/", 1)[0] + "/"
                 for name in [best, *(n for n in stored if n.startswith(run_dir) and not n.endswith(".ckpt"))]:
                     if _mirrored(Path(name)):
                         self.download(name, stored[name])
         return self.mirror
 
-    def _progress(self, name: str) -> tuple[int, ...]:
+    def _further_here(self, local: Path, stored: tuple[float, ...]) -> bool:
+        """Whether the mirror's `local` checkpoint is one not uploaded as it is, and at least as far as `stored`."""
+        if not local.is_file() or self._journal(local.parent).get(local.name) == _stamp(local):
+            return False
+        try:
+            checkpoint = load_checkpoint(local, mmap=True)
+            return (float(checkpoint.get(SAVED_AT) or 0.0), *progress(checkpoint)) >= stored
+        except (CheckpointError, KeyError):
+            return False
+
+    def _progress(self, name: str) -> tuple[float, ...]:
         try:
             head = self.client().head_object(Bucket=self.bucket, Key=f"{self.prefix}/{name}".lstrip("/"))
         except Exception as error:  # noqa: BLE001
             raise self._fail(error, f"reading {name}") from None
-        return tuple(float(part) for part in head.get("Metadata", {}).get(PROGRESS, "0 0 0 0").split())
+        try:  # (metadata is untrusted: a value that is not numbers counts as nothing)
+            return tuple(float(part) for part in head.get("Metadata", {}).get(PROGRESS, "0 0 0 0").split())
+        except ValueError:
+            return (0.0,)
 
     def download(self, name: str, size: int) -> Path:
         """The stored object `name` into the mirror (written beside, then renamed: never half a file)."""
