@@ -34,10 +34,11 @@ MAX_FUNCTION_LINES = 60
 # registered (+22: the exact loaders' hook, a skipped link's value in a checkpoint) and --print_config printing a
 # class_path model's Monitor (+9), both found by running the suite without the template; issue 38 item 1 +193
 # (--global_batch_size: its plan from the world size, its one-line refusals, epochs of whole global batches, a resumed
-# epoch continued at this run's batch index, one registered workaround); item 2 +327 (run dirs on object
-# storage: a node-local mirror, uploads and their journal, resume by listing, a renewed lease, untrusted keys kept
-# inside the mirror, the stop line's durable time; scontrol requeue outliving its own step cancel). It may only shrink.
-MAX_ENGINE_LINES = 8_394
+# epoch continued at this run's batch index, one registered workaround); item 2 +345 (run dirs on object storage: a
+# node-local mirror, uploads and their journal, resume by listing, a renewed lease, unsent saves kept, untrusted
+# keys kept inside the mirror, the stop line's durable time; scontrol requeue outliving its own step cancel).
+# It may only shrink.
+MAX_ENGINE_LINES = 8_412
 # The room's words (the template's model, network, options and metric names): the engine reads a model and data only
 # through the contract (classifier_engine/contract.py), so none may appear in its code, strings or comments.
 ROOM_WORDS = re.compile(r"val/acc1|val_acc1|\.network\b|[\"']network[\"']|\barch\b|ImageClassifier"
