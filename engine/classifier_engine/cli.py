@@ -50,11 +50,12 @@ from classifier_engine.run.checkpoint_checks import CheckpointValues, check_chec
 from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
 from classifier_engine.run.global_batch import GlobalBatch, apply_global_batch, planned_world_size
 from classifier_engine.run.last_checkpoint import LastCheckpoint, StopSignals, stops_reach_spawned_ranks
-from classifier_engine.run.launchers import check_devices, check_process_count, torchelastic_restart
+from classifier_engine.run.launchers import check_devices, check_process_count
 from classifier_engine.run.remote_runs import RemoteRoot, mirror_remote_root
+from classifier_engine.run.resume import looks_for_checkpoints
 from classifier_engine.run.run_dirs import LOGS
 from classifier_engine.run.saved_config import KeepingSaveConfigCallback
-from classifier_engine.run.slurm import cluster_environment, slurm_job_id, slurm_restart_count, task_line
+from classifier_engine.run.slurm import cluster_environment, slurm_job_id, task_line
 from classifier_engine.run.tracker_outage import outlive_outages
 from classifier_engine.run.trackers import continue_csv_logs, how_to_look, redact
 from classifier_engine.samplers import ExactLoaders
@@ -199,8 +200,7 @@ class ProjectCLI(CheckpointReadOnceCLI):
         for key, value in self._monitor_options(config, self._explicit).items():
             config[key] = value
         if subcommand:
-            resume = self.config[subcommand].get("ckpt_path") == "last" or bool(torchelastic_restart()) or bool(
-                slurm_job_id() and slurm_restart_count())
+            resume = looks_for_checkpoints(subcommand, self.config[subcommand].get("ckpt_path"))
             self.remote = mirror_remote_root(self.config[subcommand], LOGS, resume)
             self.plan = start_run(subcommand, self.config[subcommand])
             if self.remote is not None and subcommand == "fit" and env_global_rank() == 0:

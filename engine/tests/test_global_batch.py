@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from jsonargparse import Namespace
-from torch.utils.data import Dataset
 
 from classifier_engine.errors import ConfigError
 from classifier_engine.run.global_batch import planned_world_size, split_global_batch
 from classifier_engine.samplers import ResumableDataLoader, ResumableSampler
 from conftest import callback, project_in_process, run_project
 from recorded_samples import read_records
+from test_samplers import Indices  # a data set of its own indices
 
 
 def test_the_per_process_batch_is_the_largest_that_fits_and_divides():
@@ -59,17 +59,6 @@ def test_under_torchrun_the_world_size_is_the_launchers(monkeypatch):
                         "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "1"}.items():
         monkeypatch.setenv(name, value)
     assert planned_world_size(Namespace(devices=4)) == 8
-
-
-class Indices(Dataset):
-    def __init__(self, size: int):
-        self.size = size
-
-    def __len__(self):
-        return self.size
-
-    def __getitem__(self, index):
-        return index
 
 
 def train_steps(world_size: int, steps: int, state: dict | None = None, *, global_batch: int = 12,

@@ -163,7 +163,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         super().__init__()
         self.remote = remote
         self.stored: dict[str, str] = {}  # local path: where it is durable now (its URL once uploaded)
-        self.last_upload: Optional[tuple[float, float]] = None  # (MiB, seconds) of the last checkpoint uploaded
 
     def stored_at(self, path: Any) -> str:
         """Where the checkpoint saved at `path` is durable: its URL in the object store, or the path itself."""
@@ -186,11 +185,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if self.remote is not None:
             local = Path(local_path(path))
             saved_at = float(checkpoint.get(SAVED_AT) or 0.0)
-            seconds = self.remote.upload(local, (saved_at, *progress(checkpoint)))
-            self.stored[str(path)] = self.remote.url_of(local) if seconds is not None else str(path)
-            if seconds is not None:
-                size = local.stat().st_size / 2**20
-                self.last_upload = (size, seconds)
+            uploaded = self.remote.upload(local, (saved_at, *progress(checkpoint))) is not None
+            self.stored[str(path)] = self.remote.url_of(local) if uploaded else str(path)
+            if uploaded:
                 self.remote.sync(local.parent.parent)  # the run dir's config.yaml and logs beside it
 
     def remove_checkpoint(self, path: Any) -> None:

@@ -28,10 +28,6 @@ JOURNAL = ".uploaded.json"  # in the mirror: (size, mtime) of each file as uploa
 LEASE, LEASE_RENEW_S, LEASE_TTL_S = ".lease", 10.0, 30.0  # one writer per run dir: renewed while it trains
 
 
-def is_remote(root: Any) -> bool:
-    return isinstance(root, str) and root.startswith("s3://")
-
-
 class RemoteRoot:
     """s3://bucket/prefix and its node-local mirror ($CLASSIFIER_ENGINE_RUN_MIRROR, else runs/ in the data cache)."""
 
@@ -280,7 +276,7 @@ def _mirrored(path: Path) -> bool:
 def mirror_remote_root(config: Any, logs_name: str, resume: bool) -> Optional[RemoteRoot]:
     """For an s3:// trainer.default_root_dir: its RemoteRoot, the parsed config pointed at the prepared mirror."""
     root = config.trainer.get("default_root_dir")
-    if not is_remote(root):
+    if not (isinstance(root, str) and root.startswith("s3://")):
         return None
     remote = RemoteRoot(root)
     config.trainer.default_root_dir = str(remote.prepare(logs_name, resume))

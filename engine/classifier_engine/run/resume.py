@@ -150,6 +150,12 @@ def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False)
     return plan
 
 
+def looks_for_checkpoints(subcommand: str, requested: Optional[str]) -> bool:
+    """Whether this start may continue from a checkpoint it finds (--ckpt_path last, a restarted fit)."""
+    restarted = (torchelastic_restart() or 0) > 0 or (slurm_job_id() is not None and slurm_restart_count() > 0)
+    return requested == "last" or (subcommand == "fit" and restarted)
+
+
 def _choose_checkpoint(plan: RunPlan, subcommand: str, requested: Optional[str], logs: Path, extra: tuple[Path, ...],
                        given_dir: Optional[Path], job_dir: Optional[Path]) -> Optional[tuple[Path, dict]]:
     """The checkpoint to continue from (the table in docs/reliability.md), loaded; plan.reason says why."""
