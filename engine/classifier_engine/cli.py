@@ -381,13 +381,17 @@ def main(argv: Optional[list[str]] = None, **defaults) -> None:
     """`python -m <package> {fit,validate,test,predict,export,sweep} ...`: `defaults` as cli_main takes them; user
     errors as one line and exit 2 (PROJECT_DEBUG=1 shows the traceback)."""
     from classifier_engine.errors import check_config_files, exit_on_user_error
+    from classifier_engine.run.stored_config import check_stored_configs
 
     given, argv = argv, sys.argv[1:] if argv is None else list(argv)
     with_defaults = partial(cli_main, **defaults)
+    entry_classes = [f"{cls.__module__}.{cls.__qualname__}" for cls in (defaults.get("model"), defaults.get("data"))
+                     if cls is not None]
     if argv[:1] == ["export"]:
         from classifier_engine.export import main as export_main
 
-        exit_on_user_error(lambda: export_main(argv[1:], prog=f"python -m {entry_module(defaults.get('model'))}"))
+        exit_on_user_error(lambda: export_main(argv[1:], prog=f"python -m {entry_module(defaults.get('model'))}",
+                                               trusted=entry_classes))
         return
     if argv[:1] == ["sweep"]:
         from classifier_engine.run.sweep import main as sweep_main
@@ -397,6 +401,7 @@ def main(argv: Optional[list[str]] = None, **defaults) -> None:
 
     def run() -> None:
         check_config_files(argv)
+        check_stored_configs(argv, entry_classes)
         with_defaults(given)
 
     try:

@@ -249,11 +249,15 @@ MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB of YAML
 MAX_CONFIG_VALUES = 100_000  # once its aliases are expanded (jsonargparse copies them out): a 1 KB alias bomb is 10^9
 
 
+def config_files(argv: list[str]) -> list[str]:
+    """The files of argv's `--config FILE` (or `-c`, `--config=FILE`)."""
+    files = [arg.split("=", 1)[1] for arg in argv if arg.startswith(("--config=", "-c="))]
+    return files + [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config", "-c")]
+
+
 def check_config_files(argv: list[str]) -> None:
     """Every `--config FILE` loads (load_config_file), before the CLI parses any."""
-    files = [arg.split("=", 1)[1] for arg in argv if arg.startswith(("--config=", "-c="))]
-    files += [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config", "-c")]
-    for name in files:
+    for name in config_files(argv):
         load_config_file(name)
 
 

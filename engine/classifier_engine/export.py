@@ -188,22 +188,27 @@ def validation_size(datamodule) -> tuple[int, int]:
     return int(images.shape[2]), int(images.shape[3])
 
 
-def build_from_run(ckpt_path: Path, config: Path):
-    """The run's model (with the checkpoint's weights: EMA's averaged ones, if any) and data module."""
+def build_from_run(ckpt_path: Path, config: Path, trusted: Sequence[str] = ()):
+    """The run's model (with the checkpoint's weights: EMA's averaged ones, if any) and data module; a config that came
+    from an object store may name only the `trusted` classes (the entry point's)."""
     from classifier_engine.cli import cli_main
+    from classifier_engine.run.stored_config import check_stored_config
 
     settings = load_config_file(config)
     # The saved config is `fit`'s: the options LightningCLI made of Trainer.fit's arguments (ckpt_path, weights_only)
     # do not exist without a subcommand. It skips the model, data module and loaders (those are sections, or none).
     for option in set(inspect.signature(L.Trainer.fit).parameters) - LightningCLI.subcommands()["fit"]:
         settings.pop(option, None)
-    settings["trainer"] = {**(settings.get("trainer") or {}), "accelerator": "cpu", "devices": 1, "logger": False}
+    # The network and the data are all an export builds: none of the run's Trainer (callbacks, loggers, plugins).
+    settings["trainer"] = {"accelerator": "cpu", "devices": 1, "logger": False, "enable_progress_bar": False}
+    check_stored_config(settings, config, trusted)
     cli = cli_main(settings, run=False)
     cli.model.load_state_dict(load_checkpoint(ckpt_path)["state_dict"])
     return cli.model, cli.datamodule
 
 
-def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier_engine") -> dict[str, Path]:
+def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier_engine",
+         trusted: Sequence[str] = ()) -> dict[str, Path]:
     """`PROG export`: export a run's checkpoint next to it (RUN/export/ by default)."""
     parser = argparse.ArgumentParser(prog=f"{prog} export", description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt_path", type=Path, required=True, help="RUN/checkpoints/best.ckpt or last.ckpt")
@@ -217,5 +222,5 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier
     config = args.config or run_dir / "config.yaml"
     if not config.is_file():
         parser.error(f"no config at {config}: pass --config RUN/config.yaml, the config the run saved")
-    model, datamodule = build_from_run(args.ckpt_path, config)
+    model, datamodule = build_from_run(args.ckpt_path, config, trusted)
     return export_module(model, datamodule, args.out_dir or run_dir / "export", onnx=args.onnx)

@@ -7,6 +7,7 @@ writer, and the store failing mid-upload.
 
 import os
 import signal
+import sys
 import time
 
 import boto3
@@ -195,3 +196,53 @@ def test_the_store_failing_mid_upload_is_one_line_the_run_goes_on_and_the_next_s
     code, _, err = project_in_process(fit_args(tiny_root, "s3://runs/f"), monkeypatch, capsys)
     assert code == 2 and err.strip().splitlines()[-1].startswith(
         "error: trainer.default_root_dir s3://runs/f: listing the runs failed (cannot reach the object store")
+
+
+@pytest.mark.slow
+def test_a_config_yaml_replaced_in_the_bucket_names_no_code_that_runs(tiny_root, s3, tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from conftest import project_in_process
+
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node1"))
+    cli_main(fit_args(tiny_root, "s3://runs/g"))
+    # Someone with write access to the bucket replaces the run's config.yaml: its model now names an installed module
+    # whose import runs code (here: writes a file).
+    marker, planted = tmp_path / "ran.txt", tmp_path / "installed"
+    planted.mkdir()
+    (planted / "planted_module.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
+    monkeypatch.syspath_prepend(str(planted))
+    key = f"g/{RUN}/config.yaml"
+    settings = yaml.safe_load(s3.get_object(Bucket="runs", Key=key)["Body"].read())
+    settings["model"]["class_path"] = "planted_module.Model"
+    s3.put_object(Bucket="runs", Key=key, Body=yaml.safe_dump(settings).encode())
+
+    # Another node: validate --ckpt_path last downloads the run dir (config.yaml too) and validates by its own config.
+    node2 = tmp_path / "node2"
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(node2))
+    code, _, err = project_in_process(["validate", *tiny_args(tiny_root, "s3://runs/g"), "--ckpt_path=last"],
+                                      monkeypatch, capsys)
+    assert code == 0, err[-2000:]
+    mirrored = node2 / "runs" / "g" / RUN
+    assert yaml.safe_load((mirrored / "config.yaml").read_text())["model"]["class_path"] == "planted_module.Model"
+    refusal = (f"error: config file {mirrored / 'config.yaml'} came from s3://runs/{key}, and a file from an object "
+               "store is not trusted to name code: it names planted_module.Model, which neither the command line nor "
+               "a local config names; read it, then pass a copy of your own (--config my_run.yaml), or name "
+               "planted_module.Model in a local config beside it")
+    # export reads the config.yaml beside the checkpoint; validate --config reads it as given: both refuse it, and a
+    # copy made in the mirror (a file of the run dir in the bucket, whoever wrote it) is refused the same way.
+    import shutil
+
+    shutil.copy(mirrored / "config.yaml", mirrored / "copied.yaml")
+    for args, name in ((["export", "--ckpt_path", str(mirrored / "checkpoints" / "last.ckpt")], "config.yaml"),
+                       (["validate", "--config", str(mirrored / "config.yaml"), "--ckpt_path",
+                         str(mirrored / "checkpoints" / "last.ckpt")], "config.yaml"),
+                       (["validate", "--config", str(mirrored / "copied.yaml")], "copied.yaml")):
+        code, _, err = project_in_process(args, monkeypatch, capsys)
+        assert (code, err.strip().splitlines()[-1]) == (2, refusal.replace("config.yaml", name))
+    assert not marker.exists() and "planted_module" not in sys.modules
+    # Named by the command line, the same class is the user's choice (and then runs, as any config's class does).
+    code, _, err = project_in_process(["validate", "--config", str(mirrored / "config.yaml"), "--ckpt_path",
+                                       str(mirrored / "checkpoints" / "last.ckpt"),
+                                       "--model.class_path=planted_module.Model"], monkeypatch, capsys)
+    assert marker.exists() and "came from s3://" not in err

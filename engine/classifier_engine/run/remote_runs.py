@@ -24,7 +24,7 @@ from classifier_engine.run.checkpoint_checks import SAVED_AT
 from classifier_engine.run.checkpoint_io import load_checkpoint, progress
 
 PROGRESS = "progress"  # metadata of an uploaded checkpoint: "saved_at global_step epoch batches", compared
-JOURNAL = ".uploaded.json"  # in the mirror: (size, mtime) of each file as uploaded; others are pending
+JOURNAL = ".uploaded.json"  # in the mirror: (size, mtime, URL) of each file as uploaded or downloaded
 LEASE, LEASE_RENEW_S, LEASE_TTL_S = ".lease", 10.0, 30.0  # one writer per run dir: renewed while it trains
 
 
@@ -105,7 +105,7 @@ class RemoteRoot:
 
     def _further_here(self, local: Path, stored: tuple[float, ...]) -> bool:
         """Whether the mirror's `local` checkpoint is one not uploaded as it is, and at least as far as `stored`."""
-        if not local.is_file() or self._journal(local.parent).get(local.name) == _stamp(local):
+        if not local.is_file() or _as_recorded(local):
             return False
         try:
             checkpoint = load_checkpoint(local, mmap=True)
@@ -129,8 +129,7 @@ class RemoteRoot:
         if not _inside(name) or self.mirror.resolve() not in target.resolve().parents:
             raise ConfigError(f"trainer.default_root_dir {self.url}: the object {name[:100]!r} would land outside the "
                               "run's mirror: not downloaded")
-        if target.is_file() and target.stat().st_size == size and self._journal(target.parent).get(
-                target.name) == _stamp(target):
+        if target.is_file() and target.stat().st_size == size and _as_recorded(target):
             return target  # the mirror's own upload: the same file
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{os.getpid()}.download")
@@ -162,7 +161,7 @@ class RemoteRoot:
     def sync(self, run_dir: Path) -> None:
         """Upload the run dir's files the store does not have as they are now (logs, config.yaml, a pending save)."""
         for path in sorted(p for p in Path(run_dir).rglob("*") if p.is_file() and _mirrored(p)):
-            if self._journal(path.parent).get(path.name) != _stamp(path):
+            if not _as_recorded(path):
                 if self.upload(path) is None:
                     return  # the store is away: the rest waits for the next sync
 
@@ -172,15 +171,9 @@ class RemoteRoot:
         except Exception as error:  # noqa: BLE001  a stale best checkpoint left in the store costs space only
             rank_zero_warn(f"{self._fail(error, f'deleting {local.name}')}")
 
-    def _journal(self, folder: Path) -> dict[str, list[int]]:
-        try:
-            return json.loads((folder / JOURNAL).read_text())
-        except (OSError, ValueError):
-            return {}
-
     def _record(self, path: Path) -> None:
-        journal = self._journal(path.parent)
-        journal[path.name] = _stamp(path)
+        journal = _journal(path.parent)
+        journal[path.name] = [*_stamp(path), self.url_of(path)]
         temp = path.parent / f"{JOURNAL}.{os.getpid()}"
         temp.write_text(json.dumps(journal))
         os.replace(temp, path.parent / JOURNAL)
@@ -261,6 +254,35 @@ def _lapsed(lease: dict[str, Any], me: dict[str, str]) -> bool:
 def _inside(name: str) -> bool:
     """Whether a key relative to the run root names a file under it: plain parts only."""
     return "\\" not in name and all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+def _journal(folder: Path) -> dict[str, list]:
+    try:
+        journal = json.loads((folder / JOURNAL).read_text())
+    except (OSError, ValueError):
+        return {}
+    return journal if isinstance(journal, dict) else {}
+
+
+def _as_recorded(path: Path) -> bool:
+    """Whether `path` is as it was when last uploaded or downloaded (else: pending, or written since)."""
+    entry = _journal(path.parent).get(path.name)
+    return isinstance(entry, list) and entry[:2] == _stamp(path)
+
+
+def stored_origin(path: Path) -> Optional[str]:
+    """For a file of an object store's run dir (in its mirror: a folder with a journal), its URL; None for any other.
+    What such a folder holds is shared storage, untrusted input as a checkpoint is: anyone with write access to the
+    bucket could have put it there, or put it there since this node wrote it."""
+    path = Path(path)
+    journal = _journal(path.parent)
+    if not journal:
+        return None
+    own = journal.get(path.name)
+    if isinstance(own, list) and len(own) > 2:
+        return str(own[2])
+    urls = [entry[2] for entry in journal.values() if isinstance(entry, list) and len(entry) > 2]
+    return f"{str(urls[0]).rpartition('/')[0]}/{path.name}" if urls else f"the object store mirrored in {path.parent}"
 
 
 def _stamp(path: Path) -> list[int]:
