@@ -34,7 +34,7 @@ def execute(name: str, **env: str) -> nbformat.NotebookNode:
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
     client = NotebookClient(notebook, timeout=900, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOKS)}})
-    # PROJECT_DATA_CACHE comes from the session fixture in conftest: the kernel reuses the materialized digits.
+    # CLASSIFIER_ENGINE_CACHE comes from the session fixture in conftest: the kernel reuses the materialized digits.
     client.execute(env={**os.environ, "PROJECT_NOTEBOOK_FAST": "1", **env})
     return notebook
 
@@ -75,7 +75,7 @@ def test_quickstart_trains_from_the_config_files_and_plots_predictions(quickstar
     assert images(notebook) == 3
     with open(run_dir / "predictions.csv", newline="") as f:
         rows = list(csv.reader(f))
-    val_images = sorted((Path(os.environ["PROJECT_DATA_CACHE"]).glob("digits-*/val/*/*.jpg")))
+    val_images = sorted((Path(os.environ["CLASSIFIER_ENGINE_CACHE"]).glob("digits-*/val/*/*.jpg")))
     assert [Path(row[0]).name for row in rows[1:]] == [path.name for path in val_images]
     accuracy = next(line for line in lines if line.startswith("top-1 accuracy"))
     assert f"on {len(val_images)} validation images" in accuracy

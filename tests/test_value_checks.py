@@ -104,7 +104,7 @@ def test_a_bad_data_value_from_python_is_one_line_naming_the_option(option, tiny
 
 
 def test_a_bad_data_value_is_refused_before_the_embedded_data_set_is_written(tmp_path, monkeypatch):
-    monkeypatch.setenv("PROJECT_DATA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CLASSIFIER_ENGINE_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ConfigError, match="data.train_crop_size: expected an int >= 1, got 0"):
         ImageNetDataModule(root="embedded:digits", train_crop_size=0)
     assert not (tmp_path / "cache").exists()

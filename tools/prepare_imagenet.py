@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from classifier_engine.data.layout import CLASS_INDEX_FILE
 from classifier_engine.errors import DiskFullError
-from classifier_engine.run.checkpoint_io import atomic_write, remove_stale_partials
+from classifier_engine.storage.files import atomic_write, remove_stale_partials
 from torchvision.datasets.imagenet import ARCHIVE_META, META_FILE
 from torchvision.datasets.utils import check_integrity
 

@@ -379,7 +379,7 @@ def entry_module(model: Optional[type] = None) -> str:
 
 def main(argv: Optional[list[str]] = None, **defaults) -> None:
     """`python -m <package> {fit,validate,test,predict,export,sweep} ...`: `defaults` as cli_main takes them; user
-    errors as one line and exit 2 (PROJECT_DEBUG=1 shows the traceback)."""
+    errors as one line and exit 2 (CLASSIFIER_ENGINE_DEBUG=1 shows the traceback)."""
     from classifier_engine.errors import check_config_files, exit_on_user_error
     from classifier_engine.run.stored_config import check_stored_configs
 

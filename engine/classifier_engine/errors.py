@@ -1,5 +1,5 @@
 """Errors a person can read: one line (what, where, the fix), no traceback, exit 2 (docs/reliability.md#bad-input);
-`PROJECT_DEBUG=1 python -m <package> fit ...` shows the traceback too."""
+`CLASSIFIER_ENGINE_DEBUG=1 python -m <package> fit ...` shows the traceback too."""
 
 import argparse
 import contextlib
@@ -195,7 +195,7 @@ def exit_on_user_error(run: Callable[[], object]) -> None:
     except BaseException as error:  # noqa: BLE001  what is not the user's is raised again
         import torch.distributed as dist
 
-        if os.environ.get("PROJECT_DEBUG", "0") not in ("", "0", "false", "False"):
+        if debugging():
             raise  # the traceback
         if (message := user_message(error)) is not None:
             line = f"error{rank_label()}: {message}"
@@ -218,13 +218,28 @@ def exit_on_user_error(run: Callable[[], object]) -> None:
         sys.exit(1)
 
 
+def debugging() -> bool:
+    """$CLASSIFIER_ENGINE_DEBUG set (its name before 0.2, $PROJECT_DEBUG, is read too, with a note, until 0.3)."""
+    value = os.environ.get("CLASSIFIER_ENGINE_DEBUG")
+    if value is None and os.environ.get("PROJECT_DEBUG") is not None:
+        print("note: $PROJECT_DEBUG is read as $CLASSIFIER_ENGINE_DEBUG (its new name) until classifier-engine 0.3",
+              file=sys.stderr)
+        value = os.environ["PROJECT_DEBUG"]
+    return (value or "0") not in ("0", "false", "False")
+
+
+def install_extra(extra: str) -> str:
+    """How to install one of the library's extras, from a clone of the template and from the package index."""
+    return f'pip install -e "./engine[{extra}]" (from a clone), or pip install "classifier-engine[{extra}]"'
+
+
 def _note_prefix() -> Optional[str]:
     """Notes of one job share MASTER_ADDR:MASTER_PORT (set for every rank by torchrun, srun and Lightning)."""
     port = os.environ.get("MASTER_PORT")
     if not port:
         return None
     host = os.environ.get("MASTER_ADDR", "").replace("/", "_")
-    return os.path.join(tempfile.gettempdir(), f"project-error-{host}-{port}-")
+    return os.path.join(tempfile.gettempdir(), f"classifier-engine-error-{host}-{port}-")
 
 
 def _notes_of_failed_ranks(wait_s: float = 2.0) -> list[str]:

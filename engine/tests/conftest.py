@@ -117,7 +117,7 @@ def tiny_root(tmp_path_factory) -> Path:
 def data_cache(tmp_path_factory) -> Path:
     """The embedded digits are materialized once per session into a tmp cache, never into ~/.cache."""
     cache = tmp_path_factory.mktemp("data_cache")
-    os.environ["PROJECT_DATA_CACHE"] = str(cache)
+    os.environ["CLASSIFIER_ENGINE_CACHE"] = str(cache)
     return cache
 
 

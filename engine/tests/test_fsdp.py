@@ -22,9 +22,10 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from classifier_engine.cli import close_process_group
 from classifier_engine.errors import CheckpointError
 from classifier_engine.export import main as export_main
-from classifier_engine.run.checkpoint_io import SHARDS, load_checkpoint
+from classifier_engine.run.checkpoint_io import load_checkpoint
+from classifier_engine.run.run_dirs import SHARDS
+from classifier_engine.run.sharded_checkpoints import by_position
 from classifier_engine.strategies import FSDPStrategy
-from classifier_engine.strategies.fsdp import by_position
 from conftest import CONFIGS, callback, cli_main, project_in_process, read_scalars, run_project, tiny_args
 from test_distributed import FORKED_DDP, assert_ok, in_process
 from test_resume import EVERY_STEP, LAST, assert_same_training, final_state

@@ -227,7 +227,7 @@ def test_output_disk_too_small_is_reported_before_writing_images(tmp_path, small
 
 
 def test_a_val_file_cut_short_by_a_killed_run_is_never_counted_and_a_rerun_completes_it(archives, tmp_path):
-    from classifier_engine.run.checkpoint_io import partial_path
+    from classifier_engine.storage.files import partial_path
 
     root = tmp_path / "imagenet"
     assert main(["--archives", str(archives), "--out", str(root), *COUNTS]) == 0

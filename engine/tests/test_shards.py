@@ -255,7 +255,8 @@ def test_a_stalled_object_store_is_one_line_that_never_prints_the_endpoint(tmp_p
 
 def test_s3_shards_without_the_extra_name_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "boto3", None)  # as if not installed
-    expected = 's3:// shards and run dirs need boto3: pip install -e ".[shards]"'
+    expected = ('s3:// shards and run dirs need boto3: pip install -e "./engine[shards]" (from a clone), or '
+                'pip install "classifier-engine[shards]"')
     with pytest.raises(ConfigError, match=re.escape(expected)):
         ShardDataModule(shards="s3://datasets/tiny")
 
@@ -274,7 +275,7 @@ def crafted_copy(shards, folder, change) -> str:
 # (what is wrong with the index, how it is made, the text of the one line)
 DAMAGED = {
     "not JSON": (b'{"format": "proj', "index.json is not JSON"),
-    "not an object": (b"[1, 2]", "index.json is 'list', expected project-shards/1"),
+    "not an object": (b"[1, 2]", "index.json is 'list', expected classifier-engine-shards/1"),
     "no splits": (lambda index: index.pop("splits") and None, "'splits' lacks the train and val lists of shards"),
     "labels and lengths disagree": (lambda index: index["splits"]["val"][1]["labels"].pop() and None,
                                     "splits.val[1] (val-00001.shard): its lengths, labels and bytes do not agree"),
@@ -334,6 +335,7 @@ def test_an_s3_index_naming_a_path_outside_the_cache_writes_nothing_there(shards
 def faulty_store(tiny_root, object_store, monkeypatch):
     """The tiny shard set on the object store, reached through a FaultyProxy; the tries' bounds shrunk to test size."""
     from classifier_engine.data import shards as shard_module
+    from classifier_engine.storage import object_store as store_module
     from local_services import FaultyProxy
 
     for name, value in object_store.items():
@@ -342,8 +344,8 @@ def faulty_store(tiny_root, object_store, monkeypatch):
         boto3.session.Session().client("s3").head_object(Bucket="datasets", Key="faulty/index.json")
     except boto3.exceptions.botocore.exceptions.ClientError:
         assert make_shards(["--source", str(tiny_root), "--out", "s3://datasets/faulty", *SMALL]) == 0
-    monkeypatch.setattr(shard_module, "READ_TIMEOUT_S", 1.0, raising=False)  # a stall: 1 s without a byte, not 15
-    monkeypatch.setattr(shard_module, "BACKOFF_S", 0.05, raising=False)
+    monkeypatch.setattr(store_module, "READ_TIMEOUT_S", 1.0)  # a stall: 1 s without a byte, not 15
+    monkeypatch.setattr(shard_module, "BACKOFF_S", 0.05)
     with FaultyProxy(object_store["AWS_ENDPOINT_URL"], match=".shard") as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         yield proxy

@@ -20,7 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from classifier_engine.contract import display_names
 from classifier_engine.errors import ConfigError, DiskFullError, UserError, shown
-from classifier_engine.run.checkpoint_io import atomic_write
+from classifier_engine.storage.files import atomic_write
 
 MAX_NAMED = 5  # unpredicted images named in the warning
 

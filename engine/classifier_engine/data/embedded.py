@@ -1,7 +1,6 @@
 """The quickstart's data set: scikit-learn's 1,797 real handwritten digits (in its wheel: no download), written once
 as JPEGs in ImageFolder layout, so the quickstart runs the path ImageNet runs."""
 
-import os
 import shutil
 import tempfile
 from collections import Counter
@@ -11,6 +10,7 @@ import numpy as np
 from PIL import Image
 
 from classifier_engine.errors import ConfigError
+from classifier_engine.storage.cache import cache_dir
 
 DIGITS = "embedded:digits"  # the one embedded data set
 DIGITS_SIZE = 32  # px; the 8x8 originals upscaled so a torchvision ResNet's 32x downsampling still fits
@@ -19,17 +19,12 @@ VAL_EVERY = 5  # every 5th image of each class goes to val/: 1,442 train / 355 v
 
 
 def resolve_root(root: str) -> Path:
-    """'embedded:digits' as its folder under $PROJECT_DATA_CACHE (~/.cache/project), written once; others as given."""
+    """'embedded:digits' as its folder in the library's cache (storage/cache.py), written once; others as given."""
     if not root.startswith("embedded:"):
         return Path(root).expanduser()
     if root != DIGITS:
         raise ConfigError(f"unknown embedded data set {root!r}; available: {DIGITS}")
     return materialize_digits(cache_dir() / f"digits-{DIGITS_SIZE}px-{DIGITS_VERSION}")
-
-
-def cache_dir() -> Path:
-    """Where the project keeps data it makes: $PROJECT_DATA_CACHE, by default ~/.cache/project."""
-    return Path(os.environ.get("PROJECT_DATA_CACHE", Path.home() / ".cache" / "project")).expanduser()
 
 
 def materialize_digits(target: Path) -> Path:

@@ -33,10 +33,11 @@ from PIL import Image
 
 from classifier_engine.data.layout import check_layout, folder_samples, read_class_labels
 from classifier_engine.data.manifest import read_manifest
-from classifier_engine.data.shards import FORMAT, INDEX, s3_client, s3_error, split_url
+from classifier_engine.data.shards import FORMAT, INDEX, s3_error
 from classifier_engine.data.tar_shards import WRITER
 from classifier_engine.errors import ConfigError, DiskFullError
-from classifier_engine.run.checkpoint_io import atomic_write
+from classifier_engine.storage.files import atomic_write
+from classifier_engine.storage.object_store import s3_client, split_url
 
 
 @dataclass(frozen=True)
@@ -277,8 +278,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality of the re-encoded images")
     parser.add_argument("--keep-original", action="store_true", help="store each file's bytes as they are")
     parser.add_argument("--shard-size", type=int, default=1024, help="images per shard")
-    parser.add_argument("--format", choices=["project", "webdataset"], default="project",
-                        help="our shards (index.json), or WebDataset tars named as the Hugging Face ImageNet sets")
+    parser.add_argument("--format", choices=["shards", "webdataset", "project"], default="shards",
+                        help="our shards (index.json), or WebDataset tars named as the Hugging Face ImageNet sets "
+                             "(`project`: the name of `shards` before 0.2)")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
                         help="processes encoding shards (default: the cores this process may use)")
     args = parser.parse_args(argv)

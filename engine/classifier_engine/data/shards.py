@@ -23,35 +23,29 @@ from PIL import Image
 from torch.utils.data import Dataset, get_worker_info
 
 from classifier_engine.data.decoders import DEVICE_DECODERS
-from classifier_engine.data.embedded import cache_dir as data_cache
 from classifier_engine.data.image_data import ImageDataModule
 from classifier_engine.data.listed_paths import inside
 from classifier_engine.data.tar_shards import WRITER, tar_index
 from classifier_engine.data.training_samples import SeededSamples
 from classifier_engine.errors import ConfigError, DataUnavailable, UnreadableImageError
 from classifier_engine.options import PositiveInt
-from classifier_engine.run.checkpoint_io import atomic_write
 from classifier_engine.samplers import ResumableSampler
+from classifier_engine.storage.cache import cache_dir as data_cache
+from classifier_engine.storage.files import atomic_write
+from classifier_engine.storage.object_store import BUCKET, passing_failure, s3_client, split_url
 
 logger = logging.getLogger(__name__)
 INDEX = "index.json"  # written last, atomically, by make_shards.py: a folder without it is not a shard set
-FORMAT = "project-shards/1"
-EXTRA = 'pip install -e ".[shards]"'
+FORMAT = "classifier-engine-shards/1"
+OLD_FORMATS = ("project-shards/1",)  # the same layout under its name before 0.2 (a template's word), still read
 # A shard download that fails in a way that may pass (a 5xx, a cut or stalled transfer) is tried TRIES times, waiting
-# BACKOFF_S, then twice that, ... between tries; a transfer that sends nothing for READ_TIMEOUT_S has stalled. At most
-# ~70 s, then one line (and last.ckpt saved at the step reached: run/last_checkpoint.py).
-TRIES, BACKOFF_S, READ_TIMEOUT_S = 4, 1.0, 15.0
-BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3's (and MinIO's) rule for bucket names
+# BACKOFF_S, then twice that, ... between tries (a stall: storage.object_store's read timeout). At most ~70 s, then one
+# line (and last.ckpt saved at the step reached: run/last_checkpoint.py).
+TRIES, BACKOFF_S = 4, 1.0
 
 
 class MissingIndex(ConfigError):
     """A location without our index.json: not a shard set, unless it holds WebDataset tars."""
-
-
-def split_url(url: str) -> tuple[str, str]:
-    """(bucket, key prefix without a trailing slash) of s3://bucket/prefix."""
-    bucket, _, prefix = url[len("s3://"):].partition("/")
-    return bucket, prefix.strip("/")
 
 
 def check_location(location: str) -> None:
@@ -61,18 +55,6 @@ def check_location(location: str) -> None:
     if location.startswith("s3://") and not BUCKET.fullmatch(split_url(location)[0]):
         raise ConfigError(f"data.shards {location}: {split_url(location)[0]!r} is not a bucket name (3-63 lowercase "
                           "letters, digits, dots and hyphens): expected s3://bucket/prefix")
-
-
-def s3_client(retries: int = 3):
-    """An S3 client configured as the AWS tools are: AWS_ENDPOINT_URL (MinIO, a local server), AWS_ACCESS_KEY_ID,
-    AWS_SECRET_ACCESS_KEY, AWS_PROFILE, AWS_REGION... are read from the environment by boto3, never from our config."""
-    try:
-        import boto3
-        from botocore.config import Config
-    except ImportError:
-        raise ConfigError(f"s3:// shards and run dirs need boto3: {EXTRA}") from None
-    config = Config(connect_timeout=5, read_timeout=READ_TIMEOUT_S, retries={"max_attempts": retries})
-    return boto3.session.Session().client("s3", config=config)  # a new session reads the variables again
 
 
 def s3_error(error: Exception, url: str, tries: int = 1, option: Optional[str] = None) -> Exception:
@@ -105,24 +87,6 @@ def s3_error(error: Exception, url: str, tries: int = 1, option: Optional[str] =
         return MissingIndex(f"{url}: no {INDEX} there: not a finished shard set; write one with python -m "
                             "classifier_engine.data.make_shards --source ROOT --out URL")
     return error
-
-
-def passing_failure(error: Exception) -> Optional[str]:
-    """What went wrong, for a failure a later try may not meet (a stall, a cut transfer, no connection, a 5xx)."""
-    import botocore.exceptions as be  # (its StreamingBody raises these for urllib3's errors mid-transfer)
-
-    if isinstance(error, be.ReadTimeoutError):
-        return f"the object store stopped answering (no byte for {READ_TIMEOUT_S:g} s)"
-    if isinstance(error, (be.ResponseStreamingError, be.IncompleteReadError, be.ConnectionClosedError)):
-        return "the object store cut the connection mid-transfer"
-    if isinstance(error, (be.ConnectionError, be.HTTPClientError)):
-        return "cannot reach the object store (the endpoint in AWS_ENDPOINT_URL, or AWS's when unset)"
-    status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) if isinstance(
-        error, be.ClientError) else 0
-    if status >= 500 or (isinstance(error, be.ClientError) and error.response.get("Error", {}).get("Code") in (
-            "SlowDown", "RequestTimeout", "Throttling")):
-        return f"the object store kept failing ({status} {error.response.get('Error', {}).get('Code', '')})"
-    return None
 
 
 class ShardStore:
@@ -186,7 +150,7 @@ class ShardStore:
             index = json.loads(body)
         except ValueError as error:
             raise ConfigError(f"{where} is not JSON ({error}): rewrite it with {WRITER}") from None
-        if not isinstance(index, dict) or index.get("format") != FORMAT:
+        if not isinstance(index, dict) or index.get("format") not in (FORMAT, *OLD_FORMATS):
             found = index.get("format") if isinstance(index, dict) else type(index).__name__
             raise ConfigError(f"{where} is {found!r}, expected {FORMAT}: rewrite it with {WRITER}")
         check_index(index, where, self.cache)
@@ -361,7 +325,7 @@ class ShardDataModule(ImageDataModule):
                 <set>-validation-0000.tar, as the Hugging Face ImageNet sets); the object store's endpoint and keys
                 come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (never from the config).
             cache_dir: node-local folder s3:// shards are downloaded to, each once, and WebDataset tars' indexes are
-                kept in (default: shards/ in the data cache, $PROJECT_DATA_CACHE); it needs room for the
+                kept in (default: shards/ in the library's cache, $CLASSIFIER_ENGINE_CACHE); it needs room for the
                 whole shard set.
             shuffle_window: shards whose images are shuffled together (more: a better shuffle, more open shards).
             **options: the options every image data module has (classifier_engine.data.image_data.ImageDataModule).

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from classifier_engine.data.listed_paths import inside
 from classifier_engine.errors import ConfigError, shown
-from classifier_engine.run.checkpoint_io import atomic_write
+from classifier_engine.storage.files import atomic_write
 
 logger = logging.getLogger(__name__)
 IMAGES = ("jpg", "jpeg", "png", "webp")  # a sample's image: the first of these it has (timm reads jpg;png;webp)

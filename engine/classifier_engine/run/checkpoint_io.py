@@ -1,106 +1,21 @@
-"""Atomic, durable files, and checkpoints that load without running code (docs/how-it-works.md#what-a-checkpoint-holds).
+"""Checkpoints that load without running code, saved atomically (docs/how-it-works.md#what-a-checkpoint-holds).
 
-    from classifier_engine.run.checkpoint_io import atomic_write   # any file: atomic_write(path, write)
+    from classifier_engine.run.checkpoint_io import load_checkpoint   # weights-only, one-line errors
 """
 
-import contextlib
-import errno
 import os
 import pickle
-import socket
 import zipfile
 from pathlib import Path
-from typing import IO, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from classifier_engine.errors import CheckpointError, DiskFullError, untrusted_checkpoint_message
 from classifier_engine.run.checkpoint_checks import SAVED_AT
-
-PARTIAL_SUFFIX = ".partial"  # temp files are `.<name>.<host>-<pid>.partial`: never a name `--ckpt_path last` picks
-HOST = socket.gethostname().replace(".", "_")
-SHARDS = "shards"  # a sharded checkpoint's key for its folder of tensors (strategies/fsdp.py, sharded=True)
-
-
-def local_path(path: Any) -> Optional[str]:
-    """`path` without its file:// prefix, or None for a remote store (s3://, gs://: their own semantics)."""
-    text = str(path)
-    return text.removeprefix("file://") if "://" not in text or text.startswith("file://") else None
-
-
-def partial_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{HOST}-{os.getpid()}{PARTIAL_SUFFIX}")
-
-
-def remove_stale_partials(directory: Path) -> None:
-    """Delete temp files that a killed write on this host left behind; a live writer's, and other hosts', are kept."""
-    for leftover in directory.glob(f".*.{HOST}-*{PARTIAL_SUFFIX}"):
-        pid = leftover.name.removesuffix(PARTIAL_SUFFIX).rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            leftover.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, under another user
-        pass
-    return True
-
-
-def _disk_full(error: Optional[BaseException]) -> bool:
-    """ENOSPC or EDQUOT, raised directly or behind a writer (torch's: a RuntimeError whose context is the OSError)."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[IO], object], *, mode: str = "wb",
-                 check: Optional[Callable[[Path], object]] = None, fsync: bool = True,
-                 fix: str = "Free space there, or write it elsewhere") -> Path:
-    """Write `path` all or nothing: `write(file)` fills a temp file beside it ("wb", or "w": UTF-8, newline=""); then
-    fsync, `check(temp path)` (raise to refuse it), rename over `path`, fsync the directory (fsync=False: atomic, not
-    durable). A failure leaves the previous `path` as it was; a full disk raises DiskFullError (`fix` last)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = partial_path(path)
-    text = {"encoding": "utf-8", "newline": ""} if "b" not in mode else {}
-    try:
-        with open(temp, mode, **text) as file:
-            write(file)
-            file.flush()
-            if fsync:
-                try:
-                    os.fsync(file.fileno())
-                except OSError as error:  # a filesystem without fsync (EINVAL): the rename below is still atomic
-                    if error.errno not in (errno.EINVAL, errno.ENOTSUP):
-                        raise
-        if check is not None:
-            check(temp)
-        os.replace(temp, path)
-    except BaseException as error:
-        temp.unlink(missing_ok=True)
-        if _disk_full(error):
-            raise DiskFullError(f"no space left on {path.parent} while saving {path.name}; the previous {path.name} "
-                                f"(if any) is intact. {fix}") from error
-        raise
-    if fsync:
-        fsync_directory(path.parent)
-    remove_stale_partials(path.parent)
-    return path
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make the names in `directory` durable (its files' own contents need their own fsync)."""
-    fd = os.open(directory, os.O_RDONLY)
-    with contextlib.suppress(OSError):  # some filesystems refuse fsync on directories; a rename is still atomic
-        os.fsync(fd)
-    os.close(fd)
+from classifier_engine.run.run_dirs import SHARDS
+from classifier_engine.storage.files import atomic_write, local_path
 
 
 def load_checkpoint(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
@@ -122,7 +37,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", *, mmap: bool =
     if not isinstance(loaded, dict):
         raise CheckpointError(f"{path} holds a {type(loaded).__name__}, not a checkpoint dictionary")
     if SHARDS in loaded:
-        from classifier_engine.strategies.fsdp import read_sharded
+        from classifier_engine.run.sharded_checkpoints import read_sharded  # (torch.distributed.checkpoint: on use)
 
         return read_sharded(path, loaded)
     return loaded

@@ -17,11 +17,11 @@ from typing import Any, Optional
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from classifier_engine.data.embedded import cache_dir
-from classifier_engine.data.shards import BUCKET, passing_failure, s3_client, split_url
 from classifier_engine.errors import CheckpointError, ConfigError, RunDirInUse
 from classifier_engine.run.checkpoint_checks import SAVED_AT
 from classifier_engine.run.checkpoint_io import load_checkpoint, progress
+from classifier_engine.storage.cache import cache_dir
+from classifier_engine.storage.object_store import BUCKET, passing_failure, plain_key, s3_client, split_url
 
 PROGRESS = "progress"  # metadata of an uploaded checkpoint: "saved_at global_step epoch batches", compared
 JOURNAL = ".uploaded.json"  # in the mirror: (size, mtime, URL) of each file as uploaded or downloaded
@@ -74,7 +74,7 @@ class RemoteRoot:
             raise self._fail(error, "listing the runs") from None
         # Keys are untrusted input (anyone with write access to the bucket): one that would land outside the mirror
         # (.., an absolute or empty part) is never downloaded.
-        unsafe = [name for name in found if not _inside(name)]
+        unsafe = [name for name in found if not plain_key(name)]
         if unsafe:
             rank_zero_warn(f"trainer.default_root_dir {self.url}: ignored {len(unsafe)} object(s) whose key leaves "
                            f"the run root (e.g. {unsafe[0][:100]!r})")
@@ -126,7 +126,7 @@ class RemoteRoot:
     def download(self, name: str, size: int) -> Path:
         """The stored object `name` into the mirror (written beside, then renamed: never half a file)."""
         target = self.mirror / name
-        if not _inside(name) or self.mirror.resolve() not in target.resolve().parents:
+        if not plain_key(name) or self.mirror.resolve() not in target.resolve().parents:
             raise ConfigError(f"trainer.default_root_dir {self.url}: the object {name[:100]!r} would land outside the "
                               "run's mirror: not downloaded")
         if target.is_file() and target.stat().st_size == size and _as_recorded(target):
@@ -249,11 +249,6 @@ def _lapsed(lease: dict[str, Any], me: dict[str, str]) -> bool:
         except PermissionError:
             return False
     return False
-
-
-def _inside(name: str) -> bool:
-    """Whether a key relative to the run root names a file under it: plain parts only."""
-    return "\\" not in name and all(part not in ("", ".", "..") for part in name.split("/"))
 
 
 def _journal(folder: Path) -> dict[str, list]:

@@ -12,7 +12,7 @@ from jsonargparse import Namespace
 
 from classifier_engine.errors import CheckpointError, ConfigError, env_global_rank
 from classifier_engine.run.checkpoint_checks import SAVED_AT
-from classifier_engine.run.checkpoint_io import load_checkpoint, local_path, progress
+from classifier_engine.run.checkpoint_io import load_checkpoint, progress
 from classifier_engine.run.launchers import torchelastic_restart
 from classifier_engine.run.lock import RunLock, claim, claim_new_version
 from classifier_engine.run.run_dirs import (
@@ -33,6 +33,7 @@ from classifier_engine.run.trackers import (
     point_trackers,
     tracked_runs_to_continue,
 )
+from classifier_engine.storage.files import local_path
 
 
 @dataclass

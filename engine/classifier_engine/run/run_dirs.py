@@ -10,6 +10,7 @@ LOGS = "lightning_logs"
 CHECKPOINTS = "checkpoints"
 LAST = "last.ckpt"  # <run dir>/checkpoints/last.ckpt, kept current by last_checkpoint.py
 LOCK_FILE = ".lock"
+SHARDS = "shards"  # a sharded checkpoint's key for the folder of tensors beside it (strategy fsdp2_sharded)
 VERSION_PREFIX = "version_"
 
 

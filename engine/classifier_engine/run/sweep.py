@@ -26,9 +26,9 @@ from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 from classifier_engine.compat.subclass_nulls import restore_nulls
 from classifier_engine.contract import monitor_options
 from classifier_engine.errors import ConfigError, check_config_files, readable_parse_error
-from classifier_engine.run.checkpoint_io import atomic_write
 from classifier_engine.run.sweep_trials import BEST, CHECKPOINT, RUN_DIR, Worker, open_storage, param_flags
 from classifier_engine.run.trackers import hide_credentials
+from classifier_engine.storage.files import atomic_write
 
 
 @dataclass

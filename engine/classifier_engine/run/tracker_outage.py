@@ -14,9 +14,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from classifier_engine.run.checkpoint_io import atomic_write
+from classifier_engine.run.trackers import PENDING, bare
+from classifier_engine.storage.files import atomic_write
 
-PENDING = "mlflow-pending.jsonl"  # in the run dir: one write MLflow did not take per line, in order
 RETRY_S = 60.0  # between tries of a server that stopped answering (a /health probe of PROBE_S at most)
 PROBE_S = 5.0
 # MLflow's client retries a failed request 7 times over ~4 minutes (and waits 120 s for an answer): each log call of an
@@ -145,7 +145,6 @@ def send(client: Any, call: dict[str, Any]) -> None:
 def outlive_outages(trainer: Any, run_dir: Path, resume_step: Optional[int]) -> None:
     """Give each MLFlowLogger a client that outlives its server (before the Trainer first uses it), and send what a
     previous start of this run dir kept (`resume_step`: the checkpoint's step, when resuming)."""
-    from classifier_engine.run.trackers import bare
 
     for key, value in BOUNDED_RETRIES.items():
         os.environ.setdefault(key, value)

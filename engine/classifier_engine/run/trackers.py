@@ -24,10 +24,10 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from classifier_engine.errors import ConfigError
-from classifier_engine.run.checkpoint_io import atomic_write
-from classifier_engine.run.tracker_outage import PENDING
+from classifier_engine.storage.files import atomic_write
 
 TRACKERS_FILE = "trackers.json"
+PENDING = "mlflow-pending.jsonl"  # in the run dir: one write MLflow did not take per line, in order (tracker_outage.py)
 _KINDS = {"TensorBoardLogger": "tensorboard", "CSVLogger": "csv", "MLFlowLogger": "mlflow", "WandbLogger": "wandb"}
 
 

@@ -7,8 +7,6 @@ The model shards itself in configure_model with `shard` (which blocks: the room'
 
 import functools
 import glob
-import itertools
-import pickle
 import shutil
 import time
 from collections.abc import Iterable
@@ -20,15 +18,16 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 from torch import nn
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
-from classifier_engine.errors import CheckpointError, ConfigError, untrusted_checkpoint_message
-from classifier_engine.run.checkpoint_io import SHARDS, fsync_directory
+from classifier_engine.errors import ConfigError
+from classifier_engine.run.run_dirs import SHARDS
+from classifier_engine.run.sharded_checkpoints import by_position
+from classifier_engine.storage.files import fsync_directory
 
 
 def checkpoint_activations(blocks: Iterable[nn.Module]) -> None:
@@ -165,65 +164,6 @@ def remove_shards(path: Path, keep: str = "") -> None:
     for folder in path.parent.glob(f".{glob.escape(path.name)}.*.shards"):
         if folder.name != keep and folder.name[len(path.name) + 2:-len(".shards")].isdigit():
             shutil.rmtree(folder, ignore_errors=True)
-
-
-class MetadataUnpickler(pickle.Unpickler):
-    """DCP's .metadata holds its dataclasses, torch sizes and dtypes, and plain values; no other global loads."""
-
-    ALLOWED = {("torch.distributed.checkpoint.metadata", name) for name in (
-        "Metadata", "StorageMeta", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata",
-        "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING")} | {
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-        ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath")}
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in self.ALLOWED or module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"Weights only load failed: Unsupported global: {module}:{name}, not DCP metadata")
-
-
-class WeightsOnlyLoadPlanner(_EmptyStateDictLoadPlanner):
-    """DCP's planner for reading a whole checkpoint in one process, its non-tensor items read weights-only."""
-
-    def load_bytes(self, read_item: Any, value: Any) -> None:
-        set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn],
-                    torch.load(value, weights_only=True))
-
-
-def read_sharded(path: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """The one-file checkpoint a sharded one stands for, read in one process (no process group): its state_dict and
-    optimizer_states (keyed by position, as torch.optim keys them) from the folder it names, beside it."""
-    folder = path.parent / Path(str(checkpoint.pop(SHARDS))).name
-    tensors: dict[str, Any] = {}
-    try:
-        if folder.name in (".", "..") or not folder.name.endswith(".shards"):  # a crafted name: nothing outside
-            raise ValueError(f"{folder.name!r} is not a shard folder's name")
-        with open(folder / ".metadata", "rb") as file:
-            metadata = MetadataUnpickler(file).load()
-        if any(Path(info.relative_path).name != info.relative_path for info in metadata.storage_data.values()):
-            raise ValueError("its .metadata names files outside its folder")
-        reader, planner = dcp.FileSystemReader(folder), WeightsOnlyLoadPlanner()
-        planner.set_up_planner(tensors, metadata, True)
-        reader.set_up_storage_reader(metadata, True)
-        (plan,) = reader.prepare_global_plan(planner.create_global_plan([planner.create_local_plan()]))
-        reader.read_data(planner.finish_plan(plan), planner).wait()
-    except Exception as error:  # pickled code, or a folder missing, damaged or crafted otherwise: one line each
-        reason = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
-        raise CheckpointError(untrusted_checkpoint_message(error, folder) or f"{path} is not a complete checkpoint: "
-                              f"its shards {folder.name} do not load ({reason})") from error
-    checkpoint["state_dict"] = tensors.pop("state_dict")
-    if tensors:  # not a weights-only save
-        checkpoint["optimizer_states"] = [by_position(tensors[f"optimizer_{i}"]) for i in range(len(tensors))]
-    return checkpoint
-
-
-def by_position(state: dict[str, Any], keys: Optional[list] = None) -> dict[str, Any]:
-    """An optimizer state relabelled by position in its parameter groups, as torch.optim matches one to its parameters:
-    to 0, 1, ... (as torch.optim keys it), or to `keys` (parameter names)."""
-    groups = state.get("param_groups", [])
-    new = dict(zip((key for group in groups for key in group["params"]), keys or itertools.count()))
-    return {"state": {new[key]: value for key, value in state.get("state", {}).items()},
-            "param_groups": [{**group, "params": [new[key] for key in group["params"]]} for group in groups]}
 
 
 if FSDPStrategy.strategy_name not in StrategyRegistry:

@@ -1,0 +1,1 @@
+"""The storage floor: atomic files, object stores, the library's cache dir; data/ and run/ both stand on it."""
