@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=256, help="generated JPEGs")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per row")
     parser.add_argument("--data", type=Path,
-                        default=Path(os.environ.get("CLASSIFIER_ENGINE_CACHE", Path.home() / ".cache" / "classifier-engine"))
-                        / "bench-jpegs", help="folder for the generated JPEGs (shared with bench/input_pipeline.py)")
+                        default=Path(os.environ.get("CLASSIFIER_ENGINE_CACHE")
+                                     or Path.home() / ".cache" / "classifier-engine") / "bench-jpegs",
+                        help="folder for the generated JPEGs (shared with bench/input_pipeline.py)")
     parser.add_argument("--crop", type=int, default=224)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)

@@ -7,12 +7,12 @@ which this package imports only through its public API.
 import classifier_engine
 
 from project.data import ImageNetDataModule
-from project.model import ImageClassifier, backbone_replaces_arch
-from project.weights import apply_weights_eval_sizes
+from project.model import ImageClassifier, learning_rate, network_choice
+from project.weights import weights_eval_sizes
 
-# What a config that names no class builds, and the room's config hooks (python -m project hands them to the engine).
-DEFAULTS = dict(model=ImageClassifier, data=ImageNetDataModule, config_hooks=[apply_weights_eval_sizes],
-                tidy_hooks=[backbone_replaces_arch])
+# What a config that names no class builds, and the room's passes of the run plan (`--plan` shows their decisions).
+DEFAULTS = dict(model=ImageClassifier, data=ImageNetDataModule,
+                passes=[network_choice, weights_eval_sizes, learning_rate])
 
 
 def cli_main(args=None, **kwargs):

@@ -13,7 +13,7 @@ from typing import Optional
 import lightning as L
 import torch
 import torch.nn.functional as F
-from classifier_engine import ConfigError, Monitor, StepSeed, batch_seed, checkpoint_activations, shard
+from classifier_engine import ConfigError, Decision, Monitor, StepSeed, batch_seed, checkpoint_activations, shard
 from classifier_engine.options import PositiveInt, check_arguments
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
@@ -56,11 +56,27 @@ def _evaluation_metrics(num_classes: int) -> tuple[MeanMetric, MulticlassAccurac
             MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"))
 
 
-def backbone_replaces_arch(config) -> None:
-    """A tidy hook (project/__init__.py): beside a `model.backbone`, the unbuilt `model.arch` is null in the config."""
-    model = config.model.get("init_args")
-    if model is not None and model.get("backbone") is not None and model.get("arch") is not None:
-        model.arch = None
+def network_choice(given) -> list[Decision]:
+    """A pass of the run plan: the network built (`model.backbone` replaces `model.arch`, null then in the config)."""
+    model = given.config.model.get("init_args")
+    if model is None or "arch" not in model:
+        return []
+    backbone = model.get("backbone")
+    if backbone is None:
+        return [Decision("network", model.arch, "model.arch")]
+    path = backbone.get("class_path") if hasattr(backbone, "get") else str(backbone)
+    edits = (("model.init_args.arch", None),) if model.get("arch") is not None else ()
+    return [Decision("network", path, "model.backbone (model.arch is not built: null in the config)", edits=edits)]
+
+
+def learning_rate(given) -> list[Decision]:
+    """A pass of the run plan: the LR the optimizer starts from, lr_per_256 scaled by the plan's global batch."""
+    model, batch = given.config.model.get("init_args"), given.decided.value("global batch")
+    if model is None or not batch or "optim" not in model:
+        return []
+    lr = scaled_lr(model.optim.lr_per_256, batch["global"])
+    return [Decision("learning rate", lr, f"model.optim.lr_per_256 {model.optim.lr_per_256} x global batch "
+                     f"{batch['global']} / 256", text=f"{lr:.6g}")]
 
 
 class ImageClassifier(L.LightningModule):

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from classifier_engine import ConfigError, MissingInputError, load_checkpoint
-from lightning.pytorch.utilities import rank_zero_info
+from classifier_engine import ConfigError, Decision, MissingInputError, load_checkpoint
 from torch import nn
 from torchvision.models import WeightsEnum, get_model_weights
 
@@ -212,17 +211,18 @@ def eval_sizes(arch: str, weights_name: str) -> tuple[int, int]:
     return preset.resize_size[0], preset.crop_size[0]
 
 
-def apply_weights_eval_sizes(config, explicit) -> None:
-    """A config hook: torchvision weights' evaluation resize and crop become the data's, unless given explicitly."""
-    model, data = config.model.get("init_args"), config.data.get("init_args")
+def weights_eval_sizes(given) -> list[Decision]:
+    """A pass of the run plan: torchvision weights' evaluation resize and crop become the data's, unless given."""
+    model, data = given.config.model.get("init_args"), given.config.data.get("init_args")
     weights = model.get("finetune.weights") if model is not None else None
     if not weights or data is None or model.get("backbone") is not None:
-        return
+        return []
     arch = model.get("arch")
     if not arch or torchvision_weights(arch, weights) is None:
-        return
-    given = explicit.get("data.init_args") or {}
-    for key, value in zip(("eval_resize_size", "eval_crop_size"), eval_sizes(arch, weights)):
-        if key in data and given.get(key) is None and data[key] != value:
-            rank_zero_info(f"data.{key}: {value} (the evaluation transform of {arch} {weights})")
-            data[key] = value
+        return []
+    explicit = given.explicit.get("data.init_args") or {}
+    sizes = dict(zip(("eval_resize_size", "eval_crop_size"), eval_sizes(arch, weights)))
+    edits = tuple((f"data.init_args.{key}", value) for key, value in sizes.items()
+                  if key in data and explicit.get(key) is None and data[key] != value)
+    return [Decision("evaluation sizes", sizes, f"the evaluation transform of {arch} {weights}", edits=edits)] \
+        if edits else []

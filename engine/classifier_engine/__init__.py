@@ -14,7 +14,9 @@ __version__ = "0.1.0"
 _PUBLIC = {
     # the entry point: LightningCLI with the run's safety rails, and `python -m ...` (export and sweep included)
     "cli_main": "classifier_engine.cli",
-    "main": "classifier_engine.cli",
+    "main": "classifier_engine.entry",
+    # the run plan's decisions: a template's own passes return them (cli_main(passes=...); --plan prints them)
+    "Decision": "classifier_engine.plan.run_plan",
     # the contract the engine reads of a model and a data module
     "ClassificationModel": "classifier_engine.contract",
     "ClassificationData": "classifier_engine.contract",

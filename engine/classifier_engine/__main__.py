@@ -3,7 +3,7 @@
 The engine without a template: the model and data classes come from the config (`class_path`), nothing is default.
 """
 
-from classifier_engine.cli import main
+from classifier_engine.entry import main
 
 if __name__ == "__main__":
     main()

@@ -5,12 +5,12 @@
 On a class switch jsonargparse keeps every `init_args` value of the previous class that the new class also takes,
 its defaults included (seen in jsonargparse 4.30-4.53, documented behaviour): a data module's `batch_size: int = 64`
 trained at the template's 256. Here a value the previous class had only by default is reset to the new class's
-default; a value someone set (a config file, a flag) is kept where the new class takes it; a flag given for the
-previous class that the new one does not take is refused in one line, one from a config file is named in a note.
+default (an edit of the run plan's "classes" decision); a value someone set (a config file, a flag) is kept where the
+new class takes it; a flag given for the previous class that the new one does not take is refused in one line, one
+from a config file is named in the decision's reason.
 """
 
 import importlib
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,7 +18,6 @@ from typing import Any, Optional
 
 import yaml
 from jsonargparse import ArgumentParser, Namespace
-from lightning.pytorch.utilities import rank_zero_info
 
 from classifier_engine.errors import ConfigError
 
@@ -32,7 +31,8 @@ def class_defaults(cls: type) -> dict[str, Any]:
     return dict(parser.get_defaults().items())
 
 
-def _class(path: str) -> Optional[type]:
+def class_of(path: str) -> Optional[type]:
+    """The class a class_path names (imported by the parse already), or None."""
     module, _, name = path.rpartition(".")
     try:
         return getattr(importlib.import_module(module), name)
@@ -67,13 +67,13 @@ def _before_switch(args: Sequence[str], part: str) -> tuple[set[str], set[str]]:
 
 
 def resets(config: Namespace, explicit: Namespace, args: Sequence[str], defaults: Mapping[str, Optional[type]],
-           linked: Mapping[str, Sequence[str]]) -> list[str]:
-    """Flags that put a switched-to class's own defaults back where the previous class's defaults were carried over
-    (appended to the command line and parsed again, so links follow); ConfigError for a flag the new class lacks."""
-    found = []
+           linked: Mapping[str, Sequence[str]]) -> tuple[list[tuple[str, Any]], list[str]]:
+    """(edits that put a switched-to class's own defaults back where the previous class's defaults were carried over,
+    notes on config-file options the new class lacks); ConfigError for a flag the new class lacks."""
+    found, notes = [], []
     for part in PARTS:
         section, default_class = config.get(part), defaults.get(part)
-        chosen = _class(section.class_path) if isinstance(section, Namespace) and section.get("class_path") else None
+        chosen = class_of(section.class_path) if isinstance(section, Namespace) and section.get("class_path") else None
         if default_class is None or chosen is None or chosen is default_class:
             continue
         before, after = class_defaults(default_class), class_defaults(chosen)
@@ -85,10 +85,10 @@ def resets(config: Namespace, explicit: Namespace, args: Sequence[str], defaults
                               f"{section.class_path} takes no {typed[0]}: drop it (options before --{part}.class_path "
                               "belong to the class before it)")
         if lacking:
-            rank_zero_info(f"{part}: {', '.join(lacking)} (set for {default_class.__qualname__} in a config file) "
-                           f"left out: not options of {section.class_path}")
+            notes.append(f"{part}: {', '.join(lacking)} (set for {default_class.__qualname__} in a config file) left "
+                         f"out: not options of {section.class_path}")
         for key, value in dict(section.init_args.items()).items() if section.get("init_args") else ():
             carried = key in before and value == before[key] and key not in given
             if carried and key in after and after[key] != value and key not in linked.get(part, ()):
-                found.append(f"--{part}.init_args.{key}={json.dumps(after[key])}")
-    return found
+                found.append((f"{part}.init_args.{key}", after[key]))
+    return found, notes

@@ -167,19 +167,6 @@ def eval_preprocessing(datamodule: Any) -> Optional[EvalPreprocessing]:
     return offered() if callable(offered) else None
 
 
-def eval_transform(datamodule: Any):
-    """How an image file becomes the network's input: the data module's eval_preprocessing() (resize the short side,
-    center-crop, normalize), else the default: RGB pixels scaled to [0, 1], no resize, no normalization."""
-    from torchvision.transforms import v2
-
-    from classifier_engine.data.transforms import eval_preset
-
-    offered = eval_preprocessing(datamodule)
-    if offered is None:
-        return v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
-    return eval_preset(resize_size=offered.resize, crop_size=offered.crop, mean=offered.mean, std=offered.std)
-
-
 def image_sizes(datamodule: Any) -> dict[str, int]:
     """The side of every image the data module gives the network, by the option that sets it ({} when unknown)."""
     offered = getattr(datamodule, "image_sizes", None)

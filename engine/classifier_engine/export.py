@@ -25,6 +25,7 @@ from torch import nn
 from classifier_engine import contract
 from classifier_engine.contract import display_names, eval_preprocessing
 from classifier_engine.errors import ConfigError, UserError, load_config_file
+from classifier_engine.plan.run_plan import Decision, RunPlan
 from classifier_engine.run.checkpoint_io import load_checkpoint
 
 PREPROCESSING_KEYS = ("resize", "crop", "mean", "std")
@@ -188,10 +189,9 @@ def validation_size(datamodule) -> tuple[int, int]:
     return int(images.shape[2]), int(images.shape[3])
 
 
-def build_from_run(ckpt_path: Path, config: Path, trusted: Sequence[str] = ()):
-    """The run's model (with the checkpoint's weights: EMA's averaged ones, if any) and data module; a config that came
-    from an object store may name only the `trusted` classes (the entry point's)."""
-    from classifier_engine.cli import cli_main
+def run_settings(config: Path, trusted: Sequence[str] = ()) -> dict[str, Any]:
+    """The run's saved config as an export builds it: its model and data (a config from an object store may name only
+    the `trusted` classes, the entry point's), no Trainer of the run's (callbacks, loggers, plugins)."""
     from classifier_engine.run.stored_config import check_stored_config
 
     settings = load_config_file(config)
@@ -199,12 +199,37 @@ def build_from_run(ckpt_path: Path, config: Path, trusted: Sequence[str] = ()):
     # do not exist without a subcommand. It skips the model, data module and loaders (those are sections, or none).
     for option in set(inspect.signature(L.Trainer.fit).parameters) - LightningCLI.subcommands()["fit"]:
         settings.pop(option, None)
-    # The network and the data are all an export builds: none of the run's Trainer (callbacks, loggers, plugins).
     settings["trainer"] = {"accelerator": "cpu", "devices": 1, "logger": False, "enable_progress_bar": False}
     check_stored_config(settings, config, trusted)
-    cli = cli_main(settings, run=False)
+    return settings
+
+
+def build_from_run(ckpt_path: Path, config: Path, trusted: Sequence[str] = ()):
+    """The run's model (with the checkpoint's weights: EMA's averaged ones, if any) and data module."""
+    from classifier_engine.cli import cli_main
+
+    cli = cli_main(run_settings(config, trusted), run=False)
     cli.model.load_state_dict(load_checkpoint(ckpt_path)["state_dict"])
     return cli.model, cli.datamodule
+
+
+def export_plan(ckpt_path: Path, config: Path, given_config: bool, out_dir: Path, onnx: bool,
+                trusted: Sequence[str]) -> RunPlan:
+    """What an export would read, build and write (--plan): read only."""
+    checkpoint = load_checkpoint(ckpt_path, mmap=True)
+    settings = run_settings(config, trusted)
+    classes = {part: (settings.get(part) or {}).get("class_path") for part in ("model", "data")}
+    files = [*EXPORT_FILES.values()][: 3 if onnx and onnx_available() else 1] + ["model.json"]
+    present = [name for name in files if (out_dir / name).exists()]
+    return RunPlan("export", (
+        Decision("checkpoint", str(ckpt_path), "--ckpt_path", text=f"{ckpt_path} (epoch {checkpoint.get('epoch')}, "
+                 f"step {checkpoint.get('global_step')})"),
+        Decision("config", str(config), "--config" if given_config else "the run's config.yaml beside the checkpoint"),
+        Decision("classes", classes, "the config's (the entry point's defaults where it names none)"),
+        Decision("out dir", str(out_dir), f"replacing its {', '.join(present)}" if present else "new files"),
+        Decision("files", files, "each checked against the checkpoint's network before any is written" + (
+            "" if "model.onnx" in files else "; model.onnx: --no-onnx, or onnx and onnxscript not installed"),
+            text=", ".join(files))))
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier_engine",
@@ -215,6 +240,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier
     parser.add_argument("--config", type=Path, help="the run's config.yaml (default: RUN/config.yaml)")
     parser.add_argument("--out_dir", type=Path, help="where to write (default: RUN/export)")
     parser.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True, help="also write model.onnx")
+    parser.add_argument("--plan", action="store_true", help="print what it would read, build and write, and exit")
     args = parser.parse_args(argv)
     if not args.ckpt_path.is_file():
         parser.error(f"--ckpt_path {args.ckpt_path} is not a file")
@@ -222,5 +248,11 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier
     config = args.config or run_dir / "config.yaml"
     if not config.is_file():
         parser.error(f"no config at {config}: pass --config RUN/config.yaml, the config the run saved")
+    out_dir = args.out_dir or run_dir / "export"
+    if args.plan:
+        plan = export_plan(args.ckpt_path, config, args.config is not None, out_dir, args.onnx, trusted)
+        print("\n".join(["plan of export (dry: nothing was built, written or downloaded):",
+                         *(f"  {line}" for line in plan.lines())]), flush=True)
+        return {}
     model, datamodule = build_from_run(args.ckpt_path, config, trusted)
-    return export_module(model, datamodule, args.out_dir or run_dir / "export", onnx=args.onnx)
+    return export_module(model, datamodule, out_dir, onnx=args.onnx)

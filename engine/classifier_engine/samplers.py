@@ -14,8 +14,12 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSamp
 
 from classifier_engine.contract import CheckedCollate
 from classifier_engine.errors import ConfigError
-from classifier_engine.run.global_batch import global_batch_of
 from classifier_engine.seeds import order_seed
+
+
+def global_batch_of(trainer: Optional[L.Trainer]) -> Optional[int]:
+    """The run's --global_batch_size, from its run plan (None: no plan, or the world size's own batches)."""
+    return getattr(getattr(trainer, "run_plan", None), "global_batch", None)
 
 
 class ExactDistributedSampler(UnrepeatedDistributedSampler):

@@ -644,7 +644,7 @@ def test_canary_stock_model_parallel_strategy_ignores_sync_batchnorm(tmp_path, m
 
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from classifier_engine.cli import close_process_group
+    from classifier_engine.entry import close_process_group
 
     model = BatchNormNet()
     trainer = L.Trainer(accelerator="cpu", devices=1, strategy=ModelParallelStrategy(1, 1), sync_batchnorm=True,

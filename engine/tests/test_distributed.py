@@ -13,7 +13,7 @@ from unittest import mock
 import pytest
 import torch
 
-from classifier_engine.cli import close_process_group
+from classifier_engine.entry import close_process_group
 from conftest import CONFIGS, TEMPLATE, cli_main, read_scalars, run_project, tiny_args
 from test_strategies import NO_AUGMENT, relative_difference
 
@@ -39,7 +39,7 @@ def in_process(args: list[str]) -> None:
         try:
             cli_main(args)
         finally:
-            close_process_group()  # what classifier_engine.cli.main does after the run
+            close_process_group()  # what classifier_engine.entry.main does after the run
 
 
 def run_files(run_dir: Path) -> dict[str, list[Path]]:

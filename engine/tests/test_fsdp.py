@@ -19,7 +19,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from classifier_engine.cli import close_process_group
+from classifier_engine.entry import close_process_group
 from classifier_engine.errors import CheckpointError
 from classifier_engine.export import main as export_main
 from classifier_engine.run.checkpoint_io import load_checkpoint

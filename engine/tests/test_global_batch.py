@@ -12,7 +12,7 @@ import torch
 from jsonargparse import Namespace
 
 from classifier_engine.errors import ConfigError
-from classifier_engine.run.global_batch import planned_world_size, split_global_batch
+from classifier_engine.run.global_batch import planned_world, split_global_batch
 from classifier_engine.samplers import ResumableDataLoader, ResumableSampler
 from conftest import callback, project_in_process, run_project
 from recorded_samples import read_records
@@ -38,27 +38,33 @@ def test_a_global_batch_that_does_not_split_over_the_processes_is_refused_naming
     ({"devices": 3}, 3), ({"devices": "2", "num_nodes": 4}, 8), ({"devices": [0, 2]}, 2), ({"devices": "0,1,"}, 2),
     ({"devices": "auto", "accelerator": "cpu"}, 1), ({"devices": 4, "strategy": "dp"}, 1)])
 def test_the_planned_world_size_is_the_trainers(trainer, expected):
-    assert planned_world_size(Namespace(**trainer)) == expected
+    assert planned_world(Namespace(**trainer))[0] == expected
 
 
 def test_the_plan_sets_the_batch_the_linked_model_batch_and_the_accumulation_over_a_given_one():
-    from classifier_engine.run.global_batch import apply_global_batch
+    from classifier_engine.plan.edits import apply_edits, read_only
+    from classifier_engine.plan.run_plan import Decision, PlanInput, RunPlan
+    from classifier_engine.plan.settings import batch
 
-    config = Namespace(global_batch_size=1024, trainer=Namespace(devices=2, num_nodes=2, accumulate_grad_batches=3),
-                       data=Namespace(class_path="x.Data", init_args=Namespace(batch_size=128)),
-                       model=Namespace(class_path="x.Model", init_args=Namespace(batch_size=128)))
-    line = apply_global_batch(config, Namespace(trainer=Namespace(accumulate_grad_batches=3)))
-    assert line == ("global batch 1024: 128 per process x 4 processes x 2 accumulated (data.batch_size 128 at most); "
-                    "trainer.accumulate_grad_batches 3 given, not used")  # (a run's own config.yaml holds one)
-    assert (config.data.init_args.batch_size, config.model.init_args.batch_size) == (128, 128)
-    assert config.trainer.accumulate_grad_batches == 2
+    config = Namespace(global_batch_size=1024, trainer=Namespace(devices=2, num_nodes=2, accumulate_grad_batches=3,
+                                                                 max_epochs=1),
+                       data=Namespace(class_path="x.Data", init_args=Namespace(batch_size=96)),
+                       model=Namespace(class_path="x.Model", init_args=Namespace(batch_size=96)))
+    decided = RunPlan("fit", (Decision("world size", 4),))
+    (decision,) = batch(PlanInput("fit", read_only(config), Namespace(trainer=Namespace(accumulate_grad_batches=3)),
+                                  decided))
+    assert decision.line() == ("global batch: 1024 = 64 per process x 4 processes x 4 accumulated (--global_batch_size "
+                               "1024, data.batch_size 96 at most; trainer.accumulate_grad_batches 3 given, not used)")
+    apply_edits(config, decision.edits)  # (a run's own config.yaml holds an accumulation: it gives way)
+    assert (config.data.init_args.batch_size, config.model.init_args.batch_size) == (64, 64)  # the link followed
+    assert config.trainer.accumulate_grad_batches == 4
 
 
 def test_under_torchrun_the_world_size_is_the_launchers(monkeypatch):
     for name, value in {"RANK": "0", "GROUP_RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4",
                         "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "1"}.items():
         monkeypatch.setenv(name, value)
-    assert planned_world_size(Namespace(devices=4)) == 8
+    assert planned_world(Namespace(devices=4)) == (8, "torchrun: WORLD_SIZE")
 
 
 def train_steps(world_size: int, steps: int, state: dict | None = None, *, global_batch: int = 12,
@@ -117,7 +123,7 @@ def test_the_image_data_modules_take_the_same_images_each_step_on_1_2_and_3_rank
     from classifier_engine import ImageFolderDataModule, ShardDataModule
     from classifier_engine.data import ManifestDataModule
     from classifier_engine.data.make_shards import main as make_shards
-    from classifier_engine.run.global_batch import GlobalBatch
+    from classifier_engine.plan.run_plan import Decision, RunPlan
 
     if kind == "shards":  # 40 images in 5 shards: the chunk-aware order (ShardOrderSampler)
         assert make_shards(["--source", str(tiny_root), "--out", str(tmp_path / "s"), "--shard-size", "8"]) == 0
@@ -139,8 +145,8 @@ def test_the_image_data_modules_take_the_same_images_each_step_on_1_2_and_3_rank
         micro_batches = []
         for rank in range(world_size):
             data = modules[kind](batch)
-            data.trainer = SimpleNamespace(world_size=world_size, global_rank=rank,
-                                           callbacks=[GlobalBatch(12, world_size)])
+            plan = RunPlan("fit", (Decision("global batch", {"global": 12, "fixed": True}),))
+            data.trainer = SimpleNamespace(world_size=world_size, global_rank=rank, run_plan=plan)
             data.setup("fit")
             assert len(data.train_dataloader()) == 36 // 12 * accumulation  # 40 images: 3 steps of 12
             keys = [index for index, _, _ in data.train_sampler]
@@ -203,17 +209,17 @@ def test_killed_on_2_ranks_resumed_on_3_then_on_1_sees_each_sample_once_and_ends
         tmp_path):
     reference = fit(tmp_path / "reference", 2, tmp_path / "reference-ids")
     assert reference.returncode == 0, reference.stderr[-3000:]
-    assert "global batch 12: 6 per process x 2 processes x 1 accumulated" in reference.stdout + reference.stderr
+    assert "global batch: 12 = 6 per process x 2 processes x 1 accumulated" in reference.stdout + reference.stderr
 
     run, ids = tmp_path / "run", [tmp_path / f"ids{i}" for i in range(3)]
     killed = fit(run, 2, ids[0], callback("stop_callbacks.SignalAtStep", step=5))
     assert killed.returncode != 0
     resumed = fit(run, 3, ids[1], "--ckpt_path=last", callback("stop_callbacks.SignalAtStep", step=11))
     assert resumed.returncode != 0, resumed.stderr[-3000:]
-    assert "global batch 12: 4 per process x 3 processes x 1 accumulated" in resumed.stdout + resumed.stderr
+    assert "global batch: 12 = 4 per process x 3 processes x 1 accumulated" in resumed.stdout + resumed.stderr
     finished = fit(run, 1, ids[2], "--ckpt_path=last")
     assert finished.returncode == 0, finished.stderr[-3000:]
-    assert "global batch 12: 6 per process x 1 process x 2 accumulated" in finished.stdout + finished.stderr
+    assert "global batch: 12 = 6 per process x 1 process x 2 accumulated" in finished.stdout + finished.stderr
     assert "not the order an uninterrupted run" not in resumed.stderr + finished.stderr
 
     # The steps each run completed (a killed run may have started the step it was killed at: its records are cut).
@@ -269,7 +275,7 @@ def test_the_folder_module_with_sync_batchnorm_stopped_on_2_ranks_ends_alike_res
                        "--ckpt_path=last"])
     assert on1.returncode == 0, on1.stderr[-3000:]
     output = on1.stdout + on1.stderr
-    assert "global batch 8: 8 per process x 1 process x 1 accumulated" in output and "BatchNorm" not in output
+    assert "global batch: 8 = 8 per process x 1 process x 1 accumulated" in output and "BatchNorm" not in output
     final, other = state(tmp_path / "on1" / LAST), state(tmp_path / "on2" / LAST)
     assert int(final["step"]) == int(other["step"]) == 10
     assert relative_distance(final, other) <= 1e-9

@@ -50,6 +50,76 @@ def test_no_function_is_longer_than_60_lines():
     assert not long, f"functions past {MAX_FUNCTION_LINES} lines (name the decisions inside them):\n" + "\n".join(long)
 
 
+# The floors, lowest first: a module imports only from its own floor or lower ones (lazy imports inside functions
+# count), and no import circle closes anywhere. A name is a package (every module in it) or one module.
+FLOORS = (
+    ("errors",),
+    ("options", "seeds", "compat", "storage", "plan.run_plan", "plan.edits"),  # the ground: no engine above them
+    ("contract", "class_switch"),
+    ("run",),  # what makes a run safe to start, stop and continue: one question per file
+    ("strategies", "samplers"),
+    ("data",),
+    ("callbacks",),
+    ("plan",),  # the run plan's passes: they ask run/ and class_switch, in order
+    ("additions",),
+    ("cli",),
+    ("export",),
+    ("entry", "__main__", ""),  # the commands; "" is the package itself (its public names, imported on first use)
+)
+
+
+def engine_imports() -> dict[str, set[str]]:
+    """{module: the engine's modules it imports}, by the module's dotted name under classifier_engine ("" for the
+    package), lazy imports included; `from classifier_engine import x` of a submodule is an import of it."""
+    graph: dict[str, set[str]] = {}
+    for path in python_files(PACKAGE):
+        name = ".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffix("__init__").rstrip(".")
+        found = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets += [f"{node.module}.{alias.name}" if (PACKAGE / node.module.replace("classifier_engine", "")
+                            .strip(".").replace(".", "/") / f"{alias.name}.py").is_file()
+                            or (PACKAGE / alias.name).is_dir() and node.module == "classifier_engine"
+                            else node.module for alias in node.names]
+            found |= {t.removeprefix("classifier_engine").strip(".") for t in targets
+                      if t == "classifier_engine" or t.startswith("classifier_engine.")}
+        found.discard(name)
+    return graph
+
+
+def floor_of(module: str) -> int:
+    matches = [(len(name), index) for index, names in enumerate(FLOORS) for name in names
+               if module == name or (name and module.startswith(name + "."))]
+    assert matches, f"classifier_engine.{module} is on no floor: add it to FLOORS"
+    return max(matches)[1]
+
+
+def test_the_library_floors_run_one_way_and_close_no_circle():
+    graph = engine_imports()
+    upward = [f"{m} -> {t}" for m, targets in graph.items() for t in targets if floor_of(t) > floor_of(m)]
+    assert not upward, "imports that run up a floor (FLOORS):\n" + "\n".join(sorted(upward))
+    circles, seen = [], set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        for target in sorted(graph.get(module, ())):
+            if target in path:
+                circles.append(" -> ".join(path[path.index(target):] + (target,)))
+            elif target not in seen:
+                seen.add(target)
+                visit(target, path + (target,))
+
+    for module in sorted(graph):
+        visit(module, (module,))
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_the_cli_reads_as_the_runs_sequence():
+    cli = PACKAGE / "cli.py"
+    assert len(cli.read_text().splitlines()) <= 300
+    assert len(engine_imports()["cli"]) <= 12, sorted(engine_imports()["cli"])
+
+
 def test_the_engine_names_no_word_of_the_room():
     found = [f"{path.relative_to(ENGINE)}:{number}: {line.strip()}" for path in python_files(PACKAGE)
              for number, line in enumerate(path.read_text().splitlines(), 1) if ROOM_WORDS.search(line)]

@@ -295,3 +295,37 @@ def test_predictions_that_find_the_disk_full_are_written_to_tmpdir_and_the_error
                     "again)")
     assert [row[0] for row in read_csv(rescued)[1:]] == [str(path) for path in list_images(image_folder)]
     assert not out.exists() and sorted(p.name for p in disk.iterdir()) == ["filler"]
+
+
+def test_predictions_images_with_an_image_folder_module_predicts_that_folder(tiny_root, checkpoint, tmp_path):
+    # Issue 45, item 6: the module's own predict set (its val split, 17 images here) was predicted and the folder
+    # given by --predictions.images ignored without a word. The plan gives the folder to the module's predict_root.
+    folder = tmp_path / "three"
+    folder.mkdir()
+    for source in sorted((tiny_root / "val" / "cat").glob("*.jpg"))[:3]:
+        shutil.copy(source, folder / source.name)
+    out = tmp_path / "predictions.csv"
+    cli = cli_main(["predict", *tiny_args(tiny_root, tmp_path / "run", "--data.class_path=classifier_engine.data."
+                                          "ImageFolderDataModule", f"--data.root={tiny_root}"),
+                    f"--ckpt_path={checkpoint}", f"--predictions.images={folder}", f"--predictions.output={out}"])
+    assert [row[0] for row in read_csv(out)[1:]] == [str(path) for path in sorted(folder.glob("*.jpg"))]
+    assert cli.started.plan.value("predict set") == str(folder)
+
+
+def test_predictions_images_beside_a_modules_own_predict_set_is_refused_in_one_line(tiny_root, tmp_path, monkeypatch,
+                                                                                     capsys):
+    # A data module that makes its own predict set and takes no folder: the option would be ignored.
+    (tmp_path / "own_set.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "from classifier_engine.data import ImageFolderDataModule\n\n"
+        "class Own(ImageFolderDataModule):\n"
+        "    def __init__(self, root: str = '', batch_size: int = 8):\n"
+        "        super().__init__(root=root, batch_size=batch_size)\n\n"
+        "    def predict_dataloader(self):\n"
+        "        return DataLoader(TensorDataset(torch.zeros(2, 3, 8, 8)))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = tiny_args(tiny_root, tmp_path / "run", "--data.class_path=own_set.Own", f"--data.root={tiny_root}")
+    code, _, err = project_in_process(["predict", *args, f"--predictions.images={tmp_path}"], monkeypatch, capsys)
+    assert (code, err.strip().splitlines()[-1]) == (2, f"error: --predictions.images {tmp_path}: data module "
+                                                       "own_set.Own makes its own predict set (predict_dataloader) and "
+                                                       "takes no predict_root; drop --predictions.images")

@@ -114,7 +114,7 @@ def test_last_skips_a_truncated_last_ckpt_and_resumes_from_the_good_one_beside_i
     before = (root / "lightning_logs" / "version_0" / "config.yaml").read_text()
     cli = cli_main(["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=3"), "--ckpt_path=last"])
     assert cli.trainer.ckpt_path == str(best)
-    assert [path for path, _ in cli.plan.skipped] == [checkpoints / "last.ckpt"]
+    assert [path for path, _ in cli.started.skipped] == [checkpoints / "last.ckpt"]
     assert cli.trainer.global_step == 15
     assert (root / "lightning_logs" / "version_0" / "config.1.yaml").read_text() == before  # kept, not overwritten
 
@@ -196,7 +196,7 @@ def test_an_explicit_flag_wins_over_the_checkpoints_value_and_is_said(trained, t
                     f"--ckpt_path={root / LAST}"])
     assert cli.model.optim.lr_per_256 == 0.8
     assert cli.trainer.optimizers[0].param_groups[0]["initial_lr"] == pytest.approx(0.8 * 8 / 256)
-    assert "model.optim.lr_per_256: 0.8 (given) instead of the checkpoint's 0.2" in caplog.text
+    assert "given instead: model.optim.lr_per_256 0.8 (the checkpoint's: 0.2)" in caplog.text
 
 
 @pytest.mark.template

@@ -19,7 +19,7 @@ from jsonargparse import Namespace
 
 import slurm_cluster
 from classifier_engine.data.make_shards import main as make_shards
-from classifier_engine.run.resume import plan_run
+from classifier_engine.plan.make import plan_run
 from conftest import REPO, TESTS, callback, read_scalars, tiny_args
 from test_resume import assert_same_training, final_state
 

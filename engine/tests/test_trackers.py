@@ -215,7 +215,8 @@ def test_a_missing_tracker_package_is_one_line_naming_the_extra(tiny_root, tmp_p
     env = {"PYTHONPATH": os.pathsep.join([str(hide.parent), str(Path(__file__).parent)])}
     result = run_project(["fit", *tiny_args(tiny_root, tmp_path / "run", _loggers(_mlflow("http://127.0.0.1:1", "x")))],
                          env=env)
-    _one_line_error(result, "mlflow", '.[tracking]')
+    _one_line_error(result, "mlflow", 'pip install -e "./engine[tracking]" (from a clone), or pip install '
+                                      '"classifier-engine[tracking]"')
     assert not (tmp_path / "run").exists()
 
 
@@ -248,7 +249,7 @@ def _resume_plan(root: Path, uri: str, experiment: str, recorded: dict):
     import torch
     from jsonargparse import Namespace
 
-    from classifier_engine.run.resume import plan_run
+    from classifier_engine.plan.make import plan_run
 
     run_dir = root / "lightning_logs" / "version_0"
     (run_dir / "checkpoints").mkdir(parents=True)
@@ -380,15 +381,15 @@ def test_wandb_online_without_an_api_key_is_one_line_at_once(tiny_root, tmp_path
 def test_an_explicit_wandb_save_dir_is_said_to_move_into_the_run_dir(tmp_path):
     from jsonargparse import Namespace
 
-    from classifier_engine.run.trackers import point_trackers
+    from classifier_engine.run.trackers import tracker_edits
 
     entry = Namespace(class_path="lightning.pytorch.loggers.WandbLogger",
                       init_args=Namespace(project="x", save_dir=str(tmp_path / "mine")))
     run_dir = tmp_path / "lightning_logs" / "version_0"
     with pytest.warns(UserWarning, match=rf"save_dir {tmp_path / 'mine'}: W&B's local files go into the run dir "
                                          rf"{run_dir} instead"):
-        point_trackers(Namespace(logger=[entry]), run_dir, {})
-    assert entry.init_args.save_dir == str(run_dir)
+        edits = dict(tracker_edits(Namespace(logger=[entry]), run_dir, {}))
+    assert edits["trainer.logger.0.init_args.save_dir"] == str(run_dir)
 
 
 def test_tracked_parameters_are_named_as_the_cli_spells_them_without_init_args():
@@ -428,14 +429,14 @@ def test_a_password_in_the_tracking_uri_reaches_no_console_log_saved_config_or_t
                 if path.is_file() and b"s3cret" in path.read_bytes()]
     assert not holding, holding
 
-    from classifier_engine.run.trackers import hide_credentials
+    from classifier_engine.run.trackers import hidden_credentials
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", with_password)  # what MLflow's client sends: the password, as basic auth
     monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
     trainer = Namespace(logger=[Namespace(class_path="lightning.pytorch.loggers.MLFlowLogger",
                                           init_args=Namespace(tracking_uri=with_password))])
-    hide_credentials(trainer)
-    assert trainer.logger[0].init_args.tracking_uri == uri == os.environ["MLFLOW_TRACKING_URI"]
+    assert hidden_credentials(trainer) == [("trainer.logger.0.init_args.tracking_uri", uri)]
+    assert uri == os.environ["MLFLOW_TRACKING_URI"]
     credentials = MlflowClient(uri)._tracking_client.store.get_host_creds()
     assert (credentials.username, credentials.password) == ("ann", "s3cret")
 

@@ -15,7 +15,7 @@ import torch
 from jsonargparse import Namespace
 
 from classifier_engine.errors import CheckpointError
-from classifier_engine.run.resume import plan_run, start_run
+from classifier_engine.plan.make import plan_run
 
 
 def write_checkpoint(path: Path, step: int, *, epoch: int = 0, mtime: float | None = None,
@@ -203,7 +203,7 @@ def test_a_torchrun_restart_prefers_its_runs_newer_checkpoint_over_the_given_one
 def _start_and_hold(root: Path, barrier, results, release) -> None:
     barrier.wait()  # all at the same moment
     config = fit_config(root)
-    plan = start_run("fit", config)
+    plan = plan_run("fit", config, claim_run_dir=True)
     results.put((plan.run_dir.name, config.trainer.logger.init_args.version, os.getpid()))
     release.wait(60)  # holding the lock until every run has claimed
     plan.lock.release()
@@ -235,7 +235,7 @@ def test_a_rerun_of_a_run_without_file_loggers_from_its_config_yaml_is_a_new_run
     short = ["--trainer.logger=false", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
     first = cli_main(["fit", *tiny_args(tiny_root, tmp_path, *short)])
     run = tmp_path / "lightning_logs" / "version_0"
-    assert first.plan.run_dir == run and (run / "checkpoints" / "last.ckpt").is_file()
+    assert first.started.run_dir == run and (run / "checkpoints" / "last.ckpt").is_file()
     cli_main(["fit", f"--config={run / 'config.yaml'}", "--trainer.max_epochs=1"])  # no --ckpt_path: a new run
     assert (tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt").is_file()
     assert sorted(p.name for p in run.glob("config*.yaml")) == ["config.yaml"]  # the first run's, untouched

@@ -17,8 +17,11 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch.utils.data import DataLoader
 
 from classifier_engine.contract import display_names
+from classifier_engine.data.predict import ImagePathDataset, eval_transform
 from classifier_engine.errors import ConfigError, DiskFullError, UserError, shown
 from classifier_engine.storage.files import atomic_write
 
@@ -120,6 +123,20 @@ class PredictionCsvWriter(BasePredictionWriter):
         content = csv_bytes([dataset.paths[i] for i in indices.tolist()], probs, classes, names)
         self.written = _write_or_rescue(output, content, len(indices))
         rank_zero_info(f"predictions for {len(indices)} images written to {shown(output)}")
+
+
+def folder_loader(trainer: L.Trainer, model: L.LightningModule, datamodule: Any) -> Optional[DataLoader]:
+    """The loader of the folder --predictions.images for a data module without a predict set of its own (the plan
+    gave an image data module's own predict_root that folder), read with the data module's eval preprocessing."""
+    if datamodule is None or is_overridden("predict_dataloader", datamodule, L.LightningDataModule):
+        return None
+    writer = next((c for c in trainer.callbacks if isinstance(c, PredictionCsvWriter)), None)
+    if writer is None or writer.images is None:
+        raise ConfigError(f"data module {type(datamodule).__qualname__} offers no predict_dataloader(): pass "
+                          "--predictions.images DIR (a folder of images, read with its eval_preprocessing())")
+    writer.class_names = display_names(datamodule, model.hparams.get("num_classes"))
+    dataset = ImagePathDataset(writer.images, transform=eval_transform(datamodule))
+    return DataLoader(dataset, batch_size=writer.batch_size)
 
 
 def _check_writable(output: Path) -> None:

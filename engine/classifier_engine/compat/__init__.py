@@ -21,7 +21,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         name="applied instantiation links: LightningCLI saves each link's value into the module's hyperparameters, "
              "also one jsonargparse skipped because the class lacks the argument; a resume then refuses the key",
         where="classifier_engine/compat/ckpt_read_once.py checkpoint_values (drops such a key; "
-              "ProjectCLI.linked_model_arguments names the links)",
+              "classifier_engine/plan/settings.py LINKED names the links)",
         upstream="Lightning PR #20777 (the feature); no issue found for skipped links (searched 2026-12-06)",
         seen="lightning 2.6.6, jsonargparse 4.53.0",
         delete_when="a model without the argument a link targets gets no such hyperparameter from a stock LightningCLI",
@@ -31,7 +31,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         name="a mid-epoch resume restores the saving run's batch index: a loader with other batches (another world "
              "size under --global_batch_size) is cut short or overrun, and accumulation windows shift",
         where="classifier_engine/compat/resume_batches.py continue_epoch_at_batch (called by "
-              "classifier_engine/run/global_batch.py GlobalBatch at train start)",
+              "classifier_engine/callbacks/global_batch.py GlobalBatch at train start)",
         upstream="Lightning #19764 (open: resuming inside an epoch), #19367 (open: the restored batch progress)",
         seen="lightning 2.6.6",
         delete_when="a stock resume takes the resumed epoch's batch index from the loader's state, or offers a public "
@@ -52,8 +52,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="jsonargparse parses `null` on the command line as the string 'None' for an Optional[str] field of a "
              "dataclass argument of a class given by class_path (`--model.group.field=null`)",
-        where="classifier_engine/compat/subclass_nulls.py restore_nulls (called from classifier_engine/cli.py "
-              "parse_arguments)",
+        where="classifier_engine/compat/subclass_nulls.py restored_nulls (edits of the run plan's classes pass, "
+              "classifier_engine/plan/settings.py)",
         upstream="no upstream issue found (jsonargparse's issues searched 2026-12-03); to report with the canary's "
                  "case",
         seen="jsonargparse 4.53.0, lightning 2.6.6",
@@ -70,8 +70,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="LightningCLI's --ckpt_path replaces explicit --model values with the checkpoint's",
-        where="classifier_engine/compat/ckpt_hparams.py (explicit values restored, one line each; called from "
-              "classifier_engine/cli.py)",
+        where="classifier_engine/compat/ckpt_hparams.py explicit_model_values (the run plan's checkpoint values keep "
+              "the explicit ones, named in its reason; classifier_engine/plan/settings.py)",
         upstream="introduced by Lightning PR #21116 (2.5.5); fix proposed in PR #21455 (open)",
         seen="lightning 2.5.5-2.6.6",
         delete_when="a stock LightningCLI keeps `--model.x` given next to `--ckpt_path`",
@@ -109,8 +109,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="checkpoint writes are not atomic across filesystems (temp file in $TMPDIR, then a copy in place)",
-        where="classifier_engine/run/checkpoint_io.py atomic_write (temp file beside the target, fsync, rename), which "
-              "AtomicCheckpointIO saves through",
+        where="classifier_engine/storage/files.py atomic_write (temp file beside the target, fsync, rename), which "
+              "classifier_engine/run/checkpoint_io.py AtomicCheckpointIO saves through",
         upstream="Lightning #20270, #20780; fsspec #1972 (open: temp file in the target directory)",
         seen="lightning 2.6.6 with fsspec 2026.9.0",
         delete_when="a stock checkpoint save with $TMPDIR on another filesystem replaces the file (a new inode)",
@@ -154,8 +154,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="every self.log moves the logged metric to the value's device, rebuilding (and deep-copying) its 47 "
              "attributes even when it is already there: ~0.15 ms a call hot, ~0.6 ms in a ResNet-18 CPU step",
-        where="classifier_engine/compat/log_device_move.py skip_same_device_moves (training steps; called from "
-              "classifier_engine/cli.py instantiate_trainer)",
+        where="classifier_engine/compat/log_device_move.py skip_same_device_moves (training steps; a patch of "
+              "classifier_engine/additions.py)",
         upstream="no upstream issue found (#17988 is on_epoch syncing). Proposed: `_ResultMetric.to` returns self when "
                  "is_tensor and `self.value.device == device` (all its tensors move together), or "
                  "`_ResultCollection.log` calls it only when `self[key].value.device != value.device`",
@@ -166,8 +166,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="every batch, Lightning calls each per-batch hook on every callback and the module, inherited no-ops "
              "too, and inspects the step's signature twice: 1.4M of the 3.8M instructions ours adds to a plain step",
-        where="classifier_engine/compat/batch_dispatch.py LeanBatchDispatch (added in classifier_engine/cli.py): on "
-              "the engine's and Lightning's callbacks only, never the user's module or callbacks",
+        where="classifier_engine/compat/batch_dispatch.py LeanBatchDispatch (added in classifier_engine/additions.py): "
+              "on the engine's and Lightning's callbacks only, never the user's module or callbacks",
         upstream="no upstream issue found (searched 2026-12-03); CPU overhead in general: #8857, #6196 (won't fix)",
         seen="lightning 2.6.6 (trainer/call.py _call_callback_hooks, signature_utils.is_param_in_hook_signature)",
         delete_when="a stock fit skips inherited no-op callback hooks, or inspects the step once (delete that half)",
@@ -175,8 +175,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="CSVLogger deletes the run dir's metrics.csv when a resumed fit starts again there",
-        where="classifier_engine/run/trackers.py continue_csv_logs (called from classifier_engine/cli.py "
-              "after_instantiate_classes): the rows before the checkpoint's step are written back and appended to",
+        where="classifier_engine/run/trackers.py continue_csv_logs (called from classifier_engine/plan/started.py "
+              "take_over): the rows before the checkpoint's step are written back and appended to",
         upstream="introduced by Lightning PR #19446 (2.2.1, for #19432: appending under another header); no "
                  "upstream issue found that asks to keep the rows on a resume",
         seen="lightning 2.2.1-2.6.6",
@@ -185,7 +185,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="LearningRateMonitor raises without a logger",
-        where="classifier_engine/cli.py adds it only when the Trainer has a logger",
+        where="classifier_engine/additions.py adds it only when the Trainer has a logger",
         upstream="Lightning #17159 (open, intended behaviour)",
         seen="lightning 2.0-2.6.6",
         delete_when="stock LearningRateMonitor runs without a logger",
@@ -213,7 +213,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="torch's SyncBatchNorm refuses CPU tensors (gloo)",
-        where="classifier_engine/strategies/sync_batchnorm.py (GlooSyncBatchNorm, swapped in by the CLI on gloo)",
+        where="classifier_engine/strategies/sync_batchnorm.py (GlooSyncBatchNorm, swapped in by the plugin "
+              "classifier_engine/additions.py adds, on gloo)",
         upstream="no open torch issue; unmerged PRs pytorch#78081, #78078",
         seen="torch 2.4-2.14.1",
         delete_when="torch.nn.SyncBatchNorm's forward accepts CPU tensors",
@@ -243,7 +244,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         name="a torchrun restart meets the previous attempt's process-group keys in the agent's store: gloo connects "
              "to a dead rank (connectFullMesh fails) or hangs at 'Initializing distributed'",
         where="classifier_engine/compat/elastic_store.py init_attempt_process_group (the default process group on a "
-              "PrefixStore named after TORCHELASTIC_RESTART_COUNT; called from classifier_engine/cli.py)",
+              "PrefixStore named after TORCHELASTIC_RESTART_COUNT; a patch of classifier_engine/additions.py)",
         upstream="pytorch#135712 (closed, still seen); PR #128096 shares the agent's store, PR #135957 dropped the "
                  "per-attempt prefix",
         seen="torch 2.14.1 (static and c10d rendezvous)",
@@ -262,8 +263,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="torch distributed checkpoint (DCP) reads a folder's .metadata with pickle.load and its non-tensor items "
              "with torch.load(weights_only=False): a crafted sharded checkpoint runs code when it is loaded",
-        where="classifier_engine/strategies/fsdp.py MetadataUnpickler, WeightsOnlyLoadPlanner, read_sharded (called "
-              "from classifier_engine/run/checkpoint_io.py load_checkpoint)",
+        where="classifier_engine/run/sharded_checkpoints.py MetadataUnpickler, WeightsOnlyLoadPlanner, read_sharded "
+              "(called from classifier_engine/run/checkpoint_io.py load_checkpoint)",
         upstream="pytorch#189308 (open; .metadata); fix PR #191326 closed unmerged; load_bytes: no issue found",
         seen="torch 2.14.1 (filesystem.py FileSystemReader.read_metadata, default_planner.py load_bytes)",
         delete_when="stock DCP refuses a pickled global beyond its metadata types in both places",
@@ -284,7 +285,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         name="MLFlowLogger lets a tracking server that stopped answering end the training: MLflow's client retries "
              "each write for minutes, then log_metrics raises MlflowException out of the fit",
         where="classifier_engine/run/tracker_outage.py OutlivingClient (put in MLFlowLogger._mlflow_client by "
-              "outlive_outages, called from classifier_engine/cli.py): writes kept in the run dir, sent later",
+              "outlive_outages, called from classifier_engine/plan/started.py): writes kept in the run dir, sent later",
         upstream="Lightning #12833 (open)",
         seen="lightning 2.6.6, mlflow 3.17.2",
         delete_when="a stock MLFlowLogger's log_metrics returns when its server does not answer",

@@ -1,18 +1,14 @@
-"""`--ckpt_path` hyperparameters from the run plan's one load of the checkpoint, values only (docs/how-it-works.md).
+"""`--ckpt_path` hyperparameters taken from the run plan's one load of the checkpoint (LightningCLI's own parse of them
+loads the file again and takes `_class_path`: the CLI turns it off), values only (docs/how-it-works.md).
 
     python -m classifier_engine validate --config CONFIG --ckpt_path <run>/checkpoints/last.ckpt
 """
 
 import dataclasses
-import pydoc
-import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Optional, Union
-
-from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.utilities import rank_zero_info
+from typing import Any, Literal, Union
 
 CODE_KEYS = {"class_path", "_class_path", "init_args", "dict_kwargs", "_instantiator"}  # what jsonargparse builds from
 CONTAINERS = (list, tuple, dict, Union, types.UnionType)
@@ -52,34 +48,3 @@ def checkpoint_values(model_class: type, hparams: Mapping[str, Any], linked: Seq
     taken = {key: value for key, value in hparams.items()
              if (key not in hints or holds_values(hints[key])) and not names_code(value) and key not in CODE_KEYS}
     return taken, [key for key in hparams if key not in taken and key not in ("_class_path", "_instantiator")]
-
-
-class CheckpointReadOnceCLI(LightningCLI):
-    linked_model_arguments: tuple[str, ...] = ()  # what the CLI's links may set in a model's init arguments
-    def loaded_checkpoint(self) -> Optional[dict[str, Any]]:
-        """The checkpoint `--ckpt_path` names, as already loaded; None: there is none."""
-        return None
-
-    def _parse_ckpt_path(self) -> None:
-        # lightning 2.6.6 LightningCLI._parse_ckpt_path, minus its torch.load, its `_class_path` and code-naming values
-        subcommand = self.config.get("subcommand")
-        checkpoint = self.loaded_checkpoint() if subcommand else None
-        if checkpoint is None:
-            return
-        model = self.config[subcommand].model
-        class_path = model.get("class_path") if self.subclass_mode_model else None
-        model_class = pydoc.locate(class_path) if class_path else self._model_class  # never the checkpoint's
-        hparams, dropped = checkpoint_values(model_class, checkpoint.get("hyper_parameters") or {},
-                                             self.linked_model_arguments)
-        if dropped:
-            rank_zero_info(f"checkpoint hyperparameters not used (checkpoints carry values, the config names classes): "
-                           f"{', '.join(f'model.{key}' for key in dropped)}")
-        if not hparams:
-            return
-        if class_path:
-            hparams = {"class_path": class_path, "init_args": hparams}
-        try:
-            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
-        except SystemExit:
-            sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
-            raise

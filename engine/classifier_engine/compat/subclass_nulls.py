@@ -1,12 +1,14 @@
 """`--model.group.field=null` sets None: jsonargparse's subclass mode parses it as the string 'None'."""
 
 from collections.abc import Sequence
+from typing import Any
 
 from jsonargparse import Namespace
 
 
-def restore_nulls(config: Namespace, argv: Sequence[str]) -> None:
-    """Set back to None each `--key=null` (or `--key null`) of `argv` that the parse left as the string 'None'."""
+def restored_nulls(config: Namespace, argv: Sequence[str]) -> list[tuple[str, Any]]:
+    """Edits setting back to None each `--key=null` (or `--key null`) of `argv` the parse left as the string 'None'."""
+    edits = []
     for index, arg in enumerate(argv):
         key, sep, value = arg[2:].partition("=")
         if not sep:
@@ -16,4 +18,5 @@ def restore_nulls(config: Namespace, argv: Sequence[str]) -> None:
         head, _, rest = key.partition(".")
         for candidate in (key, f"{head}.init_args.{rest}" if rest and not rest.startswith("init_args.") else key):
             if config.get(candidate) == "None":
-                config[candidate] = None
+                edits.append((candidate, None))
+    return edits

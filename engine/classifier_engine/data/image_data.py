@@ -36,9 +36,8 @@ from classifier_engine.options import (
     Probability,
     check_arguments,
 )
-from classifier_engine.run.global_batch import global_batch_of
 from classifier_engine.run.signals import ignore_stop_signals
-from classifier_engine.samplers import ExactDistributedSampler, ResumableDataLoader, ResumableSampler
+from classifier_engine.samplers import ExactDistributedSampler, ResumableDataLoader, ResumableSampler, global_batch_of
 
 Samples = list[tuple[str, int]]  # (image path, label) of one split
 

@@ -10,11 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
+import torch
 from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.transforms import v2
 
+from classifier_engine.contract import eval_preprocessing
 from classifier_engine.data.decoders import Decoder, OnCorrupt
 from classifier_engine.data.image_folders import DecodedImages
 from classifier_engine.data.layout import is_data
+from classifier_engine.data.transforms import eval_preset
 from classifier_engine.errors import MissingInputError, shown
 
 
@@ -72,3 +76,12 @@ class ImagePathDataset(DecodedImages):
         self.paths = list(root) if isinstance(root, list) else list_images(Path(root).expanduser())
         super().__init__([(str(path), index) for index, path in enumerate(self.paths)], transform, decoder=decoder,
                          on_corrupt=on_corrupt)
+
+
+def eval_transform(datamodule: object) -> v2.Compose:
+    """How an image file becomes the network's input: the data module's eval_preprocessing() (resize the short side,
+    center-crop, normalize), else the contract's default: RGB pixels scaled to [0, 1], no resize, no normalization."""
+    offered = eval_preprocessing(datamodule)
+    if offered is None:
+        return v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
+    return eval_preset(resize_size=offered.resize, crop_size=offered.crop, mean=offered.mean, std=offered.std)

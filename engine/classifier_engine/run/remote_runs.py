@@ -81,26 +81,33 @@ class RemoteRoot:
         return {name: size for name, size in found.items() if name not in unsafe}
 
     # -- at start: the mirror made to know what the store holds ----------------------------------------------------
+    def stored_versions(self, stored: dict[str, int], logs_name: str) -> tuple[str, ...]:
+        """The run dirs the store holds under `logs_name` (version_N, slurm-<id>), by name."""
+        return tuple(sorted({name.split("/")[1] for name in stored
+                             if name.count("/") >= 2 and name.split("/")[0] == logs_name}))
+
+    def stored_resume(self, stored: dict[str, int], logs_name: str) -> Optional[tuple[str, tuple[float, ...]]]:
+        """(key, progress) of the stored checkpoint furthest along by its upload record, or None."""
+        checkpoints = [name for name in stored if name.endswith(".ckpt") and name.startswith(f"{logs_name}/")]
+        progress = {name: self._progress(name) for name in checkpoints}
+        best = max(checkpoints, key=progress.__getitem__, default=None)
+        return (best, progress[best]) if best is not None else None
+
     def prepare(self, logs_name: str, resume: bool) -> Path:
         """The mirror root, with a folder for every stored run dir (a new run takes the next free version) and, when
         resuming, the stored checkpoint furthest along downloaded (unless the mirror has it already)."""
         stored = self.listing()
-        for name in stored:
-            parts = name.split("/")
-            if len(parts) > 2 and parts[0] == logs_name:
-                (self.mirror / parts[0] / parts[1]).mkdir(parents=True, exist_ok=True)
+        for version in self.stored_versions(stored, logs_name):
+            (self.mirror / logs_name / version).mkdir(parents=True, exist_ok=True)
         self.mirror.mkdir(parents=True, exist_ok=True)
-        if resume:
-            checkpoints = [name for name in stored if name.endswith(".ckpt") and name.startswith(f"{logs_name}/")]
-            progress = {name: self._progress(name) for name in checkpoints}
-            best = max(checkpoints, key=progress.__getitem__, default=None)
-            # and the run dir's config.yaml, logs...: a resumed run keeps and extends them. A checkpoint this mirror
-            # saved further along and could not upload yet is kept, with its run dir: nothing it trained is redone.
-            if best is not None and not self._further_here(self.mirror / best, progress[best]):
-                run_dir = best.rsplit("/checkpoints/", 1)[0] + "/"
-                for name in [best, *(n for n in stored if n.startswith(run_dir) and not n.endswith(".ckpt"))]:
-                    if _mirrored(Path(name)):
-                        self.download(name, stored[name])
+        found = self.stored_resume(stored, logs_name) if resume else None
+        # and the run dir's config.yaml, logs...: a resumed run keeps and extends them. A checkpoint this mirror saved
+        # further along and could not upload yet is kept, with its run dir: nothing it trained is redone.
+        if found is not None and not self._further_here(self.mirror / found[0], found[1]):
+            run_dir = found[0].rsplit("/checkpoints/", 1)[0] + "/"
+            for name in [found[0], *(n for n in stored if n.startswith(run_dir) and not n.endswith(".ckpt"))]:
+                if _mirrored(Path(name)):
+                    self.download(name, stored[name])
         return self.mirror
 
     def _further_here(self, local: Path, stored: tuple[float, ...]) -> bool:
@@ -288,13 +295,3 @@ def _stamp(path: Path) -> list[int]:
 def _mirrored(path: Path) -> bool:
     """The run's own files: not the journal, the local lock, a partial save or a download in progress."""
     return not path.name.startswith(".") and not path.name.endswith((".partial", ".download"))
-
-
-def mirror_remote_root(config: Any, logs_name: str, resume: bool) -> Optional[RemoteRoot]:
-    """For an s3:// trainer.default_root_dir: its RemoteRoot, the parsed config pointed at the prepared mirror."""
-    root = config.trainer.get("default_root_dir")
-    if not (isinstance(root, str) and root.startswith("s3://")):
-        return None
-    remote = RemoteRoot(root)
-    config.trainer.default_root_dir = str(remote.prepare(logs_name, resume))
-    return remote

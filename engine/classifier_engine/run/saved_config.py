@@ -12,6 +12,7 @@ import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 
+from classifier_engine.plan.edits import apply_edits
 from classifier_engine.run.run_dirs import CHECKPOINTS
 from classifier_engine.run.trackers import kind_of, log_config, logger_entries, record_tracked_runs
 from classifier_engine.storage.files import atomic_write
@@ -49,11 +50,10 @@ class KeepingSaveConfigCallback(SaveConfigCallback):
             n = next(n for n in itertools.count(1) if not path.with_name(f"{path.stem}.{n}{path.suffix}").exists())
             path.rename(path.with_name(f"{path.stem}.{n}{path.suffix}"))
         config = self.config.clone()
-        for entry in logger_entries(config.trainer):
-            # The tracked run's identity (trackers.json keeps it for a resume), not a setting: a new run from this
-            # config.yaml must not continue this run's MLflow or W&B run, nor write into its dir.
-            for key in {"mlflow": ("run_id",), "wandb": ("id", "save_dir")}.get(kind_of(entry), ()):
-                entry.init_args[key] = None
+        # The tracked run's identity (trackers.json keeps it for a resume), not a setting: a new run from this
+        # config.yaml must not continue this run's MLflow or W&B run, nor write into its dir.
+        apply_edits(config, [(f"{prefix}.init_args.{key}", None) for prefix, entry in logger_entries(config.trainer)
+                             for key in {"mlflow": ("run_id",), "wandb": ("id", "save_dir")}.get(kind_of(entry), ())])
         text = self.parser.dump(config, skip_none=False)
         atomic_write(path, lambda file: file.write(text), mode="w")
         log_config(trainer.loggers, yaml.safe_load(text) or {}, path)

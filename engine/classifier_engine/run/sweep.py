@@ -23,11 +23,12 @@ import yaml
 from jsonargparse import ArgumentParser, Namespace, capture_parser
 from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 
-from classifier_engine.compat.subclass_nulls import restore_nulls
+from classifier_engine.compat.subclass_nulls import restored_nulls
 from classifier_engine.contract import monitor_options
 from classifier_engine.errors import ConfigError, check_config_files, readable_parse_error
+from classifier_engine.plan.edits import apply_edits
 from classifier_engine.run.sweep_trials import BEST, CHECKPOINT, RUN_DIR, Worker, open_storage, param_flags
-from classifier_engine.run.trackers import hide_credentials
+from classifier_engine.run.trackers import hidden_credentials
 from classifier_engine.storage.files import atomic_write
 
 
@@ -99,7 +100,7 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     code = 0
     if not summary_only:
         study_dir.mkdir(parents=True, exist_ok=True)  # with an RDB storage too: the trials' run dirs, the summary
-        hide_credentials(config.trainer)  # a tracking URI's password: the trials inherit it, not in their options
+        apply_edits(config, hidden_credentials(config.trainer))  # a URI's password: the trials inherit it
         options = parser.dump(config, skip_none=False)  # the fit options every trial starts from
         entry = parser.prog.removeprefix("python -m ").removesuffix(" sweep")  # trials: `python -m ENTRY fit`
         loggers = yaml.safe_load(options)["trainer"]["logger"]
@@ -138,7 +139,7 @@ def parse(parser: ArgumentParser, args: list[str]) -> Namespace:
                       r"sweep.\1: cannot build optuna.\1s.\2", text)
         where = "" if text.startswith("sweep.") else "fit options of the sweep: "
         raise ConfigError(f"{where}{text[:600]} (`{parser.prog} --help` lists them)") from None
-    restore_nulls(config, args)
+    apply_edits(config, restored_nulls(config, args))
     return config
 
 

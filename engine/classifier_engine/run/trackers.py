@@ -23,7 +23,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
-from classifier_engine.errors import ConfigError
+from classifier_engine.errors import ConfigError, install_extra
 from classifier_engine.storage.files import atomic_write
 
 TRACKERS_FILE = "trackers.json"
@@ -31,14 +31,18 @@ PENDING = "mlflow-pending.jsonl"  # in the run dir: one write MLflow did not tak
 _KINDS = {"TensorBoardLogger": "tensorboard", "CSVLogger": "csv", "MLFlowLogger": "mlflow", "WandbLogger": "wandb"}
 
 
-def logger_entries(trainer: Namespace) -> list[Namespace]:
-    """The configured loggers as class_path/init_args namespaces (the default logger, `True`, is none of them)."""
+def logger_entries(trainer: Namespace) -> list[tuple[str, Namespace]]:
+    """(the key an edit of it starts with, the entry) of each configured logger, a class_path/init_args namespace (the
+    default logger, `True`, is none of them)."""
     logger = trainer.get("logger")
-    entries = [item for item in (logger if isinstance(logger, list) else [logger]) if isinstance(item, Namespace)]
-    for entry in entries:
-        if entry.get("init_args") is None:  # a class_path alone: its options are set in here
-            entry.init_args = Namespace()
-    return entries
+    if isinstance(logger, list):
+        return [(f"trainer.logger.{i}", entry) for i, entry in enumerate(logger) if isinstance(entry, Namespace)]
+    return [("trainer.logger", logger)] if isinstance(logger, Namespace) else []
+
+
+def options(entry: Namespace) -> Namespace:
+    """A logger entry's init_args (none given: empty)."""
+    return entry.get("init_args") or Namespace()
 
 
 def kind_of(entry: Namespace) -> str:
@@ -48,16 +52,16 @@ def kind_of(entry: Namespace) -> str:
 
 def check_trackers(trainer: Namespace) -> None:
     """ConfigError for a tracker that cannot work: a missing package, MLflow's refused file store, no server answer."""
-    for entry in logger_entries(trainer):
+    for _, entry in logger_entries(trainer):
         kind = kind_of(entry)
         try:  # the package the logger will import (a broken install fails here too)
             if kind in ("mlflow", "wandb", "tensorboard"):
                 importlib.import_module(kind)
         except ImportError:
             raise ConfigError(f"trainer.logger {entry.class_path} needs the {kind} package, which is not installed: "
-                              f"pip install -e \".[tracking]\" (or pip install {kind})") from None
+                              f"{install_extra('tracking')} (or pip install {kind})") from None
         if kind == "mlflow":
-            _check_mlflow(entry.init_args)
+            _check_mlflow(options(entry))
         elif kind == "wandb":
             _check_wandb(entry)
 
@@ -73,10 +77,11 @@ def bare(uri: str) -> str:
     return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl() if "@" in parts.netloc else uri
 
 
-def hide_credentials(trainer: Namespace) -> None:
+def hidden_credentials(trainer: Namespace) -> list[tuple[str, str]]:
     """A user:password in MLflow's tracking URI (trainer.logger's or $MLFLOW_TRACKING_URI, which MLFlowLogger takes as
     its default) moved into MLflow's own MLFLOW_TRACKING_USERNAME and _PASSWORD, which ranks and sweep trials inherit:
-    the URI MLflow prints, config.yaml keeps and the tracker receives has none (a redacted `***` is not taken)."""
+    the URI MLflow prints, config.yaml keeps and the tracker receives has none (a redacted `***` is not taken). The
+    edits that put the bare URIs into the config."""
     def take(uri: str) -> str:
         parts = urllib.parse.urlsplit(uri)
         if parts.password is None or not uri.startswith(("http://", "https://")):
@@ -88,13 +93,12 @@ def hide_credentials(trainer: Namespace) -> None:
 
     if os.environ.get("MLFLOW_TRACKING_URI"):
         os.environ["MLFLOW_TRACKING_URI"] = take(os.environ["MLFLOW_TRACKING_URI"])
-    for entry in (entry for entry in logger_entries(trainer) if kind_of(entry) == "mlflow"):
-        if entry.init_args.get("tracking_uri"):
-            entry.init_args.tracking_uri = take(entry.init_args.tracking_uri)
+    return [(f"{key}.init_args.tracking_uri", take(uri)) for key, entry in logger_entries(trainer)
+            if kind_of(entry) == "mlflow" and (uri := options(entry).get("tracking_uri")) and take(uri) != uri]
 
 
 def _check_wandb(entry: Namespace) -> None:
-    args, kwargs = entry.init_args, entry.get("dict_kwargs") or {}
+    args, kwargs = options(entry), entry.get("dict_kwargs") or {}
     mode = os.environ.get("WANDB_MODE") or kwargs.get("mode") or ""
     if args.get("offline") or mode in ("offline", "dryrun", "disabled"):
         return
@@ -204,8 +208,8 @@ def tracked_runs_to_continue(trainer: Namespace, run_dir: Path) -> dict[str, str
                               "new runs")
         rank_zero_info(f"{run_dir / TRACKERS_FILE} was written in {ids['run_dir']}, which is gone (moved here): its "
                        "tracked runs continue")
-    for entry in logger_entries(trainer):
-        if kind_of(entry) == "mlflow" and ids.get("mlflow") and not _mlflow_run_continues(entry.init_args, ids):
+    for _, entry in logger_entries(trainer):
+        if kind_of(entry) == "mlflow" and ids.get("mlflow") and not _mlflow_run_continues(options(entry), ids):
             ids = {key: value for key, value in ids.items() if not key.startswith("mlflow")}
     return ids
 
@@ -220,26 +224,28 @@ def git_commit() -> Optional[str]:
     return described.stdout.strip() if described.returncode == 0 else None
 
 
-def point_trackers(trainer: Namespace, run_dir: Path, ids: dict[str, str]) -> None:
-    """Point the trackers at the tracked runs to continue (tracked_runs_to_continue's) and W&B's files into the run
-    dir; tag the commit."""
-    commit = git_commit()
-    for entry in logger_entries(trainer):
-        kind, args = kind_of(entry), entry.init_args
+def tracker_edits(trainer: Namespace, run_dir: Path, ids: dict[str, str]) -> list[tuple[str, Any]]:
+    """Edits pointing the trackers at the tracked runs to continue (tracked_runs_to_continue's) and W&B's files into
+    the run dir, and tagging the commit."""
+    commit, edits = git_commit(), []
+    for key, entry in logger_entries(trainer):
+        kind, args = kind_of(entry), options(entry)
         if kind == "mlflow":
             if ids.get("mlflow"):
-                args.run_id = ids["mlflow"]
+                edits.append((f"{key}.init_args.run_id", ids["mlflow"]))
             if commit:
-                args.tags = {**(args.get("tags") or {}), "git_commit": commit}
+                edits.append((f"{key}.init_args.tags", {**(args.get("tags") or {}), "git_commit": commit}))
         elif kind == "wandb":
             given = args.get("save_dir")
             if given and Path(given).resolve().parent != run_dir.resolve().parent:  # not a run dir of these logs
                 rank_zero_warn(f"trainer.logger WandbLogger save_dir {given}: W&B's local files go into the run dir "
                                f"{run_dir} instead, beside its checkpoints and config.yaml")
-            args.save_dir = str(run_dir)
-            args.id = args.get("id") or ids.get("wandb") or secrets.token_hex(4)  # W&B's own: 8 of [a-z0-9]
+            edits += [(f"{key}.init_args.save_dir", str(run_dir)),  # W&B's own id: 8 of [a-z0-9]
+                      (f"{key}.init_args.id", args.get("id") or ids.get("wandb") or secrets.token_hex(4))]
             if commit:  # dict_kwargs: WandbLogger's **kwargs, which it passes to wandb.init
-                entry.dict_kwargs = {**(entry.get("dict_kwargs") or {}), "config": {"git_commit": commit}}
+                edits.append((f"{key}.dict_kwargs", {**(entry.get("dict_kwargs") or {}),
+                                                     "config": {"git_commit": commit}}))
+    return edits
 
 
 def _tracking_uri(given: Optional[str]) -> str:

@@ -1,0 +1,127 @@
+"""How a start makes its run plan, in this order (each pass reads the config as the passes before it left it):
+
+1. settings: the classes (a switched-to class's own defaults, nulls), the monitor, the seed, the world (size, strategy,
+   precision) and, for fit, the global batch;
+2. placement: the run root (an object store's mirror: prepared here, unless dry), the checkpoint (which, why; read
+   once) and the model's values from it;
+3. the entry point's own passes (a template's: its network and recipe);
+4. fit: the trackers (checked); then the run dir is claimed (a lock; in an object store, a lease) and the loggers are
+   pinned to it.
+
+`--print_config` stops after 1 and 3; `--plan` runs it all reading only (a run dir proposed, not claimed; nothing
+downloaded). plan/edits.py writes each pass's edits into the config; nothing else does.
+
+    python -m classifier_engine fit --config CONFIG --plan
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+from jsonargparse import Namespace
+from lightning.pytorch.utilities import rank_zero_warn
+
+from classifier_engine.errors import env_global_rank
+from classifier_engine.plan import placement, settings
+from classifier_engine.plan.edits import apply_edits, read_only
+from classifier_engine.plan.run_plan import PLAN_FILE, Decision, Pass, PlanInput, RunPlan
+from classifier_engine.plan.started import Started
+from classifier_engine.run.lock import claim, claim_new_version
+from classifier_engine.run.resume import Place, looks_for_checkpoints, proposed
+from classifier_engine.run.run_dirs import LOGS, version_of
+
+
+class Planner:
+    """Runs passes: each reads a read-only copy of the config, its decisions' edits are applied before the next."""
+
+    def __init__(self, subcommand: Optional[str], config: Namespace, explicit: Namespace, **given: Any):
+        self.subcommand, self.config, self.explicit, self.given = subcommand, config, explicit, given
+        self.plan, self.reads = RunPlan(subcommand), {}
+
+    def run(self, passes: Sequence[Pass]) -> None:
+        for one in passes:
+            decisions = one(PlanInput(self.subcommand, read_only(self.config), self.explicit, self.plan,
+                                      reads=self.reads, **self.given))
+            for decision in decisions:
+                apply_edits(self.config, decision.edits)
+            self.plan = self.plan.with_decisions(decisions)
+
+
+def make_plan(subcommand: Optional[str], config: Namespace, explicit: Optional[Namespace] = None, *,
+              argv: Optional[Sequence[str]] = None, passes: Sequence[Pass] = (),
+              default_classes: Mapping[str, Optional[type]] = {}, dry: bool = False, printing: bool = False,
+              parse_model: Optional[Callable[[dict], Namespace]] = None, rank: Optional[int] = None) -> Started:
+    """The plan of one start, its edits applied to `config` (the subcommand's); unless dry, carried out by rank 0
+    (the others rely on its claims). The caller ends it: Started.close()."""
+    planner = Planner(subcommand, config, explicit if explicit is not None else Namespace(), argv=argv, dry=dry,
+                      default_classes=default_classes, parse_model=parse_model)
+    planner.run((settings.classes, settings.subcommand_options, settings.monitor, settings.seed, settings.world,
+                 *((settings.batch,) if subcommand == "fit" else ())))
+    if printing or subcommand is None:
+        planner.run(passes)
+        return Started(planner.plan, reads=planner.reads)
+    return _placement(planner, (settings.checkpoint_model_values, *passes), dry=dry,
+                      claiming=not dry and (env_global_rank() if rank is None else rank) == 0)
+
+
+def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False) -> Started:
+    """The placement stage alone (the checkpoint, the run dir), its edits applied to `config`: for a config that is
+    only a `trainer` section and `ckpt_path` (tests, tools); `claim_run_dir` claims the run dir as a start does."""
+    planner = Planner(subcommand, config, Namespace(), argv=None, dry=False, default_classes={}, parse_model=None)
+    return _placement(planner, (), dry=False, claiming=claim_run_dir)
+
+
+def _placement(planner: Planner, passes: Sequence[Pass], dry: bool, claiming: bool) -> Started:
+    """Stages 2 to 4: the run root, the checkpoint, the given passes, then the run dir claimed (or proposed)."""
+    subcommand, config = planner.subcommand, planner.config
+    planner.run((placement.run_root,))
+    remote = planner.reads.get("remote")
+    if remote is not None and not dry:
+        remote.prepare(LOGS, looks_for_checkpoints(subcommand, config.get("ckpt_path")))
+    planner.run((placement.checkpoint, *passes))
+    started = Started(planner.plan, planner.reads.get("checkpoint"), remote=remote, reads=planner.reads)
+    for path, why in started.skipped if not dry else ():
+        rank_zero_warn(f"skipped checkpoint {path}: {why}")
+    try:
+        _place(planner, started, claiming)
+    except BaseException:
+        started.close(failed=True)
+        raise
+    return started
+
+
+def _place(planner: Planner, started: Started, claiming: bool) -> None:
+    """The run dir: a fit's (trackers checked first: a refused resume leaves its run dir as it was), or an
+    evaluation's own version dir when it logs; claimed when `claiming`, else proposed."""
+    reads, fit = planner.reads, planner.subcommand == "fit"
+    where = reads["where"]
+    if fit:
+        place = reads["place"] = placement.place_of(reads)
+        planner.run((placement.credentials, placement.trackers))
+    elif placement.evaluation_logs(planner.config.trainer):
+        place = Place(None, True, "an evaluation's own version dir")
+    else:
+        return
+    if claiming:
+        started.lock = claim(place.run_dir) if place.run_dir is not None else claim_new_version(where.logs)
+        reads["run_dir"] = started.lock.run_dir
+    else:
+        remote, stored = reads.get("remote"), reads.get("stored") or {}
+        taken = [version_of(name) for name in remote.stored_versions(stored, LOGS)] if remote is not None else []
+        reads["run_dir"] = proposed(place, where, tuple(n for n in taken if n is not None))
+    planner.run((placement.run_dir, *((_changes,) if fit else ())))
+    started.plan = planner.plan
+    if fit and claiming and started.remote is not None:
+        started.remote.claim(Path(reads["run_dir"]))
+
+
+def _changes(given: PlanInput) -> list[Decision]:
+    """A resumed run dir's stored plan (read as values: it may come from a bucket) against this one."""
+    stored = Path(given.reads["run_dir"]) / PLAN_FILE
+    try:
+        before = yaml.safe_load(stored.read_text()) if stored.is_file() else None
+    except (OSError, yaml.YAMLError):
+        before = None
+    changed = given.decided.changes(before)
+    return [Decision("changed since the last start", changed, f"{stored} against this start's")] if changed else []

@@ -1,0 +1,138 @@
+"""The run plan's passes on where a run lives: the run root (an object store's mirror), the checkpoint it continues
+from, its trackers and its run dir. They read the filesystem and the store, never write: claiming is the start's.
+
+    python -m classifier_engine fit --config CONFIG --ckpt_path last --plan
+"""
+
+from pathlib import Path
+from typing import Optional
+
+from classifier_engine.plan.run_plan import CHECKPOINT, RUN_DIR, TRACKERS, Decision, PlanInput
+from classifier_engine.run.remote_runs import RemoteRoot
+from classifier_engine.run.resume import (
+    Choice,
+    Place,
+    Where,
+    choose_checkpoint,
+    choose_place,
+    logger_pins,
+    looks_for_checkpoints,
+)
+from classifier_engine.run.run_dirs import LOGS, logger_version
+from classifier_engine.run.trackers import (
+    check_trackers,
+    hidden_credentials,
+    kind_of,
+    logger_entries,
+    tracked_runs_to_continue,
+    tracker_edits,
+)
+
+
+def run_root(given: PlanInput) -> list[Decision]:
+    """An s3:// trainer.default_root_dir: the run works in its node-local mirror (dry: the store is listed, not
+    touched)."""
+    root = given.config.trainer.get("default_root_dir")
+    if not (isinstance(root, str) and root.lower().startswith("s3:")):
+        return []
+    remote = given.reads["remote"] = RemoteRoot(root)
+    if given.dry:
+        given.reads["stored"] = remote.listing()
+    return [Decision("run root", {"url": remote.url, "mirror": str(remote.mirror)},
+                     "an object store: the run works in a node-local mirror and uploads each checkpoint as it is saved "
+                     "($CLASSIFIER_ENGINE_RUN_MIRROR, else runs/ in the library's cache)",
+                     edits=(("trainer.default_root_dir", str(remote.mirror)),))]
+
+
+def checkpoint(given: PlanInput) -> list[Decision]:
+    """The checkpoint to continue from, loaded once (later stations take it from the plan's reads), and why."""
+    if given.subcommand is None:
+        return []
+    requested = given.config.get("ckpt_path")
+    where = given.reads["where"] = Where.of(given.subcommand, given.config)
+    stored = _stored_choice(given, requested)
+    if stored is not None:
+        return [stored]
+    choice = choose_checkpoint(given.subcommand, requested, where)
+    given.reads["choice"], given.reads["checkpoint"] = choice, choice.checkpoint
+    if choice.path is None:
+        why = choice.reason or "no --ckpt_path: a new run"
+        return [Decision(CHECKPOINT, None, why, edits=(("ckpt_path", None),) if requested else ())]
+    state = choice.checkpoint
+    value = {"path": str(choice.path), "step": int(state["global_step"]), "epoch": int(state["epoch"])}
+    return [Decision(CHECKPOINT, value, choice.reason, text=f"{choice.path} (epoch {value['epoch']}, step "
+                     f"{value['step']})", edits=(("ckpt_path", str(choice.path)),))]
+
+
+def _stored_choice(given: PlanInput, requested: Optional[str]) -> Optional[Decision]:
+    """Dry, in an object store: the stored checkpoint a start would download and continue from (by its upload
+    record; the mirror may hold one further along that it could not upload yet)."""
+    remote, stored = given.reads.get("remote"), given.reads.get("stored")
+    if remote is None or stored is None or not looks_for_checkpoints(given.subcommand, requested):
+        return None
+    found = remote.stored_resume(stored, LOGS)
+    if found is None:
+        return None
+    name, progress = found
+    value = {"path": str(remote.mirror / name), "url": f"{remote.url}/{name}", "step": int(progress[1])}
+    given.reads["choice"] = Choice(Path(value["path"]), None, "stored")
+    return Decision(CHECKPOINT, value, "--ckpt_path last: the stored checkpoint furthest along by its upload record, "
+                    "downloaded into the mirror at start", text=f"{value['url']} (step {value['step']})",
+                    edits=(("ckpt_path", value["path"]),))
+
+
+def credentials(given: PlanInput) -> list[Decision]:
+    """fit: a password in a tracking URI moved out of the config (into MLflow's own variables), before anything
+    prints, saves or sends the URI."""
+    edits = hidden_credentials(given.config.trainer)
+    return [Decision("tracking credentials", "moved into MLFLOW_TRACKING_USERNAME and _PASSWORD", "a tracking URI held "
+                     "a password", edits=tuple(edits))] if edits else []
+
+
+def trackers(given: PlanInput) -> list[Decision]:
+    """fit: the trackers checked (a missing package, a server that does not answer: one line), the tracked runs a
+    resume continues."""
+    trainer = given.config.trainer
+    check_trackers(trainer)
+    place = given.reads.get("place")
+    ids = tracked_runs_to_continue(trainer, place.run_dir) if place and not place.new and place.run_dir else {}
+    given.reads["tracked"] = ids
+    kinds = [kind_of(entry) for _, entry in logger_entries(trainer)] or (
+        ["tensorboard"] if trainer.get("logger") in (None, True) else [])
+    continued = {kind: ids[kind] for kind in ("mlflow", "wandb") if ids.get(kind)}
+    why = f"continuing the run dir's tracked runs ({', '.join(f'{k} {v}' for k, v in continued.items())})" \
+        if continued else "trainer.logger"
+    return [Decision(TRACKERS, kinds, why, text=", ".join(kinds) or "none")]
+
+
+def run_dir(given: PlanInput) -> list[Decision]:
+    """Where the run's files go: a fit's run dir (claimed, or proposed when dry), an evaluation's own version dir;
+    the file loggers pinned to it, the trackers pointed at it."""
+    trainer, path, place = given.config.trainer, given.reads.get("run_dir"), given.reads.get("place")
+    if path is None:
+        return []
+    path, where = Path(path), given.reads["where"]
+    edits = []
+    if given.subcommand == "fit":
+        edits += tracker_edits(trainer, path, given.reads.get("tracked") or {})
+        if where.given_dir is None:
+            edits += logger_pins(trainer, where.root, logger_version(path.name))
+        why = place.why if place is not None else "the run dir"
+    else:
+        edits += logger_pins(trainer, where.root, logger_version(path.name))
+        why = "an evaluation logs into a version dir of its own, never into a training run's"
+    value = {"path": str(path), "new": bool(place.new) if place is not None else True}
+    return [Decision(RUN_DIR, value, why, text=f"{path}, {'new' if value['new'] else 'resumed'}",
+                     edits=tuple(edits))]
+
+
+def evaluation_logs(trainer) -> bool:
+    """Whether an evaluation gets a version dir of its own: it logs (the default logger, or a file logger)."""
+    return trainer.get("logger") is not False and (
+        trainer.get("logger") in (None, True) or any(kind_of(e) in ("tensorboard", "csv")
+                                                     for _, e in logger_entries(trainer)))
+
+
+def place_of(reads: dict) -> Place:
+    """A fit's place (choose_place), for the start to claim."""
+    return choose_place(reads.get("choice") or Choice(), reads["where"])

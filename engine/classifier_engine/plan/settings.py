@@ -1,0 +1,214 @@
+"""The run plan's passes on the settings: the classes, nulls, the monitor, the seed, the world, the batch, and the
+model's values from a checkpoint. Each reads the config and returns its decisions with their edits.
+
+    python -m classifier_engine fit --config CONFIG --plan
+"""
+
+import os
+import random
+from typing import Any, Optional
+
+import lightning as L
+from jsonargparse import Namespace
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from classifier_engine import class_switch
+from classifier_engine.compat.ckpt_hparams import explicit_model_values
+from classifier_engine.compat.ckpt_read_once import checkpoint_values
+from classifier_engine.compat.subclass_nulls import restored_nulls
+from classifier_engine.contract import monitor_of
+from classifier_engine.errors import ConfigError
+from classifier_engine.plan.edits import PARSE_LINKS, run_seed
+from classifier_engine.plan.run_plan import (
+    CLASSES,
+    GLOBAL_BATCH,
+    MONITOR,
+    PRECISION,
+    SEED,
+    STRATEGY,
+    WORLD_SIZE,
+    Decision,
+    PlanInput,
+)
+from classifier_engine.run.global_batch import FLAG, planned_world, split_global_batch
+from classifier_engine.run.launchers import check_devices
+
+# What the CLI's links may set in a model's init arguments (a class switch leaves them to the link; a checkpoint's
+# saved value of one the class lacks is not the user's: compat "applied instantiation links").
+LINKED = {"model": ("num_classes", "image_sizes", "batch_size", "seed"), "data": ("seed",)}
+DDP_START_METHODS = {"ddp": "popen", "ddp_spawn": "spawn", "ddp_fork": "fork"}  # Lightning's names, our DDPStrategy
+
+
+def _class_path(section: Any) -> Optional[str]:
+    return section.get("class_path") if isinstance(section, Namespace) else None
+
+
+def classes(given: PlanInput) -> list[Decision]:
+    """The model and data classes, each starting from its own defaults (class_switch.py)."""
+    config, chosen = given.config, {}
+    edits, notes = class_switch.resets(config, given.explicit, given.argv or (), given.default_classes, LINKED) \
+        if given.argv is not None else ([], [])
+    whys = []
+    for part in ("model", "data"):
+        path, default = _class_path(config.get(part)), given.default_classes.get(part)
+        chosen[part] = path
+        named = _class_path(given.explicit.get(part))
+        whys.append(f"{part} " + ("given" if named else "the entry point's default" if default else "from the config"))
+    resets = [f"{key.replace('.init_args', '')} {value!r}" for key, value in edits]
+    why = "; ".join([", ".join(whys), *([f"the switched-to class's own defaults: {', '.join(resets)}"] if resets
+                                        else []), *notes])
+    decisions = [Decision(CLASSES, chosen, why, edits=tuple(edits))]
+    if given.argv is not None and (nulls := restored_nulls(config, given.argv)):
+        decisions.append(Decision("nulls", [key for key, _ in nulls], "given as null on the command line (compat: "
+                                  "jsonargparse reads them as 'None' in subclass mode)", edits=tuple(nulls)))
+    return decisions
+
+
+def monitor(given: PlanInput) -> list[Decision]:
+    """The best checkpoint's metric and mode: --checkpoint.monitor, else the chosen model class's Monitor."""
+    config, explicit = given.config, given.explicit
+    if config.get("checkpoint") is None or not isinstance(config.get("model"), Namespace):
+        return []
+    if explicit.get("checkpoint.monitor") is not None:
+        value = {"metric": config.checkpoint.monitor, "mode": config.checkpoint.mode}
+        return [Decision(MONITOR, value, "--checkpoint.monitor given")]
+    path = config.model.get("class_path")
+    found = monitor_of(path)
+    options = {"monitor": found.metric, "mode": found.mode, "filename": found.checkpoint_filename()} if found else {
+        "monitor": None, "mode": "min", "filename": None}
+    edits = tuple((f"checkpoint.{key}", value) for key, value in options.items()
+                  if explicit.get(f"checkpoint.{key}") is None and config.checkpoint.get(key) != value)
+    if found is None:
+        return [Decision(MONITOR, None, f"{path} names no Monitor: the latest checkpoint is kept as the best",
+                         edits=edits)]
+    return [Decision(MONITOR, {"metric": found.metric, "mode": config.checkpoint.mode if explicit.get(
+        "checkpoint.mode") else found.mode}, f"{path.rpartition('.')[2]}.monitor", edits=edits)]
+
+
+def seed(given: PlanInput) -> list[Decision]:
+    """The run seed every shuffle and augmentation derives from (`seed_everything: true` draws one now, once)."""
+    value = given.config.get("seed_everything")
+    if value is True:
+        drawn = int(os.environ.get("PL_GLOBAL_SEED") or random.randint(0, 2**32 - 1))  # a launcher's ranks share it
+        return [Decision(SEED, drawn, "seed_everything: true, drawn at this start",
+                         edits=(("seed_everything", drawn),))]
+    why = "seed_everything, " + ("given" if given.explicit.get("seed_everything") is not None else "its default")
+    edits = tuple((target, compute(value)) for source, target, compute in PARSE_LINKS
+                  if source == "seed_everything" and target in given.config and given.config[target] != compute(value))
+    return [Decision(SEED, run_seed(value), why if value is not False else "seed_everything: false (the data order and "
+                     "augmentations from seed 0)", edits=edits)]
+
+
+def world(given: PlanInput) -> list[Decision]:
+    """How many processes train (and who said so), the strategy and the precision, as the run will resolve them."""
+    trainer = given.config.trainer
+    check_devices(trainer.devices, trainer.accelerator)
+    size, how = planned_world(trainer)
+    strategy = trainer.get("strategy")
+    name = strategy if isinstance(strategy, str) else _class_path(strategy) or type(strategy).__name__
+    minutes = given.config.get("ddp_timeout_minutes") or 10.0
+    if strategy in DDP_START_METHODS:
+        what = (f"torch DDP, ranks started by {DDP_START_METHODS[strategy]}, a silent rank ends the job after "
+                f"{minutes:g} min")
+    elif strategy in ("fsdp2", "fsdp2_sharded"):
+        what = f"torch FSDP2 ({'sharded' if strategy == 'fsdp2_sharded' else 'one-file'} checkpoints)"
+    else:
+        what = "Lightning's choice for the devices" if strategy in (None, "auto") else "trainer.strategy"
+    precision = trainer.get("precision") or "32-true"
+    return [Decision(WORLD_SIZE, size, how), Decision(STRATEGY, name, what),
+            Decision(PRECISION, str(precision), "trainer.precision" + (" (its default)" if trainer.get(
+                "precision") is None else ""))]
+
+
+def batch(given: PlanInput) -> list[Decision]:
+    """fit: images per optimizer step = per-process batch x processes x accumulation; --global_batch_size fixes it."""
+    config, size = given.config, given.decided.world_size
+    if config.trainer.max_epochs == -1 and config.trainer.max_steps in (None, -1):
+        raise ConfigError("trainer.max_epochs=-1 and no trainer.max_steps: the run has no end, and the LR schedule "
+                          "needs one; set --trainer.max_epochs or --trainer.max_steps")
+    data = config.data.get("init_args") if isinstance(config.get("data"), Namespace) else None
+    largest = data.get("batch_size") if data is not None else None
+    global_batch = config.get("global_batch_size")
+    if global_batch is None:
+        accumulation = config.trainer.get("accumulate_grad_batches") or 1
+        if largest is None:
+            return [Decision(GLOBAL_BATCH, None, "the data module has no batch_size")]
+        value = {"global": largest * size * accumulation, "per_process": largest, "processes": size,
+                 "accumulation": accumulation, "fixed": False}
+        return [Decision(GLOBAL_BATCH, value, "data.batch_size x processes x trainer.accumulate_grad_batches",
+                         text=_batch_text(value))]
+    if largest is None:
+        raise ConfigError(
+            f"{FLAG} sets the data module's per-process batch_size, and {_class_path(config.get('data'))} has none: "
+            f"give its __init__ a batch_size argument (used by its train_dataloader), or drop {FLAG}")
+    per_process, accumulation = split_global_batch(global_batch, size, largest)
+    value = {"global": global_batch, "per_process": per_process, "processes": size, "accumulation": accumulation,
+             "fixed": True}
+    given_accumulation = given.explicit.get("trainer.accumulate_grad_batches")
+    replaced = f"; trainer.accumulate_grad_batches {given_accumulation} given, not used" if given_accumulation not in (
+        None, accumulation) else ""
+    edits = (("data.init_args.batch_size", per_process), ("trainer.accumulate_grad_batches", accumulation))
+    return [Decision(GLOBAL_BATCH, value, f"{FLAG} {global_batch}, data.batch_size {largest} at most{replaced}",
+                     text=_batch_text(value), edits=edits)]
+
+
+def _batch_text(value: dict) -> str:
+    processes = f"{value['processes']} process{'es' if value['processes'] > 1 else ''}"
+    return (f"{value['global']} = {value['per_process']} per process x {processes} x {value['accumulation']} "
+            "accumulated")
+
+
+def checkpoint_model_values(given: PlanInput) -> list[Decision]:
+    """--ckpt_path's model hyperparameters (values only; a key that names code is left out), unless given explicitly."""
+    checkpoint = given.reads.get("checkpoint")
+    hparams = (checkpoint or {}).get("hyper_parameters") or {}
+    model = given.config.get("model")
+    if not hparams or given.parse_model is None or not isinstance(model, Namespace):
+        return []
+    from pydoc import locate  # the class the config names (imported already by the parse): never the checkpoint's
+
+    taken, dropped = checkpoint_values(locate(model.class_path), hparams, LINKED["model"])
+    decisions = []
+    if dropped:
+        left_out = [f"model.{key}" for key in dropped]
+        decisions.append(Decision("checkpoint values left out", left_out, "checkpoints carry values, the config "
+                                  "names classes", text=", ".join(left_out)))
+    merged = given.parse_model({"class_path": model.class_path, "init_args": taken}) if taken else model
+    edits, kept = explicit_model_values(model, merged, given.explicit)
+    edits = [(key, value) for key, value in edits if key.removeprefix("model.init_args.") not in LINKED["model"]]
+    if edits or kept:
+        names = sorted(key.removeprefix("model.init_args.") for key, _ in edits)
+        decisions.append(Decision("model from checkpoint", names, "--ckpt_path's hyperparameters" + (
+            f"; given instead: {', '.join(kept)}" if kept else ""), text=", ".join(names) or "none taken",
+            edits=tuple(edits)))
+    return decisions
+
+
+# Options only one subcommand uses: given to another, they would be ignored without a word.
+OWNERS = {"global_batch_size": "fit", "last_checkpoint": "fit", "throughput": "fit", "predictions": "predict"}
+
+
+def subcommand_options(given: PlanInput) -> list[Decision]:
+    """A flag the subcommand does not use is refused in one line; predict's folder (--predictions.images) is read by
+    an image data module's own predict path (its predict_root), or refused beside a data module's own predict set."""
+    for word in given.argv or ():
+        key = word.split("=")[0].removeprefix("--")
+        owner = OWNERS.get(key.split(".")[0]) if word.startswith("--") else None
+        if owner is not None and given.subcommand not in (owner, None):
+            raise ConfigError(f"--{key} is {owner}'s: {given.subcommand} does not use it; drop it")
+    images = given.config.get("predictions.images") if given.subcommand == "predict" else None
+    data = given.config.get("data")
+    if images is None or not isinstance(data, Namespace):
+        return []
+    if "predict_root" in (data.get("init_args") or ()):
+        root = given.explicit.get("data.init_args.predict_root")
+        if root is not None and root != images:
+            raise ConfigError(f"--predictions.images {images} and --data.predict_root {root}: two folders to predict; "
+                              "give one")
+        return [Decision("predict set", images, f"--predictions.images, read by {data.class_path}'s own predict path",
+                         edits=(("data.init_args.predict_root", images),))]
+    module = class_switch.class_of(data.class_path)
+    if module is not None and is_overridden("predict_dataloader", module, L.LightningDataModule):
+        raise ConfigError(f"--predictions.images {images}: data module {data.class_path} makes its own predict set "
+                          "(predict_dataloader) and takes no predict_root; drop --predictions.images")
+    return [Decision("predict set", images, "--predictions.images, read with the data module's eval preprocessing")]

@@ -1,0 +1,29 @@
+"""The last line of a fit: where the run went (its run dir, its best and last checkpoints) and how to look at it.
+
+    python -m classifier_engine fit --config CONFIG      # run dir ...; best checkpoint ...; last ...; look at it ...
+"""
+
+from pathlib import Path
+from typing import Optional
+
+import lightning as L
+
+from classifier_engine.run.last_checkpoint import LastCheckpoint
+from classifier_engine.run.trackers import how_to_look
+
+
+def where_the_run_went(trainer: L.Trainer, run_dir: Optional[Path] = None) -> str:
+    """The run dir (the plan's; else Lightning's), its checkpoints and how to look at it."""
+    last = next((c.path for c in trainer.callbacks if isinstance(c, LastCheckpoint) and c.path), None)
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
+    run_dir = Path(run_dir or trainer.log_dir or trainer.default_root_dir)
+    parts = [f"run dir {run_dir}"]
+    if best:
+        monitored = f" ({trainer.checkpoint_callback.monitor} {float(score):.4f})" if score is not None else ""
+        parts.append(f"best checkpoint {best}{monitored}")
+    if last:
+        parts.append(f"last {last}")
+    if looks := how_to_look(trainer.loggers, run_dir):
+        parts.append("look at it with: " + ", ".join(looks))
+    return "; ".join(parts)
