@@ -343,7 +343,8 @@ class DevicePipeline:
         keep, images, targets = self._decoded(batch, device)
         crops = [batch.crops[i] for i in keep]  # drawn in the workers (EncodedImages of the training set)
         side = self.size_at(epoch) if self.size_at is not None else None
-        return CroppedBatch(resized_crops(images, crops, (side, side) if side else self.train_crop.size), targets, crops)
+        size = (side, side) if side else self.train_crop.size
+        return CroppedBatch(resized_crops(images, crops, size), targets, crops)
 
     def finish(self, batch: CroppedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The rest of the train preset per image, drawn as the CPU preset draws it after the crop and flip."""
@@ -357,8 +358,7 @@ class DevicePipeline:
                 augmented.append(self.augment(image))
         return torch.stack(augmented), batch.targets
 
-    def __call__(self, batch: EncodedBatch | CroppedBatch, device: torch.device, training: bool,
-                 epoch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, batch: EncodedBatch | CroppedBatch, device: torch.device, training: bool, epoch: int = 0):
         if isinstance(batch, CroppedBatch):
             return self.finish(batch)
         if training:

@@ -5,6 +5,7 @@ thread on a side CUDA stream while the current step runs (timm's loader prefetch
 """
 
 import contextlib
+import functools
 import queue
 import threading
 from typing import Any, Callable, Iterator, Optional
@@ -104,7 +105,8 @@ class PrefetchingLoader(ResumableDataLoader):
         sampler = self.sampler
         step = (self.batch_size or 1) * sampler.num_replicas
         epoch = sampler.epoch  # set by the loop before this first next()
-        batches = Prefetcher(DataLoader.__iter__(self), lambda batch: self.prepare(batch, self.device, epoch), self.device)
+        prepare = functools.partial(self.prepare, device=self.device, epoch=epoch)
+        batches = Prefetcher(DataLoader.__iter__(self), prepare, self.device)
         try:
             for batch in batches:
                 sampler.position += step

@@ -149,11 +149,11 @@ class ImageDataModule(L.LightningDataModule):
         if self.decoder in DEVICE_DECODERS:  # the workers draw the train crops, the device applies them
             crop = TrainCrop.for_options(crop_size=o["train_crop_size"], scale=o["train_crop_scale"],
                                          hflip_prob=o["hflip_prob"])
-            # The uint8 preset's own steps after the crop and flip (auto-augment, random erasing), run per image there
+            # The uint8 preset's own steps after the crop and flip (auto-augment, random erasing), per image there
             rest = [t for t in self.train_transform.transforms if not isinstance(t, DRAWN_IN_WORKERS)]
             self.device_pipeline = DevicePipeline(crop, self.eval_transform, decoder=self.decoder,
-                                                  on_corrupt=o["on_corrupt"], augment=v2.Compose(rest) if rest else None,
-                                                  size_at=ramp.size_at if ramp else None)
+                                                  on_corrupt=o["on_corrupt"], size_at=ramp.size_at if ramp else None,
+                                                  augment=v2.Compose(rest) if rest else None)
 
     def samples(self, split: str) -> Samples:
         """(path, label) of every image of `split` ("train", "val" or "test"), label i being class_names[i]."""
