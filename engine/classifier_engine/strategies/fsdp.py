@@ -44,7 +44,7 @@ def checkpoint_activations(blocks: Iterable[nn.Module]) -> None:
             block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False, context_fn=contexts)
 
 
-def _recomputing(norms: list[_BatchNorm]) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+def _recomputing(norms: list[_BatchNorm]) -> tuple[Any, Any]:
     """checkpoint's contexts for the forward (none) and for the recomputation (the statistics kept)."""
     return contextlib.nullcontext(), _statistics_kept(norms)
 
