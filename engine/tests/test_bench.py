@@ -73,13 +73,14 @@ def test_gpu_all_tiny_runs_every_stage_into_one_table_saved_after_each_and_cuts_
     assert all(len(row) == 9 for row in cells)
     assert [row[0] for row in cells] == [
         "GPU tests", *["synthetic"] * 3, *["real JPEGs, GPU decode"] * 2, *["real JPEGs, CPU decode"] * 2,
-        "Trainer / plain loop", "device augmentation, train", "device augmentation, eval",
+        "Trainer / plain loop", "device augmentation, train", "device augmentation, train + trivialaugment",
+        "device augmentation, eval",
         *[f"fit: {name}" for name in FITS]]
     assert cells[0][2] == "0 passed, 0 failed, 5 skipped"  # pytest -m gpu ran, and skips without CUDA
     assert cells[2][1:3] == ["stage compile", "cut at its time limit (exit 137): see compile.log"]
     decoders = [row[1].split("decoder=")[1].split(",")[0] for row in cells[4:8]]
     assert decoders == ["nvjpeg", "torchcodec-cuda", "torchvision", "torchcodec"]  # GPU decode first, as run
-    for row in [*cells[1:2], *cells[3:11]]:
+    for row in [*cells[1:2], *cells[3:12]]:
         assert float(row[2].replace(",", "")) > 0, table  # img/s: the stages before and after the hung one
     assert all(row[1].endswith("run in 32-true") for row in cells[1:2] + cells[3:4])  # what --tiny ran, not the name
     fits = {row[0]: row[-1] for row in cells[-len(FITS):]}

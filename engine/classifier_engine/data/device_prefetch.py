@@ -11,18 +11,12 @@ import threading
 from typing import Any, Callable, Iterator, Optional
 
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.data import DataLoader
 
 from classifier_engine.samplers import ResumableDataLoader
 
 _END = object()
-
-
-class _Raised:
-    """An exception of the thread, raised again in the loop's thread."""
-
-    def __init__(self, error: BaseException):
-        self.error = error
 
 
 class Prefetcher:
@@ -56,7 +50,7 @@ class Prefetcher:
                         return
             self._put(_END)
         except BaseException as error:  # the loop's thread raises it (an unreadable file, a device decoder refused)
-            self._put(_Raised(error))
+            self._put(error)
 
     def __iter__(self) -> "Prefetcher":
         return self
@@ -65,14 +59,14 @@ class Prefetcher:
         item = self._queue.get()
         if item is _END:
             raise StopIteration
-        if isinstance(item, _Raised):
-            raise item.error
+        if isinstance(item, BaseException):
+            raise item
         prepared, ready = item
         if ready is not None:
             consumer = torch.cuda.current_stream(self.device)
             consumer.wait_event(ready)  # on the device: the host goes on queueing
-            for tensor in _tensors(prepared):
-                tensor.record_stream(consumer)  # allocated on the side stream, freed after the consumer's use
+            # allocated on the side stream, its memory reused only after the consumer's use
+            apply_to_collection(prepared, torch.Tensor, lambda tensor: tensor.record_stream(consumer))
         return prepared
 
     def close(self) -> None:
@@ -82,14 +76,6 @@ class Prefetcher:
             while True:
                 self._queue.get_nowait()
         self._thread.join(timeout=60)
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [tensor for item in value for tensor in _tensors(item)]
-    return []
 
 
 class PrefetchingLoader(ResumableDataLoader):
