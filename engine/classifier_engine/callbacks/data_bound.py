@@ -48,7 +48,7 @@ def worker_cost(loader: Any, epoch: int) -> Optional[WorkerCost]:
     decodes = isinstance(inner, DecodedImages) and not isinstance(inner, EncodedImages)  # a device decoder's: bytes
     indices = range(0, len(dataset), max(1, len(dataset) // PROBE_IMAGES))[:PROBE_IMAGES]
     threads, state = torch.get_num_threads(), random.getstate()
-    torch.set_num_threads(1 if loader.num_workers else threads)
+    torch.set_num_threads(1 if getattr(loader, "num_workers", 0) else threads)
     samples, load, decode, sides = [], 0.0, 0.0, []
     try:
         with torch.random.fork_rng(devices=[]):
