@@ -209,3 +209,21 @@ def test_gpu_prefetched_batches_equal_the_loop_threads_and_wait_for_the_side_str
     assert len(direct) == len(prefetched) == 5
     for a, b in zip(prefetched, direct):
         assert torch.equal(a.images, b.images) and torch.equal(a.targets, b.targets)
+
+
+@pytest.mark.gpu
+def test_gpu_training_batches_of_a_cpu_decoder_are_copied_by_the_prefetch_thread(tiny_root):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    module = ImageFolderDataModule(str(tiny_root), decoder="torchvision", batch_size=8, num_workers=1, pin_memory=True,
+                                   train_crop_size=24)
+    module.trainer = L.Trainer(accelerator="gpu", devices=1, logger=False)
+    module.setup("fit")
+    loader = module.train_dataloader()
+    assert isinstance(loader, PrefetchingLoader) and loader.prepare is not None
+    on_gpu = list(loader)
+    on_cpu = list(DataLoader.__iter__(module.train_dataloader()))  # the same epoch, as the workers made it
+    assert len(on_gpu) == len(on_cpu) == 5
+    for (images, targets), (cpu_images, cpu_targets) in zip(on_gpu, on_cpu):
+        assert images.is_cuda and images.dtype == torch.uint8 and torch.equal(images.cpu(), cpu_images)
+        assert torch.equal(targets.cpu(), cpu_targets)

@@ -1,5 +1,5 @@
-"""The training loader of a device decoder: the next batch decoded, cropped and copied to the device by a background
-thread on a side CUDA stream while the current step runs (timm's loader prefetches the same way; docs/imagenet.md).
+"""The training loader on a GPU: the next batch copied to the device (and decoded, cropped there by a device decoder) by
+a background thread on a side CUDA stream while the current step runs (timm's loader prefetches so; docs/imagenet.md).
 
     python -m classifier_engine fit --config CONFIG --trainer.accelerator=gpu --data.decoder nvjpeg
 """
@@ -17,6 +17,11 @@ from torch.utils.data import DataLoader
 from classifier_engine.samplers import ResumableDataLoader
 
 _END = object()
+
+
+def copied(batch: Any, device: torch.device, epoch: int = 0) -> Any:
+    """The batch's tensors on `device`: from pinned memory (data.pin_memory) without blocking the host."""
+    return apply_to_collection(batch, torch.Tensor, lambda tensor: tensor.to(device, non_blocking=True))
 
 
 class Prefetcher:

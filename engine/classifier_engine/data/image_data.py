@@ -18,7 +18,7 @@ from torchvision.transforms import v2
 from classifier_engine.contract import EvalPreprocessing
 from classifier_engine.data.decoders import DEVICE_DECODERS, Decoder, OnCorrupt, resolve_decoder
 from classifier_engine.data.device_decode import CroppedBatch, DevicePipeline, EncodedBatch, TrainCrop
-from classifier_engine.data.device_prefetch import PrefetchingLoader
+from classifier_engine.data.device_prefetch import PrefetchingLoader, copied
 from classifier_engine.data.image_folders import DecodedImages, EncodedImages, collate_encoded, collate_readable
 from classifier_engine.data.predict import ImagePathDataset, list_images
 from classifier_engine.data.training_samples import ProgressiveResizing, SeededSamples, TrainPresetPerEpoch
@@ -226,10 +226,13 @@ class ImageDataModule(L.LightningDataModule):
         if self._resume_state is not None:
             self.train_sampler.restore_loader_state(self.batch_size, self._resume_state)
             self._resume_state = None
-        loader_class = ResumableDataLoader
-        if self.device_pipeline is not None:  # the next batch decoded on the device while the current one trains
-            device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-            loader_class = functools.partial(PrefetchingLoader, device=device, prepare=self.device_pipeline.crop)
+        strategy = getattr(self.trainer, "strategy", None)  # none without a Trainer (a loader built by hand)
+        device = strategy.root_device if strategy is not None else torch.device("cpu")
+        if self.device_pipeline is None and device.type != "cuda":
+            return self._loader("train", self.train_sampler, ResumableDataLoader, drop_last=drop_last)
+        # The next batch copied to the GPU (by a device decoder, decoded there too) by a thread while this one trains
+        prepare = self.device_pipeline.crop if self.device_pipeline is not None else copied
+        loader_class = functools.partial(PrefetchingLoader, device=device, prepare=prepare)
         return self._loader("train", self.train_sampler, loader_class, drop_last=drop_last)
 
     @classmethod
