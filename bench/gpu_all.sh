@@ -112,7 +112,7 @@ if ! python3 -c "import jsonargparse" 2>/dev/null; then
     save
     exit 1
 fi
-stage meta 60 420 python3 -c '
+stage meta 60 380 python3 -c '
 import json, os, platform, sys, torch
 from importlib.metadata import version  # lightning and torchvision without their ~4 s of imports
 try:
@@ -134,7 +134,7 @@ command -v nvidia-smi >/dev/null && timeout -k 2 20 nvidia-smi --query-gpu=name,
 # 1. The GPU tests first: the device decoders against the training stream's memory, GPU batches against CPU ones,
 # the prefetching loader's side stream.
 # The repository's addopts name pytest-xdist options, which that machine's pytest may not know.
-stage gpu-tests 90 400 python3 -m pytest -o addopts="-ra --strict-markers" -p no:cacheprovider -m gpu \
+stage gpu-tests 90 360 python3 -m pytest -o addopts="-ra --strict-markers" -p no:cacheprovider -m gpu \
     engine/tests/test_device_decode.py engine/tests/test_device_prefetch.py --junitxml="$out/gpu-tests.xml"
 
 # 2. JPEGs shaped like ImageNet's (its usual shapes, ~100 KB): one epoch holds warm-up + measured steps of batch 256.
@@ -144,7 +144,7 @@ else
     fake=(--classes 1000 --train 20480 --val 1000 --size mixed --workers "$(nproc)")
 fi
 gen_start=$SECONDS
-stage jpegs 90 370 python3 bench/fake_imagenet.py "$jpegs" "${fake[@]}" \
+stage jpegs 90 340 python3 bench/fake_imagenet.py "$jpegs" "${fake[@]}" \
     && echo "{\"jpeg_seconds\": $((SECONDS - gen_start))}" > "$out/jpegs.json"
 
 # 3. Throughput, each group of rows in its own process under its own limit (a CUDA error or a hang ends one group):
@@ -157,13 +157,14 @@ else
 fi
 bench=(python3 bench/gpu_bench.py --jpegs "$jpegs" "${steps[@]}")
 real=(--variants bf16-mixed+cl --real bf16-mixed+cl --no-synthetic)
-stage synthetic 90 340 "${bench[@]}" --variants bf16-mixed+cl,16-mixed+cl --real none --out "$out/synthetic"
+stage synthetic 90 320 "${bench[@]}" --variants bf16-mixed+cl,16-mixed+cl --real none --out "$out/synthetic"
 
 # 4. One short fit through each strategy and config, as a user starts it, at bf16-mixed + channels_last on GPU-decoded
 # JPEGs (data.decoder=nvjpeg: the prefetching loader's side stream), fsdp first: FSDP2 with each BatchNorm its own
-# unit and grouped with its block, ViT-L/16's config on sharded checkpoints (one GPU, batch 32: TrivialAugment and
-# random erasing on the device), ddp as the CLI builds it and with gradient_as_bucket_view, dp, one device, 16-mixed;
-# at the end (6.) the same JPEGs as shards. --tiny: the quickstart on CPU, 2 steps (the decoder's CPU stand-in).
+# unit and grouped with its block, ViT-L/16's config on sharded checkpoints (one GPU, batch 32, 10 steps:
+# TrivialAugment and random erasing on the device), ddp with gradient_as_bucket_view, one device; at the end (8.),
+# where the budget squeezes first, the shards, ddp as the CLI builds it, dp and 16-mixed. --tiny: the quickstart on
+# CPU, 2 steps (the decoder's CPU stand-in).
 if [ "$tiny" = 1 ]; then
     base=(--config configs/quickstart.yaml --trainer.max_steps=2 --data.batch_size=8 --data.decoder=nvjpeg
           --trainer.log_every_n_steps=1 --trainer.limit_val_batches=1)
@@ -176,7 +177,7 @@ fsdp_class=--trainer.strategy=classifier_engine.strategies.fsdp.FSDPStrategy
 ddp_class=--trainer.strategy=lightning.pytorch.strategies.DDPStrategy
 fits=(fsdp "--config configs/fsdp.yaml --trainer.devices=1"
       fsdp-bn-in-blocks "--config configs/fsdp.yaml --trainer.devices=1 $fsdp_class --trainer.strategy.batchnorm_units=false"
-      vit-sharded "--config configs/vit_l16_fsdp_8gpu.yaml --trainer.devices=1 --data.batch_size=32"
+      vit-sharded "--config configs/vit_l16_fsdp_8gpu.yaml --trainer.devices=1 --data.batch_size=32 --trainer.max_steps=10"
       ddp "--trainer.strategy=ddp --trainer.devices=1"
       ddp-bucket-view "$ddp_class --trainer.strategy.gradient_as_bucket_view=true --trainer.devices=1"
       dp "--trainer.strategy=dp" gpu "" fp16 "--config configs/fp16.yaml"
@@ -185,7 +186,7 @@ fits=(fsdp "--config configs/fsdp.yaml --trainer.devices=1"
 # --tiny: bf16-mixed where it is the point (FSDP2's BatchNorm units), ViT-B/32 at 32 px and 32-true on the CPU
 declare -A tiny_extra=([fsdp]=--trainer.precision=bf16-mixed [fsdp-bn-in-blocks]=--trainer.precision=bf16-mixed
     [vit-sharded]="--trainer.accelerator=cpu --trainer.precision=32-true --model.arch=vit_b_32 --data.batch_size=8
-                   --data.num_workers=0 --data.eval_resize_size=32 --data.eval_crop_size=32")
+                   --data.num_workers=0 --data.eval_resize_size=32 --data.eval_crop_size=32 --trainer.max_steps=2")
 # --tiny leaves out the fits the engine's tests run on CPU (dp, fp16: test_strategies.py; ddp: test_distributed.py)
 tiny_skips=" dp ddp fp16 "
 fits_tsv() {  # fits.tsv, in the order above: the fits with an exit code so far (skipped: not with --tiny)
@@ -201,12 +202,13 @@ fits_tsv() {  # fits.tsv, in the order above: the fits with an exit code so far 
     mv "$out/fits.tsv.part" "$out/fits.tsv"
 }
 fit() {  # name, seconds kept for the stages after it, extra arguments: one fit
-    local name=$1 source="--data.root=$jpegs" extra=$3
+    local name=$1 source="--data.root=$jpegs" extra=$3 most=45
     [ "$name" = shards ] && source=""  # a flag of the folder module before the switch to shards would be refused
+    [ "$name" = vit-sharded ] && most=60  # ViT-L/16's build and its sharded checkpoint (~2.4 GB written)
     [ "$tiny" = 1 ] && extra="$extra ${tiny_extra[$name]:-}"
     rm -rf "${out:?}/fits/$name"
     # shellcheck disable=SC2086  # the extra arguments are single words
-    NOSAVE=1 stage "fits/$name" 45 "$2" python3 -m project fit "${base[@]}" $source $extra \
+    NOSAVE=1 stage "fits/$name" "$most" "$2" python3 -m project fit "${base[@]}" $source $extra \
         --trainer.enable_progress_bar=false --trainer.enable_model_summary=false \
         --trainer.default_root_dir="$out/fits/$name"
 }
@@ -227,7 +229,7 @@ run_fits() {  # the fits named, each keeping 15 s for each one after it and $1 s
     done
     [ ${#pending[@]} = 0 ] || { wait "${pending[@]}"; fits_tsv; save; }
 }
-run_fits 200 fsdp fsdp-bn-in-blocks vit-sharded ddp ddp-bucket-view dp gpu fp16
+run_fits 230 fsdp fsdp-bn-in-blocks vit-sharded ddp-bucket-view gpu
 
 # 5. The real pipeline, GPU decoders then CPU decoders, and compile.
 stage nvjpeg 60 170 "${bench[@]}" "${real[@]}" --decoders nvjpeg --out "$out/nvjpeg"
@@ -246,10 +248,10 @@ stage overhead 60 80 python3 bench/overhead.py "${overhead[@]}" --json "$out/ove
 
 # 7. Device augmentation, one batch: image by image against batch-wise.
 if [ "$tiny" = 1 ]; then augment=(--device cpu --batch 16 --crop 32 --resize 36 --rounds 2); else augment=(--rounds 5); fi
-stage augment 30 70 python3 bench/device_augment.py --jpegs "$jpegs" "${augment[@]}" --json "$out/augment.json"
+stage augment 30 60 python3 bench/device_augment.py --jpegs "$jpegs" "${augment[@]}" --json "$out/augment.json"
 
 # 8. The same JPEGs as shards (classifier_engine/data/make_shards.py: short side <= 256, re-encoded; a rerun keeps
-# finished shards), and a fit on them, decoded in the workers (shards refuse device decoders).
+# finished shards), and a fit on them, decoded in the workers (shards refuse device decoders); the last fits.
 stage shards 45 40 python3 -m classifier_engine.data.make_shards --source "$jpegs" --out "$out/shards"
-run_fits 0 shards
+run_fits 0 shards ddp dp fp16
 log "done: $out/table.md"

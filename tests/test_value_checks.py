@@ -249,6 +249,8 @@ MODEL_BAD_VALUES = {
                               "throughput.peak_flops: expected a float > 0, got 0"),
     "throughput.count_flops": (ThroughputLogger, {"peak_flops": 4e14, "count_flops": False},
                                "throughput.peak_flops=4e+14 is for MFU, which needs the FLOP count"),
+    "throughput.data_bound_at": (ThroughputLogger, {"data_bound_at": 1.5},
+                                 "throughput.data_bound_at: expected a probability in [0, 1], got 1.5"),
     "FreezeBackbone.unfreeze_at_epoch": (FreezeBackbone, {"unfreeze_at_epoch": -1},
                                          "FreezeBackbone.unfreeze_at_epoch: expected an int >= 0, got -1"),
 }
@@ -363,6 +365,8 @@ MODEL_CLI_CASES = {
     "backbone LR": (["--model.finetune.backbone_lr_factor=0"],
                     "model.finetune.backbone_lr_factor: expected a float > 0, got 0", "parse"),
     "peak FLOP/s": (["--throughput.peak_flops=0"], "throughput.peak_flops: expected a float > 0, got 0", "parse"),
+    "data-bound share": (["--throughput.data_bound_at=-0.1"],
+                         "throughput.data_bound_at: expected a probability in [0, 1], got -0.1", "parse"),
     "EMA decay": ([EMA_CALLBACK, "--trainer.callbacks.decay=2"],
                   "trainer.callbacks.decay: expected a float in [0, 1], got 2", "parse"),
     "EMA interval": ([EMA_CALLBACK, "--trainer.callbacks.every_n_steps=0"],

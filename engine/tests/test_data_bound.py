@@ -76,7 +76,7 @@ def test_a_slowed_pipeline_is_data_bound_with_a_fix_and_a_fast_one_is_not(tmp_pa
     slow_waits = [value for _, value in read_scalars(slow.trainer.log_dir)["perf/epoch_data_wait"]]
     fast_waits = [value for _, value in read_scalars(fast.trainer.log_dir)["perf/epoch_data_wait"]]
     assert [f"waited {100 * w:.0f} %" in line for w, line in zip(slow_waits, slow_lines)] == [True, True]
-    assert min(slow_waits) > 0.5 > 0.1 > max(fast_waits)
+    assert min(slow_waits) > 0.3 > 0.1 > max(fast_waits)
     # The worker's cost per image: the sleep, measured, in the slowed pipeline only
     slow_cost = read_scalars(slow.trainer.log_dir)["perf/worker_ms_per_image"]
     fast_cost = read_scalars(fast.trainer.log_dir)["perf/worker_ms_per_image"]

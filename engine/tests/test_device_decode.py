@@ -362,3 +362,18 @@ def test_gpu_decode_never_writes_into_memory_the_training_stream_still_reads(dec
         assert max((image.cpu().float() - reference).abs().mean().item()
                    for image, reference in zip(images, on_cpu)) < 2.0
     assert wrong == [], f"{len(wrong)} sums overwritten by the decode, e.g. {wrong[:3]}"
+
+
+@pytest.mark.gpu
+def test_gpu_auto_augment_and_random_erasing_match_the_same_draws_on_the_cpu(mixed_root):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    module = ImageFolderDataModule(str(mixed_root), decoder="nvjpeg", batch_size=12, num_workers=0, pin_memory=False,
+                                   train_crop_size=24, auto_augment="trivialaugment_wide", random_erase_prob=0.5)
+    module.setup("fit")
+    batch = collate_encoded([module.datasets["train"][(index, 0, 0)] for index in range(12)])
+    on_gpu, _ = module.device_pipeline(batch, torch.device("cuda"), training=True)
+    on_cpu, _ = module.device_pipeline(batch, torch.device("cpu"), training=True)
+    assert on_gpu.is_cuda and on_gpu.shape == on_cpu.shape == (12, 3, 24, 24)
+    # nvJPEG's IDCT and the CUDA kernels round differently: small differences, the same ops and boxes per image
+    assert (on_gpu.cpu().float() - on_cpu.float()).abs().mean(dim=(1, 2, 3)).median() < 2.5

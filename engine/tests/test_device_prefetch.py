@@ -5,6 +5,7 @@ stream on CUDA), and their fallbacks, with a stub decoder standing in for a brok
 """
 
 import logging
+import signal
 import threading
 
 import lightning as L
@@ -19,7 +20,7 @@ from classifier_engine.data.image_folders import EncodedImages, collate_encoded
 from classifier_engine.data.layout import folder_samples
 from classifier_engine.data.transforms import eval_preset
 from classifier_engine.errors import ConfigError
-from conftest import cli_main, project_in_process, tiny_args
+from conftest import callback, cli_main, project_in_process, run_project, tiny_args
 
 CPU = torch.device("cpu")
 LOGGER = "classifier_engine.data.device_decode"
@@ -187,6 +188,23 @@ def test_a_fit_whose_device_decoder_cannot_decode_stops_with_one_line(tiny_root,
         "(decode in the workers), or a torchvision/torchcodec built with nvJPEG for this GPU")
     [warning] = [r.getMessage() for r in caplog.records]  # the first batch's fallback, one line
     assert warning.startswith("data.decoder=nvjpeg: 8 of 8 images of a batch did not decode on cpu")
+
+
+@pytest.mark.slow  # a killed process and two in-process fits
+def test_a_device_decoded_run_killed_mid_epoch_resumes_as_the_uninterrupted_run(tiny_root, tmp_path):
+    # The prefetch thread prepares batches ahead of the loop: the checkpoint must still resume after the last batch
+    # trained, with each sample's crop, flip, TrivialAugment and erasing drawn again as before (test_resume.py's run).
+    from test_resume import EPOCHS, EVERY_STEP, LAST, WORKERS, assert_same_training, final_state
+
+    device = [*EPOCHS, *WORKERS, "--data.decoder=nvjpeg"]
+    cli_main(["fit", *tiny_args(tiny_root, tmp_path / "reference", *device)])
+    args = tiny_args(tiny_root, tmp_path / "run", *device)
+    killed = run_project(["fit", *args, *EVERY_STEP, callback("stop_callbacks.SignalAtStep", step=7)])
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    stopped = torch.load(tmp_path / "run" / LAST, map_location="cpu", weights_only=True)
+    assert (stopped["global_step"], stopped["epoch"]) == (7, 1)
+    cli_main(["fit", *args, "--ckpt_path=last"])
+    assert_same_training(final_state(tmp_path / "run"), final_state(tmp_path / "reference"))
 
 
 @pytest.mark.gpu
