@@ -1,5 +1,6 @@
 """Device augmentation per batch: the uint8 presets image by image (the old decoder=nvjpeg path) against batch-wise
-(classifier_engine.data.device_decode), in kernel launches and milliseconds, train and eval.
+(classifier_engine.data.device_decode), in kernel launches and milliseconds, train (also with TrivialAugment, which
+runs per image after the batch-wise crops) and eval.
 
     python bench/device_augment.py --jpegs runs/gpu_all/fake_imagenet --device cuda    # bash bench/gpu_all.sh runs it
     python bench/device_augment.py --jpegs /tmp/jpegs --device cpu --batch 64         # op counts on a CPU
@@ -20,9 +21,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
 
 import torch  # noqa: E402
-from classifier_engine.data.device_decode import DeviceDecoder, TrainCrop, eval_batch, load_for_device, resized_crops  # noqa: E402
+from classifier_engine.data.device_decode import (  # noqa: E402
+    CroppedBatch,
+    DeviceDecoder,
+    DevicePipeline,
+    TrainCrop,
+    eval_batch,
+    load_for_device,
+    resized_crops,
+)
+from classifier_engine.data.image_data import DRAWN_IN_WORKERS  # noqa: E402
 from classifier_engine.data.transforms import eval_preset, train_preset  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torchvision.transforms import v2  # noqa: E402
 
 
 class CountOps(TorchDispatchMode):
@@ -86,11 +97,23 @@ def main(argv: list[str]) -> int:
     # CHW in memory as nvJPEG writes it (the CPU decoders give HWC views, which would cost a copy each).
     images = [(next(decoded) if payload.dim() == 1 else payload.to(device)).contiguous() for payload, _ in loaded]
     spec = TrainCrop.for_options(crop_size=args.crop)
-    torch.manual_seed(0)
-    crops = [spec.draw(*size) for _, size in loaded]
+    crops = []
+    for seed, (_, size) in enumerate(loaded):  # each crop from its own seed, as SeededSamples seeds each sample
+        torch.manual_seed(seed)
+        crops.append(spec.draw(*size))
+    # TrivialAugment after the crop and flip: the uint8 preset image by image, or the crops batch-wise and then the
+    # preset's steps after them per image with each sample's draws (DevicePipeline.finish, as data.decoder=nvjpeg runs)
+    augmented = train_preset(crop_size=args.crop, normalize=False, auto_augment="trivialaugment_wide")
+    rest = v2.Compose([t for t in augmented.transforms if not isinstance(t, DRAWN_IN_WORKERS)])
+    pipeline = DevicePipeline(spec, evaluate, augment=rest)
+    targets = torch.zeros(len(images), dtype=torch.long, device=device)
     runs = {
         "train": {"per image": lambda: torch.stack([train(image) for image in images]),
                   "batch-wise": lambda: resized_crops(images, crops, spec.size)},
+        "train + trivialaugment": {
+            "per image": lambda: torch.stack([augmented(image) for image in images]),
+            "batch-wise": lambda: pipeline.finish(CroppedBatch(resized_crops(images, crops, spec.size), targets,
+                                                               crops))},
         "eval": {"per image": lambda: torch.stack([evaluate(image) for image in images]),
                  "batch-wise": lambda: eval_batch(images, evaluate)},
     }

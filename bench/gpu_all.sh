@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Everything this project measures on one GPU, in one run of at most 8 minutes on an H200, as one Markdown table:
 # the GPU tests (pytest -m gpu), ResNet-50 at 224 px img/s, MFU and peak memory (bf16-mixed + channels_last, 16-mixed,
-# + torch.compile), synthetic data against the real pipeline on generated ImageNet-shaped JPEGs with GPU decoding
-# (nvjpeg, torchcodec-cuda) and CPU decoding (torchvision, torchcodec) on every core, our Trainer path against a plain
-# PyTorch loop, device augmentation per batch, and one short fit through configs/gpu.yaml, dp, ddp (one device), fp16,
-# bf16, fsdp2 (one device) and the JPEGs as shards (classifier_engine.data.ShardDataModule).
+# + torch.compile), a short fit through each strategy and config at bf16-mixed + channels_last on GPU-decoded JPEGs
+# (fsdp2 with and without a unit per BatchNorm, ViT-L/16's config on sharded checkpoints, ddp with and without
+# gradient_as_bucket_view, dp, one device, 16-mixed), synthetic data against the real pipeline on generated
+# ImageNet-shaped JPEGs with GPU decoding (nvjpeg, torchcodec-cuda) and CPU decoding (torchvision, torchcodec) on every
+# core, our Trainer path against a plain PyTorch loop, device augmentation per batch, and the JPEGs as shards.
 #   bash bench/gpu_all.sh            # one GPU: runs/gpu_all/table.md; parts (*.json) and logs beside it
-#   bash bench/gpu_all.sh --tiny     # the same code on CPU (resnet18, 32 px, 32-true, a few steps; 2 of the 7 fits):
+#   bash bench/gpu_all.sh --tiny     # the same code on CPU (resnet18, 32 px, 32-true, a few steps; 6 of the 9 fits):
 #                                    # engine/tests/test_bench.py
 # A GPU machine without network: run `bash bench/fetch_gpu_wheels.sh` where there is one and bring .whl/ along; the
 # wheels of what is missing here (jsonargparse, torchcodec) are installed into $GPU_ALL_SITE and put on PYTHONPATH.
@@ -111,7 +112,7 @@ if ! python3 -c "import jsonargparse" 2>/dev/null; then
     save
     exit 1
 fi
-stage meta 60 300 python3 -c '
+stage meta 60 380 python3 -c '
 import json, os, platform, sys, torch
 from importlib.metadata import version  # lightning and torchvision without their ~4 s of imports
 try:
@@ -130,10 +131,11 @@ print(json.dumps(meta))
 command -v nvidia-smi >/dev/null && timeout -k 2 20 nvidia-smi --query-gpu=name,memory.total,driver_version \
     --format=csv,noheader | tee -a "$out/gpu_all.log"
 
-# 1. The GPU tests first: the device decoders against the training stream's memory, GPU batches against CPU ones.
+# 1. The GPU tests first: the device decoders against the training stream's memory, GPU batches against CPU ones,
+# the prefetching loader's side stream.
 # The repository's addopts name pytest-xdist options, which that machine's pytest may not know.
-stage gpu-tests 90 280 python3 -m pytest -o addopts="-ra --strict-markers" -p no:cacheprovider -m gpu \
-    engine/tests/test_device_decode.py --junitxml="$out/gpu-tests.xml"
+stage gpu-tests 90 360 python3 -m pytest -o addopts="-ra --strict-markers" -p no:cacheprovider -m gpu \
+    engine/tests/test_device_decode.py engine/tests/test_device_prefetch.py --junitxml="$out/gpu-tests.xml"
 
 # 2. JPEGs shaped like ImageNet's (its usual shapes, ~100 KB): one epoch holds warm-up + measured steps of batch 256.
 if [ "$tiny" = 1 ]; then
@@ -142,12 +144,12 @@ else
     fake=(--classes 1000 --train 20480 --val 1000 --size mixed --workers "$(nproc)")
 fi
 gen_start=$SECONDS
-stage jpegs 90 250 python3 bench/fake_imagenet.py "$jpegs" "${fake[@]}" \
+stage jpegs 90 340 python3 bench/fake_imagenet.py "$jpegs" "${fake[@]}" \
     && echo "{\"jpeg_seconds\": $((SECONDS - gen_start))}" > "$out/jpegs.json"
 
 # 3. Throughput, each group of rows in its own process under its own limit (a CUDA error or a hang ends one group):
-# synthetic (the baseline of the real rows), the real pipeline with each GPU decoder, then the CPU decoders, all
-# bf16-mixed + channels_last; compile last and alone, so a slow compilation cannot cost the other rows.
+# synthetic (the baseline of the real rows) first, then the strategy fits (4.), then the real pipeline with each GPU
+# decoder, then the CPU decoders, all bf16-mixed + channels_last; compile alone, so a slow compilation costs no other row.
 if [ "$tiny" = 1 ]; then
     steps=(--tiny --batch-size 8 --warmup 1 --steps 2 --window 1)
 else
@@ -155,13 +157,87 @@ else
 fi
 bench=(python3 bench/gpu_bench.py --jpegs "$jpegs" "${steps[@]}")
 real=(--variants bf16-mixed+cl --real bf16-mixed+cl --no-synthetic)
-stage synthetic 90 200 "${bench[@]}" --variants bf16-mixed+cl,16-mixed+cl --real none --out "$out/synthetic"
+stage synthetic 90 320 "${bench[@]}" --variants bf16-mixed+cl,16-mixed+cl --real none --out "$out/synthetic"
+
+# 4. One short fit through each strategy and config, as a user starts it, at bf16-mixed + channels_last on GPU-decoded
+# JPEGs (data.decoder=nvjpeg: the prefetching loader's side stream), fsdp first: FSDP2 with each BatchNorm its own
+# unit and grouped with its block, ViT-L/16's config on sharded checkpoints (one GPU, batch 32, 10 steps:
+# TrivialAugment and random erasing on the device), ddp with gradient_as_bucket_view, one device; at the end (8.),
+# where the budget squeezes first, the shards, ddp as the CLI builds it, dp and 16-mixed. --tiny: the quickstart on
+# CPU, 2 steps (the decoder's CPU stand-in).
+if [ "$tiny" = 1 ]; then
+    base=(--config configs/quickstart.yaml --trainer.max_steps=2 --data.batch_size=8 --data.decoder=nvjpeg
+          --trainer.log_every_n_steps=1 --trainer.limit_val_batches=1)
+else
+    base=(--config configs/gpu.yaml --config configs/bf16.yaml --model.channels_last=true --model.arch=resnet50
+          --data.batch_size=128 --data.decoder=nvjpeg --data.num_workers="$(nproc)" --trainer.max_steps=30
+          --trainer.log_every_n_steps=10 --trainer.limit_val_batches=2)
+fi
+fsdp_class=--trainer.strategy=classifier_engine.strategies.fsdp.FSDPStrategy
+ddp_class=--trainer.strategy=lightning.pytorch.strategies.DDPStrategy
+fits=(fsdp "--config configs/fsdp.yaml --trainer.devices=1"
+      fsdp-bn-in-blocks "--config configs/fsdp.yaml --trainer.devices=1 $fsdp_class --trainer.strategy.batchnorm_units=false"
+      vit-sharded "--config configs/vit_l16_fsdp_8gpu.yaml --trainer.devices=1 --data.batch_size=32 --trainer.max_steps=10"
+      ddp "--trainer.strategy=ddp --trainer.devices=1"
+      ddp-bucket-view "$ddp_class --trainer.strategy.gradient_as_bucket_view=true --trainer.devices=1"
+      dp "--trainer.strategy=dp" gpu "" fp16 "--config configs/fp16.yaml"
+      shards "--data.class_path=classifier_engine.data.ShardDataModule --data.init_args.shards=$out/shards
+              --data.init_args.decoder=auto")
+# --tiny: bf16-mixed where it is the point (FSDP2's BatchNorm units), ViT-B/32 at 32 px and 32-true on the CPU
+declare -A tiny_extra=([fsdp]=--trainer.precision=bf16-mixed [fsdp-bn-in-blocks]=--trainer.precision=bf16-mixed
+    [vit-sharded]="--trainer.accelerator=cpu --trainer.precision=32-true --model.arch=vit_b_32 --data.batch_size=8
+                   --data.num_workers=0 --data.eval_resize_size=32 --data.eval_crop_size=32 --trainer.max_steps=2")
+# --tiny leaves out the fits the engine's tests run on CPU (dp, fp16: test_strategies.py; ddp: test_distributed.py)
+tiny_skips=" dp ddp fp16 "
+fits_tsv() {  # fits.tsv, in the order above: the fits with an exit code so far (skipped: not with --tiny)
+    local i code
+    : > "$out/fits.tsv.part"
+    for ((i = 0; i < ${#fits[@]}; i += 2)); do
+        code=$(awk -F '\t' -v name="fits/${fits[i]}" '$1 == name {code = $2} END {print code}' "$out/stages.tsv")
+        [ "$tiny" = 1 ] && [[ $tiny_skips == *" ${fits[i]} "* ]] && code=skipped
+        # shellcheck disable=SC2086  # one line of single words
+        [ -z "$code" ] || printf '%s\t%s\t%s\n' "${fits[i]}" "$code" "$(echo ${base[1]} ${fits[i + 1]})" \
+            >> "$out/fits.tsv.part"
+    done
+    mv "$out/fits.tsv.part" "$out/fits.tsv"
+}
+fit() {  # name, seconds kept for the stages after it, extra arguments: one fit
+    local name=$1 source="--data.root=$jpegs" extra=$3 most=45
+    [ "$name" = shards ] && source=""  # a flag of the folder module before the switch to shards would be refused
+    [ "$name" = vit-sharded ] && most=60  # ViT-L/16's build and its sharded checkpoint (~2.4 GB written)
+    [ "$tiny" = 1 ] && extra="$extra ${tiny_extra[$name]:-}"
+    rm -rf "${out:?}/fits/$name"
+    # shellcheck disable=SC2086  # the extra arguments are single words
+    NOSAVE=1 stage "fits/$name" "$most" "$2" python3 -m project fit "${base[@]}" $source $extra \
+        --trainer.enable_progress_bar=false --trainer.enable_model_summary=false \
+        --trainer.default_root_dir="$out/fits/$name"
+}
+run_fits() {  # the fits named, each keeping 15 s for each one after it and $1 s for the stages after them; one GPU:
+    local keep=$1 name i n=0 pending=()  # one by one; --tiny: side by side, two at a time (mostly imports on one core)
+    shift
+    for name in "$@"; do
+        for ((i = 0; i < ${#fits[@]}; i += 2)); do [ "${fits[i]}" = "$name" ] && break; done
+        n=$((n + 1))
+        if [ "$tiny" = 0 ]; then
+            fit "$name" $(( keep + 15 * ($# - n) )) "${fits[i + 1]}"
+            fits_tsv; save
+        elif [[ $tiny_skips != *" $name "* ]]; then
+            fit "$name" 0 "${fits[i + 1]}" &
+            pending+=($!)
+            if [ ${#pending[@]} = 2 ]; then wait "${pending[@]}"; pending=(); fits_tsv; save; fi
+        fi
+    done
+    [ ${#pending[@]} = 0 ] || { wait "${pending[@]}"; fits_tsv; save; }
+}
+run_fits 230 fsdp fsdp-bn-in-blocks vit-sharded ddp-bucket-view gpu
+
+# 5. The real pipeline, GPU decoders then CPU decoders, and compile.
 stage nvjpeg 60 170 "${bench[@]}" "${real[@]}" --decoders nvjpeg --out "$out/nvjpeg"
 stage torchcodec-cuda 60 140 "${bench[@]}" "${real[@]}" --decoders torchcodec-cuda --out "$out/torchcodec-cuda"
 stage cpu-decode 90 120 "${bench[@]}" "${real[@]}" --decoders torchvision,torchcodec --out "$out/cpu-decode"
 stage compile 120 100 "${bench[@]}" --variants bf16-mixed+cl+compile --real none --out "$out/compile"
 
-# 4. Our Trainer path against a plain PyTorch loop, alternating on the same device.
+# 6. Our Trainer path against a plain PyTorch loop, alternating on the same device.
 if [ "$tiny" = 1 ]; then
     overhead=(--quick --block 2)
 else
@@ -170,58 +246,12 @@ else
 fi
 stage overhead 60 80 python3 bench/overhead.py "${overhead[@]}" --json "$out/overhead.json"
 
-# 5. Device augmentation, one batch: image by image against batch-wise.
+# 7. Device augmentation, one batch: image by image against batch-wise.
 if [ "$tiny" = 1 ]; then augment=(--device cpu --batch 16 --crop 32 --resize 36 --rounds 2); else augment=(--rounds 5); fi
-stage augment 30 70 python3 bench/device_augment.py --jpegs "$jpegs" "${augment[@]}" --json "$out/augment.json"
+stage augment 30 60 python3 bench/device_augment.py --jpegs "$jpegs" "${augment[@]}" --json "$out/augment.json"
 
-# 6. One short fit through each config, as a user starts it; the same JPEGs as shards first (classifier_engine/data/make_shards.py:
-# short side <= 256, re-encoded; a rerun keeps finished shards), for the shards fit beside the folder's (fit: gpu).
-stage shards 45 60 python3 -m classifier_engine.data.make_shards --source "$jpegs" --out "$out/shards"
-if [ "$tiny" = 1 ]; then
-    base=(--config configs/quickstart.yaml --trainer.max_steps=2 --data.batch_size=8
-          --trainer.log_every_n_steps=1 --trainer.limit_val_batches=1)
-else
-    base=(--config configs/gpu.yaml --model.arch=resnet50 --data.batch_size=128
-          --data.num_workers="$(nproc)" --trainer.max_steps=30 --trainer.log_every_n_steps=10
-          --trainer.limit_val_batches=2)
-fi
-fits=(gpu "" dp "--trainer.strategy=dp" ddp "--trainer.strategy=ddp --trainer.devices=1"
-      fp16 "--config configs/fp16.yaml" bf16 "--config configs/bf16.yaml"
-      fsdp "--config configs/fsdp.yaml --trainer.devices=1"
-      shards "--data.class_path=classifier_engine.data.ShardDataModule --data.init_args.shards=$out/shards")
-fits_tsv() {  # fits.tsv, in the order above: the fits with an exit code so far (skipped: not with --tiny)
-    local i code
-    : > "$out/fits.tsv.part"
-    for ((i = 0; i < ${#fits[@]}; i += 2)); do
-        code=$(awk -F '\t' -v name="fits/${fits[i]}" '$1 == name {code = $2} END {print code}' "$out/stages.tsv")
-        [ "$tiny" = 1 ] && [[ $tiny_skips == *" ${fits[i]} "* ]] && code=skipped
-        [ -z "$code" ] || printf '%s\t%s\t%s\n' "${fits[i]}" "$code" "${base[1]} ${fits[i + 1]}" >> "$out/fits.tsv.part"
-    done
-    mv "$out/fits.tsv.part" "$out/fits.tsv"
-}
-fit() {  # name, seconds kept for the fits after it, extra arguments: one fit
-    local name=$1 source="--data.root=$jpegs"
-    [ "$name" = shards ] && source=""  # a flag of the folder module before the switch to shards would be refused
-    rm -rf "${out:?}/fits/$name"
-    # shellcheck disable=SC2086  # the extra arguments are single words
-    NOSAVE=1 stage "fits/$name" 45 "$2" python3 -m project fit "${base[@]}" $source $3 --trainer.enable_progress_bar=false \
-        --trainer.enable_model_summary=false --trainer.default_root_dir="$out/fits/$name"
-}
-# --tiny leaves out the fits the engine's tests run on CPU (dp, fp16 and bf16: test_strategies.py; ddp; fsdp on 1-3
-# processes: test_fsdp.py): the folder and the shards fit, side by side (each is mostly imports on one core); one GPU:
-# one by one.
-tiny_skips=" dp ddp fp16 bf16 fsdp "
-pending=()
-for ((i = 0; i < ${#fits[@]}; i += 2)); do
-    name=${fits[i]}
-    if [ "$tiny" = 0 ]; then
-        fit "$name" $(( (${#fits[@]} - i - 2) * 6 )) "${fits[i + 1]}"
-        fits_tsv; save
-    elif [[ $tiny_skips != *" $name "* ]]; then
-        fit "$name" 0 "${fits[i + 1]}" &
-        pending+=($!)
-        if [ ${#pending[@]} = 2 ]; then wait "${pending[@]}"; pending=(); fits_tsv; save; fi
-    fi
-done
-[ ${#pending[@]} = 0 ] || { wait "${pending[@]}"; fits_tsv; save; }
+# 8. The same JPEGs as shards (classifier_engine/data/make_shards.py: short side <= 256, re-encoded; a rerun keeps
+# finished shards), and a fit on them, decoded in the workers (shards refuse device decoders); the last fits.
+stage shards 45 40 python3 -m classifier_engine.data.make_shards --source "$jpegs" --out "$out/shards"
+run_fits 0 shards ddp dp fp16
 log "done: $out/table.md"

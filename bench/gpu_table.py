@@ -30,10 +30,12 @@ GPU_DECODERS = ("nvjpeg", "torchcodec-cuda")
 THROUGHPUT_STAGES = {"synthetic": 0, "nvjpeg": 1, "torchcodec-cuda": 1, "cpu-decode": 2, "compile": 0}
 GROUPS = ["synthetic", "real JPEGs, GPU decode", "real JPEGs, CPU decode"]
 CUT = ("124", "137")  # timeout's exit codes: TERM at the limit, KILL 5 s after it
-NOTES = """32-true: fp32 weights and activations; on Ampere and newer cuDNN runs the convolutions in TF32 (torch's
-default, torch.backends.cudnn.allow_tf32) and the final linear layer stays fp32. dp, ddp and fsdp on one device run
-the single-device step through each strategy's wrapper: nothing is replicated, gathered or reduced across devices, so
-those rows show that the configs start and what the wrappers cost, not how the strategies scale."""
+NOTES = """The fits run bf16-mixed + channels_last (fp16: 16-mixed) on JPEGs decoded by nvjpeg; 32-true: fp32 weights
+and activations; on Ampere and newer cuDNN runs the convolutions in TF32 (torch's default,
+torch.backends.cudnn.allow_tf32) and the final linear layer stays fp32. dp, ddp and fsdp on one device run the
+single-device step through each strategy's wrapper: nothing is replicated or reduced across devices and an all-gather
+copies one shard, so those rows show that the configs start and what the wrappers cost (fsdp's units: launches and
+copies), not how they scale."""
 
 
 def load(path: Path):
@@ -116,7 +118,8 @@ def throughput_row(r: dict, what: str, synthetic: dict, judged: bool) -> list[st
 
 
 def gpu_tests_row(out: Path, codes: dict[str, str], judged: bool) -> list[str]:
-    setting = "pytest -m gpu tests/test_device_decode.py: decode vs the training stream's memory, GPU vs CPU batches"
+    setting = ("pytest -m gpu test_device_decode.py test_device_prefetch.py: decode vs the training stream's memory, "
+               "GPU vs CPU batches, the prefetching loader's side stream")
     try:
         root = ElementTree.parse(out / "gpu-tests.xml").getroot()
     except (OSError, ElementTree.ParseError):
@@ -172,6 +175,9 @@ def fit_setting(extra: str, trainer: dict, tf32: bool) -> str:
     if precision in ("32-true", "32") and tf32:
         precision += " (TF32 convolutions)"
     strategy = trainer.get("strategy")
+    if isinstance(strategy, dict):  # a class_path with init_args: its name and what the fit set
+        options = ", ".join(f"{k}={v}" for k, v in (strategy.get("init_args") or {}).items() if f".{k}=" in extra)
+        strategy = f"{str(strategy.get('class_path')).rpartition('.')[2]}({options})"
     one_device = str(trainer.get("devices")) == "1" and strategy not in (None, "auto")
     return f"--config {extra.strip()}; {precision}" + (f"; {strategy} on one device: no replication or collective"
                                                           if one_device else "")

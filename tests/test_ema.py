@@ -85,7 +85,7 @@ def test_validation_and_the_best_checkpoint_use_the_averaged_weights(tiny_root, 
     best = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/loss", mode="min", save_top_k=1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer, model = fit(tiny_root, tmp_path, EMA(decay=0.7), callbacks=[best], max_epochs=3)
+        trainer, model = fit(tiny_root, tmp_path, EMA(decay=0.7, every_n_steps=1), callbacks=[best], max_epochs=3)
     assert not [w for w in caught if "configure_model" in str(w.message)]
     assert model.configure_model_calls == 1  # Lightning's own call only: the callback never calls it
     checkpoint = torch.load(best.best_model_path, weights_only=True)
@@ -104,7 +104,7 @@ def test_validation_and_the_best_checkpoint_use_the_averaged_weights(tiny_root, 
 
 def test_ema_is_a_copy_of_the_weights_during_the_warmup(tiny_root, tmp_path):
     every_epoch = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{epoch}", save_top_k=-1, every_n_epochs=1)
-    fit(tiny_root, tmp_path, EMA(decay=0.7, warmup_epochs=1), callbacks=[every_epoch], max_epochs=2,
+    fit(tiny_root, tmp_path, EMA(decay=0.7, every_n_steps=1, warmup_epochs=1), callbacks=[every_epoch], max_epochs=2,
         limit_val_batches=0)
     first = torch.load(tmp_path / "ckpt" / "epoch=0.ckpt", weights_only=True)
     second = torch.load(tmp_path / "ckpt" / "epoch=1.ckpt", weights_only=True)
@@ -136,7 +136,8 @@ def test_under_dp_training_and_validation_match_a_single_device(tiny_root, tmp_p
     runs = {}
     for strategy in ("auto", "dp"):
         best = ModelCheckpoint(dirpath=tmp_path / strategy, monitor="val/loss", mode="min", save_top_k=1)
-        fit(tiny_root, tmp_path / strategy, EMA(decay=0.7), callbacks=[best], strategy=strategy, max_epochs=2)
+        fit(tiny_root, tmp_path / strategy, EMA(decay=0.7, every_n_steps=1), callbacks=[best], strategy=strategy,
+            max_epochs=2)
         runs[strategy] = best
     dp = torch.load(runs["dp"].best_model_path, weights_only=True)
     single = torch.load(runs["auto"].best_model_path, weights_only=True)
@@ -167,8 +168,8 @@ def test_under_bf16_true_the_average_stays_float32_and_validation_does_not_round
     states = {}
     for name, val_batches in (("validated", None), ("unvalidated", 0)):
         every_epoch = ModelCheckpoint(dirpath=tmp_path / name, filename="{epoch}", save_top_k=-1, every_n_epochs=1)
-        trainer, model = fit(tiny_root, tmp_path / name, EMA(decay=0.7), callbacks=[every_epoch], max_epochs=2,
-                             precision="bf16-true", limit_val_batches=val_batches)
+        trainer, model = fit(tiny_root, tmp_path / name, EMA(decay=0.7, every_n_steps=1), callbacks=[every_epoch],
+                             max_epochs=2, precision="bf16-true", limit_val_batches=val_batches)
         assert model.network[0].weight.dtype == torch.bfloat16
         trainer.save_checkpoint(tmp_path / f"{name}-end.ckpt")
         states[name] = torch.load(tmp_path / name / "epoch=1.ckpt", weights_only=True)["state_dict"]

@@ -17,7 +17,6 @@ import pytest
 import torch
 from classifier_engine.callbacks.throughput import ThroughputLogger
 from classifier_engine.data.image_data import ImageDataModule
-from classifier_engine.data.training_samples import ProgressiveResizing
 from classifier_engine.errors import ConfigError, UserError, user_message
 
 from conftest import QUICKSTART, run_project, tiny_args
@@ -67,8 +66,6 @@ DATA_BAD_VALUES = {
     "randaugment_num_ops": ({"randaugment_num_ops": -1}, "data.randaugment_num_ops: expected an int >= 0, got -1"),
     "randaugment_magnitude": ({"randaugment_magnitude": 31}, "data.randaugment_magnitude: expected an int in [0, 30]"),
     "random_erase_prob": ({"random_erase_prob": -0.1}, "data.random_erase_prob: expected a probability in [0, 1]"),
-    "progressive_resizing": ({"progressive_resizing": ProgressiveResizing(32, 32, 0, 1), "decoder": "nvjpeg"},
-                             "has one train crop size: drop data.progressive_resizing"),
     "eval_resize_size": ({"eval_resize_size": 0}, "data.eval_resize_size: expected an int >= 1, got 0"),
     "eval_crop_size": ({"eval_crop_size": -32}, "data.eval_crop_size: expected an int >= 1, got -32"),
     "mean": ({"mean": (0.5, 0.5)}, "data.mean: expected 3 values, got (0.5, 0.5)"),
@@ -86,6 +83,8 @@ DATA_TYPE_ONLY = {
     "drop_last": "bool",
     "persistent_workers": "bool (off by itself with num_workers=0, as the quickstart runs)",
     "seed": "int, linked from seed_everything (every int hashes to a seed)",
+    # its fields are checked by ProgressiveResizing itself: "ramp inverted", "ramp off its multiple" below
+    "progressive_resizing": "ProgressiveResizing or null",
 }
 
 
@@ -250,6 +249,8 @@ MODEL_BAD_VALUES = {
                               "throughput.peak_flops: expected a float > 0, got 0"),
     "throughput.count_flops": (ThroughputLogger, {"peak_flops": 4e14, "count_flops": False},
                                "throughput.peak_flops=4e+14 is for MFU, which needs the FLOP count"),
+    "throughput.data_bound_at": (ThroughputLogger, {"data_bound_at": 1.5},
+                                 "throughput.data_bound_at: expected a probability in [0, 1], got 1.5"),
     "FreezeBackbone.unfreeze_at_epoch": (FreezeBackbone, {"unfreeze_at_epoch": -1},
                                          "FreezeBackbone.unfreeze_at_epoch: expected an int >= 0, got -1"),
 }
@@ -364,6 +365,8 @@ MODEL_CLI_CASES = {
     "backbone LR": (["--model.finetune.backbone_lr_factor=0"],
                     "model.finetune.backbone_lr_factor: expected a float > 0, got 0", "parse"),
     "peak FLOP/s": (["--throughput.peak_flops=0"], "throughput.peak_flops: expected a float > 0, got 0", "parse"),
+    "data-bound share": (["--throughput.data_bound_at=-0.1"],
+                         "throughput.data_bound_at: expected a probability in [0, 1], got -0.1", "parse"),
     "EMA decay": ([EMA_CALLBACK, "--trainer.callbacks.decay=2"],
                   "trainer.callbacks.decay: expected a float in [0, 1], got 2", "parse"),
     "EMA interval": ([EMA_CALLBACK, "--trainer.callbacks.every_n_steps=0"],

@@ -96,7 +96,7 @@ def additions(trainer: dict[str, Any], groups: dict[str, Any], config: Any, plan
     if trainer.get("sync_batchnorm"):  # Lightning's own plugin needs CUDA: torch's SyncBatchNorm or a gloo one
         plugins.append(SyncBatchNormAnyBackend())
     strategy = trainer.get("strategy")
-    if strategy in DDP_START_METHODS:
+    if isinstance(strategy, str) and strategy in DDP_START_METHODS:
         strategy = DDPStrategy(timeout=timeout, start_method=DDP_START_METHODS[strategy])
     elif strategy in ("fsdp2", "fsdp2_sharded"):
         strategy = FSDPStrategy(timeout=timeout, sharded=strategy == "fsdp2_sharded")

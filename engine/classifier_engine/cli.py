@@ -24,9 +24,9 @@ from classifier_engine.plan.make import make_plan
 from classifier_engine.plan.run_plan import Pass
 from classifier_engine.plan.started import Started
 from classifier_engine.run.last_checkpoint import stops_reach_spawned_ranks
-from classifier_engine.run.run_summary import where_the_run_went
 from classifier_engine.run.saved_config import KeepingSaveConfigCallback
 from classifier_engine.run.slurm import slurm_job_id, task_line
+from classifier_engine.summary import where_the_run_went
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ import pytest
 from conftest import REPO
 
 pytestmark = pytest.mark.template  # the template's bench/ scripts
+# gpu_all.sh's fits, in its table's order; --tiny leaves out ddp, dp and fp16 (the engine's tests run them on CPU)
+FITS = ["fsdp", "fsdp-bn-in-blocks", "vit-sharded", "ddp", "ddp-bucket-view", "dp", "gpu", "fp16", "shards"]
 
 
 def run(command: list[str], tmp_path, **env) -> subprocess.CompletedProcess:
@@ -71,21 +73,26 @@ def test_gpu_all_tiny_runs_every_stage_into_one_table_saved_after_each_and_cuts_
     assert all(len(row) == 9 for row in cells)
     assert [row[0] for row in cells] == [
         "GPU tests", *["synthetic"] * 3, *["real JPEGs, GPU decode"] * 2, *["real JPEGs, CPU decode"] * 2,
-        "Trainer / plain loop", "device augmentation, train", "device augmentation, eval",
-        "fit: gpu", "fit: dp", "fit: ddp", "fit: fp16", "fit: bf16", "fit: fsdp", "fit: shards"]
-    assert cells[0][2] == "0 passed, 0 failed, 4 skipped"  # pytest -m gpu ran, and skips without CUDA
+        "Trainer / plain loop", "device augmentation, train", "device augmentation, train + trivialaugment",
+        "device augmentation, eval",
+        *[f"fit: {name}" for name in FITS]]
+    assert cells[0][2] == "0 passed, 0 failed, 7 skipped"  # pytest -m gpu ran, and skips without CUDA
     assert cells[2][1:3] == ["stage compile", "cut at its time limit (exit 137): see compile.log"]
     decoders = [row[1].split("decoder=")[1].split(",")[0] for row in cells[4:8]]
     assert decoders == ["nvjpeg", "torchcodec-cuda", "torchvision", "torchcodec"]  # GPU decode first, as run
-    for row in [*cells[1:2], *cells[3:11]]:
+    for row in [*cells[1:2], *cells[3:12]]:
         assert float(row[2].replace(",", "")) > 0, table  # img/s: the stages before and after the hung one
     assert all(row[1].endswith("run in 32-true") for row in cells[1:2] + cells[3:4])  # what --tiny ran, not the name
-    fits = {row[0]: row[-1] for row in cells[-7:]}
+    fits = {row[0]: row[-1] for row in cells[-len(FITS):]}
     skipped = "not with --tiny: the engine's tests run it"
-    assert fits == {"fit: gpu": "exit 0", "fit: dp": skipped, "fit: ddp": skipped, "fit: fp16": skipped,
-                    "fit: bf16": skipped, "fit: fsdp": skipped, "fit: shards": "exit 0"}, table
-    settings = {row[0]: row[1].split("; ", 1)[1] for row in cells[-7:] if "; " in row[1]}
-    assert settings == {"fit: gpu": "32-true", "fit: shards": "32-true"}, table
+    assert fits == {f"fit: {name}": skipped if name in ("ddp", "dp", "fp16") else "exit 0" for name in FITS}, table
+    settings = {row[0][5:]: row[1].split("; ", 1)[1] for row in cells[-len(FITS):] if "; " in row[1]}
+    one_device = "on one device: no replication or collective"
+    assert settings == {"fsdp": f"bf16-mixed; fsdp2 {one_device}",  # --tiny: bf16 for FSDP2's BatchNorm units
+                        "fsdp-bn-in-blocks": f"bf16-mixed; FSDPStrategy(batchnorm_units=False) {one_device}",
+                        "vit-sharded": f"32-true; fsdp2_sharded {one_device}",
+                        "ddp-bucket-view": f"32-true; DDPStrategy(gradient_as_bucket_view=True) {one_device}",
+                        "gpu": "32-true", "shards": "32-true"}, table
     assert [row[7].endswith("of synthetic") for row in cells[4:8]] == [True] * 4
     rows = [r for name in ("synthetic", "nvjpeg", "torchcodec-cuda", "cpu-decode")
             for r in json.loads((out / f"{name}.json").read_text())["rows"]]
@@ -105,11 +112,11 @@ def test_gpu_all_tiny_runs_every_stage_into_one_table_saved_after_each_and_cuts_
             assert unsaved == [], f"{event!r} started before {unsaved} were saved"
         elif ": exit " in event:
             unsaved.append(event)
-    assert unsaved == [] and saves == result.stdout.count("| measurement |") == 12, events
+    assert unsaved == [] and saves == result.stdout.count("| measurement |") == 15, events
     with tarfile.open(saved / "gpu_all.tgz") as archive:
         names = set(archive.getnames())
     stages = ["meta", "gpu-tests", "jpegs", "synthetic", "nvjpeg", "torchcodec-cuda", "cpu-decode", "compile",
-              "overhead", "augment", "shards", "fits/gpu", "fits/shards"]
+              "overhead", "augment", "shards", *[f"fits/{name}" for name in FITS if name not in ("ddp", "dp", "fp16")]]
     assert {f"./{stage}.log" for stage in stages} <= names, names
     assert {"./table.md", "./stages.tsv", "./fits.tsv", "./gpu_all.log", "./gpu-tests.xml", "./overhead.json"} <= names
     kept_out = [n for n in names if n.endswith((".JPEG", ".ckpt")) or n.startswith(("./fake_imagenet", "./shards/"))]
@@ -130,6 +137,12 @@ def test_a_fit_rows_setting_says_the_precision_it_ran_in_and_a_one_device_strate
     assert fit_setting("configs/fsdp.yaml --trainer.devices=1", {"strategy": "fsdp", "devices": 1}, tf32=False) == (
         "--config configs/fsdp.yaml --trainer.devices=1; 32-true; fsdp on one device: no replication or collective")
     assert fit_setting("configs/fp16.yaml", {}, tf32=False) == "--config configs/fp16.yaml"  # stopped before saving
+    fsdp_class = {"class_path": "classifier_engine.strategies.fsdp.FSDPStrategy",
+                  "init_args": {"sharded": False, "batchnorm_units": False, "timeout": None}}
+    assert fit_setting("configs/fsdp.yaml --trainer.strategy.batchnorm_units=false",
+                       {"precision": "bf16-mixed", "strategy": fsdp_class, "devices": 1}, tf32=True) == (
+        "--config configs/fsdp.yaml --trainer.strategy.batchnorm_units=false; bf16-mixed; "
+        "FSDPStrategy(batchnorm_units=False) on one device: no replication or collective")  # the options it set
 
 
 def test_gpu_bench_row_that_fails_says_why_and_the_rows_after_it_still_run(tmp_path, tiny_root):

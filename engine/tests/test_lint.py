@@ -61,7 +61,7 @@ FLOORS = (
     ("data",),
     ("callbacks",),
     ("plan",),  # the run plan's passes: they ask run/ and class_switch, in order
-    ("additions",),
+    ("additions", "summary"),
     ("cli",),
     ("export",),
     ("entry", "__main__", ""),  # the commands; "" is the package itself (its public names, imported on first use)

@@ -62,7 +62,7 @@ class EMA(L.Callback):
 
     Args:
         decay: per-update decay, in [0, 1]; with adjust_decay, torchvision's --model-ema-decay (ResNet-50 V2: 0.99998).
-        every_n_steps: update every n optimizer steps, >= 1 (torchvision: 32).
+        every_n_steps: update every n optimizer steps, >= 1 (torchvision's --model-ema-steps default, and ours: 32).
         warmup_epochs: for this many epochs (>= 0; rounded to optimizer steps as the LR warmup is: give
             model.optim.warmup_epochs) the EMA is a copy of the weights, and its first update after them copies too.
         adjust_decay: derive the per-update decay as torchvision does (torchvision_ema_decay), from the global batch
@@ -72,7 +72,7 @@ class EMA(L.Callback):
     During fit: `average` (the averaged copy), `n_averaged` (its update count, on its device), `update_decay`.
     """
 
-    def __init__(self, decay: UnitInterval = 0.9999, every_n_steps: PositiveInt = 1,
+    def __init__(self, decay: UnitInterval = 0.9999, every_n_steps: PositiveInt = 32,
                  warmup_epochs: NonNegativeFloat = 0.0, adjust_decay: bool = False, device: Optional[str] = None):
         # `--trainer.callbacks.decay=2` is refused while parsing; these checks are for a Python caller's values.
         checked = check_arguments(EMA.__init__, locals(), "EMA")

@@ -14,8 +14,9 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
 from classifier_engine import contract
+from classifier_engine.callbacks.data_bound import DataVerdict
 from classifier_engine.errors import ConfigError
-from classifier_engine.options import PositiveFloat, check_arguments
+from classifier_engine.options import PositiveFloat, Probability, check_arguments
 from classifier_engine.run.training_steps import after_optimizer_step, is_logging_step
 
 # Dense peak FLOP/s per GPU from NVIDIA's datasheets, by a substring of the device name, the more specific first
@@ -72,16 +73,21 @@ def train_flops_per_image(network: torch.nn.Module, batch_shape: torch.Size) -> 
 class ThroughputLogger(L.Callback):
     """Logs training speed under perf/ (and to the progress bar); the CLI's `--throughput.*` group."""
 
-    def __init__(self, peak_flops: Optional[PositiveFloat] = None, count_flops: bool = True):
+    def __init__(self, peak_flops: Optional[PositiveFloat] = None, count_flops: bool = True,
+                 data_bound_at: Probability = 0.1):
         """
         Args:
             peak_flops: peak FLOP/s of one device for MFU, > 0; None looks the GPU up in PEAK_FLOPS (no MFU on CPU).
             count_flops: count the model's FLOPs per image once (on a meta-device copy) for tflops and MFU.
+            data_bound_at: the share of step time spent waiting for the next batch above which each epoch's end and
+                the fit's last line call the run data-bound and name the fix that would help most (data_bound.py).
         """
         super().__init__()
         # `--throughput.peak_flops=-1` is refused while parsing; these checks are for a Python caller's values.
         checked = check_arguments(ThroughputLogger.__init__, locals(), "throughput")
         self.peak_flops, self.count_flops = checked["peak_flops"], checked["count_flops"]
+        self.verdict = DataVerdict(checked["data_bound_at"])
+        self._step_start = 0.0
         if self.peak_flops is not None and not self.count_flops:
             raise ConfigError(f"throughput.peak_flops={self.peak_flops:g} is for MFU, which needs the FLOP count: "
                               "drop --throughput.peak_flops or set --throughput.count_flops=true")
@@ -126,6 +132,7 @@ class ThroughputLogger(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._close_segment()
+        self.verdict.epoch_end(trainer)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING:  # validation inside fit is no training time
@@ -135,11 +142,12 @@ class ThroughputLogger(L.Callback):
         if self.count_flops and not self._flops_counted:
             self._count_flops(batch)
             self._last_end = None  # the counting is no data wait
-        now = time.perf_counter()
+        now = self._step_start = time.perf_counter()
         if self._segment_start is None:
             self._segment_start = now
         elif self._last_end is not None:
             self._wait += now - self._last_end
+            self.verdict.add(wait=now - self._last_end)
 
     def _count_flops(self, batch: Any) -> None:
         self._flops_counted = True  # once, whatever happens
@@ -158,12 +166,13 @@ class ThroughputLogger(L.Callback):
         images = batch[0] if isinstance(batch, (list, tuple)) else batch
         self._images += len(images)
         self._last_end = time.perf_counter()
-        if not after_optimizer_step(trainer, batch_idx):
-            return
-        self._steps += 1
-        # Log on the steps Lightning writes its own step metrics, so perf/* lines up with train/loss.
-        if is_logging_step(trainer, batch_idx):
-            self._log_window(trainer, pl_module)
+        if after_optimizer_step(trainer, batch_idx):
+            self._steps += 1
+            # Log on the steps Lightning writes its own step metrics, so perf/* lines up with train/loss.
+            if is_logging_step(trainer, batch_idx):
+                self._log_window(trainer, pl_module)
+        # Host time: the device's share shows up at the logging steps' synchronize (the host runs ahead in between).
+        self.verdict.add(busy=time.perf_counter() - self._step_start, images=len(images))
 
     def _log_window(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         open_segment = self._now() - self._segment_start if self._segment_start is not None else 0.0

@@ -1,5 +1,6 @@
 """Device decoders: the workers read JPEG bytes and draw the train crops; the training device decodes the batch and
-runs the uint8 presets batch-wise, crops resized per size bucket (how and why: docs/imagenet.md).
+runs the uint8 presets batch-wise, crops resized per size bucket, then any auto-augment or random erasing image by image
+with the draws of the sample's seed (how and why: docs/imagenet.md).
 
     python -m classifier_engine fit --config CONFIG --trainer.accelerator=gpu --data.root DIR --data.decoder nvjpeg
 """
@@ -18,7 +19,7 @@ from torchvision.transforms import v2
 
 from classifier_engine.data.decoders import image_loader
 from classifier_engine.data.transforms import CROP_RATIO
-from classifier_engine.errors import UnreadableImageError
+from classifier_engine.errors import ConfigError, UnreadableImageError
 
 try:
     from torchvision.io import ImageReadMode, decode_jpeg
@@ -32,7 +33,8 @@ NVJPEG_FRAMES = (0xC0, 0xC1, 0xC2)  # SOF0 baseline, SOF1 extended, SOF2 progres
 
 
 class Crop(NamedTuple):
-    """One image's RandomResizedCrop box and flip, and the image size they were drawn for (plain ints: no tensors)."""
+    """One image's RandomResizedCrop box and flip, the image size they were drawn for, and the seed they were drawn
+    from, which the rest of the train preset draws from after them (plain ints: no tensors)."""
 
     top: int
     left: int
@@ -41,6 +43,7 @@ class Crop(NamedTuple):
     flip: bool
     image_height: int
     image_width: int
+    seed: int = 0
 
 
 class TrainCrop(NamedTuple):
@@ -63,7 +66,7 @@ class TrainCrop(NamedTuple):
         top, left, h, w = v1.RandomResizedCrop.get_params(torch.empty(1, 1, 1).expand(1, height, width),
                                                           list(self.scale), list(self.ratio))
         flip = self.hflip_prob > 0 and torch.rand(1).item() < self.hflip_prob
-        return Crop(top, left, h, w, flip, height, width)
+        return Crop(top, left, h, w, flip, height, width, torch.initial_seed())
 
 
 def _fit(crop: Crop, height: int, width: int) -> tuple[int, int, int, int]:
@@ -198,13 +201,26 @@ class EncodedBatch(NamedTuple):
         return [part.view(shape) for part, shape in zip(parts, self.shapes)]
 
 
+def _out_of_memory(error: BaseException) -> bool:
+    # torch's own, or the CUDA runtime's as a decoder reports it: never a file's fault, so never a CPU fallback
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+def _reason(error: BaseException) -> str:
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:160]}"
+
+
 class DeviceDecoder:
     """A batch's JPEG bytes decoded on `device` in one call by "nvjpeg" (torchvision.io) or "torchcodec-cuda"; what the
-    workers decoded is moved as it is, and a file the device cannot decode goes to the CPU decoder, which names it."""
+    workers decoded is moved as it is. A file the device cannot decode goes to the CPU decoder, which names it; the
+    first such fallback is one warning line, a second batch in a row the device decodes none of stops the run, and an
+    out-of-memory propagates."""
 
     def __init__(self, decoder: str = "nvjpeg", on_corrupt: str = "error"):
         self.cpu_decode = image_loader(decoder)  # also checks that the library is there
         self.decoder, self.on_corrupt = decoder, on_corrupt
+        self.cpu_fallbacks = 0  # images the device could not decode, decoded on the CPU in the training process
+        self._failed_batches = 0  # batches in a row the device decoded none of (and the CPU some)
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def _decode(self, payloads: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
@@ -234,17 +250,45 @@ class DeviceDecoder:
             image.record_stream(main)  # allocated on the side stream, used and freed on the training stream
         return images
 
-    def _decode_one(self, payload: torch.Tensor, path: str, device: torch.device) -> Optional[torch.Tensor]:
+    def _on_device(self, payload: torch.Tensor, device: torch.device) -> tuple[Optional[torch.Tensor], str]:
         try:
-            return self.decode_jpegs([payload], device)[0]
-        except (RuntimeError, ValueError):
-            try:  # the CPU decoders read more broken-but-usable files, and name the file when they cannot
-                return self.cpu_decode(path).to(device)
-            except UnreadableImageError as error:
-                if self.on_corrupt == "error":
-                    raise
-                logger.warning("skipped unreadable %s (%s) [device decode]", error.path, error.reason)
-                return None
+            return self.decode_jpegs([payload], device)[0], ""
+        except (RuntimeError, ValueError) as error:
+            if _out_of_memory(error):
+                raise
+            return None, _reason(error)
+
+    def _on_cpu(self, path: str, device: torch.device) -> Optional[torch.Tensor]:
+        try:  # the CPU decoders read more broken-but-usable files, and name the file when they cannot
+            return self.cpu_decode(path).to(device)
+        except UnreadableImageError as error:
+            if self.on_corrupt == "error":
+                raise
+            logger.warning("skipped unreadable %s (%s) [device decode]", error.path, error.reason)
+            return None
+
+    def _one_by_one(self, payloads: list[torch.Tensor], paths: list[str],
+                    device: torch.device) -> list[Optional[torch.Tensor]]:
+        """Each image alone on the device, then on the CPU where the device failed (one bad file fails a batch)."""
+        tried = [self._on_device(payload, device) for payload in payloads]
+        failed = [i for i, (image, _) in enumerate(tried) if image is None]
+        images = [image for image, _ in tried]
+        reason = tried[failed[0]][1] if failed else ""
+        if failed and self.cpu_fallbacks == 0:
+            logger.warning("data.decoder=%s: %d of %d images of a batch did not decode on %s (%s; first %s): decoded "
+                           "on the CPU in the training process, slowly; later fallbacks are counted "
+                           "(DeviceDecoder.cpu_fallbacks), not logged", self.decoder, len(failed), len(payloads),
+                           device, reason, paths[failed[0]])
+        self.cpu_fallbacks += len(failed)
+        for i in failed:
+            images[i] = self._on_cpu(paths[i], device)
+        device_fault = len(failed) == len(payloads) and any(images[i] is not None for i in failed)
+        self._failed_batches = self._failed_batches + 1 if device_fault else 0
+        if self._failed_batches >= 2:
+            raise ConfigError(f"data.decoder={self.decoder} decoded none of the images of two batches in a row on "
+                              f"{device} ({reason}), which the CPU decodes: use data.decoder=auto (decode in the "
+                              "workers), or a torchvision/torchcodec built with nvJPEG for this GPU")
+        return images
 
     def __call__(self, payloads: list[torch.Tensor], paths: list[str],
                  device: torch.device) -> list[Optional[torch.Tensor]]:
@@ -255,30 +299,69 @@ class DeviceDecoder:
         if encoded:
             try:
                 decoded = self.decode_jpegs([payloads[i] for i in encoded], device)
-            except (RuntimeError, ValueError):  # one bad file fails the whole batched call: find it
-                decoded = [self._decode_one(payloads[i], paths[i], device) for i in encoded]
+                self._failed_batches = 0
+            except (RuntimeError, ValueError) as error:
+                if _out_of_memory(error):
+                    raise
+                decoded = self._one_by_one([payloads[i] for i in encoded], [paths[i] for i in encoded], device)
             for i, image in zip(encoded, decoded):
                 images[i] = image
         return images
 
 
+class CroppedBatch(NamedTuple):
+    """A training batch decoded, cropped, resized and flipped on the device; the rest of the preset still to run."""
+
+    images: torch.Tensor  # (N, 3, size, size) uint8
+    targets: torch.Tensor
+    crops: list[Crop]
+
+
 class DevicePipeline:
     """Decodes an EncodedBatch on the device, then applies the crops and flips the workers drew from `train_crop`
-    (training) or the uint8 `eval_transform` (eval_preset(normalize=False)); decoder: "nvjpeg" or "torchcodec-cuda"."""
+    (training) and `augment` per image (auto-augment, random erasing: train_preset's steps after the flip), or the uint8
+    `eval_transform` (eval_preset(normalize=False)); decoder: "nvjpeg" or "torchcodec-cuda". `size_at(epoch)`: the
+    train crop side by epoch (progressive resizing)."""
 
     def __init__(self, train_crop: Optional[TrainCrop], eval_transform: v2.Compose, *, decoder: str = "nvjpeg",
-                 on_corrupt: str = "error"):
+                 on_corrupt: str = "error", augment: Optional[Callable] = None,
+                 size_at: Optional[Callable[[int], int]] = None):
         self.decoder = DeviceDecoder(decoder, on_corrupt)
-        self.train_crop, self.eval_transform = train_crop, eval_transform
+        self.train_crop, self.eval_transform, self.augment, self.size_at = train_crop, eval_transform, augment, size_at
 
-    def __call__(self, batch: EncodedBatch, device: torch.device, training: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decoded(self, batch: EncodedBatch, device: torch.device) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
         images = self.decoder(batch.payloads(), batch.paths, device)
         keep = [i for i, image in enumerate(images) if image is not None]
         if not keep:
             raise RuntimeError(f"all {len(images)} images of a batch were unreadable (see the warnings naming them)")
         targets = batch.targets if len(keep) == len(images) else batch.targets[keep]
-        kept = [images[i] for i in keep]
-        if not training:
-            return eval_batch(kept, self.eval_transform), targets.to(device, non_blocking=True)
+        return keep, [images[i] for i in keep], targets.to(device, non_blocking=True)
+
+    def crop(self, batch: EncodedBatch, device: torch.device, epoch: int = 0) -> CroppedBatch:
+        """The training batch decoded, its crops resized to the epoch's size and flipped: no random draw here (the
+        prefetching loader's thread runs this; the global generator is the training loop's)."""
+        keep, images, targets = self._decoded(batch, device)
         crops = [batch.crops[i] for i in keep]  # drawn in the workers (EncodedImages of the training set)
-        return resized_crops(kept, crops, self.train_crop.size), targets.to(device, non_blocking=True)
+        side = self.size_at(epoch) if self.size_at is not None else None
+        size = (side, side) if side else self.train_crop.size
+        return CroppedBatch(resized_crops(images, crops, size), targets, crops)
+
+    def finish(self, batch: CroppedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rest of the train preset per image, drawn as the CPU preset draws it after the crop and flip."""
+        if self.augment is None:
+            return batch.images, batch.targets
+        augmented = []
+        with torch.random.fork_rng(devices=[]):  # the CPU generator only: v2 draws there, whatever the images' device
+            for image, crop in zip(batch.images, batch.crops):
+                torch.default_generator.manual_seed(crop.seed)
+                self.train_crop.draw(crop.image_height, crop.image_width)  # the crop's and flip's draws, again
+                augmented.append(self.augment(image))
+        return torch.stack(augmented), batch.targets
+
+    def __call__(self, batch: EncodedBatch | CroppedBatch, device: torch.device, training: bool, epoch: int = 0):
+        if isinstance(batch, CroppedBatch):
+            return self.finish(batch)
+        if training:
+            return self.finish(self.crop(batch, device, epoch))
+        _, images, targets = self._decoded(batch, device)
+        return eval_batch(images, self.eval_transform), targets

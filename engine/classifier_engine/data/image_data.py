@@ -5,16 +5,20 @@ resumable loaders); a subclass says only where its (path, label) samples come fr
 """
 
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 import lightning as L
+import torch
 from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import v2
 
 from classifier_engine.contract import EvalPreprocessing
 from classifier_engine.data.decoders import DEVICE_DECODERS, Decoder, OnCorrupt, resolve_decoder
-from classifier_engine.data.device_decode import DevicePipeline, EncodedBatch, TrainCrop
+from classifier_engine.data.device_decode import CroppedBatch, DevicePipeline, EncodedBatch, TrainCrop
+from classifier_engine.data.device_prefetch import PrefetchingLoader, copied
 from classifier_engine.data.image_folders import DecodedImages, EncodedImages, collate_encoded, collate_readable
 from classifier_engine.data.predict import ImagePathDataset, list_images
 from classifier_engine.data.training_samples import ProgressiveResizing, SeededSamples, TrainPresetPerEpoch
@@ -40,6 +44,7 @@ from classifier_engine.run.signals import ignore_stop_signals
 from classifier_engine.samplers import ExactDistributedSampler, ResumableDataLoader, ResumableSampler, global_batch_of
 
 Samples = list[tuple[str, int]]  # (image path, label) of one split
+DRAWN_IN_WORKERS = (v2.ToImage, v2.RandomResizedCrop, v2.RandomHorizontalFlip)  # by a device decoder's TrainCrop
 
 
 class ImageDataModule(L.LightningDataModule):
@@ -143,8 +148,11 @@ class ImageDataModule(L.LightningDataModule):
         if self.decoder in DEVICE_DECODERS:  # the workers draw the train crops, the device applies them
             crop = TrainCrop.for_options(crop_size=o["train_crop_size"], scale=o["train_crop_scale"],
                                          hflip_prob=o["hflip_prob"])
+            # The uint8 preset's own steps after the crop and flip (auto-augment, random erasing), per image there
+            rest = [t for t in self.train_transform.transforms if not isinstance(t, DRAWN_IN_WORKERS)]
             self.device_pipeline = DevicePipeline(crop, self.eval_transform, decoder=self.decoder,
-                                                  on_corrupt=o["on_corrupt"])
+                                                  on_corrupt=o["on_corrupt"], size_at=ramp.size_at if ramp else None,
+                                                  augment=v2.Compose(rest) if rest else None)
 
     def samples(self, split: str) -> Samples:
         """(path, label) of every image of `split` ("train", "val" or "test"), label i being class_names[i]."""
@@ -168,7 +176,8 @@ class ImageDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
-            per_epoch = self.train_transform_for_epoch
+            # A device decoder resizes to each epoch's size on the device (DevicePipeline.size_at)
+            per_epoch = self.train_transform_for_epoch if self.device_pipeline is None else None
             images = self._images("train", None if per_epoch else self.train_transform)
             self.datasets["train"] = SeededSamples(images, self.hparams.seed, transform_for_epoch=per_epoch)
         for split in {"fit": ["val"], "validate": ["val"], "test": ["test"]}.get(stage, []):
@@ -216,7 +225,14 @@ class ImageDataModule(L.LightningDataModule):
         if self._resume_state is not None:
             self.train_sampler.restore_loader_state(self.batch_size, self._resume_state)
             self._resume_state = None
-        return self._loader("train", self.train_sampler, ResumableDataLoader, drop_last=drop_last)
+        strategy = getattr(self.trainer, "strategy", None)  # none without a Trainer (a loader built by hand)
+        device = strategy.root_device if strategy is not None else torch.device("cpu")
+        if self.device_pipeline is None and device.type != "cuda":
+            return self._loader("train", self.train_sampler, ResumableDataLoader, drop_last=drop_last)
+        # The next batch copied to the GPU (by a device decoder, decoded there too) by a thread while this one trains
+        prepare = self.device_pipeline.crop if self.device_pipeline is not None else copied
+        loader_class = functools.partial(PrefetchingLoader, device=device, prepare=prepare)
+        return self._loader("train", self.train_sampler, loader_class, drop_last=drop_last)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, weights_only: bool = True,
@@ -254,8 +270,9 @@ class ImageDataModule(L.LightningDataModule):
         return self._eval_loader("predict")
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        if isinstance(batch, EncodedBatch):  # a device decoder's: decode and augment where the model runs
-            return self.device_pipeline(batch, self.trainer.strategy.root_device, training=self.trainer.training)
+        if isinstance(batch, (EncodedBatch, CroppedBatch)):  # a device decoder's: decoded (and augmented) there
+            trainer = self.trainer
+            return self.device_pipeline(batch, trainer.strategy.root_device, trainer.training, trainer.current_epoch)
         return batch
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
@@ -282,11 +299,3 @@ def check_combinations(o: dict[str, Any]) -> None:
     decoder = f"data.decoder={o['decoder']}"
     if not o["normalize_on_device"]:
         raise ConfigError(f"{decoder} augments uint8 images on the device: set data.normalize_on_device=true")
-    if o["progressive_resizing"] is not None:
-        raise ConfigError(f"{decoder} has one train crop size: drop data.progressive_resizing, or decode in the "
-                          "workers (data.decoder=auto)")
-    if o["auto_augment"] is not None or o["random_erase_prob"] > 0:
-        raise ConfigError(f"{decoder} runs RandomResizedCrop (bilinear) + RandomHorizontalFlip on the device, got "
-                          f"data.auto_augment={o['auto_augment']}, data.random_erase_prob={o['random_erase_prob']}: "
-                          "turn the other augmentations off (data.auto_augment=null, data.random_erase_prob=0) or "
-                          "decode in the workers (data.decoder=auto)")

@@ -106,6 +106,7 @@ def world(given: PlanInput) -> list[Decision]:
     size, how = planned_world(trainer)
     strategy = trainer.get("strategy")
     name = strategy if isinstance(strategy, str) else _class_path(strategy) or type(strategy).__name__
+    strategy = strategy if isinstance(strategy, str) else None
     minutes = given.config.get("ddp_timeout_minutes") or 10.0
     if strategy in DDP_START_METHODS:
         what = (f"torch DDP, ranks started by {DDP_START_METHODS[strategy]}, a silent rank ends the job after "
@@ -113,7 +114,7 @@ def world(given: PlanInput) -> list[Decision]:
     elif strategy in ("fsdp2", "fsdp2_sharded"):
         what = f"torch FSDP2 ({'sharded' if strategy == 'fsdp2_sharded' else 'one-file'} checkpoints)"
     else:
-        what = "Lightning's choice for the devices" if strategy in (None, "auto") else "trainer.strategy"
+        what = "Lightning's choice for the devices" if name in (None, "auto") else "trainer.strategy"
     precision = trainer.get("precision") or "32-true"
     return [Decision(WORLD_SIZE, size, how), Decision(STRATEGY, name, what),
             Decision(PRECISION, str(precision), "trainer.precision" + (" (its default)" if trainer.get(

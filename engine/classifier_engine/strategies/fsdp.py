@@ -5,6 +5,8 @@
 The model shards itself in configure_model with `shard` (which blocks: the room's choice); docs/how-it-works.md#fsdp.
 """
 
+import contextlib
+import contextvars
 import functools
 import glob
 import shutil
@@ -16,6 +18,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 from torch import nn
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
@@ -32,20 +35,58 @@ from classifier_engine.storage.files import fsync_directory
 
 def checkpoint_activations(blocks: Iterable[nn.Module]) -> None:
     """Recompute each block's activations in the backward pass instead of keeping them: less memory, ~1/3 more compute.
-    The forward is wrapped in place (no wrapper module), so parameter names and checkpoints stay as they were."""
+    The forward is wrapped in place (no wrapper module), so parameter names and checkpoints stay as they were; the
+    recomputation leaves BatchNorm's running statistics as the forward left them (updated once a step, not twice)."""
     for block in blocks:
         if not isinstance(block.forward, functools.partial):  # configure_model may run more than once
-            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+            contexts = functools.partial(_recomputing, [m for m in block.modules() if isinstance(m, _BatchNorm)])
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False, context_fn=contexts)
+
+
+def _recomputing(norms: list[_BatchNorm]) -> tuple[Any, Any]:
+    """checkpoint's contexts for the forward (none) and for the recomputation (the statistics kept)."""
+    return contextlib.nullcontext(), _statistics_kept(norms)
+
+
+@contextlib.contextmanager
+def _statistics_kept(norms: list[_BatchNorm]):
+    buffers = [b for norm in norms for b in (norm.running_mean, norm.running_var, norm.num_batches_tracked)
+               if b is not None]
+    saved = [b.clone() for b in buffers]
+    try:
+        yield
+    finally:  # also when checkpoint stops the recomputation early (by raising once it has what it needs)
+        with torch.no_grad():
+            for buffer, value in zip(buffers, saved):
+                buffer.copy_(value)
+
+
+def _float_affine_forward(norm: _BatchNorm, input: torch.Tensor) -> torch.Tensor:
+    """_BatchNorm.forward with the weight and bias its block gathered in low precision cast to its statistics' dtype
+    (F.batch_norm takes bf16 inputs with float32 weights and statistics, not bf16 weights with float32 statistics)."""
+    tracking = norm.training and norm.track_running_stats
+    if tracking and norm.num_batches_tracked is not None:
+        norm.num_batches_tracked.add_(1)
+    momentum = (norm.momentum if norm.momentum is not None else 1 / float(norm.num_batches_tracked)) if tracking else 0
+    stats = not norm.training or norm.track_running_stats
+    dtype = norm.running_mean.dtype if norm.running_mean is not None else torch.float32
+    weight, bias = (None if p is None else p.to(dtype) for p in (norm.weight, norm.bias))
+    return F.batch_norm(input, norm.running_mean if stats else None, norm.running_var if stats else None, weight, bias,
+                        norm.training or norm.running_mean is None, momentum, norm.eps)
 
 
 # The weights FSDP2 gathers (and the forward runs on) by the Trainer's precision; without one, mixed precision
 # gathered float32 weights that autocast then cast. Gradients are reduced in float32, as ddp reduces them.
 GATHERED_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+_BATCHNORM_UNITS = contextvars.ContextVar("batchnorm_units", default=True)  # FSDPStrategy's, while configure_model runs
 
 
-def shard(network: nn.Module, blocks: Iterable[nn.Module], mesh: Any, precision: str = "32-true") -> None:
+def shard(network: nn.Module, blocks: Iterable[nn.Module], mesh: Any, precision: str = "32-true",
+          batchnorm_units: Optional[bool] = None) -> None:
     """FSDP2: each block's parameters sharded over `mesh` (gathered just before the block runs, freed after), then
-    the rest with the root; under mixed precision, gathered in its dtype. Once: a sharded network is left as it is."""
+    the rest with the root; under mixed precision, gathered in its dtype, each BatchNorm its own float32 unit
+    (`batchnorm_units`; None: the FSDPStrategy's) or in its block's, cast back to float32 for the normalization.
+    Once: a sharded network is left as it is."""
     if isinstance(network, FSDPModule):
         return
     # Each rank shards its own copy: they must start equal, from rank 0's (as DDP broadcasts them), or the ranks'
@@ -61,10 +102,14 @@ def shard(network: nn.Module, blocks: Iterable[nn.Module], mesh: Any, precision:
                 tensor.copy_(moved)
     dtype = GATHERED_DTYPES.get(precision)
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
-    if dtype is not None:  # BatchNorm refuses low-precision weights beside float32 statistics: float32 units of their
-        for module in network.modules():  # own, as FSDP1 made them (pytorch#75478)
-            if isinstance(module, _BatchNorm):
-                fully_shard(module, mesh=mesh)
+    own_units = _BATCHNORM_UNITS.get() if batchnorm_units is None else batchnorm_units
+    # BatchNorm refuses low-precision weights beside float32 statistics: float32 units of their own, as FSDP1 made them
+    # (pytorch#75478; ~160 more small all-gathers a ResNet-50 step), or cast back in their block's unit
+    for module in network.modules() if dtype is not None else ():
+        if isinstance(module, _BatchNorm) and own_units:
+            fully_shard(module, mesh=mesh)
+        elif isinstance(module, _BatchNorm):
+            module.forward = functools.partial(_float_affine_forward, module)
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(network, mesh=mesh, mp_policy=policy)
@@ -76,13 +121,24 @@ class FSDPStrategy(ModelParallelStrategy):
 
     strategy_name = "fsdp2"
 
-    def __init__(self, sharded: bool = False, **kwargs: Any) -> None:
+    def __init__(self, sharded: bool = False, batchnorm_units: bool = True, **kwargs: Any) -> None:
         """
         Args:
             sharded: each process writes its own shards of a checkpoint (torch distributed checkpoint), into a folder
                 beside the .ckpt file, which keeps the rest: no gather on rank 0. False: one file, as under ddp.
+            batchnorm_units: under mixed precision each BatchNorm is its own float32 unit (its own all-gather); False
+                gathers it with its block, in the block's dtype (`shard`; bench/gpu_all.sh measures both).
         """
         super().__init__(tensor_parallel_size=1, save_distributed_checkpoint=sharded, **kwargs)
+        self.batchnorm_units = batchnorm_units
+
+    @contextlib.contextmanager
+    def model_sharded_context(self):
+        token = _BATCHNORM_UNITS.set(self.batchnorm_units)  # what `shard` reads in the model's configure_model
+        try:
+            yield
+        finally:
+            _BATCHNORM_UNITS.reset(token)
 
     def setup_environment(self) -> None:
         if self._layer_sync is not None:  # ModelParallelStrategy never applies it: BatchNorm would stay per rank

@@ -1,13 +1,16 @@
-"""The last line of a fit: where the run went (its run dir, its best and last checkpoints) and how to look at it.
+"""The last line of a fit: where the run went (its run dir, its best and last checkpoints), how to look at it, and
+whether its input kept up (callbacks/data_bound.py).
 
     python -m classifier_engine fit --config CONFIG      # run dir ...; best checkpoint ...; last ...; look at it ...
 """
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import lightning as L
 
+from classifier_engine.callbacks.data_bound import worker_cost
+from classifier_engine.callbacks.throughput import ThroughputLogger
 from classifier_engine.run.last_checkpoint import LastCheckpoint
 from classifier_engine.run.trackers import how_to_look
 
@@ -26,4 +29,18 @@ def where_the_run_went(trainer: L.Trainer, run_dir: Optional[Path] = None) -> st
         parts.append(f"last {last}")
     if looks := how_to_look(trainer.loggers, run_dir):
         parts.append("look at it with: " + ", ".join(looks))
+    if verdict := verdict_line(trainer):
+        parts.append(verdict)
     return "; ".join(parts)
+
+
+def verdict_line(trainer: Any) -> Optional[str]:
+    """The whole run's verdict for the fit's last line (None without a ThroughputLogger or before any step)."""
+    logger = next((c for c in trainer.callbacks if isinstance(c, ThroughputLogger)), None)
+    if logger is None:
+        return None
+    verdict = logger.verdict
+    verdict.cost = verdict.cost or worker_cost(trainer.train_dataloader, trainer.current_epoch)  # a fit cut short
+    judged = verdict.judge(trainer, verdict.run)
+    return f"input over the run: {judged[0]}" if judged else None
+
