@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from classifier_engine.data.partial_decode import EncodedJpeg, _scale, encoded_jpeg
+from classifier_engine.data.partial_decode import EncodedJpeg, dct_scale, encoded_jpeg
 from classifier_engine.data.transforms import CROP_RATIO
 from PIL import Image
 from torch.utils.data import default_collate
@@ -57,7 +57,7 @@ def train_row(decode_at: Scaled, crop: int) -> Callable[[list[Path]], None]:
                 header = encoded_jpeg(data, whole=None)
                 box = draw.make_params([header.size_proxy()])
                 top, left, height, width = box["top"], box["left"], box["height"], box["width"]
-                scaled = decode_at(data, header, _scale(height, width, crop, crop))
+                scaled = decode_at(data, header, dct_scale(height, width, crop, crop))
                 s = scaled.shape[1] / header.height
                 rows, columns = slice(round(top * s), round((top + height) * s)), slice(round(left * s),
                                                                                          round((left + width) * s))
@@ -65,6 +65,21 @@ def train_row(decode_at: Scaled, crop: int) -> Callable[[list[Path]], None]:
                 image = F.resize(region, [crop, crop], antialias=True)
                 batch.append((image.flip(-1) if torch.rand(1) < 0.5 else image, 0))
             default_collate(batch)
+
+    return run
+
+
+def region_row(crop: int) -> Callable[[list[Path]], None]:
+    from classifier_engine.data.partial_decode import decode_box
+
+    draw = v2.RandomResizedCrop(crop, ratio=CROP_RATIO)
+
+    def run(paths):
+        for chunk in _chunks(paths):
+            for data in chunk:
+                header = encoded_jpeg(data, whole=None)
+                box = draw.make_params([header.size_proxy()])
+                decode_box(header, box["top"], box["left"], box["height"], box["width"], (crop, crop))
 
     return run
 
@@ -77,7 +92,7 @@ def eval_row(decode_at: Scaled, resize: int, crop: int) -> Callable[[list[Path]]
                 header = encoded_jpeg(data, whole=None)
                 short, long = sorted((header.height, header.width))
                 size = [resize, int(resize * long / short)][:: 1 if header.height <= header.width else -1]
-                image = decode_at(data, header, _scale(header.height, header.width, *size))
+                image = decode_at(data, header, dct_scale(header.height, header.width, *size))
                 batch.append((F.center_crop(F.resize(image, size, antialias=True), crop), 0))
             default_collate(batch)
 
@@ -90,8 +105,12 @@ def library_rows(crop: int, small_crop: int, resize: int) -> dict[str, dict[str,
     libraries = {"PIL draft()": pil_draft_at}
     if importlib.util.find_spec("simplejpeg"):
         libraries["simplejpeg"] = simplejpeg_at
-        rows["decode"]["decode: simplejpeg"] = lambda paths: [simplejpeg_at(d, encoded_jpeg(d, None), 1)
-                                                              for chunk in _chunks(paths) for d in chunk]
+        # At 1/8 libjpeg keeps only each block's DC term: ~the entropy decoding alone, which no region or scale skips
+        # (a region skips the rows below it only).
+        for k, name in ((1, "decode: simplejpeg"), (8, "decode: simplejpeg at 1/8: the entropy-decoding floor")):
+            rows["decode"][name] = lambda paths, k=k: [simplejpeg_at(d, encoded_jpeg(d, None), k)
+                                                       for chunk in _chunks(paths) for d in chunk]
+    rows["decode"][f"decode: nvimgcodec, the {crop}-px train crop's region alone"] = region_row(crop)
     for name, decode_at in libraries.items():
         rows["train"][f"{name}: DCT-scaled whole, cut"] = train_row(decode_at, crop)
         rows["train small"][f"{name}: DCT-scaled whole, cut"] = train_row(decode_at, small_crop)

@@ -14,7 +14,7 @@ from PIL import Image
 from classifier_engine import ImageFolderDataModule
 from classifier_engine.data.decoders import image_loader, unavailable
 from classifier_engine.data.image_folders import DecodedImages
-from classifier_engine.data.partial_decode import EncodedJpeg, _scale
+from classifier_engine.data.partial_decode import EncodedJpeg, dct_scale
 from classifier_engine.data.transforms import eval_preset, train_preset
 from classifier_engine.errors import UnreadableImageError
 from conftest import SHRINK, cli_main, tiny_args, write_image_folder
@@ -70,7 +70,7 @@ def test_train_crops_are_the_whole_decodes_exactly_or_within_tolerance_where_a_s
             assert torch.equal(state, expected_state), "the sample seed must decide every later draw"
             torch.manual_seed(seed)
             box = preset.transforms[1].make_params([encoded.size_proxy()])
-            k = _scale(box["height"], box["width"], crop_size, crop_size)
+            k = dct_scale(box["height"], box["width"], crop_size, crop_size)
             if k == 1 or "cmyk" in path.name or "exif" in path.name:  # those decode the region at full scale
                 assert torch.equal(got, expected), (path.name, seed)
             else:

@@ -109,19 +109,13 @@ LOADERS: dict[str, Callable[[str], Any]] = {"nvimgcodec": decode_nvimgcodec, "to
                                             "torchvision": decode_torchvision, "pil": decode_pil}
 
 
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # its parent package (nvidia) is not there either
-        return False
-
-
 def unavailable(decoder: str) -> Optional[str]:
     """Why a CPU decoder cannot run in this environment, with the fix; None when it can."""
-    if decoder == "nvimgcodec" and not all(map(_installed, ("nvidia.nvimgcodec", "simplejpeg"))):
+    found = importlib.util.find_spec
+    if decoder == "nvimgcodec" and not (found("simplejpeg") and found("nvidia") and found("nvidia.nvimgcodec")):
         return ('data.decoder=nvimgcodec needs nvImageCodec and simplejpeg: pip install -e "./engine[nvimgcodec]" '
                 '(pip install "classifier-engine[nvimgcodec]"), or choose torchcodec/torchvision/pil')
-    if decoder == "torchcodec" and not _installed("torchcodec"):
+    if decoder == "torchcodec" and found("torchcodec") is None:
         return 'data.decoder=torchcodec needs TorchCodec: pip install -e ".[torchcodec]" (or choose pil/torchvision)'
     if decoder == "torchvision" and decode_image is None:
         import torchvision

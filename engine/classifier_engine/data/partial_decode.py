@@ -25,8 +25,7 @@ class EncodedJpeg:
     data: bytes
     height: int
     width: int
-    components: int
-    upright: bool  # no EXIF rotation or mirror: simplejpeg (which ignores EXIF) may decode it scaled
+    scalable: bool  # upright (no EXIF turn) and not CMYK: simplejpeg, which ignores EXIF and CMYK, may decode it
     whole: Callable[[], torch.Tensor]
 
     def size_proxy(self) -> torch.Tensor:
@@ -73,7 +72,7 @@ def encoded_jpeg(data: bytes, whole: Callable[[], torch.Tensor]) -> Optional[Enc
         return None
     if orientation >= 5:  # rotated a quarter turn: decoded transposed
         height, width = width, height
-    return EncodedJpeg(data, height, width, components, orientation == 1, whole)
+    return EncodedJpeg(data, height, width, orientation == 1 and components != 4, whole)
 
 
 def _nvimgcodec():
@@ -101,31 +100,27 @@ def nvimgcodec_decode(data: bytes, box: Optional[tuple[int, int, int, int]] = No
     return torch.from_numpy(np.asarray(image.cpu())).permute(2, 0, 1)
 
 
-def _scale(height: int, width: int, min_height: int, min_width: int) -> int:
+def dct_scale(height: int, width: int, min_height: int, min_width: int) -> int:
     """The largest k of SCALES whose 1/k of (height, width) still covers (min_height, min_width); 1 when none."""
     return next((k for k in SCALES if height // k >= min_height and width // k >= min_width), 1)
-
-
-def decode_scaled(image: EncodedJpeg, min_height: int, min_width: int) -> torch.Tensor:
-    """The whole image at the smallest DCT scale still (min_height, min_width) or larger."""
-    return _decode_at(image, _scale(image.height, image.width, min_height, min_width))
 
 
 def decode_box(image: EncodedJpeg, top: int, left: int, height: int, width: int,
                size: tuple[int, int]) -> torch.Tensor:
     """The pixels of a box, at the smallest DCT scale that still covers `size` (h, w): the region alone (nvImageCodec)
     at full scale, else the scaled whole (simplejpeg) cut to the box, its edges rounded to the scaled pixels."""
-    k = _scale(height, width, *size)
+    k = dct_scale(height, width, *size)
     if k == 1:
         return _or_whole(image, (top, left, height, width))
-    scaled = _decode_at(image, k)
+    scaled = decode_at(image, k)
     sy, sx = scaled.shape[1] / image.height, scaled.shape[2] / image.width
     y0, x0 = round(top * sy), round(left * sx)
     return scaled[:, y0 : max(round((top + height) * sy), y0 + 1), x0 : max(round((left + width) * sx), x0 + 1)]
 
 
-def _decode_at(image: EncodedJpeg, k: int) -> torch.Tensor:
-    if k > 1 and image.upright and image.components != 4:  # simplejpeg ignores EXIF and converts no CMYK
+def decode_at(image: EncodedJpeg, k: int) -> torch.Tensor:
+    """The whole image at the DCT scale 1/k (simplejpeg), or at full scale (nvImageCodec) where it is not scalable."""
+    if k > 1 and image.scalable:
         import simplejpeg  # the optional extra's, with nvImageCodec
 
         try:  # libjpeg's 1/k output is ceil(size / k): asking for that picks exactly 1/k among its M/8 scales

@@ -9,7 +9,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from classifier_engine.data.partial_decode import EncodedJpeg, decode_box, decode_scaled
+from classifier_engine.data.partial_decode import EncodedJpeg, dct_scale, decode_at, decode_box
 from classifier_engine.errors import ConfigError
 from classifier_engine.options import number_type
 
@@ -60,7 +60,7 @@ class DecodingResize(v2.Resize):
         size = self.size if len(self.size) == 2 else (  # torchvision's: the short side to size, the long one truncated
             [self.size[0], int(self.size[0] * width / height)] if height <= width
             else [int(self.size[0] * height / width), self.size[0]])
-        image = decode_scaled(inputs[0], *size)
+        image = decode_at(inputs[0], dct_scale(height, width, *size))
         return tv_tensors.Image(F.resize(image, size, interpolation=self.interpolation, antialias=self.antialias))
 
 
