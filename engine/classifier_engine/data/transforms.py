@@ -54,8 +54,10 @@ class DecodingResize(v2.Resize):
     """Resize that also takes an EncodedJpeg, decoded at the smallest DCT scale that still covers the resized size."""
 
     def forward(self, *inputs: Any) -> Any:
-        if not (len(inputs) == 1 and isinstance(inputs[0], EncodedJpeg)) or self.max_size is not None:
+        if not (len(inputs) == 1 and isinstance(inputs[0], EncodedJpeg)):
             return super().forward(*inputs)
+        if self.max_size is not None:  # torchvision's size rule with a cap: decoded whole
+            return super().forward(tv_tensors.Image(decode_at(inputs[0], 1)))
         height, width = inputs[0].height, inputs[0].width
         size = self.size if len(self.size) == 2 else (  # torchvision's: the short side to size, the long one truncated
             [self.size[0], int(self.size[0] * width / height)] if height <= width
