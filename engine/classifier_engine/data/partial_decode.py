@@ -119,8 +119,8 @@ def decode_box(image: EncodedJpeg, top: int, left: int, height: int, width: int,
 
 
 def decode_at(image: EncodedJpeg, k: int) -> torch.Tensor:
-    """The whole image at the DCT scale 1/k (simplejpeg), or at full scale (nvImageCodec) where it is not scalable."""
-    if k > 1 and image.scalable:
+    """The whole at the DCT scale 1/k: simplejpeg (at 1/1 too: 4-6 % faster here, equal pixels), else nvImageCodec."""
+    if image.scalable:
         import simplejpeg  # the optional extra's, with nvImageCodec
 
         try:  # libjpeg's 1/k output is ceil(size / k): asking for that picks exactly 1/k among its M/8 scales
