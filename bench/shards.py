@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine" / "tests"))  # local_services
 from classifier_engine import ShardDataModule  # noqa: E402
+from classifier_engine.data.decoders import unavailable  # noqa: E402
 from classifier_engine.data.make_shards import main as make_shards  # noqa: E402
 from classifier_engine.data.tar_shards import index_tar  # noqa: E402
 from local_services import s3_server  # noqa: E402  (engine/tests/local_services.py)
@@ -43,6 +44,7 @@ from local_services import s3_server  # noqa: E402  (engine/tests/local_services
 from fake_imagenet import write_fake_imagenet  # noqa: E402
 from project.data import ImageNetDataModule  # noqa: E402
 
+WHOLE = "torchcodec" if unavailable("torchcodec") is None else "torchvision"  # what auto decoded with before
 PRESET = dict(batch_size=64, num_workers=0, pin_memory=False, train_crop_size=224, drop_last=False)
 
 
@@ -150,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
             return ShardDataModule(shards=str(work / "shards"), **PRESET)
 
         rows = {"folder of full-size JPEGs": (one_epoch, lambda: ImageNetDataModule(root=str(folder), **PRESET)),
+                f"folder, decoded whole (decoder={WHOLE})": (one_epoch, lambda: ImageNetDataModule(
+                    root=str(folder), **PRESET, decoder=WHOLE)),
                 "shards (short side 256), local disk": (one_epoch, shards),
+                f"shards, decoded whole (decoder={WHOLE})": (one_epoch, lambda: ShardDataModule(
+                    shards=str(work / "shards"), **PRESET, decoder=WHOLE)),
                 "WebDataset tars (the same images), local disk": (one_epoch, tars),
                 "shards, s3, cold cache": (one_epoch, cold),
                 "shards, s3, warm cache": (one_epoch, lambda: ShardDataModule(shards="s3://bench/shards",

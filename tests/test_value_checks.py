@@ -71,7 +71,7 @@ DATA_BAD_VALUES = {
     "mean": ({"mean": (0.5, 0.5)}, "data.mean: expected 3 values, got (0.5, 0.5)"),
     "std": ({"std": (0.2, 0.0, 0.2)}, "data.std: expected a float > 0, got 0.0"),
     "predict_root": ({"predict_root": "/nowhere/photos"}, "predict root /nowhere/photos is not a folder"),
-    "decoder": ({"decoder": "nvjpg"}, "data.decoder: expected one of 'auto', 'torchcodec'"),
+    "decoder": ({"decoder": "nvjpg"}, "data.decoder: expected one of 'auto', 'nvimgcodec', 'torchcodec'"),
     "normalize_on_device": ({"normalize_on_device": False, "decoder": "nvjpeg"}, "set data.normalize_on_device=true"),
     "on_corrupt": ({"on_corrupt": "skp"}, "data.on_corrupt: expected one of 'error', 'skip', got 'skp'"),
     "multiprocessing_context": ({"multiprocessing_context": "spawn"}, "data.num_workers=0 loads in the main process"),

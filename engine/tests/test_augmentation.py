@@ -9,7 +9,14 @@ import torch
 from torchvision.transforms import v2
 
 from classifier_engine.data.training_samples import SeededSamples
-from classifier_engine.data.transforms import AUTO_AUGMENT_POLICIES, NormalizeBatch, eval_preset, train_preset
+from classifier_engine.data.transforms import (
+    AUTO_AUGMENT_POLICIES,
+    DecodingResize,
+    DecodingResizedCrop,
+    NormalizeBatch,
+    eval_preset,
+    train_preset,
+)
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 
@@ -97,7 +104,7 @@ def test_random_erasing_fills_a_rectangle_that_normalizes_to_zero_in_both_pipeli
 def test_the_uint8_preset_with_every_ingredient_is_the_float_one_without_its_float_conversion():
     uint8 = train_preset(crop_size=32, auto_augment="autoaugment", random_erase_prob=0.25, normalize=False)
     kinds = [type(t) for t in uint8.transforms]
-    assert kinds == [v2.ToImage, v2.RandomResizedCrop, v2.RandomHorizontalFlip, v2.AutoAugment, v2.RandomErasing]
+    assert kinds == [v2.ToImage, DecodingResizedCrop, v2.RandomHorizontalFlip, v2.AutoAugment, v2.RandomErasing]
     assert uint8.transforms[-1].p == 0.25
     assert seeded(uint8, photo(), 0).dtype == torch.uint8
     full = train_preset(crop_size=32, auto_augment="autoaugment", random_erase_prob=0.25)
@@ -106,7 +113,7 @@ def test_the_uint8_preset_with_every_ingredient_is_the_float_one_without_its_flo
 
 def test_the_defaults_add_no_ingredient():
     kinds = [type(t) for t in train_preset().transforms]
-    assert kinds == [v2.ToImage, v2.RandomResizedCrop, v2.RandomHorizontalFlip, v2.ToDtype, v2.Normalize]
+    assert kinds == [v2.ToImage, DecodingResizedCrop, v2.RandomHorizontalFlip, v2.ToDtype, v2.Normalize]
     assert [type(t) for t in train_preset(normalize=False).transforms] == kinds[:3]
 
 
@@ -127,6 +134,6 @@ def test_uint8_preset_normalized_on_the_device_equals_the_float_preset(options):
 
 def test_eval_preset_in_uint8_normalized_on_the_device_equals_the_float_one():
     uint8 = eval_preset(resize_size=36, crop_size=32, normalize=False)
-    assert [type(t) for t in uint8.transforms] == [v2.ToImage, v2.Resize, v2.CenterCrop]
+    assert [type(t) for t in uint8.transforms] == [v2.ToImage, DecodingResize, v2.CenterCrop]
     expected = eval_preset(resize_size=36, crop_size=32)(photo())
     torch.testing.assert_close(NormalizeBatch()(uint8(photo())[None])[0], expected, atol=1e-5, rtol=0)

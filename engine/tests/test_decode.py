@@ -1,6 +1,7 @@
-"""Every CPU decoder (torchcodec, torchvision, pil) turns ImageNet's quirky files (PNG named .JPEG, CMYK, grayscale,
-16-bit, animated, formats the tensor decoders lack) into 3-channel uint8 RGB; broken ones are named or skipped; the
-decoder name is checked and "auto" falls back in a stated order, also when torchvision.io has no decoders left.
+"""Every CPU decoder (nvimgcodec, torchcodec, torchvision, pil) turns ImageNet's quirky files (PNG named .JPEG, CMYK,
+grayscale, 16-bit, animated, formats the tensor decoders lack) into 3-channel uint8 RGB; broken ones are named or
+skipped; the decoder name is checked and "auto" falls back in a stated order, also when torchvision.io has no
+decoders left.
 
     python -m pytest tests/test_decode.py
 """
@@ -20,18 +21,23 @@ from torch.utils.data import DataLoader
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from classifier_engine import ImageFolderDataModule
-from classifier_engine.data.decoders import image_loader, main, resolve_decoder
+from classifier_engine.data.decoders import image_loader, main, resolve_decoder, unavailable
 from classifier_engine.data.image_folders import DecodedImages, collate_readable
 from classifier_engine.data.layout import folder_samples
 from classifier_engine.errors import UnreadableImageError
 
 HAS_TORCHCODEC = importlib.util.find_spec("torchcodec") is not None
+HAS_NVIMGCODEC = unavailable("nvimgcodec") is None
 NEEDS_TORCHCODEC = pytest.mark.skipif(not HAS_TORCHCODEC,
                                       reason='torchcodec is not installed: pip install -e ".[torchcodec]"')
-CPU_DECODERS = [pytest.param("torchcodec", marks=NEEDS_TORCHCODEC), "torchvision", "pil"]
-TENSOR_DECODERS = [pytest.param("torchcodec", marks=NEEDS_TORCHCODEC), "torchvision"]
-# How each decoder names itself in the reason of an unreadable file.
-LIBRARY = {"torchcodec": "torchcodec: ", "torchvision": "torchvision.io: ", "pil": ""}
+NEEDS_NVIMGCODEC = pytest.mark.skipif(not HAS_NVIMGCODEC, reason=str(unavailable("nvimgcodec")))
+TENSOR_DECODERS = [pytest.param("nvimgcodec", marks=NEEDS_NVIMGCODEC),
+                   pytest.param("torchcodec", marks=NEEDS_TORCHCODEC), "torchvision"]
+CPU_DECODERS = [*TENSOR_DECODERS, "pil"]
+# How each decoder names itself, and what it says, in the reason of a file cut short (nvImageCodec says nothing).
+CUT_SHORT = "Image is incomplete or truncated; PIL: "
+LIBRARY = {"nvimgcodec": "nvImageCodec: cannot decode the bytes (corrupt, cut short, or a format it lacks); PIL: ",
+           "torchcodec": f"torchcodec: {CUT_SHORT}", "torchvision": f"torchvision.io: {CUT_SHORT}", "pil": ""}
 
 LEFT, RIGHT = (200, 30, 40), (20, 180, 220)  # flat halves: JPEG keeps flat colours within a few levels
 
@@ -107,11 +113,14 @@ def test_tensor_decoders_give_the_pixels_pil_gives_for_jpegs(quirky, decoder):
         assert np.array_equal(decode(decoder, path), decode("pil", path)), name
 
 
-def test_only_torchcodec_applies_the_exif_orientation(quirky):
+def test_only_torchcodec_and_nvimgcodec_apply_the_exif_orientation(quirky):
     shapes = {decoder: decode(decoder, quirky / "exif_rotated.JPEG").shape for decoder in ("torchvision", "pil")}
     assert shapes == {"torchvision": (48, 64, 3), "pil": (48, 64, 3)}
     if HAS_TORCHCODEC:  # torchcodec 0.17 rotates by the EXIF tag, with no switch to turn it off
         assert decode("torchcodec", quirky / "exif_rotated.JPEG").shape == (64, 48, 3)
+    if HAS_NVIMGCODEC and HAS_TORCHCODEC:  # nvImageCodec as TorchCodec, so that auto's choice keeps its pixels
+        path = quirky / "exif_rotated.JPEG"
+        assert np.array_equal(decode("nvimgcodec", path), decode("torchcodec", path))
 
 
 @pytest.mark.parametrize("decoder", CPU_DECODERS)
@@ -141,8 +150,7 @@ def test_skip_mode_leaves_the_file_out_and_counts_it(folder_with_a_broken_file, 
         batches = list(DataLoader(dataset, batch_size=8, collate_fn=collate_readable))
     assert sum(len(targets) for _images, targets in batches) == len(dataset) - 1
     [message] = [r.getMessage() for r in caplog.records if str(victim) in r.getMessage()]
-    reason = "Image is incomplete or truncated; PIL: " if decoder != "pil" else ""
-    assert message.startswith(f"skipped unreadable {victim} ({LIBRARY[decoder]}{reason}")
+    assert message.startswith(f"skipped unreadable {victim} ({LIBRARY[decoder]}")
     assert message.endswith("[1 skipped so far by the main process]")
 
 
@@ -161,15 +169,16 @@ def test_scan_lists_unreadable_files(folder_with_a_broken_file, capsys, decoder)
     assert main([str(root), "--workers", "2", "--decoder", decoder]) == 1
     out, err = capsys.readouterr()
     [line] = out.splitlines()
-    assert line.startswith(f"{victim}: {LIBRARY[decoder]}Image is incomplete or truncated; PIL: ")
+    assert line.startswith(f"{victim}: {LIBRARY[decoder]}")
     assert f"57 images checked under {root} with {decoder}, 1 unreadable" in err
 
 
 def test_auto_takes_the_first_available_and_unknown_names_are_refused():
-    assert resolve_decoder("auto") == ("torchcodec" if HAS_TORCHCODEC else "torchvision")
+    first = "nvimgcodec" if HAS_NVIMGCODEC else "torchcodec" if HAS_TORCHCODEC else "torchvision"
+    assert resolve_decoder("auto") == first
     assert resolve_decoder("nvjpeg") == "nvjpeg"
-    with pytest.raises(ValueError, match="data.decoder must be one of auto, torchcodec, torchvision, pil, nvjpeg, "
-                                         "torchcodec-cuda; got 'turbojpeg'"):
+    with pytest.raises(ValueError, match="data.decoder must be one of auto, nvimgcodec, torchcodec, torchvision, pil, "
+                                         "nvjpeg, torchcodec-cuda; got 'turbojpeg'"):
         DecodedImages([], decoder="turbojpeg")
 
 
@@ -195,7 +204,7 @@ def test_without_torchvision_io_decoders_auto_falls_back_and_torchvision_says_wh
                             env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert result.returncode == 0, result.stderr
     chosen, torchvision_error, nvjpeg_error = result.stdout.splitlines()
-    assert chosen == ("torchcodec" if HAS_TORCHCODEC else "pil") + " (3, 48, 64)"
+    assert chosen == ("nvimgcodec" if HAS_NVIMGCODEC else "torchcodec" if HAS_TORCHCODEC else "pil") + " (3, 48, 64)"
     assert torchvision_error.startswith("data.decoder=torchvision needs torchvision.io.decode_image, which "
                                         "torchvision ")
     assert torchvision_error.endswith('pip install -e ".[torchcodec]" and set data.decoder=torchcodec (or '

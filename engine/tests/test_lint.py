@@ -132,7 +132,8 @@ def test_the_engine_imports_nothing_outside_itself_but_its_dependencies():
         "torch", "torchvision", "lightning", "torchmetrics", "jsonargparse", "yaml", "numpy", "PIL", "sklearn",
         "tensorboard", "typing_extensions", "fsspec", "packaging", "lightning_utilities",
         # the extras, imported where they are used
-        "onnx", "onnxscript", "onnxruntime", "torchcodec", "mlflow", "wandb", "optuna", "matplotlib", "boto3",
+        "onnx", "onnxscript", "onnxruntime", "torchcodec", "nvidia", "simplejpeg", "mlflow", "wandb", "optuna",
+        "matplotlib", "boto3",
         "botocore"}
     outside = []
     for path in python_files(PACKAGE):

@@ -20,6 +20,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms.v2.functional import pil_to_tensor, to_dtype
 
 from classifier_engine.data.layout import is_data
+from classifier_engine.data.partial_decode import encoded_jpeg, nvimgcodec_decode
 from classifier_engine.errors import ConfigError, UnreadableImageError
 
 try:  # torchvision 0.29 deprecates its image decoders for TorchCodec's; a later release removes them
@@ -27,9 +28,9 @@ try:  # torchvision 0.29 deprecates its image decoders for TorchCodec's; a later
 except ImportError:
     ImageReadMode = decode_image = None
 
-Decoder = Literal["auto", "torchcodec", "torchvision", "pil", "nvjpeg", "torchcodec-cuda"]
+Decoder = Literal["auto", "nvimgcodec", "torchcodec", "torchvision", "pil", "nvjpeg", "torchcodec-cuda"]
 OnCorrupt = Literal["error", "skip"]
-CPU_DECODERS = ("torchcodec", "torchvision", "pil")  # the order "auto" tries them in
+CPU_DECODERS = ("nvimgcodec", "torchcodec", "torchvision", "pil")  # the order "auto" tries them in
 DEVICE_DECODERS = {"nvjpeg": "torchvision", "torchcodec-cuda": "torchcodec"}  # each with its CPU stand-in
 
 
@@ -60,12 +61,18 @@ def decode_pil(path: str, failed_before: str = "") -> Image.Image:
         raise _unreadable(path, f"{failed_before}PIL: {error}") from error
 
 
-def _decode_tensor(path: str, library: str, decode: Callable[[bytes], torch.Tensor]) -> torch.Tensor:
-    """uint8 RGB (3, H, W) from `decode` (the file's bytes -> an image tensor), PIL for what it does not read."""
+def _read(path: str) -> bytes:
     with open(path, "rb") as file:
         data = file.read()
     if not data:
         raise _unreadable(path, "empty file")
+    return data
+
+
+def _decode_tensor(path: str, library: str, decode: Callable[[bytes], torch.Tensor],
+                   data: Optional[bytes] = None) -> torch.Tensor:
+    """uint8 RGB (3, H, W) from `decode` (the file's bytes -> an image tensor), PIL for what it does not read."""
+    data = _read(path) if data is None else data
     try:
         image = decode(data)
     except (RuntimeError, ValueError) as error:
@@ -89,13 +96,26 @@ def decode_torchcodec(path: str) -> torch.Tensor:
     return _decode_tensor(path, "torchcodec", lambda data: torchcodec_decode(data, mode="RGB"))
 
 
-LOADERS: dict[str, Callable[[str], Any]] = {"torchcodec": decode_torchcodec, "torchvision": decode_torchvision,
-                                            "pil": decode_pil}
+def decode_nvimgcodec(path: str, *, partial: bool = False) -> Any:
+    """uint8 RGB tensor (3, H, W): nvImageCodec on the CPU (libjpeg-turbo, EXIF applied as TorchCodec does), PIL for
+    the formats it does not read; partial: a JPEG comes back as an EncodedJpeg, for the preset to decode in part."""
+    data = _read(path)
+    if partial and (jpeg := encoded_jpeg(data, functools.partial(decode_nvimgcodec, path))) is not None:
+        return jpeg
+    return _decode_tensor(path, "nvImageCodec", nvimgcodec_decode, data)
+
+
+LOADERS: dict[str, Callable[[str], Any]] = {"nvimgcodec": decode_nvimgcodec, "torchcodec": decode_torchcodec,
+                                            "torchvision": decode_torchvision, "pil": decode_pil}
 
 
 def unavailable(decoder: str) -> Optional[str]:
     """Why a CPU decoder cannot run in this environment, with the fix; None when it can."""
-    if decoder == "torchcodec" and importlib.util.find_spec("torchcodec") is None:
+    found = importlib.util.find_spec
+    if decoder == "nvimgcodec" and not (found("simplejpeg") and found("nvidia") and found("nvidia.nvimgcodec")):
+        return ('data.decoder=nvimgcodec needs nvImageCodec and simplejpeg: pip install -e "./engine[nvimgcodec]" '
+                '(pip install "classifier-engine[nvimgcodec]"), or choose torchcodec/torchvision/pil')
+    if decoder == "torchcodec" and found("torchcodec") is None:
         return 'data.decoder=torchcodec needs TorchCodec: pip install -e ".[torchcodec]" (or choose pil/torchvision)'
     if decoder == "torchvision" and decode_image is None:
         import torchvision
@@ -123,9 +143,12 @@ def resolve_decoder(decoder: str) -> str:
     return decoder
 
 
-def image_loader(decoder: str) -> Callable[[str], Any]:
-    """The CPU loader (path -> RGB image) of a `data.decoder` name; of a device decoder, its CPU counterpart's."""
+def image_loader(decoder: str, partial: bool = False) -> Callable[[str], Any]:
+    """The CPU loader (path -> RGB image) of a `data.decoder` name; of a device decoder, its CPU counterpart's.
+    partial: JPEGs as EncodedJpeg where the decoder decodes in part (the presets of transforms.py take them)."""
     decoder = resolve_decoder(decoder)
+    if partial and decoder == "nvimgcodec":
+        return functools.partial(decode_nvimgcodec, partial=True)
     return LOADERS[DEVICE_DECODERS.get(decoder, decoder)]
 
 

@@ -71,8 +71,9 @@ class ImageDataModule(L.LightningDataModule):
         mean: per RGB channel, of images scaled to [0, 1]: the input is (x - mean) / std (ImageNet's by default).
         std: per RGB channel, each > 0.
         predict_root: folder of images for `predict` (any depth, sorted order); None predicts the val split.
-        decoder: "torchcodec", "torchvision" or "pil" in the workers ("auto": the first installed), or "nvjpeg" or
-            "torchcodec-cuda" on the training device (docs/imagenet.md).
+        decoder: "nvimgcodec" (JPEGs decoded only where the crop keeps them), "torchcodec", "torchvision" or "pil" in
+            the workers ("auto": the first installed), or "nvjpeg" or "torchcodec-cuda" on the training device
+            (docs/imagenet.md).
         normalize_on_device: workers return uint8 and the device normalizes the batch; False: the workers do.
         on_corrupt: an unreadable image stops the run naming it ("error"), or is left out and counted ("skip").
         multiprocessing_context: the DataLoader workers' start method; None: "fork" on Linux, also under ddp_spawn.
@@ -192,7 +193,12 @@ class ImageDataModule(L.LightningDataModule):
         if self.device_pipeline is not None:  # the workers read bytes (and draw the train crops), the device the rest
             crop = self.device_pipeline.train_crop if split == "train" else None
             return EncodedImages(self.samples(split), crop=crop, **reading)
-        return DecodedImages(self.samples(split), transform=transform, **reading)
+        partial = self._in_part(split, transform)
+        return DecodedImages(self.samples(split), transform=transform, partial=partial, **reading)
+
+    def _in_part(self, split: str, transform) -> bool:
+        """Whether a preset of transforms.py gets the images (the split's, or the epoch's): JPEGs go undecoded."""
+        return transform is not None or (split == "train" and self.train_transform_for_epoch is not None)
 
     def _world(self) -> tuple[int, int]:
         return (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)

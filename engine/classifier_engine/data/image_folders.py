@@ -17,11 +17,13 @@ logger = logging.getLogger(__name__)
 
 class DecodedImages(Dataset):
     """(image, label) of each (path, label) sample, with the decoder chosen by name; a file that cannot be read
-    (corrupt, vanished, a dangling link, no permission) stops with its path, or is skipped (None) and counted."""
+    (corrupt, vanished, a dangling link, no permission) stops with its path, or is skipped (None) and counted.
+    partial: JPEGs reach the transform undecoded (a preset of transforms.py), which decodes only what it keeps."""
 
     def __init__(self, samples: Sequence[tuple[str, int]], transform: Optional[Callable] = None, *,
-                 decoder: Decoder = "auto", on_corrupt: OnCorrupt = "error"):
-        self.samples, self.transform, self.loader = list(samples), transform, image_loader(decoder)
+                 decoder: Decoder = "auto", on_corrupt: OnCorrupt = "error", partial: bool = False):
+        self.samples, self.transform = list(samples), transform
+        self.loader = image_loader(decoder, partial=partial)
         self.on_corrupt = on_corrupt
         self.skipped = 0  # per process: each DataLoader worker counts its own
 
@@ -32,6 +34,7 @@ class DecodedImages(Dataset):
         path, target = self.samples[index]
         try:
             image = self.loader(path)
+            image = self.transform(image) if self.transform is not None else image  # a partial decode reads here
         except OSError as error:
             if not isinstance(error, UnreadableImageError):  # the decoders report bad bytes; this is a missing file
                 reason = error.strerror or str(error)
@@ -46,7 +49,7 @@ class DecodedImages(Dataset):
             logger.warning("skipped unreadable %s (%s) [%d skipped so far by %s]", shown(error.path), error.reason,
                            self.skipped, where)
             return None
-        return (self.transform(image) if self.transform is not None else image), target
+        return image, target
 
 
 def collate_readable(batch: list):

@@ -8,6 +8,7 @@ folder module (docs/data-at-scale.md).
 
 import bisect
 import fcntl
+import functools
 import hashlib
 import io
 import json
@@ -25,6 +26,7 @@ from torch.utils.data import Dataset, get_worker_info
 from classifier_engine.data.decoders import DEVICE_DECODERS
 from classifier_engine.data.image_data import ImageDataModule
 from classifier_engine.data.listed_paths import inside
+from classifier_engine.data.partial_decode import encoded_jpeg, nvimgcodec_decode
 from classifier_engine.data.tar_shards import WRITER, tar_index
 from classifier_engine.data.training_samples import SeededSamples
 from classifier_engine.errors import ConfigError, DataUnavailable, UnreadableImageError
@@ -228,12 +230,18 @@ def check_index(index: dict[str, Any], where: str, folder: Path) -> None:
             shard["file"] = os.path.normpath(shard["file"])
 
 
-def decode_bytes(data: bytes, decoder: str, where: str):
-    """RGB image of an encoded image: a uint8 tensor (torchvision, torchcodec) or a PIL image (pil)."""
+def decode_bytes(data: bytes, decoder: str, where: str, partial: bool = False):
+    """RGB image of an encoded image: a uint8 tensor (nvimgcodec, torchvision, torchcodec) or a PIL image (pil);
+    partial: a JPEG for the preset to decode in part, where the decoder can (nvimgcodec)."""
+    if partial and decoder == "nvimgcodec":
+        if (jpeg := encoded_jpeg(data, functools.partial(decode_bytes, data, decoder, where))) is not None:
+            return jpeg
     try:
         if decoder == "pil":
             with Image.open(io.BytesIO(data)) as image:
                 return image.convert("RGB")
+        if decoder == "nvimgcodec":
+            return nvimgcodec_decode(data)
         tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         if decoder == "torchcodec":
             from torchcodec.decoders import decode_image
@@ -250,8 +258,8 @@ class ShardImages(Dataset):
     """(image, label) of every sample of one split's shards, by global index (shard after shard, as listed)."""
 
     def __init__(self, store: ShardStore, shards: list[dict[str, Any]], transform=None, *, decoder: str,
-                 on_corrupt: str = "error", window: int = 4):
-        self.store, self.shards, self.transform = store, shards, transform
+                 on_corrupt: str = "error", window: int = 4, partial: bool = False):
+        self.store, self.shards, self.transform, self.partial = store, shards, transform, partial  # as DecodedImages
         self.decoder, self.on_corrupt, self.window = decoder, on_corrupt, window  # window: read by ShardOrderSampler
         self.sizes = [len(shard["labels"]) for shard in shards]
         self.starts = [0]
@@ -283,16 +291,16 @@ class ShardImages(Dataset):
         keys = self.shards[shard].get("keys")  # a tar's: the sample's key names it
         sample = f"key {keys[item]!r}" if keys else f"image {item}"
         where = f"{self.store.location}/{self.shards[shard]['file']} ({sample})"
-        try:
-            image = decode_bytes(self._read(shard, item), self.decoder, where)
+        try:  # the transform decodes a JPEG in part (nvimgcodec): a bad one is found there
+            image = decode_bytes(self._read(shard, item), self.decoder, where, self.partial)
+            image = self.transform(image) if self.transform is not None else image
         except UnreadableImageError as error:
             if self.on_corrupt == "error":
                 raise
             worker = get_worker_info()
             logger.warning("skipped %s [%s]", error, f"worker {worker.id}" if worker else "main process")
             return None
-        label = self.shards[shard]["labels"][item]
-        return (self.transform(image) if self.transform is not None else image), label
+        return image, self.shards[shard]["labels"][item]
 
 
 class ShardOrderSampler(ResumableSampler):
@@ -352,7 +360,7 @@ class ShardDataModule(ImageDataModule):
     def _images(self, split: str, transform) -> ShardImages:  # the base's setup builds the splits from these
         shards = self.index["splits"].get(split) or self.index["splits"]["val"]  # no test split: test on val
         return ShardImages(self.store, shards, transform, decoder=self.decoder, on_corrupt=self.hparams.on_corrupt,
-                           window=self.shuffle_window)
+                           window=self.shuffle_window, partial=self._in_part(split, transform))
 
     def setup(self, stage: str) -> None:
         if stage == "predict" and not self.hparams.predict_root:

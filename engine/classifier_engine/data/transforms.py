@@ -6,7 +6,9 @@ from typing import Any, Literal, Optional, Sequence, get_args
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
 
+from classifier_engine.data.partial_decode import EncodedJpeg, dct_scale, decode_at, decode_box
 from classifier_engine.errors import ConfigError
 from classifier_engine.options import number_type
 
@@ -35,6 +37,35 @@ def auto_augment_transform(policy: str, *, num_ops: int = 2, magnitude: int = 9)
                       "or None")
 
 
+class DecodingResizedCrop(v2.RandomResizedCrop):
+    """RandomResizedCrop that also takes an EncodedJpeg: the box drawn from the header's size with the same draws as
+    from the pixels', then only the box decoded (partial_decode.decode_box) and resized."""
+
+    def forward(self, *inputs: Any) -> Any:
+        if not (len(inputs) == 1 and isinstance(inputs[0], EncodedJpeg)):
+            return super().forward(*inputs)
+        box = self.make_params([inputs[0].size_proxy()])
+        region = decode_box(inputs[0], box["top"], box["left"], box["height"], box["width"], tuple(self.size))
+        # A plain tensor, which v2 takes for the image: a tv_tensors.Image costs every later op a dispatch (4 % here).
+        return F.resize(region, self.size, interpolation=self.interpolation, antialias=self.antialias)
+
+
+class DecodingResize(v2.Resize):
+    """Resize that also takes an EncodedJpeg, decoded at the smallest DCT scale that still covers the resized size."""
+
+    def forward(self, *inputs: Any) -> Any:
+        if not (len(inputs) == 1 and isinstance(inputs[0], EncodedJpeg)):
+            return super().forward(*inputs)
+        if self.max_size is not None:  # torchvision's size rule with a cap: decoded whole
+            return super().forward(decode_at(inputs[0], 1))
+        height, width = inputs[0].height, inputs[0].width
+        size = self.size if len(self.size) == 2 else (  # torchvision's: the short side to size, the long one truncated
+            [self.size[0], int(self.size[0] * width / height)] if height <= width
+            else [int(self.size[0] * height / width), self.size[0]])
+        image = decode_at(inputs[0], dct_scale(height, width, *size))
+        return F.resize(image, size, interpolation=self.interpolation, antialias=self.antialias)
+
+
 def _to_float(normalize: bool, mean: Sequence[float], std: Sequence[float]) -> list[v2.Transform]:
     return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean=mean, std=std)] if normalize else []
 
@@ -45,7 +76,7 @@ def train_preset(*, crop_size: int = 224, scale: tuple[float, float] = (0.08, 1.
                  std: tuple[float, ...] = IMAGENET_STD, normalize: bool = True) -> v2.Compose:
     """RandomResizedCrop + flip [+ auto-augment] [+ normalize] [+ random erasing]; PIL images or uint8 CHW tensors,
     every random draw from torch's global CPU generator (which SeededSamples seeds per image)."""
-    steps = [v2.ToImage(), v2.RandomResizedCrop(crop_size, scale=scale, ratio=CROP_RATIO, antialias=True)]
+    steps = [v2.ToImage(), DecodingResizedCrop(crop_size, scale=scale, ratio=CROP_RATIO, antialias=True)]
     if hflip_prob > 0:
         steps.append(v2.RandomHorizontalFlip(hflip_prob))
     if auto_augment is not None:
@@ -64,7 +95,7 @@ def train_preset(*, crop_size: int = 224, scale: tuple[float, float] = (0.08, 1.
 def eval_preset(*, resize_size: int = 256, crop_size: int = 224, mean: tuple[float, ...] = IMAGENET_MEAN,
                 std: tuple[float, ...] = IMAGENET_STD, normalize: bool = True) -> v2.Compose:
     """Resize the short side + center crop [+ normalize]; accepts PIL images or uint8 CHW tensors."""
-    steps = [v2.ToImage(), v2.Resize(resize_size, antialias=True), v2.CenterCrop(crop_size)]
+    steps = [v2.ToImage(), DecodingResize(resize_size, antialias=True), v2.CenterCrop(crop_size)]
     return v2.Compose(steps + _to_float(normalize, mean, std))
 
 
