@@ -330,3 +330,17 @@ def test_the_parallel_coordinate_plot_draws_every_trial_dark_enough_with_whole_n
     assert len(brightness) == 3 and max(brightness) < 0.8, brightness  # Optuna's "Blues": the lowest value is white
     labels = [tick.get_text().replace("\n", "") for tick in axes.get_xticklabels()]
     assert set(names) <= set(labels), labels  # Optuna cuts them to model.optim.lr_pe...
+
+
+def test_a_sweeps_plan_names_its_study_storage_score_and_space_and_opens_nothing(tmp_path, monkeypatch, capsys):
+    from conftest import project_in_process
+
+    code, out, err = project_in_process(sweep_args(tmp_path, "--sweep.n_trials=3", "--plan"), monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    lines = [line.strip() for line in out.strip().splitlines()]
+    assert lines[0] == "plan of sweep (dry: no study opened, no trial run, nothing written):"
+    study = tmp_path / "sweeps" / "quickstart"
+    assert f"study: quickstart in {study} (sweep.study, else the sweep file's name)" in lines
+    assert "trials: 3 (sweep.n_trials, shared by every worker of the study)" in lines
+    assert any(line.startswith("score: metric val/acc1, direction maximize") for line in lines)
+    assert not tmp_path.joinpath("sweeps").exists()

@@ -27,6 +27,7 @@ from classifier_engine.compat.subclass_nulls import restored_nulls
 from classifier_engine.contract import monitor_options
 from classifier_engine.errors import ConfigError, check_config_files, readable_parse_error
 from classifier_engine.plan.edits import apply_edits
+from classifier_engine.plan.run_plan import Decision, RunPlan
 from classifier_engine.run.sweep_trials import BEST, CHECKPOINT, RUN_DIR, Worker, open_storage, param_flags
 from classifier_engine.run.trackers import hidden_credentials
 from classifier_engine.storage.files import atomic_write
@@ -72,6 +73,7 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     """`python -m <package> sweep ARGV`: check everything, run this worker's share of the study, print the summary.
     `cli_main`: classifier_engine.cli's with the entry point's defaults (the run wing does not import the CLI)."""
     check_config_files(argv)
+    dry, argv = "--plan" in argv, [arg for arg in argv if arg != "--plan"]
     # jsonargparse carries the init_args a new class_path accepts over from the previous class (a MedianPruner's
     # n_warmup_steps into a ThresholdPruner): a sampler or pruner on the command line is given whole.
     whole = ("--sweep.sampler", "--sweep.pruner")
@@ -96,6 +98,10 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     check_fit_options(parser, argv, config, sweep.space)
     study_dir = Path(config.trainer.default_root_dir or ".") / "sweeps" / sweep.study
     storage = sweep.storage or str(study_dir / "journal.log")
+    if dry:  # the study is not opened: a journal or database it would create stays uncreated
+        print("\n".join(["plan of sweep (dry: no study opened, no trial run, nothing written):",
+                         *(f"  {line}" for line in sweep_plan(sweep, study_dir, storage).lines())]), flush=True)
+        return
     study = open_study(sweep, storage, study_dir, sampler, create=not summary_only)
     code = 0
     if not summary_only:
@@ -110,6 +116,22 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     print(summarize(study, study_dir, sweep), flush=True)
     if code:
         sys.exit(code)
+
+
+def sweep_plan(sweep: Namespace, study_dir: Path, storage: str) -> RunPlan:
+    """What a sweep worker would do (--plan): its study, where it is kept, what it scores and searches."""
+    given = "sweep.storage" if sweep.storage else "the study dir's journal (workers on any node of a shared filesystem)"
+    sampler, pruner = (spec.get("class_path") if isinstance(spec, (dict, Namespace)) else spec or "Optuna's default"
+                       for spec in (sweep.sampler, sweep.pruner))
+    return RunPlan("sweep", (
+        Decision("study", sweep.study, "sweep.study, else the sweep file's name", text=f"{sweep.study} in {study_dir}"),
+        Decision("storage", storage, given),
+        Decision("score", {"metric": sweep.metric, "direction": sweep.direction}, "sweep.metric and direction (a loss "
+                 "is minimized, anything else maximized, unless given)"),
+        Decision("trials", sweep.n_trials, "sweep.n_trials, shared by every worker of the study"),
+        Decision("search", {"sampler": sampler, "pruner": pruner}, "sweep.sampler, sweep.pruner"),
+        Decision("space", sweep.space, "sweep.space: fit options by dotted name", text="; ".join(
+            f"{name} {spec}" for name, spec in sweep.space.items()))))
 
 
 def sweep_parser(cli_main: Callable[..., Any]) -> ArgumentParser:
