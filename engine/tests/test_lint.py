@@ -114,6 +114,14 @@ def test_the_library_floors_run_one_way_and_close_no_circle():
     assert not circles, "import circles:\n" + "\n".join(circles)
 
 
+def test_the_library_links_only_its_own_docs():
+    # The library ships with its docs/ (engine/docs): a docstring's or comment's docs/X.md names one of them.
+    named = {(path.relative_to(ENGINE), name) for path in python_files(PACKAGE)
+             for name in re.findall(r"docs/([\w-]+\.md)", path.read_text())}
+    missing = sorted(f"{path}: docs/{name}" for path, name in named if not (ENGINE / "docs" / name).is_file())
+    assert not missing, "links to docs the library does not ship:\n" + "\n".join(missing)
+
+
 def test_the_cli_reads_as_the_runs_sequence():
     cli = PACKAGE / "cli.py"
     assert len(cli.read_text().splitlines()) <= 300

@@ -3,7 +3,7 @@
     python -m project fit ... --trainer.callbacks+=project.callbacks.ema.EMA --trainer.callbacks.decay=0.99998 \
         --trainer.callbacks.every_n_steps=32 --trainer.callbacks.warmup_epochs=5 --trainer.callbacks.adjust_decay=true
 
-Which weights are seen when, and why not EMAWeightAveraging: docs/how-it-works.md#what-a-checkpoint-holds.
+Which weights are seen when, and why not EMAWeightAveraging: engine/docs/how-it-works.md#what-a-checkpoint-holds.
 """
 
 import copy

@@ -1,7 +1,7 @@
 """Is the run data-bound? At each epoch's end (log, perf/* in the loggers) and in the fit's last line: the share of step
 time spent waiting for the next batch, what a loader worker spends per image, and the fix that would help most.
 
-    python -m classifier_engine fit --config CONFIG --throughput.data_bound_at=0.1   # docs/imagenet.md, data-bound
+    python -m classifier_engine fit --config CONFIG --throughput.data_bound_at=0.1   # docs/data.md, data-bound
 """
 
 import math

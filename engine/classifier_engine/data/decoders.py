@@ -1,4 +1,4 @@
-"""CPU decoders by `data.decoder` name: uint8 RGB, or UnreadableImageError naming the file (why each: docs/imagenet.md).
+"""CPU decoders by `data.decoder` name: uint8 RGB, or UnreadableImageError naming the file (why each: docs/data.md).
 
     python -m classifier_engine.data.decoders /datasets/imagenet  # the files a run would fail on, before it starts
 """

@@ -1,6 +1,6 @@
 """Device decoders: the workers read JPEG bytes and draw the train crops; the training device decodes the batch and
 runs the uint8 presets batch-wise, crops resized per size bucket, then any auto-augment or random erasing image by image
-with the draws of the sample's seed (how and why: docs/imagenet.md).
+with the draws of the sample's seed (how and why: docs/data.md).
 
     python -m classifier_engine fit --config CONFIG --trainer.accelerator=gpu --data.root DIR --data.decoder nvjpeg
 """
@@ -238,7 +238,7 @@ class DeviceDecoder:
         # after the work queued there (torchvision writes from a private stream, pytorch/vision#9606; nvJPEG's hardware
         # engine ignores stream order, meta-pytorch/torchcodec#1634), so on the training stream they could overwrite
         # blocks freed there whose readers are still queued. The side stream's pool only gives back blocks the
-        # training stream has finished with (record_stream below); why it waits for nothing: docs/benchmarks.md#gpu.
+        # training stream has finished with (record_stream below); why it waits for nothing: docs/data.md.
         main = torch.cuda.current_stream(device)
         if device not in self._side_streams:
             self._side_streams[device] = torch.cuda.Stream(device)

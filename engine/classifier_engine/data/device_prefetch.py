@@ -1,5 +1,5 @@
 """The training loader on a GPU: the next batch copied to the device (and decoded, cropped there by a device decoder) by
-a background thread on a side CUDA stream while the current step runs (timm's loader prefetches so; docs/imagenet.md).
+a background thread on a side CUDA stream while the current step runs (timm's loader prefetches so; docs/data.md).
 
     python -m classifier_engine fit --config CONFIG --trainer.accelerator=gpu --data.decoder nvjpeg
 """

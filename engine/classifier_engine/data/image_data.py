@@ -73,7 +73,7 @@ class ImageDataModule(L.LightningDataModule):
         predict_root: folder of images for `predict` (any depth, sorted order); None predicts the val split.
         decoder: "nvimgcodec" (JPEGs decoded only where the crop keeps them), "torchcodec", "torchvision" or "pil" in
             the workers ("auto": the first installed), or "nvjpeg" or "torchcodec-cuda" on the training device
-            (docs/imagenet.md).
+            (docs/data.md).
         normalize_on_device: workers return uint8 and the device normalizes the batch; False: the workers do.
         on_corrupt: an unreadable image stops the run naming it ("error"), or is left out and counted ("skip").
         multiprocessing_context: the DataLoader workers' start method; None: "fork" on Linux, also under ddp_spawn.

@@ -1,4 +1,4 @@
-"""Decode only what a crop keeps: a JPEG's region (nvImageCodec) or a DCT-scaled whole (simplejpeg); docs/imagenet.md.
+"""Decode only what a crop keeps: a JPEG's region (nvImageCodec) or a DCT-scaled whole (simplejpeg); docs/data.md.
 
     python -m classifier_engine fit --config CONFIG --data.decoder nvimgcodec    # what data.decoder=auto picks first
 """

@@ -1,4 +1,4 @@
-"""The images to predict: every image file at any depth under a folder, once, in sorted order (docs/imagenet.md).
+"""The images to predict: every image file at any depth under a folder, once, in sorted order (docs/data.md).
 
     python -m classifier_engine predict --config CONFIG --ckpt_path RUN/checkpoints/last.ckpt \\
         --data.predict_root path/to/images

@@ -1,5 +1,5 @@
 """The training set as the sampler keys it: each image augmented from (run seed, epoch, index, repeat), as in an
-uninterrupted run; progressive resizing's train crop size per epoch (FFCV's rule). Both: docs/imagenet.md.
+uninterrupted run; progressive resizing's train crop size per epoch (FFCV's rule). Both: docs/data.md.
 
     python -m classifier_engine fit ... --data.progressive_resizing '{start_size: 160, end_size: 192, ...}'
 """

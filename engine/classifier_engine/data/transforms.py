@@ -1,5 +1,5 @@
 """Transform presets named by role (torchvision transforms v2, as its references/classification/presets.py), ImageNet
-mean/std by default; `normalize=False` stops at uint8; NormalizeBatch normalizes on the device (docs/imagenet.md)."""
+mean/std by default; `normalize=False` stops at uint8; NormalizeBatch normalizes on the device (docs/data.md)."""
 
 from typing import Any, Literal, Optional, Sequence, get_args
 

@@ -1,4 +1,4 @@
-"""Slurm jobs: which job this process belongs to, and requeueing it (why Lightning's own requeue is off: docs/slurm.md).
+"""Slurm jobs: which job this process belongs to, and requeueing it (why not Lightning's own: docs/reliability.md).
 
     sbatch train.sbatch --config CONFIG   # a script running srun python -m ...; then: scancel --signal=USR1 <job id>
 """
