@@ -8,7 +8,7 @@
 # core, our Trainer path against a plain PyTorch loop, device augmentation per batch, and the JPEGs as shards.
 #   bash bench/gpu_all.sh            # one GPU: runs/gpu_all/table.md; parts (*.json) and logs beside it
 #   bash bench/gpu_all.sh --tiny     # the same code on CPU (resnet18, 32 px, 32-true, a few steps; 6 of the 9 fits):
-#                                    # engine/tests/test_bench.py
+#                                    # tests/test_bench.py
 # A GPU machine without network: run `bash bench/fetch_gpu_wheels.sh` where there is one and bring .whl/ along; the
 # wheels of what is missing here (jsonargparse, torchcodec) are installed into $GPU_ALL_SITE and put on PYTHONPATH.
 # Every stage runs under a hard limit (TERM, then KILL 5 s later) inside the budget, and after every stage the table so
@@ -16,7 +16,7 @@
 # (gpu_all.tgz, table.md; never the JPEGs, shards or checkpoints): a run cut at any point brings back what it measured.
 # Environment: GPU_ALL_OUT (runs/gpu_all), BENCH_JPEGS (default $GPU_ALL_OUT/fake_imagenet, reused when complete),
 # GPU_ALL_BUDGET (470: seconds for all stages), GPU_ALL_LIMITS ("name=seconds ..." overrides a stage's limit),
-# GPU_ALL_HANG_STAGE (a stage that hangs instead, ignoring TERM: engine/tests/test_bench.py checks the hard limits).
+# GPU_ALL_HANG_STAGE (a stage that hangs instead, ignoring TERM: tests/test_bench.py checks the hard limits).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,4 +1,4 @@
-"""MixUp/CutMix on the training batch, seeded per batch (engine/docs/how-it-works.md#seeds), and the loss on soft targets.
+"""MixUp/CutMix on the training batch, seeded per batch (engine/docs/how-it-works.md#seeds), and the soft-target loss.
 
     python -m project fit --config configs/quickstart.yaml --model.loss.mixup_alpha=0.2 --model.loss.label_smoothing=0.1
 """

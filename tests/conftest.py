@@ -1,15 +1,12 @@
 """Shared fixtures of the room's tests: the real quickstart config, shrunk (tiny data, CPU, tmp dir), and ways to run
 the real CLI (python -m project) in-process or in a new process."""
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 # One intra-op thread per process, in this one (torch is not imported yet) and in every process a test starts: CI runs
 # two test workers on two cores, each with its own processes (ranks, runs), and torch's default, a thread a core, then
@@ -21,31 +18,26 @@ REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 CONFIGS = REPO / "configs"
 QUICKSTART = CONFIGS / "quickstart.yaml"
-
-# Shrinks configs/quickstart.yaml for tests: no progress bars or summaries, one quick epoch.
-SHRINK = [
-    "--trainer.enable_progress_bar=false",
-    "--trainer.enable_model_summary=false",
-    "--trainer.max_epochs=1",
-    "--trainer.log_every_n_steps=1",
-    "--data.batch_size=8",
-]
+# What docs/your-own-project.md says a user may delete: their tests skip once it is gone, and the README's and docs'
+# mentions of it stop counting as broken links.
+DELETABLE = ("bench", "notebooks", "slurm", "docs/benchmarks.md", "tools/prepare_imagenet.py", "configs/dp_8gpu.yaml")
 
 
-def write_image_folder(root: Path, classes: dict[str, tuple[int, int]], *, size: int = 32, seed: int = 0) -> Path:
-    """Write root/{train,val}/<class>/*.jpg: noisy images whose mean colour depends on the class (learnable)."""
-    rng = np.random.default_rng(seed)
-    palette = [(200, 40, 40), (40, 200, 40), (40, 40, 200), (200, 200, 40), (40, 200, 200)]
-    for index, (name, (n_train, n_val)) in enumerate(sorted(classes.items())):
-        colour = np.array(palette[index % len(palette)], dtype=np.int16)
-        for split, count in (("train", n_train), ("val", n_val)):
-            out = root / split / name
-            out.mkdir(parents=True, exist_ok=True)
-            for i in range(count):
-                noise = rng.integers(-40, 40, size=(size, size, 3))
-                pixels = np.clip(colour + noise, 0, 255).astype(np.uint8)
-                Image.fromarray(pixels).save(out / f"{name}_{i:03d}.jpg", quality=90)
-    return root
+def skip_if_deleted(part: str) -> None:
+    """Skip the calling test module when `part` (one of DELETABLE) is gone from the checkout."""
+    if not (REPO / part).exists():
+        pytest.skip(f"{part} is deleted (docs/your-own-project.md): nothing of it to test", allow_module_level=True)
+
+
+def deleted(path: str) -> bool:
+    """Whether a repository path lies in a part the user deleted."""
+    return any((path == part or path.startswith(part + "/")) and not (REPO / part).exists() for part in DELETABLE)
+
+
+# The library's test helpers (tiny data, a Slurm cluster, stop callbacks for its runs), beside the library you keep.
+ENGINE_TESTS = REPO / "engine" / "tests"
+sys.path.append(str(ENGINE_TESTS))
+from tiny_runs import SHRINK, callback, read_scalars, write_image_folder  # noqa: E402, F401  (the suites share them)
 
 
 @pytest.fixture(scope="session")
@@ -102,20 +94,6 @@ def run_project(args: list[str], *, cwd: Path = REPO, env: dict | None = None, t
     """Run `python -m project ARGS` (or `LAUNCHER -m project ARGS`) in a fresh process; output captured."""
     command = [*(launcher or [sys.executable]), "-m", "project", *args]
     return subprocess.run(command, cwd=cwd, env=project_env(env), capture_output=True, text=True, timeout=timeout)
-
-
-def callback(class_path: str, **init_args) -> str:
-    """A `--trainer.callbacks+=` argument adding one callback."""
-    return "--trainer.callbacks+=" + json.dumps({"class_path": class_path, "init_args": init_args})
-
-
-def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """All scalars of a TensorBoard run dir, read with tensorboard's own reader: {tag: [(step, value), ...]}."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    accumulator.Reload()
-    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
 
 
 @pytest.fixture(autouse=True)

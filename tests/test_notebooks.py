@@ -12,7 +12,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from conftest import REPO
+from conftest import REPO, skip_if_deleted
+
+skip_if_deleted("notebooks")
 
 NOTEBOOKS = REPO / "notebooks"
 

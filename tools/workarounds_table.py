@@ -1,9 +1,9 @@
-"""Print the workarounds registry (WORKAROUNDS) as the Markdown table engine/docs/workarounds.md holds, so the two never drift.
+"""Print the workarounds registry (WORKAROUNDS) as the Markdown table engine/docs/workarounds.md holds: never drifting.
 
     python -m tools.workarounds_table                                # print the table
     python -m tools.workarounds_table --write engine/docs/workarounds.md    # put it between the file's two marker lines
 
-engine/tests/test_readme.py fails while the committed table differs from this output: edit the registry, never the
+tests/test_readme.py fails while the committed table differs from this output: edit the registry, never the
 table.
 """
 

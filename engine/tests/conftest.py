@@ -10,7 +10,6 @@ README) are marked `template` and skipped there."""
 
 import importlib
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -18,11 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 import warm_python
+from tiny_runs import SHRINK, callback, read_scalars, write_image_folder  # noqa: F401  (the suite's)
 
 # One intra-op thread per process, in this one (torch is not imported yet) and in every process a test starts: CI runs
 # two test workers on two cores, each with its own processes (ranks, runs), and torch's default, a thread a core, then
@@ -71,39 +69,13 @@ def new_model(num_classes: int):
     """A model as the quickstart config builds it, for that many classes (the template's at resnet18)."""
     return model_class()(num_classes=num_classes, **({"arch": "resnet18"} if TEMPLATE else {}))
 
-# Shrinks configs/quickstart.yaml for tests: no progress bars or summaries, one quick epoch.
-SHRINK = [
-    "--trainer.enable_progress_bar=false",
-    "--trainer.enable_model_summary=false",
-    "--trainer.max_epochs=1",
-    "--trainer.log_every_n_steps=1",
-    "--data.batch_size=8",
-]
-
-
 # The slowest files first (from CI's --durations=0, 2026-12-03); the rest follow in their usual order. Refresh it when
 # a file's time moves far: a long file started last keeps one worker busy while the other waits.
 SLOWEST_FILES = [
-    "test_your_own_project.py", "test_resume.py", "test_fsdp.py", "test_bench.py", "test_shards.py", "test_sweep.py",
-    "test_distributed.py", "test_reliability.py", "test_slurm.py", "test_trackers.py", "test_compat.py",
-    "test_elastic_restart.py", "test_cli.py", "test_notebooks.py", "test_bad_input.py", "test_any_data.py",
+    "test_resume.py", "test_sweep.py", "test_trackers.py", "test_fsdp.py", "test_global_batch.py", "test_shards.py",
+    "test_distributed.py", "test_remote_runs.py", "test_reliability.py", "test_compat.py", "test_elastic_restart.py",
+    "test_run_plan.py", "test_without_the_template.py", "test_cli.py", "test_bad_input.py", "test_any_data.py",
 ]
-
-
-def write_image_folder(root: Path, classes: dict[str, tuple[int, int]], *, size: int = 32, seed: int = 0) -> Path:
-    """Write root/{train,val}/<class>/*.jpg: noisy images whose mean colour depends on the class (learnable)."""
-    rng = np.random.default_rng(seed)
-    palette = [(200, 40, 40), (40, 200, 40), (40, 40, 200), (200, 200, 40), (40, 200, 200)]
-    for index, (name, (n_train, n_val)) in enumerate(sorted(classes.items())):
-        colour = np.array(palette[index % len(palette)], dtype=np.int16)
-        for split, count in (("train", n_train), ("val", n_val)):
-            out = root / split / name
-            out.mkdir(parents=True, exist_ok=True)
-            for i in range(count):
-                noise = rng.integers(-40, 40, size=(size, size, 3))
-                pixels = np.clip(colour + noise, 0, 255).astype(np.uint8)
-                Image.fromarray(pixels).save(out / f"{name}_{i:03d}.jpg", quality=90)
-    return root
 
 
 @pytest.fixture(scope="session")
@@ -191,11 +163,6 @@ def last_line(stderr: str) -> str:
     return lines[-1] if lines else ""
 
 
-def callback(class_path: str, **init_args) -> str:
-    """A `--trainer.callbacks+=` argument adding one callback."""
-    return "--trainer.callbacks+=" + json.dumps({"class_path": class_path, "init_args": init_args})
-
-
 @pytest.fixture
 def tmpfs(tmp_path):
     """mount(size) -> a fresh tmpfs of that size (a real, small disk, and another filesystem than /tmp); needs root."""
@@ -216,15 +183,6 @@ def tmpfs(tmp_path):
     yield mount
     for target in mounts:
         subprocess.run(["umount", "-l", str(target)], check=False)
-
-
-def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """All scalars of a TensorBoard run dir, read with tensorboard's own reader: {tag: [(step, value), ...]}."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    accumulator.Reload()
-    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
 
 
 def pytest_collection_modifyitems(items):

@@ -285,3 +285,30 @@ def test_validate_and_predict_from_a_runs_config_yaml_write_their_own_records_no
     assert "val/acc1" in read_scalars(tmp_path / "lightning_logs" / "version_1")  # the validation's own
     assert (tmp_path / "lightning_logs" / "version_2" / "predictions.csv").is_file()
     assert not [w for w in recwarn if "dirpath has changed" in str(w.message)]  # the fit's bookkeeping stays the fit's
+
+
+def test_a_requeued_job_resumes_from_its_own_newest_checkpoint_not_ckpt_path_nor_another_jobs(tmp_path, monkeypatch):
+    """The rule behind a requeued job's resume, in-process: the env vars are the ones srun sets in a task."""
+    for name in [name for name in os.environ if name.startswith("SLURM_")]:
+        monkeypatch.delenv(name)  # the test itself may run inside a Slurm job
+    given = write_checkpoint(tmp_path / "old" / "last.ckpt", step=1)
+    other_job = write_checkpoint(tmp_path / "lightning_logs" / "slurm-6" / "checkpoints" / "last.ckpt", step=9)
+    for name, value in {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train"}.items():
+        monkeypatch.setenv(name, value)
+
+    def plan(restarts: int):
+        monkeypatch.setenv("SLURM_RESTART_COUNT", str(restarts))
+        config = Namespace(trainer=Namespace(default_root_dir=str(tmp_path), logger=None), ckpt_path=str(given))
+        return plan_run("fit", config), config
+
+    this_job = tmp_path / "lightning_logs" / "slurm-7"
+    first, config = plan(0)  # the first run: --ckpt_path as given, written into the job's own dir
+    assert first.ckpt_path == given and first.run_dir == this_job
+    assert config.trainer.logger.init_args.version == "slurm-7"
+    older = write_checkpoint(this_job / "checkpoints" / "epoch000-val_acc1=0.5000.ckpt", step=3)
+    newest = write_checkpoint(this_job / "checkpoints" / "last.ckpt", step=4)
+    os.utime(older, (1, 1))
+    requeued, config = plan(1)
+    assert requeued.ckpt_path == newest and config.ckpt_path == str(newest)  # not --ckpt_path, not job 6's
+    assert requeued.reason == f"Slurm job 7 (restart 1): resuming from {newest} instead of --ckpt_path {given}"
+    assert other_job.exists()

@@ -15,15 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from jsonargparse import Namespace
+from classifier_engine.data.make_shards import main as make_shards
 
 import slurm_cluster
-from classifier_engine.data.make_shards import main as make_shards
-from classifier_engine.plan.make import plan_run
-from conftest import REPO, TESTS, callback, read_scalars, tiny_args
-from test_resume import assert_same_training, final_state
+from conftest import ENGINE_TESTS, REPO, callback, read_scalars, skip_if_deleted, tiny_args
 
-pytestmark = pytest.mark.template  # the template's slurm/ sbatch scripts
+skip_if_deleted("slurm")
 
 SCRIPT = str(REPO / "slurm" / "train.sbatch")
 TWO_NODES = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1"]
@@ -48,9 +45,29 @@ def slurm(tmp_path_factory):
     slurm_cluster.stop(cluster)
 
 
+def final_state(path: Path) -> dict:
+    """Step, epoch, network weights and momentum of a checkpoint file, or of <root>'s version_0/last.ckpt."""
+    checkpoint = torch.load(path if path.is_file() else path / "lightning_logs" / "version_0" / "checkpoints" /
+                            "last.ckpt", map_location="cpu", weights_only=True)
+    momentum = checkpoint["optimizer_states"][0]["state"]
+    return {"step": checkpoint["global_step"], "epoch": checkpoint["epoch"],
+            "weights": {k: v for k, v in checkpoint["state_dict"].items() if k.startswith("network.")},
+            "momentum": {k: v["momentum_buffer"] for k, v in momentum.items()}}
+
+
+def assert_same_training(resumed: dict, reference: dict, tolerance: float = 1e-6) -> None:
+    assert resumed["step"] == reference["step"] and resumed["epoch"] == reference["epoch"]
+    for part in ("weights", "momentum"):
+        a, b = resumed[part], reference[part]
+        floats = [k for k in b if b[k].is_floating_point()]
+        diff = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in floats) ** 0.5
+        norm = sum(float(b[k].double().pow(2).sum()) for k in floats) ** 0.5
+        assert a.keys() == b.keys() and diff <= tolerance * norm, f"{part}: relative difference {diff / norm:.3e}"
+
+
 def submit(slurm, sbatch_options: list[str], log: Path, args: list[str]) -> int:
     # tests/ importable in the job (stop_callbacks); sbatch exports the submitting environment to it
-    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (str(ENGINE_TESTS), os.environ.get("PYTHONPATH", "")) if p)
     return slurm.sbatch(*sbatch_options, f"--output={log}", SCRIPT, *args, cwd=REPO, env={"PYTHONPATH": path})
 
 
@@ -195,35 +212,6 @@ def test_missing_data_root_fails_fast_with_the_data_module_error(slurm, jobs):
     assert re.search(r"error: data root \S*no-such-dir does not exist", log), log
     assert "Traceback" not in log
     assert "Starting with" not in log
-
-
-def test_a_requeued_job_resumes_from_its_own_newest_checkpoint_not_ckpt_path_nor_another_jobs(tmp_path, monkeypatch):
-    """The rule behind a requeued job's resume, in-process: the env vars are the ones srun sets in a task."""
-    from test_which_checkpoint import write_checkpoint
-
-    for name in [name for name in os.environ if name.startswith("SLURM_")]:
-        monkeypatch.delenv(name)  # the test itself may run inside a Slurm job
-    given = write_checkpoint(tmp_path / "old" / "last.ckpt", step=1)
-    other_job = write_checkpoint(tmp_path / "lightning_logs" / "slurm-6" / "checkpoints" / "last.ckpt", step=9)
-    for name, value in {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train"}.items():
-        monkeypatch.setenv(name, value)
-
-    def plan(restarts: int):
-        monkeypatch.setenv("SLURM_RESTART_COUNT", str(restarts))
-        config = Namespace(trainer=Namespace(default_root_dir=str(tmp_path), logger=None), ckpt_path=str(given))
-        return plan_run("fit", config), config
-
-    this_job = tmp_path / "lightning_logs" / "slurm-7"
-    first, config = plan(0)  # the first run: --ckpt_path as given, written into the job's own dir
-    assert first.ckpt_path == given and first.run_dir == this_job
-    assert config.trainer.logger.init_args.version == "slurm-7"
-    older = write_checkpoint(this_job / "checkpoints" / "epoch000-val_acc1=0.5000.ckpt", step=3)
-    newest = write_checkpoint(this_job / "checkpoints" / "last.ckpt", step=4)
-    os.utime(older, (1, 1))
-    requeued, config = plan(1)
-    assert requeued.ckpt_path == newest and config.ckpt_path == str(newest)  # not --ckpt_path, not job 6's
-    assert requeued.reason == f"Slurm job 7 (restart 1): resuming from {newest} instead of --ckpt_path {given}"
-    assert other_job.exists()
 
 
 @pytest.mark.slurm

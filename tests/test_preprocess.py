@@ -13,15 +13,13 @@ import sys
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from torchvision import models
-
 from classifier_engine.data.decoders import image_loader
 from classifier_engine.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_preset
 from classifier_engine.export import export_network
-from conftest import REPO
+from PIL import Image
+from torchvision import models
 
-pytestmark = pytest.mark.template  # the template's tools/preprocess.py
+from conftest import REPO
 
 TOOL = REPO / "tools" / "preprocess.py"
 # (width, height): landscape and portrait photos, thin strips, a square smaller than the crop, one already at size.

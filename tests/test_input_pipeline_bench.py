@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from classifier_engine.data.decoders import LOADERS, unavailable
 
-pytestmark = pytest.mark.template  # the template's bench/input_pipeline.py
+from conftest import skip_if_deleted
 
-REPO = Path(__file__).resolve().parents[2]  # the template around engine/
+skip_if_deleted("bench")
+
+REPO = Path(__file__).resolve().parents[1]  # the template
 
 
 @pytest.mark.slow  # another process

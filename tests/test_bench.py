@@ -12,9 +12,10 @@ import tarfile
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, skip_if_deleted
 
-pytestmark = pytest.mark.template  # the template's bench/ scripts
+skip_if_deleted("bench")
+
 # gpu_all.sh's fits, in its table's order; --tiny leaves out ddp, dp and fp16 (the engine's tests run them on CPU)
 FITS = ["fsdp", "fsdp-bn-in-blocks", "vit-sharded", "ddp", "ddp-bucket-view", "dp", "gpu", "fp16", "shards"]
 

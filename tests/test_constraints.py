@@ -13,12 +13,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-pytestmark = pytest.mark.template  # the template's constraints.txt (what its CI installed)
-
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11; CI runs 3.11
 
-ENGINE = Path(__file__).resolve().parents[1]  # engine/pyproject.toml: the ranges (its dev extra installs everything)
-ROOT = ENGINE.parent  # the template around it: constraints.txt and .ci/run
+ROOT = Path(__file__).resolve().parents[1]  # the template: constraints.txt and .ci/run
+ENGINE = ROOT / "engine"  # engine/pyproject.toml: the ranges (its dev extra installs everything)
 # Each advisory, checked at its source (docs/reliability.md): the first release clear of it that the ranges must admit
 # (its fix, or the first after the record's last affected one) and the releases on the package index it affects.
 LIGHTNING_AFFECTED = ["2.6.5", "2.6.4", "2.6.3", "2.6.2", "2.6.1", "2.6.0", "2.5.6", "2.5.0", "2.4.0"]

@@ -18,11 +18,12 @@ import pytest
 import scipy.io
 from PIL import Image
 
-pytestmark = pytest.mark.template  # the template's tools/prepare_imagenet.py
-pytest.importorskip("tools", reason="tests the template beside the library")
-from tools.prepare_imagenet import main  # noqa: E402
+from conftest import skip_if_deleted
 
-REPO = Path(__file__).resolve().parents[2]  # the template around engine/
+skip_if_deleted("tools/prepare_imagenet.py")
+from tools.prepare_imagenet import main  # noqa: E402  (the module a user may delete)
+
+REPO = Path(__file__).resolve().parents[1]  # the template
 # Devkit ids deliberately not in wnid order: the class index must follow the sorted folders, not the devkit ids.
 CLASSES = {  # wnid: (devkit id, words, train images)
     "n02119789": (1, "kit fox, Vulpes macrotis", 5),
