@@ -9,7 +9,7 @@ from functools import partial
 from typing import Optional
 
 from classifier_engine.cli import cli_main, entry_module
-from classifier_engine.errors import check_config_files, exit_on_user_error
+from classifier_engine.errors import ConfigError, check_config_files, exit_on_user_error, install_extra
 from classifier_engine.run.stored_config import check_stored_configs
 
 MORE_SUBCOMMANDS = """
@@ -32,9 +32,7 @@ def main(argv: Optional[list[str]] = None, **defaults) -> None:
         exit_on_user_error(lambda: export_main(argv[1:], prog=f"python -m {prog}", trusted=entry_classes))
         return
     if argv[:1] == ["sweep"]:
-        from classifier_engine.run.sweep import main as sweep_main
-
-        exit_on_user_error(lambda: sweep_main(argv[1:], partial(cli_main, **defaults)))
+        exit_on_user_error(lambda: sweep(argv[1:], partial(cli_main, **defaults)))
         return
 
     def run() -> None:
@@ -48,6 +46,17 @@ def main(argv: Optional[list[str]] = None, **defaults) -> None:
         if argv in (["-h"], ["--help"]):  # LightningCLI lists its own subcommands only
             print(MORE_SUBCOMMANDS.format(prog=prog), flush=True)
     close_process_group()
+
+
+def sweep(argv: list[str], with_defaults) -> None:
+    """`sweep`: Optuna's, an extra (its absence is one line, not an import's traceback)."""
+    try:
+        from classifier_engine.run.sweep import main as sweep_main
+    except ImportError as missing:
+        raise ConfigError(f"sweep needs {missing.name or 'Optuna'}, which is not installed: {install_extra('sweep')}") \
+            from None
+
+    sweep_main(argv, with_defaults)
 
 
 def close_process_group() -> None:

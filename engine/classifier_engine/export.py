@@ -24,7 +24,7 @@ from torch import nn
 
 from classifier_engine import contract
 from classifier_engine.contract import display_names, eval_preprocessing
-from classifier_engine.errors import ConfigError, UserError, load_config_file
+from classifier_engine.errors import ConfigError, UserError, install_extra, load_config_file
 from classifier_engine.plan.run_plan import Decision, RunPlan
 from classifier_engine.run.checkpoint_io import load_checkpoint
 
@@ -136,7 +136,7 @@ def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Te
             checked["onnx"] = _export_onnx(program, example, expected, staging / "model.onnx", eager, onnx_rtol,
                                            out_dir)
         elif onnx:
-            rank_zero_info("model.onnx skipped: `pip install onnx onnxscript` (and onnxruntime to check it)")
+            rank_zero_info(f"model.onnx skipped: onnx and onnxscript are not installed ({install_extra('export')})")
         written = {kind: name for kind, name in EXPORT_FILES.items() if (staging / name).exists()}
         (staging / "model.json").write_text(json.dumps({
             "module": f"{type(network).__module__}.{type(network).__qualname__}",

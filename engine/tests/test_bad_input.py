@@ -211,3 +211,17 @@ def test_a_data_error_in_a_loader_worker_is_the_same_one_line_as_in_the_main_pro
         lines[workers] = [line for line in err.splitlines() if line.startswith("error")]
     assert len(lines[0]) == 1 and f"cannot decode {broken['victim']}" in lines[0][0], lines
     assert lines[1] == lines[0]
+
+
+@pytest.mark.parametrize("extra, hidden, args", [
+    ("sweep", "optuna", ["sweep", "--config", "sweep.yaml"]),
+    ("shards", "boto3", ["fit", "--trainer.default_root_dir=s3://runs/x", "--plan"]),
+])
+def test_a_missing_extra_is_one_line_naming_the_install_that_works(extra, hidden, args, monkeypatch, capsys):
+    from conftest import project_in_process
+
+    monkeypatch.setitem(sys.modules, hidden, None)  # as if not installed: its import raises ImportError
+    code, _, err = project_in_process(args, monkeypatch, capsys)
+    assert code == 2 and err.strip().splitlines()[-1].endswith(
+        f'pip install -e "./engine[{extra}]" (from a clone), or pip install "classifier-engine[{extra}]"'), err[-2000:]
+    assert "Traceback" not in err

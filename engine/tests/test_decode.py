@@ -29,7 +29,7 @@ from classifier_engine.errors import UnreadableImageError
 HAS_TORCHCODEC = importlib.util.find_spec("torchcodec") is not None
 HAS_NVIMGCODEC = unavailable("nvimgcodec") is None
 NEEDS_TORCHCODEC = pytest.mark.skipif(not HAS_TORCHCODEC,
-                                      reason='torchcodec is not installed: pip install -e ".[torchcodec]"')
+                                      reason='torchcodec is not installed: pip install -e "./engine[torchcodec]"')
 NEEDS_NVIMGCODEC = pytest.mark.skipif(not HAS_NVIMGCODEC, reason=str(unavailable("nvimgcodec")))
 TENSOR_DECODERS = [pytest.param("nvimgcodec", marks=NEEDS_NVIMGCODEC),
                    pytest.param("torchcodec", marks=NEEDS_TORCHCODEC), "torchvision"]
@@ -207,8 +207,9 @@ def test_without_torchvision_io_decoders_auto_falls_back_and_torchvision_says_wh
     assert chosen == ("nvimgcodec" if HAS_NVIMGCODEC else "torchcodec" if HAS_TORCHCODEC else "pil") + " (3, 48, 64)"
     assert torchvision_error.startswith("data.decoder=torchvision needs torchvision.io.decode_image, which "
                                         "torchvision ")
-    assert torchvision_error.endswith('pip install -e ".[torchcodec]" and set data.decoder=torchcodec (or '
-                                      'auto), or use pil')
+    assert torchvision_error.endswith('pip install -e "./engine[torchcodec]" (from a clone), or pip install '
+                                      '"classifier-engine[torchcodec]" and set data.decoder=torchcodec (or auto), or '
+                                      'use pil')
     assert nvjpeg_error.startswith("data.decoder=nvjpeg: data.decoder=torchvision needs torchvision.io.decode_image")
 
 

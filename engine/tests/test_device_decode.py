@@ -37,7 +37,7 @@ from classifier_engine.data.transforms import eval_preset, train_preset
 from test_decode import two_colour
 
 NEEDS_TORCHCODEC = pytest.mark.skipif(importlib.util.find_spec("torchcodec") is None,
-                                      reason='torchcodec is not installed: pip install -e ".[torchcodec]"')
+                                      reason='torchcodec is not installed: pip install -e "./engine[torchcodec]"')
 DEVICE_DECODERS = ["nvjpeg", pytest.param("torchcodec-cuda", marks=NEEDS_TORCHCODEC)]
 SIZES = [(60, 80), (80, 60), (48, 48), (75, 100)]  # (height, width): several per batch, as in ImageNet
 

@@ -25,7 +25,7 @@ from conftest import TEMPLATE, callback, project_in_process, read_scalars, run_p
 from local_services import free_port
 
 pytestmark = pytest.mark.slow
-mlflow = pytest.importorskip("mlflow", reason="the tracking extra: pip install -e '.[tracking]'")
+mlflow = pytest.importorskip("mlflow", reason="the tracking extra: pip install -e './engine[tracking]'")
 
 
 @pytest.fixture(scope="module")

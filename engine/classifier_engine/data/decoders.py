@@ -21,7 +21,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor, to_dtype
 
 from classifier_engine.data.layout import is_data
 from classifier_engine.data.partial_decode import encoded_jpeg, nvimgcodec_decode
-from classifier_engine.errors import ConfigError, UnreadableImageError
+from classifier_engine.errors import ConfigError, UnreadableImageError, install_extra
 
 try:  # torchvision 0.29 deprecates its image decoders for TorchCodec's; a later release removes them
     from torchvision.io import ImageReadMode, decode_image
@@ -113,16 +113,16 @@ def unavailable(decoder: str) -> Optional[str]:
     """Why a CPU decoder cannot run in this environment, with the fix; None when it can."""
     found = importlib.util.find_spec
     if decoder == "nvimgcodec" and not (found("simplejpeg") and found("nvidia") and found("nvidia.nvimgcodec")):
-        return ('data.decoder=nvimgcodec needs nvImageCodec and simplejpeg: pip install -e "./engine[nvimgcodec]" '
-                '(pip install "classifier-engine[nvimgcodec]"), or choose torchcodec/torchvision/pil')
+        return (f"data.decoder=nvimgcodec needs nvImageCodec and simplejpeg: {install_extra('nvimgcodec')}; or choose "
+                "torchcodec/torchvision/pil")
     if decoder == "torchcodec" and found("torchcodec") is None:
-        return 'data.decoder=torchcodec needs TorchCodec: pip install -e ".[torchcodec]" (or choose pil/torchvision)'
+        return f"data.decoder=torchcodec needs TorchCodec: {install_extra('torchcodec')}; or choose pil/torchvision"
     if decoder == "torchvision" and decode_image is None:
         import torchvision
 
         return (f"data.decoder=torchvision needs torchvision.io.decode_image, which torchvision "
-                f'{torchvision.__version__} no longer has: pip install -e ".[torchcodec]" and set '
-                "data.decoder=torchcodec (or auto), or use pil")
+                f"{torchvision.__version__} no longer has: {install_extra('torchcodec')} and set data.decoder="
+                "torchcodec (or auto), or use pil")
     return None
 
 

@@ -36,6 +36,7 @@ def run_root(given: PlanInput) -> list[Decision]:
     if not (isinstance(root, str) and root.lower().startswith("s3:")):
         return []
     remote = given.reads["remote"] = RemoteRoot(root)
+    remote.client()  # boto3 is an extra: its absence is one line here, before the store is asked anything
     if given.dry:
         given.reads["stored"] = remote.listing()
     return [Decision("run root", {"url": remote.url, "mirror": str(remote.mirror)},
