@@ -225,9 +225,7 @@ class ImageClassifier(L.LightningModule):
 
     def configure_optimizers(self):
         global_batch = self.global_batch_size()
-        lr = scaled_lr(self.optim.lr_per_256, global_batch)
-        rank_zero_info(f"learning rate {lr:.6g} = lr_per_256 {self.optim.lr_per_256} x global batch {global_batch} "
-                       "/ 256")
+        lr = scaled_lr(self.optim.lr_per_256, global_batch)  # (the run plan's "learning rate" line says it)
         return build_optimization(self.optim, self.network, self.trainer, lr=lr,
                                   backbone_lr_factor=self.finetune.backbone_lr_factor)
 

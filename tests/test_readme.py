@@ -135,7 +135,8 @@ def test_the_quickstarts_closing_line_shown_is_where_its_config_writes():
     assert shown, "README 'Set-up' no longer shows the run's closing line"
     line = shown.group(0)
     assert line.startswith(f"run dir {root}/lightning_logs/version_0; best checkpoint {root}/"), line
-    assert line.endswith(f"look at it with: tensorboard --logdir {root}/lightning_logs"), line
+    assert f"; look at it with: tensorboard --logdir {root}/lightning_logs" in line, line
+    assert line.endswith(" of its time for the next batch (data-bound above 10 %)"), line  # the input's verdict
 
 
 def test_the_workarounds_table_is_the_registry():

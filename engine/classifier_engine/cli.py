@@ -19,13 +19,13 @@ from classifier_engine.additions import EngineParser, add_run_arguments, additio
 from classifier_engine.callbacks.prediction_writer import folder_loader
 from classifier_engine.compat.batch_limits import Trainer
 from classifier_engine.compat.ckpt_hparams import explicit_values
+from classifier_engine.compat.upstream_noise import quiet_upstream_noise, resumed_run_dir
 from classifier_engine.errors import ConfigError, limited_yaml_mode, record_rank
 from classifier_engine.plan.make import make_plan
 from classifier_engine.plan.run_plan import Pass
 from classifier_engine.plan.started import Started
 from classifier_engine.run.last_checkpoint import stops_reach_spawned_ranks
 from classifier_engine.run.saved_config import KeepingSaveConfigCallback
-from classifier_engine.run.slurm import slurm_job_id, task_line
 from classifier_engine.summary import where_the_run_went
 
 
@@ -90,6 +90,9 @@ class EngineCLI(LightningCLI):
             print("\n".join([f"plan of {subcommand} (dry: nothing was built, written or downloaded):",
                              *(f"  {line}" for line in plan.lines(edits=True))]), flush=True)
             sys.exit(0)
+        if plan.value("finished"):  # a complete run: its plan says so and which option continues it
+            rank_zero_info("\n".join([f"plan of this {subcommand}:", *(f"  {line}" for line in plan.lines())]))
+            sys.exit(0)
         if subcommand:
             self.save_config_kwargs = {**self.save_config_kwargs, "run_dir": self.started.run_dir}
             rank_zero_info("\n".join([f"plan of this {subcommand} (--plan shows it with the config keys it sets):",
@@ -109,10 +112,6 @@ class EngineCLI(LightningCLI):
         """LightningCLI's read of --ckpt_path's hyperparameters is the plan's (plan/settings.py, from its one load)."""
 
     # -- build: the classes, then the Trainer with what the run adds -------------------------------------------
-    def before_instantiate_classes(self) -> None:
-        if (job_id := slurm_job_id()) is not None and self.subcommand and self.started.run_dir is not None:
-            print(task_line(job_id, self.started.run_dir), flush=True)
-
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         init = self.config_init[self.subcommand] if self.subcommand else self.config_init
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -132,7 +131,8 @@ class EngineCLI(LightningCLI):
 
     # -- run, and say where it went ------------------------------------------------------------------------------
     def fit(self, model, datamodule=None, **kwargs) -> None:
-        with stops_reach_spawned_ranks(self.trainer):  # ddp_spawn: this process only waits for the ranks
+        # ddp_spawn: this process only waits for the ranks; a resume's own checkpoint folder is not "not empty"
+        with stops_reach_spawned_ranks(self.trainer), resumed_run_dir(not self.started.plan.fresh):
             self.trainer.fit(model, datamodule=datamodule, **kwargs)
         remote = self.started.remote
         stored = f" (stored in {remote.url_of(self.started.run_dir)})" if remote and self.started.run_dir else ""
@@ -151,6 +151,7 @@ def cli_main(args: Optional[list[str]] = None, *, model: Optional[type] = None, 
     names none builds, `passes` the entry point's own passes of the run plan (a template's). Tests call it
     in-process with a list of arguments."""
     record_rank(None)  # this run's Trainer records its own (a process may build several: notebooks, tests)
+    quiet_upstream_noise(debugging=True)  # (in-process callers keep Python's warning format; main() makes it one line)
     return EngineCLI(
         L.LightningModule, L.LightningDataModule, args=args, run=run, parser_class=EngineParser,
         defaults=Defaults(model, data, tuple(passes)),

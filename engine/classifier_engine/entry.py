@@ -9,7 +9,8 @@ from functools import partial
 from typing import Optional
 
 from classifier_engine.cli import cli_main, entry_module
-from classifier_engine.errors import ConfigError, check_config_files, exit_on_user_error, install_extra
+from classifier_engine.compat.upstream_noise import quiet_upstream_noise
+from classifier_engine.errors import ConfigError, check_config_files, debugging, exit_on_user_error, install_extra
 from classifier_engine.run.stored_config import check_stored_configs
 
 MORE_SUBCOMMANDS = """
@@ -22,6 +23,7 @@ MORE_SUBCOMMANDS = """
 
 def main(argv: Optional[list[str]] = None, **defaults) -> None:
     """`defaults` as cli_main takes them (a template's model, data and passes)."""
+    quiet_upstream_noise(debugging())
     given, argv = argv, sys.argv[1:] if argv is None else list(argv)
     prog = entry_module(defaults.get("model"))
     entry_classes = [f"{cls.__module__}.{cls.__qualname__}" for cls in (defaults.get("model"), defaults.get("data"))

@@ -95,7 +95,9 @@ def user_message(error: BaseException) -> Optional[str]:
     if isinstance(error, argparse.ArgumentError):  # jsonargparse: an unknown option, a value of the wrong type
         spec = getattr(sys.modules.get("__main__"), "__spec__", None)  # python -m <a template's package, or ours>
         package = spec.name.partition(".")[0] if spec else "classifier_engine"
-        return f"{readable_parse_error(str(error))[:600]} (`python -m {package} <subcommand> --help` lists each option)"
+        text = readable_parse_error(str(error))[:600]
+        hint = "; a folder to predict is --predictions.images DIR" if "predict_root" in text else ""
+        return f"{text}{hint} (`python -m {package} <subcommand> --help` lists each option)"
     if isinstance(error, pickle.UnpicklingError):
         return untrusted_checkpoint_message(error)
     cause = error.__cause__

@@ -4,6 +4,7 @@ whether its input kept up (callbacks/data_bound.py).
     python -m classifier_engine fit --config CONFIG      # run dir ...; best checkpoint ...; last ...; look at it ...
 """
 
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,17 +22,24 @@ def where_the_run_went(trainer: L.Trainer, run_dir: Optional[Path] = None) -> st
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
     run_dir = Path(run_dir or trainer.log_dir or trainer.default_root_dir)
-    parts = [f"run dir {run_dir}"]
+    parts = [f"run dir {relative(run_dir)}"]
     if best:
         monitored = f" ({trainer.checkpoint_callback.monitor} {float(score):.4f})" if score is not None else ""
-        parts.append(f"best checkpoint {best}{monitored}")
+        parts.append(f"best checkpoint {relative(best)}{monitored}")
     if last:
-        parts.append(f"last {last}")
-    if looks := how_to_look(trainer.loggers, run_dir):
+        parts.append(f"last {relative(last)}")
+    if looks := how_to_look(trainer.loggers, Path(relative(run_dir))):
         parts.append("look at it with: " + ", ".join(looks))
     if verdict := verdict_line(trainer):
         parts.append(verdict)
     return "; ".join(parts)
+
+
+def relative(path: os.PathLike | str) -> str:
+    """A path as the README shows it: relative to the working directory when it lies below it."""
+    absolute = os.path.abspath(path)
+    inside = absolute.startswith(os.getcwd().rstrip(os.sep) + os.sep)
+    return os.path.relpath(absolute) if inside else str(path)
 
 
 def verdict_line(trainer: Any) -> Optional[str]:
@@ -42,5 +50,5 @@ def verdict_line(trainer: Any) -> Optional[str]:
     verdict = logger.verdict
     verdict.cost = verdict.cost or worker_cost(trainer.train_dataloader, trainer.current_epoch)  # a fit cut short
     judged = verdict.judge(trainer, verdict.run)
-    return f"input over the run: {judged[0]}" if judged else None
+    return f"over the run, {judged[0]}" if judged else None
 

@@ -82,6 +82,18 @@ def trainer(tmp_path, **kwargs) -> L.Trainer:
     return L.Trainer(**{**options, **kwargs})
 
 
+@canary("test_canary_stock_pytree_flatten_warns_leafspec_is_deprecated")
+def test_canary_stock_pytree_flatten_warns_leafspec_is_deprecated():
+    import warnings
+
+    from lightning.pytorch.utilities._pytree import _tree_flatten
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _tree_flatten([torch.zeros(1), {"a": 1}])
+    assert not [w for w in caught if "LeafSpec" in str(w.message)]
+
+
 @canary("test_canary_stock_cli_parses_a_batch_limit_of_1_as_a_float")
 def test_canary_stock_cli_parses_a_batch_limit_of_1_as_a_float():
     parser = LightningArgumentParser()

@@ -187,3 +187,17 @@ def test_an_option_the_subcommand_does_not_use_is_refused_in_one_line(args, line
     code, _, err = project_in_process([args[0], *tiny_args(tiny_root, tmp_path), *args[1:]], monkeypatch, capsys)
     assert (code, err.strip().splitlines()[-1]) == (2, f"error: {line}")
     assert not tmp_path.joinpath("lightning_logs").exists()
+
+
+@pytest.mark.slow
+def test_last_on_a_finished_run_says_it_is_complete_and_which_option_continues_it(tiny_root, tmp_path, monkeypatch,
+                                                                                   capsys):
+    # Issue 47: it trained nothing for 27 s and said only Lightning's "max_epochs reached".
+    runs = tmp_path / "runs"
+    cli_main(["fit", *tiny_args(tiny_root, runs)])
+    before = files_under(runs)
+    code, out, err = project_in_process(["fit", *tiny_args(tiny_root, runs), "--ckpt_path=last"], monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    assert ("  finished: the run is complete, nothing to train (its 1 epochs are trainer.max_epochs 1: continue it "
+            "with a larger --trainer.max_epochs)") in (out + err).splitlines()
+    assert files_under(runs) == before  # nothing built, nothing written

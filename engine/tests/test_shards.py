@@ -415,3 +415,20 @@ def test_mistyped_s3_urls_and_an_unwritable_cache_dir_are_one_line_naming_the_op
     with pytest.raises(ConfigError, match=rf"^data.cache_dir {read_only}: cannot write there \({read_only} is not "
                                           r"writable\)"):
         ShardDataModule(shards="s3://datasets/tiny", cache_dir=str(read_only))
+
+
+def test_the_writer_says_what_it_re_encodes_and_names_a_kept_file_that_is_not_an_image(tmp_path, capsys):
+    # Issue 47: small PNGs became JPEG q90 and gray images RGB without a word; --keep-original packed a broken .jpg
+    # without a word, and the fit on that set then stopped on a line that did not name it.
+    from conftest import write_image_folder
+
+    root = write_image_folder(tmp_path / "images", {"a": (4, 2), "b": (4, 2)})
+    Image.new("RGB", (16, 16), (9, 9, 9)).save(root / "train" / "a" / "small.png")
+    Image.new("L", (600, 400), 128).save(root / "train" / "b" / "gray.jpg")
+    assert make_shards(["--source", str(root), "--out", str(tmp_path / "s"), *SMALL]) == 0
+    assert ("make_shards: 2 images re-encoded as JPEG quality 90 beyond resizing (1: PNG as JPEG, 1: L as RGB); "
+            "--keep-original stores them as they are") in capsys.readouterr().out.splitlines()
+    (root / "train" / "a" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a JPEG after all")
+    assert make_shards(["--source", str(root), "--out", str(tmp_path / "kept"), *SMALL, "--keep-original"]) == 2
+    broken = root / "train" / "a" / "broken.jpg"
+    assert capsys.readouterr().err.strip().startswith(f"make_shards: cannot decode {broken}")

@@ -18,6 +18,14 @@ class Workaround:
 
 WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
+        name="Lightning's pytree flattening calls torch's deprecated LeafSpec(): a FutureWarning in every run's output",
+        where="classifier_engine/compat/upstream_noise.py quiet_upstream_noise (the warning filtered by its text)",
+        upstream="Lightning #21326 (closed; still seen with lightning 2.6.6 and torch 2.14)",
+        seen="lightning 2.6.6, torch 2.10-2.14.1",
+        delete_when="flattening a batch with lightning.pytorch.utilities._pytree warns nothing",
+        canary="test_canary_stock_pytree_flatten_warns_leafspec_is_deprecated",
+    ),
+    Workaround(
         name="applied instantiation links: LightningCLI saves each link's value into the module's hyperparameters, "
              "also one jsonargparse skipped because the class lacks the argument; a resume then refuses the key",
         where="classifier_engine/compat/ckpt_read_once.py checkpoint_values (drops such a key; "

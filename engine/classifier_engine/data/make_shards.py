@@ -23,6 +23,7 @@ import os
 import sys
 import tarfile
 import time
+from collections import Counter
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from multiprocessing import Pool
@@ -113,25 +114,29 @@ class Output:
             (Path(self.location) / name).unlink(missing_ok=True)
 
 
-def encode(path: str, options: Options) -> bytes:
-    """The image's bytes: the original ones, or resized so its short side is at most max_short_side, as JPEG."""
+def encode(path: str, options: Options) -> tuple[bytes, Optional[str]]:
+    """The image's bytes: the original ones, or resized so its short side is at most max_short_side, as JPEG; and
+    what a re-encoding changed beyond the size (another format, another colour mode), said by the writer."""
     with open(path, "rb") as file:
         data = file.read()
-    if options.keep_original:
-        return data
     try:
         with Image.open(io.BytesIO(data)) as image:
+            if options.keep_original:
+                image.verify()  # an image at all: a broken file is named now, not by a fit that meets it
+                return data, None
             scale = options.max_short_side / min(image.size)
             if scale >= 1 and image.format == "JPEG":
-                return data  # small enough already: no second lossy encoding
+                return data, None  # small enough already: no second lossy encoding
+            changed = [f"{image.format} as JPEG" if image.format != "JPEG" else "",
+                       f"{image.mode} as RGB" if image.mode != "RGB" else ""]
             image = image.convert("RGB")
             if scale < 1:
                 image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
                                      Image.Resampling.BILINEAR, reducing_gap=3.0)
             out = io.BytesIO()
             image.save(out, format="JPEG", quality=options.quality)
-            return out.getvalue()
-    except (OSError, ValueError, Image.DecompressionBombError) as error:
+            return out.getvalue(), ", ".join(filter(None, changed)) or None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         raise ConfigError(f"cannot decode {path} ({error}): replace or delete it, then rerun") from None
 
 
@@ -175,11 +180,13 @@ def write_shard(job: tuple[Output, str, list[tuple[str, int]], Options, str, int
     old = output.read(f"{name}.json")
     if old is not None and json.loads(old)["fingerprint"] == print_:
         return name, False
-    images = [encode(path, options) for path, _ in samples]
+    encoded = [encode(path, options) for path, _ in samples]
+    images, changed = [data for data, _ in encoded], [what for _, what in encoded if what]
     data = tar_bytes(images, samples, first) if name.endswith(".tar") else b"".join(images)
     output.write(name, data)
     record = {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-              "lengths": list(map(len, images)), "labels": [label for _, label in samples], "fingerprint": print_}
+              "lengths": list(map(len, images)), "labels": [label for _, label in samples], "fingerprint": print_,
+              "changed": dict(Counter(changed))}
     output.write(f"{name}.json", json.dumps(record).encode())
     return name, True
 
@@ -240,6 +247,11 @@ def convert(source: str, out: str, options: Options, *, val_source: Optional[str
             written += fresh
     log(f"{written} shards written, {len(jobs) - written} kept from an earlier run, in {time.time() - started:.1f} s")
     records = {name: json.loads(output.read(f"{name}.json")) for name, *_ in jobs}
+    changed = sum((Counter(record.get("changed") or {}) for record in records.values()), Counter())
+    if changed:  # JPEG quality Q: a loss the user did not ask for by name
+        kinds = ", ".join(f"{n}: {what}" for what, n in changed.most_common())
+        log(f"{changed.total()} images re-encoded as JPEG quality {options.quality} beyond resizing ({kinds}); "
+            "--keep-original stores them as they are")
     if webdataset:
         return write_info(output, classes, labels, whole, {split: [r for n, r in records.items() if
                                                                   n.startswith(f"{WEBDATASET_SPLITS[split]}-")]

@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from classifier_engine.errors import env_global_rank
 from classifier_engine.plan import placement, settings
 from classifier_engine.plan.edits import apply_edits, read_only
-from classifier_engine.plan.run_plan import PLAN_FILE, Decision, Pass, PlanInput, RunPlan
+from classifier_engine.plan.run_plan import FINISHED, PLAN_FILE, Decision, Pass, PlanInput, RunPlan
 from classifier_engine.plan.started import Started
 from classifier_engine.run.lock import claim, claim_new_version
 from classifier_engine.run.resume import Place, looks_for_checkpoints, proposed
@@ -79,8 +79,10 @@ def _placement(planner: Planner, passes: Sequence[Pass], dry: bool, claiming: bo
     remote = planner.reads.get("remote")
     if remote is not None and not dry:
         remote.prepare(LOGS, looks_for_checkpoints(subcommand, config.get("ckpt_path")))
-    planner.run((placement.checkpoint, *passes))
+    planner.run((placement.checkpoint, *passes, settings.finished))
     started = Started(planner.plan, planner.reads.get("checkpoint"), remote=remote, reads=planner.reads)
+    if started.plan.value(FINISHED):
+        return started  # nothing to train: no run dir to claim
     for path, why in started.skipped if not dry else ():
         rank_zero_warn(f"skipped checkpoint {path}: {why}")
     try:

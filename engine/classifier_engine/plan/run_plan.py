@@ -142,5 +142,6 @@ CLASSES, MONITOR, SEED, WORLD_SIZE, STRATEGY, PRECISION = "classes", "monitor", 
     "precision"
 GLOBAL_BATCH, CHECKPOINT, RUN_DIR, TRACKERS, STEPS = "global batch", "checkpoint", "run dir", "trackers", \
     "steps per epoch"
+FINISHED = "finished"  # a fit whose checkpoint trained all it asks for: the start ends after its plan
 # What a resume compares with the run's stored plan (the rest, a checkpoint's path or a run dir, moves by design).
 COMPARED = (CLASSES, SEED, WORLD_SIZE, STRATEGY, PRECISION, GLOBAL_BATCH, MONITOR)

@@ -21,6 +21,7 @@ from classifier_engine.errors import ConfigError
 from classifier_engine.plan.edits import PARSE_LINKS, run_seed
 from classifier_engine.plan.run_plan import (
     CLASSES,
+    FINISHED,
     GLOBAL_BATCH,
     MONITOR,
     PRECISION,
@@ -213,3 +214,22 @@ def subcommand_options(given: PlanInput) -> list[Decision]:
         raise ConfigError(f"--predictions.images {images}: data module {data.class_path} makes its own predict set "
                           "(predict_dataloader) and takes no predict_root; drop --predictions.images")
     return [Decision("predict set", images, "--predictions.images, read with the data module's eval preprocessing")]
+
+
+def finished(given: PlanInput) -> list[Decision]:
+    """fit: a checkpoint that has trained all the run asks for (its epochs, or max_steps) leaves nothing to do: said,
+    with the option that continues it, and the start ends there (Lightning would restore it and stop, silently)."""
+    checkpoint, trainer = given.reads.get("checkpoint"), given.config.trainer
+    if given.subcommand != "fit" or checkpoint is None:
+        return []
+    epochs = ((checkpoint.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress", {}).get("current", {})
+    done, step = int(epochs.get("processed") or 0), int(checkpoint.get("global_step") or 0)
+    max_epochs, max_steps = trainer.get("max_epochs") or -1, trainer.get("max_steps") or -1
+    if max_steps > 0 and step >= max_steps:
+        why = f"its {step} steps are trainer.max_steps {max_steps}: continue it with a larger --trainer.max_steps"
+    elif max_steps <= 0 and 0 < max_epochs <= done:
+        why = (f"its {done} epochs are trainer.max_epochs {max_epochs}: continue it with a larger "
+               "--trainer.max_epochs")
+    else:
+        return []
+    return [Decision(FINISHED, True, why, text="the run is complete, nothing to train")]

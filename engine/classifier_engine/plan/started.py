@@ -18,6 +18,7 @@ from classifier_engine.plan.run_plan import RunPlan
 from classifier_engine.run.checkpoint_checks import check_checkpoint_fits
 from classifier_engine.run.lock import RunLock
 from classifier_engine.run.remote_runs import RemoteRoot
+from classifier_engine.run.slurm import slurm_job_id, task_line
 from classifier_engine.run.tracker_outage import outlive_outages
 from classifier_engine.run.trackers import continue_csv_logs
 
@@ -60,6 +61,8 @@ class Started:
         """Once the classes are built: they checked against the contract, the plan's checkpoint against them, then
         handed to Lightning's restore (the file is not read again; the start keeps no reference to it, so its memory
         map goes with its last user)."""
+        if (job_id := slurm_job_id()) is not None and self.run_dir is not None:  # which task writes where, in its log
+            print(task_line(job_id, self.run_dir), flush=True)
         contract.check_data(datamodule)
         contract.check_model(model)
         checkpoint, self.checkpoint, subcommand = self.checkpoint, None, self.plan.subcommand
@@ -81,7 +84,7 @@ class Started:
         """Release what the start holds; after a start that `failed` or whose `error` left nothing worth keeping
         (before the Trainer existed, or bad input here or on another rank before the first step; a crash or Ctrl+C
         keeps its logs; ddp_spawn's parent never trains), remove what it created."""
-        if error is not None and not failed:
+        if error is not None and not failed and not (isinstance(error, SystemExit) and not error.code):
             bad_input = user_message(error) is not None or is_peer_failure(error)
             failed = trainer is None or (trainer.global_step == 0 and bad_input and not isinstance(
                 error, KeyboardInterrupt) and trains_in_this_process(trainer))
