@@ -50,3 +50,25 @@ def test_bring_your_own_datas_module_trains_with_the_readmes_command(code, tmp_p
                     f"--trainer.default_root_dir={tmp_path / 'run'}"])
     assert cli.datamodule.batch_size == 32 and cli.datamodule.class_names == ["cat", "dog"]  # its own defaults
     assert cli.trainer.global_step == 2 and cli.model.hparams.num_classes == 2
+
+
+@pytest.mark.slow  # 2 gloo ranks, the quickstart's 8 epochs
+def test_the_readmes_first_ddp_example_trains_as_the_quickstart_does(tmp_path):
+    # Issue 47: `--trainer.max_epochs=2` at global batch 128 ended at chance (val/acc1 0.1014). At the quickstart's
+    # global batch the two ranks take its samples step for step, at its learning rate.
+    import yaml
+
+    from conftest import run_project
+
+    command = re.search(r"^(python -m project fit --config configs/quickstart\.yaml --config configs/cpu_ddp\.yaml.*)$",
+                        section("Configs compose"), flags=re.M).group(1)
+    words = shlex.split(command.split("#")[0])[3:]
+    result = run_project([*words, f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false"],
+                         timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "lightning_logs" / "version_0"
+    best = float(re.search(r"val_acc1=([0-9.]+)\.ckpt", " ".join(p.name for p in (run_dir / "checkpoints").iterdir()))
+                 .group(1))
+    epochs = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())["trainer"]["max_epochs"]
+    print(f"val/acc1 {best} after {epochs} epochs on 2 ranks")
+    assert best >= 0.95, best
