@@ -1,5 +1,5 @@
-"""README "Bad input": each mistake ends `python -m project` with one line naming the culprit and the fix, exit 2,
-no traceback, and nothing written. Run through the real entry point (project.main; the library's without the template)
+"""README "Bad input": each mistake ends `python -m classifier_engine` with one line naming the culprit and the fix,
+exit 2, no traceback, and nothing written. Run through the real entry point (classifier_engine's main)
 in-process, and once under ddp x2 in real processes, where the failing rank's message must be the last line.
 
     python -m pytest tests/test_bad_input.py

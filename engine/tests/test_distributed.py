@@ -32,8 +32,9 @@ def assert_ok(result):
 
 
 def in_process(args: list[str]) -> None:
-    """`python -m project ARGS` for one process, without a new interpreter: PL_GLOBAL_SEED and the MASTER_* variables
-    it sets stay out of the tests that follow, and so does the (1-process) gloo group that strategy ddp starts."""
+    """`python -m classifier_engine ARGS` for one process, without a new interpreter: PL_GLOBAL_SEED and the MASTER_*
+    variables it sets stay out of the tests that follow, and so does the (1-process) gloo group that strategy ddp
+    starts."""
     with mock.patch.dict(os.environ):
         try:
             cli_main(args)
