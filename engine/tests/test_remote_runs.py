@@ -246,3 +246,31 @@ def test_a_config_yaml_replaced_in_the_bucket_names_no_code_that_runs(tiny_root,
                                        str(mirrored / "checkpoints" / "last.ckpt"),
                                        "--model.class_path=planted_module.Model"], monkeypatch, capsys)
     assert marker.exists() and "came from s3://" not in err
+
+
+@pytest.mark.parametrize("root, why", [
+    *((typo, "looks like a mistyped object-store URL: write s3://bucket/prefix (lowercase s3, a colon, two slashes), "
+             "or ./<path> for a local folder") for typo in ("s3:/runs/x", "s3:runs/x", "S3://runs/x", "s3//runs/x")),
+    *((bad, f": the prefix {bad[len('s3://runs/'):]!r} has an empty part, '.', '..' or a backslash: expected "
+            "s3://bucket/plain/parts") for bad in ("s3://runs/../../x", "s3://runs//x", "s3://runs/a\\b"))])
+def test_a_mistyped_or_unplain_root_is_refused_in_one_line_before_anything_is_written(root, why, tiny_root, tmp_path,
+                                                                                       monkeypatch, capsys):
+    from conftest import project_in_process
+
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "mirror"))
+    code, _, err = project_in_process(fit_args(tiny_root, root), monkeypatch, capsys)
+    assert (code, err.strip().splitlines()[-1]) == (2, f"error: trainer.default_root_dir {root}{' ' * (why[0] != ':')}"
+                                                       f"{why}")
+    assert not any(work.iterdir()) and not (tmp_path / "mirror").exists()
+
+
+def test_each_root_has_a_mirror_of_its_own_at_its_keys_inside_the_base(tmp_path, monkeypatch):
+    from classifier_engine.run.remote_runs import RemoteRoot
+
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path))
+    mirrors = {url: RemoteRoot(url).mirror for url in ("s3://data", "s3://data/_", "s3://data/a/b", "s3://data/a/b/")}
+    assert mirrors == {"s3://data": tmp_path / "data", "s3://data/_": tmp_path / "data" / "_",
+                       "s3://data/a/b": tmp_path / "data" / "a" / "b", "s3://data/a/b/": tmp_path / "data" / "a" / "b"}

@@ -4,6 +4,7 @@ from, its trackers and its run dir. They read the filesystem and the store, neve
     python -m classifier_engine fit --config CONFIG --ckpt_path last --plan
 """
 
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -33,7 +34,7 @@ def run_root(given: PlanInput) -> list[Decision]:
     """An s3:// trainer.default_root_dir: the run works in its node-local mirror (dry: the store is listed, not
     touched)."""
     root = given.config.trainer.get("default_root_dir")
-    if not (isinstance(root, str) and root.lower().startswith("s3:")):
+    if not (isinstance(root, str) and re.match(r"s3:|s3//", root, re.IGNORECASE)):  # (a mistyped URL: refused)
         return []
     remote = given.reads["remote"] = RemoteRoot(root)
     if given.dry:

@@ -21,7 +21,7 @@ from classifier_engine.errors import CheckpointError, ConfigError, RunDirInUse
 from classifier_engine.run.checkpoint_checks import SAVED_AT
 from classifier_engine.run.checkpoint_io import load_checkpoint, progress
 from classifier_engine.storage.cache import cache_dir
-from classifier_engine.storage.object_store import BUCKET, passing_failure, plain_key, s3_client, split_url
+from classifier_engine.storage.object_store import BUCKET, passing_failure, plain_key, s3_client
 
 PROGRESS = "progress"  # metadata of an uploaded checkpoint: "saved_at global_step epoch batches", compared
 JOURNAL = ".uploaded.json"  # in the mirror: (size, mtime, URL) of each file as uploaded or downloaded
@@ -29,16 +29,23 @@ LEASE, LEASE_RENEW_S, LEASE_TTL_S = ".lease", 10.0, 30.0  # one writer per run d
 
 
 class RemoteRoot:
-    """s3://bucket/prefix and its node-local mirror ($CLASSIFIER_ENGINE_RUN_MIRROR, else runs/ in the data cache)."""
+    """s3://bucket/prefix and its node-local mirror, <base>/bucket/prefix ($CLASSIFIER_ENGINE_RUN_MIRROR, else runs/ in
+    the data cache): the root's own keys, so two roots share a folder only where they share the objects."""
 
     def __init__(self, url: str):
-        self.url = url.rstrip("/")
-        self.bucket, self.prefix = split_url(self.url)
+        if not url.startswith("s3://"):
+            raise ConfigError(f"trainer.default_root_dir {url} looks like a mistyped object-store URL: write "
+                              "s3://bucket/prefix (lowercase s3, a colon, two slashes), or ./<path> for a local folder")
+        self.bucket, _, self.prefix = url[len("s3://"):].rstrip("/").partition("/")
         if not BUCKET.fullmatch(self.bucket):
             raise ConfigError(f"trainer.default_root_dir {url}: {self.bucket!r} is not a bucket name (3-63 lowercase "
                               "letters, digits, dots and hyphens): expected s3://bucket/prefix")
+        if self.prefix and not plain_key(self.prefix):  # as data keys are: nothing lands outside the mirror's base
+            raise ConfigError(f"trainer.default_root_dir {url}: the prefix {self.prefix!r} has an empty part, '.', "
+                              "'..' or a backslash: expected s3://bucket/plain/parts")
+        self.url = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
         base = Path(os.environ.get("CLASSIFIER_ENGINE_RUN_MIRROR") or cache_dir() / "runs").expanduser()
-        self.mirror = base / self.bucket / (self.prefix or "_")
+        self.mirror = base / self.bucket / self.prefix
         self._client = None
         self._lease: Optional[tuple[str, threading.Event]] = None
 
