@@ -2,8 +2,8 @@
 
 1. settings: the classes (a switched-to class's own defaults, nulls), the monitor, the seed, the world (size, strategy,
    precision) and, for fit, the global batch;
-2. placement: the run root (an object store's mirror: prepared here, unless dry), the checkpoint (which, why; read
-   once) and the model's values from it;
+2. placement: the run root (an object store's mirror: prepared here, unless dry: its stored checkpoints downloaded,
+   then the chosen one's run dir), the checkpoint (which, why; read once) and the model's values from it;
 3. the entry point's own passes (a template's: its network and recipe);
 4. fit: the trackers (checked); then the run dir is claimed (a lock; in an object store, a lease) and the loggers are
    pinned to it.
@@ -76,11 +76,12 @@ def _placement(planner: Planner, passes: Sequence[Pass], dry: bool, claiming: bo
     """Stages 2 to 4: the run root, the checkpoint, the given passes, then the run dir claimed (or proposed)."""
     subcommand, config = planner.subcommand, planner.config
     planner.run((placement.run_root,))
-    remote = planner.reads.get("remote")
-    if remote is not None and not dry:
-        remote.prepare(LOGS, looks_for_checkpoints(subcommand, config.get("ckpt_path")))
+    remote, resume = planner.reads.get("remote"), looks_for_checkpoints(subcommand, config.get("ckpt_path"))
+    stored = remote.prepare(LOGS, resume) if remote is not None and not dry else None
     planner.run((placement.checkpoint, *passes))
     started = Started(planner.plan, planner.reads.get("checkpoint"), remote=remote, reads=planner.reads)
+    if stored is not None and resume and started.ckpt_path is not None:
+        remote.fetch_run_dir(started.ckpt_path, stored)
     for path, why in started.skipped if not dry else ():
         rank_zero_warn(f"skipped checkpoint {path}: {why}")
     try:
