@@ -142,6 +142,44 @@ def test_a_second_writer_into_a_stored_run_is_refused_in_one_line_and_writes_not
     assert {k for k in stored(s3, "b") if not k.endswith(".lease")} == {k for k in before if not k.endswith(".lease")}
 
 
+@pytest.mark.slow
+def test_two_new_runs_started_at_once_into_one_root_end_in_two_versions(tiny_root, s3, store, tmp_path):
+    # Two nodes start together: the lease's answers come LATE_S late (the requests already done), so each start reads
+    # "no lease" before the other's is written, as it did on every try with the lease read then written. The store's
+    # create-only write (If-None-Match) gives version_0 to one; the other takes version_1.
+    with FaultyProxy(store["AWS_ENDPOINT_URL"], fault="late", match="/.lease") as proxy:
+        jobs = [start_project(fit_args(tiny_root, "s3://runs/h"), env={
+            **store, "AWS_ENDPOINT_URL": proxy.url, "CLASSIFIER_ENGINE_RUN_MIRROR": str(tmp_path / node)})
+            for node in ("node1", "node2")]
+        outputs = ["".join(job.communicate(timeout=600)) for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    files = stored(s3, "h")
+    assert {name.split("/")[1] for name in files if name.startswith("lightning_logs/")} == {"version_0", "version_1"}
+    for version in ("version_0", "version_1"):  # each run's own, whole
+        assert stored_checkpoint(s3, f"h/lightning_logs/{version}/checkpoints/last.ckpt", tmp_path)["global_step"] == 5
+        assert f"lightning_logs/{version}/config.yaml" in files
+    lost = [text for text in outputs if f"run dir s3://runs/h/{RUN} was claimed by pid " in text]
+    assert len(lost) == 1 and "at the same moment: taking the next version" in lost[0]
+
+
+@pytest.mark.parametrize("lease", [b"[1, 2]", b'{"renewed": 0}'])
+def test_a_lease_of_another_shape_is_one_line_naming_it_and_how_to_clear_it(lease, tiny_root, s3, tmp_path,
+                                                                           monkeypatch, capsys):
+    from conftest import project_in_process
+
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node1"))
+    prefix = f"i{len(lease)}"
+    cli_main(fit_args(tiny_root, f"s3://runs/{prefix}"))
+    url = f"s3://runs/{prefix}/{RUN}"
+    s3.put_object(Bucket="runs", Key=f"{prefix}/{RUN}/.lease", Body=lease)
+    code, _, err = project_in_process([*fit_args(tiny_root, f"s3://runs/{prefix}", "--trainer.max_epochs=2"),
+                                       "--ckpt_path=last"], monkeypatch, capsys)
+    assert (code, err.strip().splitlines()[-1]) == (2, (
+        f"error: run dir {url}: its lease {url}/.lease is not one this library writes (expected "
+        f'{{"holder": "pid N on HOST", "renewed": SECONDS}}, found {lease.decode()!r}); if no run writes there now, '
+        f"delete it (aws s3 rm {url}/.lease) and rerun"))
+
+
 def wait_for(condition, timeout: float = 300.0, every: float = 0.01) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

@@ -10,24 +10,22 @@ with --ckpt_path last downloads the stored checkpoints and continues from the on
 import json
 import math
 import os
-import socket
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from classifier_engine.errors import CheckpointError, ConfigError, RunDirInUse
+from classifier_engine.errors import CheckpointError, ConfigError
 from classifier_engine.run.checkpoint_checks import SAVED_AT
 from classifier_engine.run.checkpoint_io import load_checkpoint, progress
+from classifier_engine.run.remote_lease import Lease, take_lease
 from classifier_engine.run.run_dirs import CHECKPOINTS, SHARDS
 from classifier_engine.storage.cache import cache_dir
 from classifier_engine.storage.object_store import BUCKET, passing_failure, plain_key, s3_client
 
 PROGRESS = "progress"  # metadata of an uploaded checkpoint, "saved_at global_step epoch batches": a dry plan's guess
 JOURNAL = ".uploaded.json"  # in the mirror: (size, mtime, URL, a checkpoint's ETag) of each file as uploaded/downloaded
-LEASE, LEASE_RENEW_S, LEASE_TTL_S = ".lease", 10.0, 30.0  # one writer per run dir: renewed while it trains
 Stored = dict[str, tuple[int, str]]  # a listing: {key relative to the root: (bytes, ETag)}
 
 
@@ -50,7 +48,7 @@ class RemoteRoot:
         base = Path(os.environ.get("CLASSIFIER_ENGINE_RUN_MIRROR") or cache_dir() / "runs").expanduser()
         self.mirror = base / self.bucket / self.prefix
         self._client = None
-        self._lease: Optional[tuple[str, threading.Event]] = None
+        self._lease: Optional[Lease] = None
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the checkpoint IO: each process its own client
         return {**self.__dict__, "_client": None, "_lease": None}
@@ -277,77 +275,15 @@ class RemoteRoot:
         temp.write_text(json.dumps(journal))
         os.replace(temp, path.parent / JOURNAL)
 
-    # -- one writer per run dir ------------------------------------------------------------------------------------
-    def claim(self, run_dir: Path) -> None:
-        """Take the run dir's lease, renewed every LEASE_RENEW_S until release(). A lease another writer holds is
-        watched for up to LEASE_TTL_S: renewed, the start is refused (RunDirInUse); not, it is taken over (a run killed
-        without releasing it: a preempted node, kill -9). The same host's dead process's lease is taken at once."""
-        key, me = f"{self.key(run_dir)}/{LEASE}", {"holder": f"pid {os.getpid()} on {socket.gethostname()}"}
-        held, deadline = self._read_lease(key), time.monotonic() + LEASE_TTL_S
-        if held is not None and not _lapsed(held, me):
-            rank_zero_info(f"run dir {self.url_of(run_dir)} has a lease from {held['holder']}: waiting up to "
-                           f"{LEASE_TTL_S:.0f} s for it to be renewed (a live run) or to lapse (a killed one)")
-            while time.monotonic() < deadline:
-                time.sleep(1.0)
-                now = self._read_lease(key)
-                if now is None:
-                    break
-                if now.get("renewed") != held.get("renewed"):
-                    raise RunDirInUse(f"run dir {self.url_of(run_dir)} is in use by {now['holder']} (its lease is "
-                                      "renewed); wait for that run to end, or write elsewhere with "
-                                      "--trainer.default_root_dir")
-        stop = threading.Event()
-        self._put_lease(key, me)
-
-        def renew() -> None:
-            while not stop.wait(LEASE_RENEW_S):
-                self._put_lease(key, me, quiet=True)
-
-        threading.Thread(target=renew, name="run-lease", daemon=True).start()
-        self._lease = (key, stop)
-
-    def _read_lease(self, key: str) -> Optional[dict[str, Any]]:
-        try:
-            return json.loads(self.client().get_object(Bucket=self.bucket, Key=key)["Body"].read())
-        except Exception as error:  # noqa: BLE001
-            if "NoSuchKey" in str(error) or "404" in str(error):
-                return None
-            if isinstance(error, ValueError):
-                return {"holder": "an unreadable lease", "renewed": 0}
-            raise self.store_error(error, "reading the run's lease") from None
-
-    def _put_lease(self, key: str, lease: dict[str, Any], quiet: bool = False) -> None:
-        try:
-            body = json.dumps({**lease, "renewed": time.time()}).encode()  # each renewal another object (its ETag)
-            self.client().put_object(Bucket=self.bucket, Key=key, Body=body)
-        except Exception as error:  # noqa: BLE001
-            if not quiet:
-                raise self.store_error(error, "writing the run's lease") from None
+    # -- one writer per run dir (remote_lease.py) --------------------------------------------------------------------
+    def claim(self, run_dir: Path, new: bool) -> None:
+        """Take the run dir's lease until release(); VersionTaken when `new` and another start created it first."""
+        self._lease = take_lease(self, run_dir, new)
 
     def release(self) -> None:
         if self._lease is not None:
-            key, stop = self._lease
-            stop.set()
-            self._lease = None
-            try:
-                self.client().delete_object(Bucket=self.bucket, Key=key)
-            except Exception:  # noqa: BLE001  it lapses on its own
-                pass
-
-
-def _lapsed(lease: dict[str, Any], me: dict[str, str]) -> bool:
-    """Whether a lease is ours, or its holder is a process of this host that is gone."""
-    if lease.get("holder") == me["holder"]:
-        return True
-    pid, _, host = str(lease.get("holder", "")).removeprefix("pid ").partition(" on ")
-    if host == socket.gethostname() and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-    return False
+            self._lease, lease = None, self._lease
+            lease.release()
 
 
 def _journal(folder: Path) -> dict[str, list]:
