@@ -162,6 +162,28 @@ def test_two_new_runs_started_at_once_into_one_root_end_in_two_versions(tiny_roo
     assert len(lost) == 1 and "at the same moment: taking the next version" in lost[0]
 
 
+@pytest.mark.slow
+def test_a_run_whose_lease_was_taken_over_writes_nothing_more_and_stops_in_one_line(tiny_root, s3, tmp_path,
+                                                                                     monkeypatch, capsys):
+    # A node that stalled past the lease's TTL (here: renewals every 0.2 s, the other node's lease planted at step 1
+    # and the run held 1 s) finds its lease replaced at its next renewal: it used to renew it unconditionally, writing
+    # over the new holder's, then upload its checkpoints over that run's.
+    from classifier_engine.run import remote_lease
+    from conftest import project_in_process
+
+    monkeypatch.setattr(remote_lease, "LEASE_RENEW_S", 0.2)
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node1"))
+    take_over = callback("stop_callbacks.TakeOverLeaseAtStep", step=1, key=f"t/{RUN}/.lease", stall=1.0)
+    code, _, err = project_in_process([*fit_args(tiny_root, "s3://runs/t"), take_over], monkeypatch, capsys)
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "error: trainer.default_root_dir s3://runs/t: pid 4242 on node7 took over this run's lease (its renewals "
+        f"missed for 30 s: a stalled node?); stopped, storing nothing more: its files stay in {tmp_path / 'node1'}/"
+        "runs/t"), err[-2000:]
+    assert s3.get_object(Bucket="runs", Key=f"t/{RUN}/.lease")["Body"].read().startswith(b'{"holder": "pid 4242 on')
+    assert not [name for name in stored(s3, "t") if name.endswith(".ckpt")]  # the new holder's to write
+    assert list((tmp_path / "node1").rglob("*.ckpt"))  # kept here
+
+
 @pytest.mark.parametrize("lease", [b"[1, 2]", b'{"renewed": 0}'])
 def test_a_lease_of_another_shape_is_one_line_naming_it_and_how_to_clear_it(lease, tiny_root, s3, tmp_path,
                                                                            monkeypatch, capsys):
@@ -258,9 +280,11 @@ def test_the_store_failing_mid_upload_is_one_line_the_run_goes_on_and_the_next_s
     assert torch.load(local, weights_only=True)["global_step"] == 10  # nothing lost: the mirror has it
     assert stored_checkpoint(s3, f"e/{RUN}/checkpoints/last.ckpt", tmp_path)["global_step"] < 10
     # The next start on this node: the mirror's step-10 checkpoint, further than the stored one, is kept (nothing is
-    # trained again: no batch recorded) and sent.
-    cli_main([*fit_args(tiny_root, "s3://runs/e", "--trainer.max_epochs=2"), "--ckpt_path=last",
-              callback("recorded_samples.RecordSamples", folder=str(tmp_path / "trained"))])
+    # trained again: no batch recorded; the run is complete, which ends the start at once) and sent.
+    with pytest.raises(SystemExit) as finished:
+        cli_main([*fit_args(tiny_root, "s3://runs/e", "--trainer.max_epochs=2"), "--ckpt_path=last",
+                  callback("recorded_samples.RecordSamples", folder=str(tmp_path / "trained"))])
+    assert finished.value.code == 0
     assert not (tmp_path / "trained").exists()
     assert stored_checkpoint(s3, f"e/{RUN}/checkpoints/last.ckpt", tmp_path)["global_step"] == 10
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing answers: one line before anything runs

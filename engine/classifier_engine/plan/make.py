@@ -81,8 +81,9 @@ def _placement(planner: Planner, passes: Sequence[Pass], dry: bool, claiming: bo
     stored = remote.prepare(LOGS, resume) if remote is not None and not dry else None
     planner.run((placement.checkpoint, *passes, settings.finished))
     started = Started(planner.plan, planner.reads.get("checkpoint"), remote=remote, reads=planner.reads)
-    if started.plan.value(FINISHED):
-        return started  # nothing to train: no run dir to claim
+    if started.plan.value(FINISHED) and remote is None:
+        return started  # nothing to train: no run dir to claim (in a store: claimed, so that close() sends what its
+        # mirror holds and the store lacks, a save that could not be uploaded)
     if stored is not None and resume and started.ckpt_path is not None:
         remote.fetch_run_dir(started.ckpt_path, stored)
     for path, why in started.skipped if not dry else ():

@@ -33,9 +33,12 @@ class Lease:
     remote: Any  # the RemoteRoot
     key: str
     stop: threading.Event = field(default_factory=threading.Event)
+    lost: Optional[str] = None  # who took it over, once a renewal found the lease replaced
 
     def release(self) -> None:
         self.stop.set()
+        if self.lost is not None:
+            return  # the other writer's now
         try:
             self.remote.client().delete_object(Bucket=self.remote.bucket, Key=self.key)
         except Exception:  # noqa: BLE001  it lapses on its own
@@ -66,7 +69,8 @@ def take_lease(remote, run_dir: Path, new: bool) -> Lease:
             if now is None:  # released
                 held = None
                 break
-    if not _put(remote, key, me, {"IfMatch": held[1]} if held is not None else {"IfNoneMatch": "*"}):
+    etag = _put(remote, key, me, {"IfMatch": held[1]} if held is not None else {"IfNoneMatch": "*"})
+    if etag is None:
         theirs = _read(remote, key, url)
         if theirs is None or theirs[0] != me:  # (one's own write whose answer was lost, then retried: it won)
             holder = theirs[0] if theirs is not None else "another start"
@@ -76,11 +80,18 @@ def take_lease(remote, run_dir: Path, new: bool) -> Lease:
                               "or write elsewhere with --trainer.default_root_dir")
     lease = Lease(remote, key)
 
-    def renew() -> None:
+    def renew(etag: str) -> None:
+        # Each renewal only over this run's own last write: a run that stalled past LEASE_TTL_S (a frozen node) and
+        # was taken over must not write over the new holder's lease, nor store anything more (RemoteRoot.upload).
         while not lease.stop.wait(LEASE_RENEW_S):
-            _put(remote, key, me, {}, quiet=True)
+            renewed = _put(remote, key, me, {"IfMatch": etag} if etag else {}, quiet=True)
+            if renewed is None:
+                theirs = _read(remote, key, url) if not lease.stop.is_set() else None
+                lease.lost = theirs[0] if theirs is not None else "another run"
+                return
+            etag = renewed or etag
 
-    threading.Thread(target=renew, name="run-lease", daemon=True).start()
+    threading.Thread(target=renew, args=(etag,), name="run-lease", daemon=True).start()
     return lease
 
 
@@ -112,17 +123,18 @@ def _read(remote, key: str, url: str) -> Optional[tuple[str, str]]:
     return lease["holder"], answer["ETag"]
 
 
-def _put(remote, key: str, holder: str, condition: dict[str, str], quiet: bool = False) -> bool:
-    """Write the lease (each write another object: the renewed time); False when its condition lost."""
+def _put(remote, key: str, holder: str, condition: dict[str, str], quiet: bool = False) -> Optional[str]:
+    """Write the lease (each write another object: the renewed time); its ETag, None when its condition lost, "" when
+    a `quiet` write failed otherwise (the store away: the next renewal tries again)."""
     body = json.dumps({"holder": holder, "renewed": time.time()}).encode()
     try:
-        remote.client().put_object(Bucket=remote.bucket, Key=key, Body=body, **condition)
+        return remote.client().put_object(Bucket=remote.bucket, Key=key, Body=body, **condition).get("ETag", "")
     except Exception as error:  # noqa: BLE001
         if condition and _code(error) in LOST:
-            return False
+            return None
         if not quiet:
             raise remote.store_error(error, "writing the run's lease") from None
-    return True
+    return ""
 
 
 def _code(error: Exception) -> str:

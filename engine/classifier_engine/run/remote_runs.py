@@ -16,10 +16,10 @@ from typing import Any, Optional
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from classifier_engine.errors import CheckpointError, ConfigError
+from classifier_engine.errors import CheckpointError, ConfigError, RunDirInUse
 from classifier_engine.run.checkpoint_checks import SAVED_AT
 from classifier_engine.run.checkpoint_io import load_checkpoint, progress
-from classifier_engine.run.remote_lease import Lease, take_lease
+from classifier_engine.run.remote_lease import LEASE_TTL_S, Lease, take_lease
 from classifier_engine.run.run_dirs import CHECKPOINTS, SHARDS
 from classifier_engine.storage.cache import cache_dir
 from classifier_engine.storage.object_store import BUCKET, passing_failure, plain_key, s3_client
@@ -211,6 +211,8 @@ class RemoteRoot:
     def upload(self, local: Path, progress: Optional[tuple[float, ...]] = None) -> Optional[float]:
         """Upload one file of the mirror (a checkpoint with its `progress`); the seconds it took, or None when it
         failed (said in one line, the file kept in the mirror as pending: the next save or start sends it)."""
+        if self.taken_over():
+            raise RunDirInUse(self.taken_over())
         started, key = time.monotonic(), self.key(local)
         extra = {"Metadata": {PROGRESS: " ".join(map(str, progress))}} if progress else {}
         try:
@@ -243,6 +245,9 @@ class RemoteRoot:
 
     def sync(self, run_dir: Path) -> None:
         """Upload the run dir's files the store does not have as they are now (logs, config.yaml, a pending save)."""
+        if self.taken_over():
+            rank_zero_warn(self.taken_over())
+            return
         for path in sorted(p for p in Path(run_dir).rglob("*") if p.is_file() and _mirrored(p)):
             if not _as_recorded(path) and not (self.store_checkpoint(path) if path.suffix == ".ckpt" and
                                                path.parent.name == CHECKPOINTS else self.upload(path) is not None):
@@ -276,6 +281,13 @@ class RemoteRoot:
         os.replace(temp, path.parent / JOURNAL)
 
     # -- one writer per run dir (remote_lease.py) --------------------------------------------------------------------
+    def taken_over(self) -> Optional[str]:
+        """The line a run says once another run took its lease over (then it stores nothing more), else None."""
+        lost = self._lease.lost if self._lease is not None else None
+        return None if lost is None else (
+            f"trainer.default_root_dir {self.url}: {lost} took over this run's lease (its renewals missed for "
+            f"{LEASE_TTL_S:.0f} s: a stalled node?); stopped, storing nothing more: its files stay in {self.mirror}")
+
     def claim(self, run_dir: Path, new: bool) -> None:
         """Take the run dir's lease until release(); VersionTaken when `new` and another start created it first."""
         self._lease = take_lease(self, run_dir, new)
