@@ -3,6 +3,7 @@
     python -m classifier_engine fit --config CONFIG --ckpt_path last    # continues mid-epoch where it stopped
 """
 
+from collections.abc import Mapping
 from typing import Any, Iterator, Optional
 
 import lightning as L
@@ -125,6 +126,18 @@ class ResumableSampler(DistributedSampler):
         if not self.keys:
             return (index for index, _ in order)
         return ((index, epoch, repeat) for index, repeat in order)
+
+
+def mid_epoch_order(checkpoint: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    """The training order's state (ResumableDataLoader's, which Lightning keeps in its fit loop's) of a checkpoint saved
+    inside an epoch, the epoch a resume continues; None for one saved at an epoch's end, or without such a loader."""
+    loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+    epochs = (loop.get("epoch_progress") or {}).get("current") or {}
+    inside = epochs.get("processed", 0) < epochs.get("started", 0) and not (
+        loop.get("epoch_loop.batch_progress") or {}).get("is_last_batch")
+    states = [s for s in (loop.get("state_dict") or {}).get("combined_loader") or () if isinstance(s, dict)
+              and s.get("position")]
+    return states[0] if inside and states else None
 
 
 class ResumableDataLoader(DataLoader):

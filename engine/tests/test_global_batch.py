@@ -289,3 +289,45 @@ def test_per_device_batchnorm_under_a_global_batch_is_said_once(tiny_root, tmp_p
     with pytest.warns(UserWarning, match="BatchNorm layers normalise over each process's 4 images") as warned:
         cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--global_batch_size=8", "--data.batch_size=4")])
     assert sum("BatchNorm" in str(w.message) for w in warned) == 1
+
+
+# -- What a resume inside an epoch may change: the options that decide which samples its steps take stay as saved ----
+
+ONE = [a for a in RUN if not a.startswith(("--global_batch_size", "--last_checkpoint", "--trainer.max_epochs"))] + [
+    "--trainer.devices=1", "--trainer.max_epochs=1", "--data.init_args.train_size=96"]
+
+
+def test_a_resume_inside_an_epoch_with_another_global_batch_seed_or_ra_reps_is_one_line_and_writes_nothing(
+        tiny_root, tmp_path, monkeypatch, capsys):
+    import signal
+
+    from conftest import project_in_process, tiny_args
+    from test_run_plan import files_under
+
+    # Two runs stopped by SIGTERM inside epoch 0 (at the end of step 3): one with --global_batch_size 16 on
+    # NumberedImages, one without a global batch on an image folder (which has data.ra_reps).
+    stop = callback("stop_callbacks.SignalAtStep", step=2, signum=int(signal.SIGTERM))
+    runs = {"with": ["fit", *ONE, "--global_batch_size=16", f"--trainer.default_root_dir={tmp_path / 'with'}"],
+            "without": ["fit", *tiny_args(tiny_root, tmp_path / "without")]}
+    for args in runs.values():
+        assert project_in_process([*args, stop], monkeypatch, capsys)[0] == 143
+    last = {name: tmp_path / name / LAST for name in runs}
+    inside = "stopped inside epoch 0 ({} samples in)"
+    refused = {
+        ("with", "--global_batch_size=36"): f"--global_batch_size 36: checkpoint {last['with']} {inside.format(48)} "
+        "with --global_batch_size 16; another value inside an epoch trains some samples twice and skips others: "
+        "resume with --global_batch_size 16 (it may change at an epoch's end)",
+        ("with", "--seed_everything=7"): f"--seed_everything 7: checkpoint {last['with']} {inside.format(48)} with "
+        "--seed_everything 42; another value inside an epoch trains some samples twice and skips others: resume with "
+        "--seed_everything 42 (it may change at an epoch's end)",
+        ("without", "--global_batch_size=16"): f"--global_batch_size 16: checkpoint {last['without']} "
+        f"{inside.format(24)} without --global_batch_size; another value inside an epoch trains some samples twice "
+        "and skips others: resume with no --global_batch_size (it may change at an epoch's end)",
+        ("without", "--data.ra_reps=2"): f"--data.ra_reps 2: checkpoint {last['without']} {inside.format(24)} with "
+        "--data.ra_reps 1; another value inside an epoch trains some samples twice and skips others: resume with "
+        "--data.ra_reps 1 (it may change at an epoch's end)"}
+    before = files_under(tmp_path)
+    for (run, given), line in refused.items():
+        code, _, err = project_in_process([*runs[run], "--ckpt_path=last", given], monkeypatch, capsys)
+        assert (code, err.strip().splitlines()[-1]) == (2, f"error: {line}")
+    assert files_under(tmp_path) == before

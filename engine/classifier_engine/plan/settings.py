@@ -32,6 +32,7 @@ from classifier_engine.plan.run_plan import (
 )
 from classifier_engine.run.global_batch import FLAG, planned_world, split_global_batch
 from classifier_engine.run.launchers import check_devices
+from classifier_engine.samplers import mid_epoch_order
 
 # What the CLI's links may set in a model's init arguments (a class switch leaves them to the link; a checkpoint's
 # saved value of one the class lacks is not the user's: compat "applied instantiation links").
@@ -183,6 +184,35 @@ def checkpoint_model_values(given: PlanInput) -> list[Decision]:
             f"; given instead: {', '.join(kept)}" if kept else ""), text=", ".join(names) or "none taken",
             edits=tuple(edits)))
     return decisions
+
+
+def resumed_epoch(given: PlanInput) -> list[Decision]:
+    """fit from a checkpoint saved inside an epoch: the options that decide which samples each of its steps takes
+    (the seed, --global_batch_size when given, data.ra_reps) are the saved ones, or refused in one line: another value
+    would train some of the epoch's samples twice and skip others. Without a global batch the rest of the epoch is
+    taken in this run's batches (each sample once, whatever the world size or per-process batch)."""
+    checkpoint = given.reads.get("checkpoint") or {}
+    state = mid_epoch_order(checkpoint) if given.subcommand == "fit" else None
+    if state is None:
+        return []
+    data = given.config.data.get("init_args") if isinstance(given.config.get("data"), Namespace) else None
+    saved_data = checkpoint.get("datamodule_hyper_parameters") or {}
+    kept = [("--seed_everything", state.get("seed"), given.decided.value(SEED))]
+    if given.decided.global_batch is not None:
+        kept.append((FLAG, state.get("global_batch"), given.decided.global_batch))
+    if data is not None and "ra_reps" in data and "ra_reps" in saved_data:
+        kept.append(("--data.ra_reps", saved_data["ra_reps"], data.ra_reps))
+    where = (f"checkpoint {given.decided.ckpt_path} stopped inside epoch {state['epoch']} ({state['position']} "
+             "samples in)")
+    for option, saved, now in kept:
+        if saved != now:
+            then, keep = (f"with {option} {saved}", f"{option} {saved}") if saved is not None else (
+                f"without {option}", f"no {option}")
+            raise ConfigError(f"{option} {now}: {where} {then}; another value inside an epoch trains some samples "
+                              f"twice and skips others: resume with {keep} (it may change at an epoch's end)")
+    return [Decision("resumed epoch", {"epoch": state["epoch"], "samples": state["position"]}, "the checkpoint "
+                     "stopped inside it: the rest of its order, each sample once", text=f"{state['epoch']} after "
+                     f"{state['position']} samples")]
 
 
 # Options only one subcommand uses: given to another, they would be ignored without a word.
