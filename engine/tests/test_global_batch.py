@@ -331,3 +331,15 @@ def test_a_resume_inside_an_epoch_with_another_global_batch_seed_or_ra_reps_is_o
         code, _, err = project_in_process([*runs[run], "--ckpt_path=last", given], monkeypatch, capsys)
         assert (code, err.strip().splitlines()[-1]) == (2, f"error: {line}")
     assert files_under(tmp_path) == before
+
+
+def test_a_run_continued_past_its_max_steps_trains_the_rest_of_its_epoch_each_sample_once(tmp_path):
+    from conftest import cli_main
+
+    args = ["fit", *ONE, f"--trainer.default_root_dir={tmp_path}",
+            callback("recorded_samples.RecordSamples", folder=str(tmp_path / "ids"))]
+    cli_main([*args, "--trainer.max_steps=3"])  # 3 of epoch 0's 16 steps (96 images, 6 a step)
+    cli = cli_main([*args, "--ckpt_path=last"])  # no max_steps: the rest of epoch 0
+    seen = [i for record in read_records(tmp_path / "ids") for i in record["ids"]]
+    assert sorted(seen) == list(range(96))  # was 18 of them: Lightning's epoch-end save marked epoch 0 done
+    assert cli.started.plan.value("resumed epoch") == {"epoch": 0, "samples": 18}
