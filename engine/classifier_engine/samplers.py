@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSamp
 
 from classifier_engine.contract import CheckedCollate
 from classifier_engine.errors import ConfigError
-from classifier_engine.seeds import order_seed
+from classifier_engine.seeds import SeededSamples, order_seed
 
 
 def global_batch_of(trainer: Optional[L.Trainer]) -> Optional[int]:
@@ -179,7 +179,7 @@ class ExactLoaders(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state = state_dict.get("train_loader")
         if state is not None and self.sampler is not None:  # built already (fsdp2 restores late): resume it once
-            self.sampler.restore_loader_state(self.batch_size, state)
+            self.resume(state)
             state = None
         self._resume_state = state
 
@@ -196,14 +196,27 @@ class ExactLoaders(Callback):
         if name != "train_dataloader":
             exact = ExactDistributedSampler(loader.dataset, world_size, rank) if world_size > 1 else None
             return _rebuild(loader, exact) if exact else loader
-        self.sampler = ResumableSampler(loader.dataset, num_replicas=world_size, rank=rank, seed=self.seed,
-                                        shuffle=isinstance(loader.sampler, RandomSampler), keys=False,
+        # Each sample drawn with torch's, numpy's and random's generators seeded from (seed, epoch, index): the
+        # user's data set wrapped, its random transforms as they are (engine/README.md#resuming-exactly)
+        samples = SeededSamples(loader.dataset, self.seed, every_generator=True)
+        self.sampler = ResumableSampler(samples, num_replicas=world_size, rank=rank, seed=self.seed,
+                                        shuffle=isinstance(loader.sampler, RandomSampler),
                                         global_batch=global_batch_of(trainer))
         self.batch_size = loader.batch_size
         if self._resume_state is not None:
-            self.sampler.restore_loader_state(loader.batch_size, self._resume_state)
+            self.resume(self._resume_state)
             self._resume_state = None
-        return _rebuild(loader, self.sampler, ResumableDataLoader)
+        return _rebuild(loader, self.sampler, ResumableDataLoader, dataset=samples)
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """The train loader continued where `state` stopped; a data set that draws randomness where no seed of ours
+        reaches is named (the resume then differs from the uninterrupted run)."""
+        self.sampler.restore_loader_state(self.batch_size, state)
+        if self.sampler.dataset.draws_elsewhere((0, int(state["epoch"]), 0)):
+            rank_zero_warn(f"data module {self.owner}: its training set gives sample 0 differently when drawn twice "
+                           "with the same seeds, so it draws randomness from a generator of its own and this resume "
+                           "is not the uninterrupted run; draw from torch's, numpy's or random's global generators "
+                           "(engine/README.md#resuming-exactly)")
 
 
     def taken_at_its_word(self, loader: Any, name: str, trainer: Any) -> Any:
@@ -255,12 +268,12 @@ def _sized(loader: DataLoader) -> bool:
 
 
 def _rebuild(loader: DataLoader, sampler: Any, cls: type[DataLoader] = DataLoader, *,
-             drop_last: Optional[bool] = None) -> DataLoader:
-    """`loader` again, with `sampler` (torch's DataLoader cannot swap one in place)."""
+             drop_last: Optional[bool] = None, dataset: Optional[Dataset] = None) -> DataLoader:
+    """`loader` again, with `sampler` (torch's DataLoader cannot swap one in place) and `dataset` if given."""
     workers = loader.num_workers
     drop_last = loader.drop_last if drop_last is None else drop_last
-    return cls(loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=workers,
-               collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=drop_last,
+    return cls(loader.dataset if dataset is None else dataset, batch_size=loader.batch_size, sampler=sampler,
+               num_workers=workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=drop_last,
                timeout=loader.timeout, worker_init_fn=loader.worker_init_fn, generator=loader.generator,
                multiprocessing_context=loader.multiprocessing_context if workers else None,
                prefetch_factor=loader.prefetch_factor if workers else None,
