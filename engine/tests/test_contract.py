@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 
+import lightning as L
 import pytest
 import torch
 import yaml
@@ -21,7 +22,9 @@ from PIL import Image
 
 import classifier_engine
 import warm_python
+from classifier_engine import Monitor
 from conftest import TESTS, callback
+from plain_model import TinyNet
 
 MY_DATA = '''
 import random
@@ -262,3 +265,77 @@ def test_a_class_chosen_over_the_templates_default_starts_from_its_own_defaults(
     cli = cli_main([*args(tmp_path / "plain"), "--model.class_path=my_model.Unmonitored"], run=False)
     assert cli.trainer.checkpoint_callback.monitor is None
 
+
+# -- The model contract checked as written, before the first step ------------------------------------------------------
+
+class RenamedMetric(TinyNet):  # its Monitor kept the old name of what it logs
+    monitor = Monitor("val/accuracy", "max")
+    metric = "val/acc"
+
+
+class MonitorAsText(TinyNet):
+    monitor = "val/loss"
+
+
+class LossWithoutMode(TinyNet):
+    monitor = Monitor("val/loss")
+
+
+class FixedHead(L.LightningModule):  # takes no num_classes: a 10-way head whatever the data
+    monitor = Monitor("val/accuracy", "max")
+
+    def __init__(self, lr: float = 0.05):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 10))
+
+
+def main_lines(arguments: list[str], monkeypatch, capsys) -> tuple[int, list[str]]:
+    """`python -m APP fit ARGUMENTS` in-process: its exit code and the lines it wrote."""
+    from conftest import project_in_process
+
+    code_, out, err = project_in_process(["fit", *arguments], monkeypatch, capsys)
+    return code_, [line.strip() for line in (out + err).splitlines()]
+
+
+def test_a_monitor_the_model_never_logs_is_one_line_at_the_sanity_check_or_after_last_ckpt_is_saved(
+        code, tmp_path, monkeypatch, capsys):
+    renamed = "--model.class_path=test_contract.RenamedMetric"
+    line = ("error: the best checkpoint's metric 'val/accuracy' is not one the model logs at validation (it logs {}): "
+            "log it, or name one of those in the model's Monitor or --checkpoint.monitor")
+    exit_code, lines = main_lines(args(tmp_path / "sanity", renamed), monkeypatch, capsys)
+    assert (exit_code, lines[-1]) == (2, line.format("val/acc"))  # before a step: the start leaves nothing behind
+    assert not (tmp_path / "sanity").exists()
+    # Without a sanity check the first validation ends epoch 0: last.ckpt first, then the line.
+    exit_code, lines = main_lines(args(tmp_path / "epoch", renamed, "--trainer.num_sanity_val_steps=0"), monkeypatch,
+                                  capsys)
+    last = tmp_path / "epoch" / LAST
+    assert (exit_code, lines[-1]) == (2, line.format("lr-SGD, train/loss, val/acc") + f"; saved {last} at step 8 "
+                                      "(--ckpt_path last continues there)")
+    assert torch.load(last, weights_only=True)["global_step"] == 8
+
+
+def test_a_monitor_that_is_not_a_monitor_none_or_a_loss_without_a_mode_is_said_in_the_plan(code, tmp_path,
+                                                                                           monkeypatch, capsys):
+    said = {}
+    for model in ("MonitorAsText", "LossWithoutMode", "my_model.Unmonitored"):
+        path = model if "." in model else f"test_contract.{model}"
+        exit_code, lines = main_lines([*args(tmp_path, f"--model.class_path={path}"), "--plan"], monkeypatch, capsys)
+        assert exit_code == 0
+        said[model] = next(line for line in lines if line.startswith("monitor: "))
+    assert said == {
+        "MonitorAsText": "monitor: none (test_contract.MonitorAsText.monitor is 'val/loss', not a Monitor: ignored; "
+                         "\"best\" is the latest epoch's checkpoint)",
+        "LossWithoutMode": "monitor: metric val/loss, mode min (LossWithoutMode.monitor, no mode given: min for a loss "
+                           "or an error)",
+        "my_model.Unmonitored": "monitor: none (my_model.Unmonitored names no Monitor; \"best\" is the latest epoch's "
+                                "checkpoint)"}
+    assert (Monitor("val/err1").mode, Monitor("val/acc").mode, Monitor("val/loss", "max").mode) == ("min", "max", "max")
+
+
+def test_a_model_that_takes_no_num_classes_is_refused_in_one_line(code, tmp_path, monkeypatch, capsys):
+    exit_code, lines = main_lines(args(tmp_path, "--model.class_path=test_contract.FixedHead"), monkeypatch, capsys)
+    assert (exit_code, lines[-1]) == (2, "error: model FixedHead takes no num_classes: its head cannot follow the "
+                                         "data's 10 classes; take `num_classes: int` in its __init__, build the head "
+                                         "with it and call self.save_hyperparameters() (see engine/README.md)")
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())

@@ -80,10 +80,14 @@ def monitor(given: PlanInput) -> list[Decision]:
     edits = tuple((f"checkpoint.{key}", value) for key, value in options.items()
                   if explicit.get(f"checkpoint.{key}") is None and config.checkpoint.get(key) != value)
     if found is None:
-        return [Decision(MONITOR, None, f"{path} names no Monitor: the latest checkpoint is kept as the best",
-                         edits=edits)]
+        named = getattr(class_switch.class_of(path), "monitor", None)
+        what = f"{path}.monitor is {named!r}, not a Monitor: ignored" if named is not None else \
+            f"{path} names no Monitor"
+        return [Decision(MONITOR, None, f"{what}; \"best\" is the latest epoch's checkpoint", edits=edits)]
+    guessed = "" if found.mode_given else f", no mode given: {found.mode}" + (" for a loss or an error" if (
+        found.mode == "min") else "")
     return [Decision(MONITOR, {"metric": found.metric, "mode": config.checkpoint.mode if explicit.get(
-        "checkpoint.mode") else found.mode}, f"{path.rpartition('.')[2]}.monitor", edits=edits)]
+        "checkpoint.mode") else found.mode}, f"{path.rpartition('.')[2]}.monitor{guessed}", edits=edits)]
 
 
 def seed(given: PlanInput) -> list[Decision]:

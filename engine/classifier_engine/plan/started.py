@@ -61,7 +61,7 @@ class Started:
         handed to Lightning's restore (the file is not read again; the start keeps no reference to it, so its memory
         map goes with its last user)."""
         contract.check_data(datamodule)
-        contract.check_model(model)
+        contract.check_model(model, getattr(datamodule, "num_classes", None))
         checkpoint, self.checkpoint, subcommand = self.checkpoint, None, self.plan.subcommand
         if subcommand and checkpoint is not None and self.ckpt_path is not None:
             check_checkpoint_fits(self.ckpt_path, checkpoint, model, datamodule)
