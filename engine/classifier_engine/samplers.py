@@ -13,6 +13,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
 
+from classifier_engine.compat.resume_batches import continue_epoch_at_batch
 from classifier_engine.contract import CheckedCollate
 from classifier_engine.errors import ConfigError
 from classifier_engine.seeds import SeededSamples, order_seed
@@ -65,7 +66,7 @@ class ResumableSampler(DistributedSampler):
             # from the start of the order, as DistributedSampler pads the shares to one length.
             self.num_samples += 1
             self.total_size = self.num_samples * self.num_replicas
-        self.repeats = repeats
+        self.repeats, self.batch_size = repeats, batch_size
         self.keys = keys  # False: plain indices, for a data set that does not seed its own augmentation
         self.position = 0  # global samples of the epoch in progress already handed out as batches
         self.epoch_in_progress = 0
@@ -118,11 +119,26 @@ class ResumableSampler(DistributedSampler):
         """The global samples of `epoch` a pending resume skips (None: no resume of that epoch is pending)."""
         return self._resume_at[1] if self._resume_at is not None and self._resume_at[0] == epoch else None
 
+    def resumed_share(self, epoch: int) -> Optional[int]:
+        """Each rank's samples of `epoch` after a pending resume (None: none pending): the rest of its order in equal
+        shares. A resume on another world size or per-process batch may leave a rest the ranks do not divide: it is
+        padded as DistributedSampler pads an epoch (unequal shares would end the ranks' epochs at different batches),
+        and a last batch of one sample is avoided as in __init__."""
+        position = self.resumed_position(epoch)
+        if position is None:
+            return None
+        share = -(-max(self.total_size - position, 0) // self.num_replicas)
+        b = self.batch_size
+        return share + 1 if b is not None and b > 1 and share > 1 and share % b == 1 else share
+
     def __iter__(self) -> Iterator[Key]:
-        epoch, (resume_epoch, position) = self.epoch, self._resume_at or (None, 0)
+        epoch, share = self.epoch, self.resumed_share(self.epoch)
+        self.epoch_in_progress, self.position = epoch, self.resumed_position(epoch) or 0
         self._resume_at = None
-        self.epoch_in_progress, self.position = epoch, position if resume_epoch == epoch else 0
-        order = self.epoch_order(epoch)[self.position :][self.rank :: self.num_replicas]
+        order = self.epoch_order(epoch)[self.position :]
+        while order and share is not None and len(order) < share * self.num_replicas:
+            order += order[: share * self.num_replicas - len(order)]
+        order = order[self.rank :: self.num_replicas]
         if not self.keys:
             return (index for index, _ in order)
         return ((index, epoch, repeat) for index, repeat in order)
@@ -171,6 +187,16 @@ class ExactLoaders(Callback):
         for name in ("train_dataloader", "val_dataloader", "test_dataloader"):
             if getattr(type(datamodule), name) is not getattr(L.LightningDataModule, name):
                 setattr(datamodule, name, _LoaderHook(datamodule, name, self))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A resumed epoch's rest may come in other batches than the saving run's (another world size or per-process
+        # batch): Lightning counts on from the batch index it saved; this run's is where its rest ends the epoch.
+        loader = trainer.train_dataloader
+        sampler = getattr(loader, "sampler", None)
+        share = sampler.resumed_share(trainer.current_epoch) if isinstance(sampler, ResumableSampler) else None
+        if share is not None and loader.batch_size:
+            left = share // loader.batch_size if loader.drop_last else -(-share // loader.batch_size)
+            continue_epoch_at_batch(trainer, len(loader) - left)
 
     def state_dict(self) -> dict[str, Any]:
         # Beside Lightning's own loader state, which it restores too late (#20550, classifier_engine.compat).

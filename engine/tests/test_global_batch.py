@@ -17,6 +17,7 @@ from classifier_engine.samplers import ResumableDataLoader, ResumableSampler
 from conftest import callback, project_in_process, run_project
 from recorded_samples import read_records
 from test_samplers import Indices  # a data set of its own indices
+from tiny_runs import read_scalars
 
 
 def test_the_per_process_batch_is_the_largest_that_fits_and_divides():
@@ -343,3 +344,24 @@ def test_a_run_continued_past_its_max_steps_trains_the_rest_of_its_epoch_each_sa
     seen = [i for record in read_records(tmp_path / "ids") for i in record["ids"]]
     assert sorted(seen) == list(range(96))  # was 18 of them: Lightning's epoch-end save marked epoch 0 done
     assert cli.started.plan.value("resumed epoch") == {"epoch": 0, "samples": 18}
+
+
+def test_a_resume_inside_an_epoch_with_another_per_process_batch_trains_its_rest_once_and_validates_the_epoch(
+        tmp_path, monkeypatch, capsys):
+    import signal
+
+    args = ["fit", *ONE, f"--trainer.default_root_dir={tmp_path}"]
+    stop = callback("stop_callbacks.SignalAtStep", step=2, signum=int(signal.SIGTERM))
+    stopped = project_in_process([*args, stop, callback("recorded_samples.RecordSamples", folder=str(tmp_path / "a"))],
+                                 monkeypatch, capsys)
+    assert stopped[0] == 143  # saved after 3 steps of 6: 18 samples
+    resumed = project_in_process([*args, "--ckpt_path=last", "--data.init_args.batch_size=4",
+                                  callback("recorded_samples.RecordSamples", folder=str(tmp_path / "b"))],
+                                 monkeypatch, capsys)
+    assert resumed[0] == 0
+    seen = [i for run, steps in (("a", range(3)), ("b", range(3, 99))) for record in read_records(tmp_path / run)
+            if record["step"] in steps for i in record["ids"]]
+    assert sorted(seen) == list(range(96))  # the other 78 in batches of 4: 20 steps more
+    validated = read_scalars(tmp_path / "lightning_logs" / "version_0")["val/acc1"]
+    assert [step for step, _ in validated] == [22]  # the epoch's end, after its last batch (Lightning's index: 16)
+
