@@ -365,3 +365,34 @@ def test_a_resume_inside_an_epoch_with_another_per_process_batch_trains_its_rest
     validated = read_scalars(tmp_path / "lightning_logs" / "version_0")["val/acc1"]
     assert [step for step, _ in validated] == [22]  # the epoch's end, after its last batch (Lightning's index: 16)
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saved, given", [(16, 36), (None, 40)])
+def test_the_issues_resume_with_another_global_batch_on_2_ranks_is_refused_and_the_saved_one_trains_each_sample_once(
+        saved, given, tmp_path):
+    from test_run_plan import files_under
+
+    # Issue 47's cases: 2 processes stopped (kill -9) as step 4 starts, resumed with --global_batch_size 36 (the run had
+    # 16) or 40 (the run had none). Without the plan's check (measured): 28 of epoch 0's 96 samples trained twice and 24
+    # never; 8 twice and 16 never. The refused start writes nothing; resumed as its line says, each sample once.
+    args = [a for a in RUN if not a.startswith(("--global_batch_size", "--trainer.max_epochs", "--data.init_args.train"))]
+    args = ["fit", *args, *RANKS[2], "--trainer.max_epochs=1", "--data.init_args.train_size=96",
+            f"--trainer.default_root_dir={tmp_path / 'run'}", *([f"--global_batch_size={saved}"] if saved else [])]
+    record = [callback("recorded_samples.RecordSamples", folder=str(tmp_path / f"ids{i}")) for i in range(2)]
+    stopped = run_project([*args, record[0], callback("stop_callbacks.SignalAtStep", step=4)])
+    assert stopped.returncode != 0
+    before = files_under(tmp_path)
+    given_flag = [a for a in args if not a.startswith("--global_batch_size")] + [f"--global_batch_size={given}"]
+    refused = run_project([*given_flag, record[1], "--ckpt_path=last"])
+    samples, keep = (64, f"with --global_batch_size {saved}") if saved else (48, "without --global_batch_size")
+    fix = f"--global_batch_size {saved}" if saved else "no --global_batch_size"
+    assert (refused.returncode, refused.stderr.strip().splitlines()[-1]) == (2, (
+        f"error: --global_batch_size {given}: checkpoint {tmp_path / 'run' / LAST} stopped inside epoch 0 ({samples} "
+        f"samples in) {keep}; another value inside an epoch trains some samples twice and skips others: resume with "
+        f"{fix} (it may change at an epoch's end)"))
+    assert files_under(tmp_path) == before  # nothing written, nothing trained
+    resumed = run_project([*args, record[1], "--ckpt_path=last"])  # as the line says
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    first = [i for record in read_records(tmp_path / "ids0") if record["step"] < 4 for i in record["ids"]]
+    rest = [i for record in read_records(tmp_path / "ids1") for i in record["ids"]]
+    assert sorted(first + rest) == list(range(96))  # each sample of the epoch once, none twice
