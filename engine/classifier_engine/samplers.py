@@ -37,6 +37,20 @@ class ExactDistributedSampler(UnrepeatedDistributedSampler):
 
 Key = tuple[int, int, int]  # (index, epoch, repeat): what a training sample's augmentation is seeded from
 
+# What decides which samples each step of an epoch takes (a loader state's keys, named as the user sets them): another
+# value inside an epoch would train some of its samples twice and skip others.
+ORDER = {"seed": "--seed_everything", "repeats": "--data.ra_reps", "global_batch": "--global_batch_size",
+         "dataset_size": "the training set's length"}
+
+
+def changed_inside_an_epoch(option: str, saved: Any, now: Any, where: str) -> str:
+    """The one line refusing `option` changed from `saved` to `now` inside an epoch (`where`: the checkpoint and how
+    far into which epoch it stopped), naming the value that continues it."""
+    then, keep = (f"with {option} {saved}", f"{option} {saved}") if saved is not None else (
+        f"without {option}", f"no {option}")
+    return (f"{option} {now}: {where} {then}; another value inside an epoch trains some samples twice and skips "
+            f"others: resume with {keep} (it may change at an epoch's end)")
+
 
 class ResumableSampler(DistributedSampler):
     """The training order: a shuffle drawn from (seed, epoch), sharded rank::world_size, resumable at any position.
@@ -69,6 +83,7 @@ class ResumableSampler(DistributedSampler):
         self.repeats, self.batch_size = repeats, batch_size
         self.keys = keys  # False: plain indices, for a data set that does not seed its own augmentation
         self.position = 0  # global samples of the epoch in progress already handed out as batches
+        self.changed_order: dict[str, tuple[Any, Any]] = {}  # what decides the order, changed since the saved state
         self.epoch_in_progress = 0
         self._resume_at: Optional[tuple[int, int]] = None  # (epoch, position) to continue from
 
@@ -96,21 +111,24 @@ class ResumableSampler(DistributedSampler):
                 "repeats": self.repeats, "global_batch": self.global_batch}
 
     def restore_loader_state(self, batch_size: Optional[int], state: dict[str, Any]) -> None:
-        """Resume where `state` stopped; a changed order or batching still covers the rest of the epoch. With a
-        global batch, the world size and per-process batch may change: the order and the steps do not."""
+        """Resume where `state` stopped. The world size and per-process batch may change: the rest of the epoch comes
+        in this run's batches, each sample once (with a global batch, in the same steps). What decides the order
+        itself may not: it is kept in `changed_order` and refused at train start (ExactLoaders), where a resume
+        inside that very epoch is known (a checkpoint saved at an epoch's end may change anything)."""
         now = {"seed": self.seed, "dataset_size": len(self.dataset), "repeats": self.repeats,
                "global_batch": self.global_batch}
         if self.global_batch is None:
             now.update(world_size=self.num_replicas, batch_size=batch_size)
         changed = {key: (state.get(key), value) for key, value in now.items() if state.get(key) != value}
+        self.changed_order = {key: change for key, change in changed.items() if key in ORDER and (
+            key != "global_batch" or change[1] is not None)}  # a global batch given up keeps the order: 16 -> none
         position = int(state["position"])
-        if changed and position:
-            what = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())
+        allowed = {key: change for key, change in changed.items() if key not in self.changed_order}
+        if allowed and position:
+            what = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in allowed.items())
             rank_zero_warn(f"resuming mid-epoch with {what}: the rest of epoch {state['epoch']} is not the order an "
                            "uninterrupted run would have seen (resume with the same settings for an exact resume)")
-            if changed.keys() & {"dataset_size", "seed", "repeats"}:
-                return  # another order altogether: start the epoch over rather than skip unrelated samples
-        if self.global_batch is not None:
+        if self.global_batch is not None and not self.changed_order:
             # A save inside an accumulation window kept none of its gradients: its samples are read again.
             position -= position % self.global_batch
         self.resume(int(state["epoch"]), position)
@@ -194,6 +212,11 @@ class ExactLoaders(Callback):
         loader = trainer.train_dataloader
         sampler = getattr(loader, "sampler", None)
         share = sampler.resumed_share(trainer.current_epoch) if isinstance(sampler, ResumableSampler) else None
+        if share is not None and sampler.changed_order:  # known here, not before: the training set's length
+            key, (saved, now) = next(iter(sampler.changed_order.items()))
+            where = (f"checkpoint {trainer.ckpt_path} stopped inside epoch {trainer.current_epoch} "
+                     f"({sampler.resumed_position(trainer.current_epoch)} samples in)")
+            raise ConfigError(changed_inside_an_epoch(ORDER[key], saved, now, where))
         if share is not None and loader.batch_size:
             left = share // loader.batch_size if loader.drop_last else -(-share // loader.batch_size)
             continue_epoch_at_batch(trainer, len(loader) - left)

@@ -298,7 +298,7 @@ ONE = [a for a in RUN if not a.startswith(("--global_batch_size", "--last_checkp
     "--trainer.devices=1", "--trainer.max_epochs=1", "--data.init_args.train_size=96"]
 
 
-def test_a_resume_inside_an_epoch_with_another_global_batch_seed_or_ra_reps_is_one_line_and_writes_nothing(
+def test_a_resume_inside_an_epoch_with_another_global_batch_seed_ra_reps_or_drop_last_is_one_line_and_writes_nothing(
         tiny_root, tmp_path, monkeypatch, capsys):
     import signal
 
@@ -326,12 +326,33 @@ def test_a_resume_inside_an_epoch_with_another_global_batch_seed_or_ra_reps_is_o
         "and skips others: resume with no --global_batch_size (it may change at an epoch's end)",
         ("without", "--data.ra_reps=2"): f"--data.ra_reps 2: checkpoint {last['without']} {inside.format(24)} with "
         "--data.ra_reps 1; another value inside an epoch trains some samples twice and skips others: resume with "
-        "--data.ra_reps 1 (it may change at an epoch's end)"}
+        "--data.ra_reps 1 (it may change at an epoch's end)",
+        ("without", "--data.drop_last=false"): f"--data.drop_last False: checkpoint {last['without']} "
+        f"{inside.format(24)} with --data.drop_last True; another value inside an epoch trains some samples twice and "
+        "skips others: resume with --data.drop_last True (it may change at an epoch's end)"}
     before = files_under(tmp_path)
     for (run, given), line in refused.items():
         code, _, err = project_in_process([*runs[run], "--ckpt_path=last", given], monkeypatch, capsys)
         assert (code, err.strip().splitlines()[-1]) == (2, f"error: {line}")
     assert files_under(tmp_path) == before
+
+
+def test_a_resume_inside_an_epoch_over_a_training_set_of_another_length_is_one_line_and_trains_nothing(
+        tmp_path, monkeypatch, capsys):
+    import signal
+
+    args = ["fit", *ONE, f"--trainer.default_root_dir={tmp_path}"]
+    stop = callback("stop_callbacks.SignalAtStep", step=2, signum=int(signal.SIGTERM))
+    assert project_in_process([*args, stop], monkeypatch, capsys)[0] == 143  # 3 steps of 6: 18 of 96 samples
+    # Known once the data module has built its training set. Was a warning and exit 0: 14 samples twice, 16 never
+    record = callback("recorded_samples.RecordSamples", folder=str(tmp_path / "ids"))
+    code, _, err = project_in_process([*args, record, "--ckpt_path=last", "--data.init_args.train_size=90"],
+                                      monkeypatch, capsys)
+    assert (code, err.strip().splitlines()[-1]) == (2, (
+        f"error: the training set's length 90: checkpoint {tmp_path / LAST} stopped inside epoch 0 (18 samples in) "
+        "with the training set's length 96; another value inside an epoch trains some samples twice and skips "
+        "others: resume with the training set's length 96 (it may change at an epoch's end)"))
+    assert not (tmp_path / "ids").exists()  # not one batch trained
 
 
 def test_a_run_continued_past_its_max_steps_trains_the_rest_of_its_epoch_each_sample_once(tmp_path):

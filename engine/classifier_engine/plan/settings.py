@@ -32,7 +32,7 @@ from classifier_engine.plan.run_plan import (
 )
 from classifier_engine.run.global_batch import FLAG, planned_world, split_global_batch
 from classifier_engine.run.launchers import check_devices
-from classifier_engine.samplers import mid_epoch_order
+from classifier_engine.samplers import changed_inside_an_epoch, mid_epoch_order
 
 # What the CLI's links may set in a model's init arguments (a class switch leaves them to the link; a checkpoint's
 # saved value of one the class lacks is not the user's: compat "applied instantiation links").
@@ -192,9 +192,10 @@ def checkpoint_model_values(given: PlanInput) -> list[Decision]:
 
 def resumed_epoch(given: PlanInput) -> list[Decision]:
     """fit from a checkpoint saved inside an epoch: the options that decide which samples each of its steps takes
-    (the seed, --global_batch_size when given, data.ra_reps) are the saved ones, or refused in one line: another value
-    would train some of the epoch's samples twice and skip others. Without a global batch the rest of the epoch is
-    taken in this run's batches (each sample once, whatever the world size or per-process batch)."""
+    (the seed, --global_batch_size when given, data.ra_reps and data.drop_last) are the saved ones, or refused in one
+    line: another value would train some of the epoch's samples twice and skip others (the training set's length is
+    known at train start: samplers.py ExactLoaders). Without a global batch the rest of the epoch is taken in this
+    run's batches (each sample once, whatever the world size or per-process batch)."""
     checkpoint = given.reads.get("checkpoint") or {}
     state = mid_epoch_order(checkpoint) if given.subcommand == "fit" else None
     if state is None:
@@ -204,16 +205,14 @@ def resumed_epoch(given: PlanInput) -> list[Decision]:
     kept = [("--seed_everything", state.get("seed"), given.decided.value(SEED))]
     if given.decided.global_batch is not None:
         kept.append((FLAG, state.get("global_batch"), given.decided.global_batch))
-    if data is not None and "ra_reps" in data and "ra_reps" in saved_data:
-        kept.append(("--data.ra_reps", saved_data["ra_reps"], data.ra_reps))
+    for name in ("ra_reps", "drop_last"):  # the image data modules' (a user's module may have neither)
+        if data is not None and name in data and name in saved_data:
+            kept.append((f"--data.{name}", saved_data[name], data[name]))
     where = (f"checkpoint {given.decided.ckpt_path} stopped inside epoch {state['epoch']} ({state['position']} "
              "samples in)")
     for option, saved, now in kept:
         if saved != now:
-            then, keep = (f"with {option} {saved}", f"{option} {saved}") if saved is not None else (
-                f"without {option}", f"no {option}")
-            raise ConfigError(f"{option} {now}: {where} {then}; another value inside an epoch trains some samples "
-                              f"twice and skips others: resume with {keep} (it may change at an epoch's end)")
+            raise ConfigError(changed_inside_an_epoch(option, saved, now, where))
     return [Decision("resumed epoch", {"epoch": state["epoch"], "samples": state["position"]}, "the checkpoint "
                      "stopped inside it: the rest of its order, each sample once", text=f"{state['epoch']} after "
                      f"{state['position']} samples")]
