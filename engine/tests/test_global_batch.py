@@ -417,3 +417,24 @@ def test_the_issues_resume_with_another_global_batch_on_2_ranks_is_refused_and_t
     first = [i for record in read_records(tmp_path / "ids0") if record["step"] < 4 for i in record["ids"]]
     rest = [i for record in read_records(tmp_path / "ids1") for i in record["ids"]]
     assert sorted(first + rest) == list(range(96))  # each sample of the epoch once, none twice
+
+
+def test_a_shard_modules_shuffle_window_changed_inside_an_epoch_is_refused_by_the_plan():
+    from classifier_engine.errors import ConfigError
+    from classifier_engine.plan.edits import read_only
+    from classifier_engine.plan.run_plan import CHECKPOINT, SEED, Decision, PlanInput, RunPlan
+    from classifier_engine.plan.settings import resumed_epoch
+
+    # The chunk-aware order depends on it (ShardOrderSampler), and the loader state does not record it: a checkpoint
+    # saved 24 samples into epoch 0 by a ShardDataModule with shuffle_window 4, resumed with 8.
+    checkpoint = {"loops": {"fit_loop": {"epoch_progress": {"current": {"started": 1, "processed": 0}},
+                                         "state_dict": {"combined_loader": [{"epoch": 0, "position": 24, "seed": 42}]}}},
+                  "datamodule_hyper_parameters": {"shuffle_window": 4, "drop_last": True}}
+    config = Namespace(data=Namespace(class_path="classifier_engine.ShardDataModule",
+                                      init_args=Namespace(shuffle_window=8, drop_last=True)))
+    decided = RunPlan("fit", (Decision(SEED, 42), Decision(CHECKPOINT, {"path": "last.ckpt"})))
+    given = PlanInput("fit", read_only(config), Namespace(), decided, reads={"checkpoint": checkpoint})
+    with pytest.raises(ConfigError, match=r"^--data.shuffle_window 8: checkpoint last.ckpt stopped inside epoch 0 \(24 "
+                                          r"samples in\) with --data.shuffle_window 4; .* resume with "
+                                          r"--data.shuffle_window 4 \(it may change at an epoch's end\)$"):
+        resumed_epoch(given)

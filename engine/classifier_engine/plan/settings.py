@@ -192,10 +192,10 @@ def checkpoint_model_values(given: PlanInput) -> list[Decision]:
 
 def resumed_epoch(given: PlanInput) -> list[Decision]:
     """fit from a checkpoint saved inside an epoch: the options that decide which samples each of its steps takes
-    (the seed, --global_batch_size when given, data.ra_reps and data.drop_last) are the saved ones, or refused in one
-    line: another value would train some of the epoch's samples twice and skip others (the training set's length is
-    known at train start: samplers.py ExactLoaders). Without a global batch the rest of the epoch is taken in this
-    run's batches (each sample once, whatever the world size or per-process batch)."""
+    (the seed, --global_batch_size when given, data.ra_reps, drop_last and shuffle_window) are the saved ones, or
+    refused in one line: another value would train some of the epoch's samples twice and skip others (the training
+    set's length is known at train start: samplers.py ExactLoaders). Without a global batch the rest of the epoch is
+    taken in this run's batches (each sample once, whatever the world size or per-process batch)."""
     checkpoint = given.reads.get("checkpoint") or {}
     state = mid_epoch_order(checkpoint) if given.subcommand == "fit" else None
     if state is None:
@@ -205,7 +205,7 @@ def resumed_epoch(given: PlanInput) -> list[Decision]:
     kept = [("--seed_everything", state.get("seed"), given.decided.value(SEED))]
     if given.decided.global_batch is not None:
         kept.append((FLAG, state.get("global_batch"), given.decided.global_batch))
-    for name in ("ra_reps", "drop_last"):  # the image data modules' (a user's module may have neither)
+    for name in ("ra_reps", "drop_last", "shuffle_window"):  # the image data modules' (a user's may have none)
         if data is not None and name in data and name in saved_data:
             kept.append((f"--data.{name}", saved_data[name], data[name]))
     where = (f"checkpoint {given.decided.ckpt_path} stopped inside epoch {state['epoch']} ({state['position']} "
