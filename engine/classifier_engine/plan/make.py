@@ -62,7 +62,7 @@ def make_plan(subcommand: Optional[str], config: Namespace, explicit: Optional[N
     if printing or subcommand is None:
         planner.run(passes)
         return Started(planner.plan, reads=planner.reads)
-    return _placement(planner, (settings.checkpoint_model_values, *passes), dry=dry,
+    return _placement(planner, (settings.checkpoint_model_values, settings.resumed_epoch, *passes), dry=dry,
                       claiming=not dry and (env_global_rank() if rank is None else rank) == 0)
 
 
