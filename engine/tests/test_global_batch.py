@@ -396,7 +396,8 @@ def test_the_issues_resume_with_another_global_batch_on_2_ranks_is_refused_and_t
     # Issue 47's cases: 2 processes stopped (kill -9) as step 4 starts, resumed with --global_batch_size 36 (the run had
     # 16) or 40 (the run had none). Without the plan's check (measured): 28 of epoch 0's 96 samples trained twice and 24
     # never; 8 twice and 16 never. The refused start writes nothing; resumed as its line says, each sample once.
-    args = [a for a in RUN if not a.startswith(("--global_batch_size", "--trainer.max_epochs", "--data.init_args.train"))]
+    dropped = ("--global_batch_size", "--trainer.max_epochs", "--data.init_args.train")
+    args = [a for a in RUN if not a.startswith(dropped)]
     args = ["fit", *args, *RANKS[2], "--trainer.max_epochs=1", "--data.init_args.train_size=96",
             f"--trainer.default_root_dir={tmp_path / 'run'}", *([f"--global_batch_size={saved}"] if saved else [])]
     record = [callback("recorded_samples.RecordSamples", folder=str(tmp_path / f"ids{i}")) for i in range(2)]
@@ -427,8 +428,9 @@ def test_a_shard_modules_shuffle_window_changed_inside_an_epoch_is_refused_by_th
 
     # The chunk-aware order depends on it (ShardOrderSampler), and the loader state does not record it: a checkpoint
     # saved 24 samples into epoch 0 by a ShardDataModule with shuffle_window 4, resumed with 8.
+    loader = {"combined_loader": [{"epoch": 0, "position": 24, "seed": 42}]}
     checkpoint = {"loops": {"fit_loop": {"epoch_progress": {"current": {"started": 1, "processed": 0}},
-                                         "state_dict": {"combined_loader": [{"epoch": 0, "position": 24, "seed": 42}]}}},
+                                         "state_dict": loader}},
                   "datamodule_hyper_parameters": {"shuffle_window": 4, "drop_last": True}}
     config = Namespace(data=Namespace(class_path="classifier_engine.ShardDataModule",
                                       init_args=Namespace(shuffle_window=8, drop_last=True)))
