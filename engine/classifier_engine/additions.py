@@ -19,6 +19,7 @@ from lightning.pytorch.strategies import DDPStrategy
 import classifier_engine.strategies  # noqa: F401  registers strategy="dp" before any Trainer is built
 from classifier_engine import contract
 from classifier_engine.callbacks.global_batch import GlobalBatch
+from classifier_engine.callbacks.monitor_logged import MonitorLogged
 from classifier_engine.callbacks.plan_file import PlanFile
 from classifier_engine.callbacks.prediction_writer import PredictionCsvWriter
 from classifier_engine.callbacks.progress_bar import StepProgressBar
@@ -29,7 +30,7 @@ from classifier_engine.compat.log_device_move import skip_same_device_moves
 from classifier_engine.errors import record_rank
 from classifier_engine.options import PositiveInt
 from classifier_engine.plan.edits import PARSE_LINKS, run_seed
-from classifier_engine.plan.run_plan import RunPlan
+from classifier_engine.plan.run_plan import MONITOR, RunPlan
 from classifier_engine.plan.settings import DDP_START_METHODS
 from classifier_engine.run.checkpoint_checks import CheckpointValues
 from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
@@ -109,6 +110,9 @@ def additions(trainer: dict[str, Any], groups: dict[str, Any], config: Any, plan
                   LeanBatchDispatch()]
     if plan.global_batch is not None and plan.subcommand == "fit":
         callbacks.append(GlobalBatch(plan.global_batch, plan.world_size, bool(trainer.get("sync_batchnorm"))))
+    monitor = plan.value(MONITOR)
+    if monitor and plan.subcommand == "fit" and trainer.get("enable_checkpointing") is not False:
+        callbacks.append(MonitorLogged(monitor["metric"]))
     if trainer.get("logger") not in (False, []):  # LearningRateMonitor raises without a logger (Lightning #17159)
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     replaced = {}

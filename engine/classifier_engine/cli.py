@@ -13,7 +13,7 @@ from typing import Optional
 import lightning as L
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from classifier_engine.additions import EngineParser, add_run_arguments, additions
 from classifier_engine.callbacks.prediction_writer import folder_loader
@@ -90,8 +90,10 @@ class EngineCLI(LightningCLI):
             print("\n".join([f"plan of {subcommand} (dry: nothing was built, written or downloaded):",
                              *(f"  {line}" for line in plan.lines(edits=True))]), flush=True)
             sys.exit(0)
-        if plan.value("finished"):  # a complete run: its plan says so and which option continues it
-            rank_zero_info("\n".join([f"plan of this {subcommand}:", *(f"  {line}" for line in plan.lines())]))
+        if plan.value("finished"):  # a complete run: its plan says so and which option continues it (the whole output,
+            # printed as --plan's is: no logger is set up for a run that never starts)
+            rank_zero_only(print)("\n".join([f"plan of this {subcommand}:", *(f"  {line}" for line in plan.lines())]),
+                                  flush=True)
             sys.exit(0)
         if subcommand:
             self.save_config_kwargs = {**self.save_config_kwargs, "run_dir": self.started.run_dir}

@@ -5,10 +5,13 @@ yielding `(images, labels)`. Optional: `class_labels` (human names, in class_nam
 (for predict and export), `image_sizes()` (the model's size check).
 
 Model (ClassificationModel below): `monitor`, `num_classes` among its saved hyperparameters, what `predict_step`
-returns, and optionally `exportable()` and `weights_option`. Checked once after instantiation, in one line each.
+returns, and optionally `exportable()` and `weights_option`. Checked before the first step, in one line each: the
+monitor by the run plan (and against what the model logs at its first validation: callbacks/monitor_logged.py), the
+rest once the model is built.
 """
 
 import importlib
+import inspect
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Literal, Optional, Protocol, runtime_checkable
@@ -26,13 +29,24 @@ class ClassificationData(Protocol):
     class_names: Sequence[str]
 
 
+LOSS_LIKE = ("loss", "err", "nll", "mse", "mae", "perplexity")  # in a metric's name: lower is better
+
+
 @dataclass(frozen=True)
 class Monitor:
     """The metric that picks the best checkpoint (and names its file), scores a sweep's trials and shows in the
-    progress bar: a name the module logs (self.log) at each validation, and whether "max" or "min" is better."""
+    progress bar: a name the module logs (self.log) at each validation, and whether "max" or "min" is better (left
+    out: "min" for a loss or an error, `val/loss`, `val/err1`, else "max"; the run plan's line says which)."""
 
     metric: str
-    mode: Literal["min", "max"] = "max"
+    mode: Optional[Literal["min", "max"]] = None
+    mode_given: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if self.mode is None:
+            lower = any(word in self.metric.lower() for word in LOSS_LIKE)
+            object.__setattr__(self, "mode", "min" if lower else "max")
+            object.__setattr__(self, "mode_given", False)
 
     def checkpoint_filename(self) -> str:
         """ModelCheckpoint's filename: `epoch003-val_acc=0.9859` for metric `val/acc` (a "/" cannot be in a name)."""
@@ -44,9 +58,10 @@ class ClassificationModel(Protocol):
     """What the engine reads of a LightningModule, beyond Lightning's own hooks:
 
     - `monitor` (a class attribute, a Monitor): the metric of the best checkpoint, sweeps and the progress bar;
-      `--checkpoint.monitor` overrides it.
+      `--checkpoint.monitor` overrides it. Without one (or with a plain string) "best" is the latest epoch's.
     - `hparams["num_classes"]`: `save_hyperparameters()` of an `__init__` argument `num_classes` (the CLI links it from
-      data.num_classes), so a checkpoint says what it was trained for and rebuilds its module from the run's config.
+      data.num_classes), so a checkpoint says what it was trained for and rebuilds its module from the run's config;
+      a model that takes none is refused (its head could not follow the data).
     - `predict_step(batch)` on batches of `(images, indices)`: logits `(B, num_classes)`, or `{"probs": (B, k),
       "classes": (B, k)}`, the top k; the prediction CSV names the classes.
     - optional `exportable()`: the plain nn.Module (images in, logits out) that export writes and the FLOP count (MFU)
@@ -85,10 +100,17 @@ def exportable(model: Any) -> Any:
     return offered() if callable(offered) else model
 
 
-def check_model(model: Any) -> None:
+def check_model(model: Any, num_classes: Optional[int] = None) -> None:
     """The model, checked against the contract (ConfigError naming what is missing and the fix)."""
     name = type(model).__qualname__
     hparams = getattr(model, "hparams", {})
+    taken = inspect.signature(type(model).__init__).parameters.values()
+    if not any(p.name == "num_classes" or p.kind is p.VAR_KEYWORD for p in taken):
+        # The CLI's link would still write the data's count into its hyperparameters: a checkpoint saying N classes
+        # of a head built for another number.
+        raise ConfigError(f"model {name} takes no num_classes: its head cannot follow the data's {num_classes} "
+                          "classes; take `num_classes: int` in its __init__, build the head with it and call "
+                          "self.save_hyperparameters() (see engine/README.md)")
     if "num_classes" not in hparams:
         raise ConfigError(f"model {name} records no num_classes: take `num_classes: int` in its __init__ and call "
                           "self.save_hyperparameters() (the CLI links it from the data; see engine/README.md)")

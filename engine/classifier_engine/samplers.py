@@ -3,6 +3,7 @@
     python -m classifier_engine fit --config CONFIG --ckpt_path last    # continues mid-epoch where it stopped
 """
 
+from collections.abc import Mapping
 from typing import Any, Iterator, Optional
 
 import lightning as L
@@ -12,9 +13,10 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
 
+from classifier_engine.compat.resume_batches import continue_epoch_at_batch
 from classifier_engine.contract import CheckedCollate
 from classifier_engine.errors import ConfigError
-from classifier_engine.seeds import order_seed
+from classifier_engine.seeds import SeededSamples, order_seed
 
 
 def global_batch_of(trainer: Optional[L.Trainer]) -> Optional[int]:
@@ -34,6 +36,20 @@ class ExactDistributedSampler(UnrepeatedDistributedSampler):
 
 
 Key = tuple[int, int, int]  # (index, epoch, repeat): what a training sample's augmentation is seeded from
+
+# What decides which samples each step of an epoch takes (a loader state's keys, named as the user sets them): another
+# value inside an epoch would train some of its samples twice and skip others.
+ORDER = {"seed": "--seed_everything", "repeats": "--data.ra_reps", "global_batch": "--global_batch_size",
+         "dataset_size": "the training set's length"}
+
+
+def changed_inside_an_epoch(option: str, saved: Any, now: Any, where: str) -> str:
+    """The one line refusing `option` changed from `saved` to `now` inside an epoch (`where`: the checkpoint and how
+    far into which epoch it stopped), naming the value that continues it."""
+    then, keep = (f"with {option} {saved}", f"{option} {saved}") if saved is not None else (
+        f"without {option}", f"no {option}")
+    return (f"{option} {now}: {where} {then}; another value inside an epoch trains some samples twice and skips "
+            f"others: resume with {keep} (it may change at an epoch's end)")
 
 
 class ResumableSampler(DistributedSampler):
@@ -64,9 +80,10 @@ class ResumableSampler(DistributedSampler):
             # from the start of the order, as DistributedSampler pads the shares to one length.
             self.num_samples += 1
             self.total_size = self.num_samples * self.num_replicas
-        self.repeats = repeats
+        self.repeats, self.batch_size = repeats, batch_size
         self.keys = keys  # False: plain indices, for a data set that does not seed its own augmentation
         self.position = 0  # global samples of the epoch in progress already handed out as batches
+        self.changed_order: dict[str, tuple[Any, Any]] = {}  # what decides the order, changed since the saved state
         self.epoch_in_progress = 0
         self._resume_at: Optional[tuple[int, int]] = None  # (epoch, position) to continue from
 
@@ -94,21 +111,24 @@ class ResumableSampler(DistributedSampler):
                 "repeats": self.repeats, "global_batch": self.global_batch}
 
     def restore_loader_state(self, batch_size: Optional[int], state: dict[str, Any]) -> None:
-        """Resume where `state` stopped; a changed order or batching still covers the rest of the epoch. With a
-        global batch, the world size and per-process batch may change: the order and the steps do not."""
+        """Resume where `state` stopped. The world size and per-process batch may change: the rest of the epoch comes
+        in this run's batches, each sample once (with a global batch, in the same steps). What decides the order
+        itself may not: it is kept in `changed_order` and refused at train start (ExactLoaders), where a resume
+        inside that very epoch is known (a checkpoint saved at an epoch's end may change anything)."""
         now = {"seed": self.seed, "dataset_size": len(self.dataset), "repeats": self.repeats,
                "global_batch": self.global_batch}
         if self.global_batch is None:
             now.update(world_size=self.num_replicas, batch_size=batch_size)
         changed = {key: (state.get(key), value) for key, value in now.items() if state.get(key) != value}
+        self.changed_order = {key: change for key, change in changed.items() if key in ORDER and (
+            key != "global_batch" or change[1] is not None)}  # a global batch given up keeps the order: 16 -> none
         position = int(state["position"])
-        if changed and position:
-            what = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())
+        allowed = {key: change for key, change in changed.items() if key not in self.changed_order}
+        if allowed and position:
+            what = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in allowed.items())
             rank_zero_warn(f"resuming mid-epoch with {what}: the rest of epoch {state['epoch']} is not the order an "
                            "uninterrupted run would have seen (resume with the same settings for an exact resume)")
-            if changed.keys() & {"dataset_size", "seed", "repeats"}:
-                return  # another order altogether: start the epoch over rather than skip unrelated samples
-        if self.global_batch is not None:
+        if self.global_batch is not None and not self.changed_order:
             # A save inside an accumulation window kept none of its gradients: its samples are read again.
             position -= position % self.global_batch
         self.resume(int(state["epoch"]), position)
@@ -117,14 +137,41 @@ class ResumableSampler(DistributedSampler):
         """The global samples of `epoch` a pending resume skips (None: no resume of that epoch is pending)."""
         return self._resume_at[1] if self._resume_at is not None and self._resume_at[0] == epoch else None
 
+    def resumed_share(self, epoch: int) -> Optional[int]:
+        """Each rank's samples of `epoch` after a pending resume (None: none pending): the rest of its order in equal
+        shares. A resume on another world size or per-process batch may leave a rest the ranks do not divide: it is
+        padded as DistributedSampler pads an epoch (unequal shares would end the ranks' epochs at different batches),
+        and a last batch of one sample is avoided as in __init__."""
+        position = self.resumed_position(epoch)
+        if position is None:
+            return None
+        share = -(-max(self.total_size - position, 0) // self.num_replicas)
+        b = self.batch_size
+        return share + 1 if b is not None and b > 1 and share > 1 and share % b == 1 else share
+
     def __iter__(self) -> Iterator[Key]:
-        epoch, (resume_epoch, position) = self.epoch, self._resume_at or (None, 0)
+        epoch, share = self.epoch, self.resumed_share(self.epoch)
+        self.epoch_in_progress, self.position = epoch, self.resumed_position(epoch) or 0
         self._resume_at = None
-        self.epoch_in_progress, self.position = epoch, position if resume_epoch == epoch else 0
-        order = self.epoch_order(epoch)[self.position :][self.rank :: self.num_replicas]
+        order = self.epoch_order(epoch)[self.position :]
+        while order and share is not None and len(order) < share * self.num_replicas:
+            order += order[: share * self.num_replicas - len(order)]
+        order = order[self.rank :: self.num_replicas]
         if not self.keys:
             return (index for index, _ in order)
         return ((index, epoch, repeat) for index, repeat in order)
+
+
+def mid_epoch_order(checkpoint: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    """The training order's state (ResumableDataLoader's, which Lightning keeps in its fit loop's) of a checkpoint saved
+    inside an epoch, the epoch a resume continues; None for one saved at an epoch's end, or without such a loader."""
+    loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+    epochs = (loop.get("epoch_progress") or {}).get("current") or {}
+    inside = epochs.get("processed", 0) < epochs.get("started", 0) and not (
+        loop.get("epoch_loop.batch_progress") or {}).get("is_last_batch")
+    states = [s for s in (loop.get("state_dict") or {}).get("combined_loader") or () if isinstance(s, dict)
+              and s.get("position")]
+    return states[0] if inside and states else None
 
 
 class ResumableDataLoader(DataLoader):
@@ -159,6 +206,21 @@ class ExactLoaders(Callback):
             if getattr(type(datamodule), name) is not getattr(L.LightningDataModule, name):
                 setattr(datamodule, name, _LoaderHook(datamodule, name, self))
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A resumed epoch's rest may come in other batches than the saving run's (another world size or per-process
+        # batch): Lightning counts on from the batch index it saved; this run's is where its rest ends the epoch.
+        loader = trainer.train_dataloader
+        sampler = getattr(loader, "sampler", None)
+        share = sampler.resumed_share(trainer.current_epoch) if isinstance(sampler, ResumableSampler) else None
+        if share is not None and sampler.changed_order:  # known here, not before: the training set's length
+            key, (saved, now) = next(iter(sampler.changed_order.items()))
+            where = (f"checkpoint {trainer.ckpt_path} stopped inside epoch {trainer.current_epoch} "
+                     f"({sampler.resumed_position(trainer.current_epoch)} samples in)")
+            raise ConfigError(changed_inside_an_epoch(ORDER[key], saved, now, where))
+        if share is not None and loader.batch_size:
+            left = share // loader.batch_size if loader.drop_last else -(-share // loader.batch_size)
+            continue_epoch_at_batch(trainer, len(loader) - left)
+
     def state_dict(self) -> dict[str, Any]:
         # Beside Lightning's own loader state, which it restores too late (#20550, classifier_engine.compat).
         return {"train_loader": self.sampler.loader_state(self.batch_size)} if self.sampler else {}
@@ -166,7 +228,7 @@ class ExactLoaders(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state = state_dict.get("train_loader")
         if state is not None and self.sampler is not None:  # built already (fsdp2 restores late): resume it once
-            self.sampler.restore_loader_state(self.batch_size, state)
+            self.resume(state)
             state = None
         self._resume_state = state
 
@@ -183,14 +245,27 @@ class ExactLoaders(Callback):
         if name != "train_dataloader":
             exact = ExactDistributedSampler(loader.dataset, world_size, rank) if world_size > 1 else None
             return _rebuild(loader, exact) if exact else loader
-        self.sampler = ResumableSampler(loader.dataset, num_replicas=world_size, rank=rank, seed=self.seed,
-                                        shuffle=isinstance(loader.sampler, RandomSampler), keys=False,
+        # Each sample drawn with torch's, numpy's and random's generators seeded from (seed, epoch, index): the
+        # user's data set wrapped, its random transforms as they are (engine/README.md#resuming-exactly)
+        samples = SeededSamples(loader.dataset, self.seed, every_generator=True)
+        self.sampler = ResumableSampler(samples, num_replicas=world_size, rank=rank, seed=self.seed,
+                                        shuffle=isinstance(loader.sampler, RandomSampler),
                                         global_batch=global_batch_of(trainer))
         self.batch_size = loader.batch_size
         if self._resume_state is not None:
-            self.sampler.restore_loader_state(loader.batch_size, self._resume_state)
+            self.resume(self._resume_state)
             self._resume_state = None
-        return _rebuild(loader, self.sampler, ResumableDataLoader)
+        return _rebuild(loader, self.sampler, ResumableDataLoader, dataset=samples)
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """The train loader continued where `state` stopped; a data set that draws randomness where no seed of ours
+        reaches is named (the resume then differs from the uninterrupted run)."""
+        self.sampler.restore_loader_state(self.batch_size, state)
+        if self.sampler.dataset.draws_elsewhere((0, int(state["epoch"]), 0)):
+            rank_zero_warn(f"data module {self.owner}: its training set gives sample 0 differently when drawn twice "
+                           "with the same seeds, so it draws randomness from a generator of its own and this resume "
+                           "is not the uninterrupted run; draw from torch's, numpy's or random's global generators "
+                           "(engine/README.md#resuming-exactly)")
 
 
     def taken_at_its_word(self, loader: Any, name: str, trainer: Any) -> Any:
@@ -242,12 +317,12 @@ def _sized(loader: DataLoader) -> bool:
 
 
 def _rebuild(loader: DataLoader, sampler: Any, cls: type[DataLoader] = DataLoader, *,
-             drop_last: Optional[bool] = None) -> DataLoader:
-    """`loader` again, with `sampler` (torch's DataLoader cannot swap one in place)."""
+             drop_last: Optional[bool] = None, dataset: Optional[Dataset] = None) -> DataLoader:
+    """`loader` again, with `sampler` (torch's DataLoader cannot swap one in place) and `dataset` if given."""
     workers = loader.num_workers
     drop_last = loader.drop_last if drop_last is None else drop_last
-    return cls(loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=workers,
-               collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=drop_last,
+    return cls(loader.dataset if dataset is None else dataset, batch_size=loader.batch_size, sampler=sampler,
+               num_workers=workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=drop_last,
                timeout=loader.timeout, worker_init_fn=loader.worker_init_fn, generator=loader.generator,
                multiprocessing_context=loader.multiprocessing_context if workers else None,
                prefetch_factor=loader.prefetch_factor if workers else None,

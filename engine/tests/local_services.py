@@ -18,6 +18,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+LATE_S = 5.0  # FaultyProxy's "late" answers
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -65,8 +67,9 @@ def s3_server(bucket: str, authenticated: bool = True) -> Iterator[dict[str, str
 class FaultyProxy:
     """An HTTP proxy on 127.0.0.1 in front of a local server (`target`, http://host:port) that misbehaves on request,
     as object stores and trackers do: `fault` is None (pass through), "refuse" (close the connection at once), "500"
-    (answer 500 Internal Server Error), "cut" (send the answer's headers and half its body, then close), or "stall"
-    (take the request, never answer); only for requests whose path holds `match`, after `after` of them passed, and
+    (answer 500 Internal Server Error), "cut" (send the answer's headers and half its body, then close), "stall"
+    (take the request, never answer) or "late" (pass the request on at once, answer LATE_S later: what it read is that
+    old by then, as over a slow link); only for requests whose path holds `match`, after `after` of them passed, and
     `times` of them at most (None: all). `faults` counts the requests it spoiled. Set `fault` at any time; the proxy
     stops on exit.
 
@@ -111,6 +114,8 @@ class FaultyProxy:
                 upstream.close()
                 kept = [(k, v) for k, v in answer.getheaders()
                         if k.lower() not in ("transfer-encoding", "connection", "content-length")]
+                if fault == "late":
+                    time.sleep(LATE_S)
                 if fault == "cut":
                     self.answer(answer.status, kept, payload, cut=True)
                 else:

@@ -104,3 +104,22 @@ class KillServerAtStep(L.Callback):
                 except OSError:
                     return
                 time.sleep(0.05)
+
+
+class TakeOverLeaseAtStep(L.Callback):
+    """At optimizer step `step`, another node takes the run dir's lease over (`aws s3 cp` of its own lease, as a start
+    does after this run's renewals lapsed), then this run stalls `stall` seconds: its next renewal finds the lease
+    replaced."""
+
+    def __init__(self, step: int, key: str, stall: float):
+        self.step, self.key, self.stall = step, key, stall
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step and trainer.global_rank == 0:
+            import json
+
+            import boto3
+
+            body = json.dumps({"holder": "pid 4242 on node7", "renewed": time.time()}).encode()
+            boto3.session.Session().client("s3").put_object(Bucket="runs", Key=self.key, Body=body)
+            time.sleep(self.stall)

@@ -8,7 +8,6 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from classifier_engine.data.training_samples import SeededSamples
 from classifier_engine.data.transforms import (
     AUTO_AUGMENT_POLICIES,
     DecodingResize,
@@ -17,6 +16,7 @@ from classifier_engine.data.transforms import (
     eval_preset,
     train_preset,
 )
+from classifier_engine.seeds import SeededSamples
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 

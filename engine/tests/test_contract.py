@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 
+import lightning as L
 import pytest
 import torch
 import yaml
@@ -21,14 +22,20 @@ from PIL import Image
 
 import classifier_engine
 import warm_python
+from classifier_engine import Monitor
 from conftest import TESTS, callback
+from plain_model import TinyNet
 
 MY_DATA = '''
+import random
+
 import lightning as L
+import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torchvision.transforms import v2
 
 
 class Digits(L.LightningDataModule):
@@ -48,6 +55,27 @@ class Digits(L.LightningDataModule):
 
     def val_dataloader(self):
         return DataLoader(self.val_set, batch_size=self.batch_size)
+
+
+class Augmented(Dataset):
+    """Ordinary random augmentation: torchvision's v2 transforms (torch's generator), numpy's and random's."""
+
+    def __init__(self, images, labels):
+        self.images, self.labels = images, labels
+        self.augment = v2.Compose([v2.RandomResizedCrop(16, scale=(0.5, 1.0)), v2.RandomHorizontalFlip()])
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        image = self.augment(self.images[index]) * float(np.random.uniform(0.8, 1.2))
+        return (image.flip(1) if random.random() < 0.5 else image), self.labels[index]
+
+
+class AugmentedDigits(Digits):
+    def train_dataloader(self):
+        return DataLoader(Augmented(*self.train_set.tensors), batch_size=self.batch_size, shuffle=True,
+                          num_workers=2)
 '''
 
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
@@ -123,6 +151,61 @@ def test_stopped_mid_epoch_it_resumes_to_the_uninterrupted_weights(reference, tm
         torch.testing.assert_close(resumed[key], uninterrupted[key], rtol=1e-6, atol=1e-6, msg=key)
 
 
+def test_its_own_random_transforms_stopped_mid_epoch_resume_to_the_uninterrupted_weights(code, tmp_path):
+    # A data set drawing from torch's, numpy's and random's global generators in 2 DataLoader workers: the library
+    # seeds each sample's draws from (seed, epoch, index), so a resumed epoch augments each image as before.
+    augmented = "--data.class_path=my_data.AugmentedDigits"
+    engine("fit", *args(tmp_path / "uninterrupted", augmented))
+    with pytest.raises(SystemExit) as stopped:
+        engine("fit", *args(tmp_path / "run", augmented, callback("stop_callbacks.SignalAtStep", step=11,
+                                                                  signum=int(signal.SIGTERM))))
+    assert stopped.value.code == 143
+    engine("fit", *args(tmp_path / "run", augmented), "--ckpt_path=last")
+    resumed, uninterrupted = weights(tmp_path / "run" / LAST), weights(tmp_path / "uninterrupted" / LAST)
+    distance = sum(float((resumed[k] - uninterrupted[k]).double().pow(2).sum()) for k in uninterrupted) ** 0.5
+    norm = sum(float(uninterrupted[k].double().pow(2).sum()) for k in uninterrupted) ** 0.5
+    print(json.dumps({"relative_distance": distance / norm}))
+    assert distance <= 1e-6 * norm
+
+
+def test_a_data_set_drawing_from_a_generator_of_its_own_is_named_in_one_line_at_resume(code):
+    import warnings
+
+    import my_data
+    from torch.utils.data import DataLoader
+
+    from classifier_engine.samplers import ExactLoaders
+
+    class OwnGenerator(my_data.Augmented):  # a generator of its own: it goes on from wherever it stood
+        def __init__(self, *tensors):
+            super().__init__(*tensors)
+            self.generator = torch.Generator().manual_seed(0)
+
+        def __getitem__(self, index):
+            image, label = super().__getitem__(index)
+            return image + 0.1 * torch.rand(image.shape, generator=self.generator), label
+
+    class OwnGeneratorDigits(my_data.Digits):
+        def train_dataloader(self):
+            return DataLoader(OwnGenerator(*self.train_set.tensors), batch_size=self.batch_size, shuffle=True)
+
+    state = {"epoch": 1, "position": 24, "seed": 42, "world_size": 1, "batch_size": 12, "dataset_size": 96,
+             "repeats": 1, "global_batch": None}  # a checkpoint's, 2 steps into epoch 1
+    named = {}
+    for module in (my_data.AugmentedDigits(), OwnGeneratorDigits()):
+        loaders = ExactLoaders(module, seed=42)
+        loaders.load_state_dict({"train_loader": state})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module.train_dataloader()
+        named[type(module).__name__] = [str(w.message) for w in caught if "generator of its own" in str(w.message)]
+    assert named == {"AugmentedDigits": [], "OwnGeneratorDigits": [
+        "data module test_a_data_set_drawing_from_a_generator_of_its_own_is_named_in_one_line_at_resume.<locals>."
+        "OwnGeneratorDigits: its training set gives sample 0 differently when drawn twice with the same seeds, so it "
+        "draws randomness from a generator of its own and this resume is not the uninterrupted run; draw from "
+        "torch's, numpy's or random's global generators (engine/README.md#resuming-exactly)"]}
+
+
 def test_it_predicts_a_folder_to_a_csv_with_its_class_names_and_exports(reference, tmp_path):
     run_dir = reference[0]
     images = tmp_path / "images"
@@ -162,3 +245,78 @@ def test_it_validates_alike_at_one_and_two_ranks(code, reference, capsys):
                           timeout=600)
     assert two.returncode == 0, two.stderr[-3000:]
     assert float(re.search(r"val/accuracy\s+([0-9.]+)", two.stdout).group(1)) == one  # 51 + 50 images, none twice
+
+
+# -- The model contract checked as written, before the first step ------------------------------------------------------
+
+class RenamedMetric(TinyNet):  # its Monitor kept the old name of what it logs
+    monitor = Monitor("val/accuracy", "max")
+    metric = "val/acc"
+
+
+class MonitorAsText(TinyNet):
+    monitor = "val/loss"
+
+
+class LossWithoutMode(TinyNet):
+    monitor = Monitor("val/loss")
+
+
+class FixedHead(L.LightningModule):  # takes no num_classes: a 10-way head whatever the data
+    monitor = Monitor("val/accuracy", "max")
+
+    def __init__(self, lr: float = 0.05):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 10))
+
+
+def main_lines(arguments: list[str], monkeypatch, capsys) -> tuple[int, list[str]]:
+    """`python -m APP fit ARGUMENTS` in-process: its exit code and the lines it wrote."""
+    from conftest import project_in_process
+
+    code_, out, err = project_in_process(["fit", *arguments], monkeypatch, capsys)
+    return code_, [line.strip() for line in (out + err).splitlines()]
+
+
+def test_a_monitor_the_model_never_logs_is_one_line_at_the_sanity_check_or_after_last_ckpt_is_saved(
+        code, tmp_path, monkeypatch, capsys):
+    renamed = "--model.class_path=test_contract.RenamedMetric"
+    line = ("error: the best checkpoint's metric 'val/accuracy' is not one the model logs at validation (it logs {}): "
+            "log it, or name one of those in the model's Monitor or --checkpoint.monitor")
+    exit_code, lines = main_lines(args(tmp_path / "sanity", renamed), monkeypatch, capsys)
+    assert (exit_code, lines[-1]) == (2, line.format("val/acc"))  # before a step: the start leaves nothing behind
+    assert not (tmp_path / "sanity").exists()
+    # Without a sanity check the first validation ends epoch 0: last.ckpt first, then the line.
+    exit_code, lines = main_lines(args(tmp_path / "epoch", renamed, "--trainer.num_sanity_val_steps=0"), monkeypatch,
+                                  capsys)
+    last = tmp_path / "epoch" / LAST
+    assert (exit_code, lines[-1]) == (2, line.format("lr-SGD, train/loss, val/acc") + f"; saved {last} at step 8 "
+                                      "(--ckpt_path last continues there)")
+    assert torch.load(last, weights_only=True)["global_step"] == 8
+
+
+def test_a_monitor_that_is_not_a_monitor_none_or_a_loss_without_a_mode_is_said_in_the_plan(code, tmp_path,
+                                                                                           monkeypatch, capsys):
+    said = {}
+    for model in ("MonitorAsText", "LossWithoutMode", "my_model.Unmonitored"):
+        path = model if "." in model else f"test_contract.{model}"
+        exit_code, lines = main_lines([*args(tmp_path, f"--model.class_path={path}"), "--plan"], monkeypatch, capsys)
+        assert exit_code == 0
+        said[model] = next(line for line in lines if line.startswith("monitor: "))
+    assert said == {
+        "MonitorAsText": "monitor: none (test_contract.MonitorAsText.monitor is 'val/loss', not a Monitor: ignored; "
+                         "\"best\" is the latest epoch's checkpoint)",
+        "LossWithoutMode": "monitor: metric val/loss, mode min (LossWithoutMode.monitor, no mode given: min for a loss "
+                           "or an error)",
+        "my_model.Unmonitored": "monitor: none (my_model.Unmonitored names no Monitor; \"best\" is the latest epoch's "
+                                "checkpoint)"}
+    assert (Monitor("val/err1").mode, Monitor("val/acc").mode, Monitor("val/loss", "max").mode) == ("min", "max", "max")
+
+
+def test_a_model_that_takes_no_num_classes_is_refused_in_one_line(code, tmp_path, monkeypatch, capsys):
+    exit_code, lines = main_lines(args(tmp_path, "--model.class_path=test_contract.FixedHead"), monkeypatch, capsys)
+    assert (exit_code, lines[-1]) == (2, "error: model FixedHead takes no num_classes: its head cannot follow the "
+                                         "data's 10 classes; take `num_classes: int` in its __init__, build the head "
+                                         "with it and call self.save_hyperparameters() (see engine/README.md)")
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())

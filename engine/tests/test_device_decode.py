@@ -32,8 +32,8 @@ from classifier_engine.data.device_decode import (
 )
 from classifier_engine.data.image_folders import DecodedImages, EncodedBatch, EncodedImages, collate_encoded
 from classifier_engine.data.layout import folder_samples
-from classifier_engine.data.training_samples import SeededSamples
 from classifier_engine.data.transforms import eval_preset, train_preset
+from classifier_engine.seeds import SeededSamples
 from test_decode import two_colour
 
 NEEDS_TORCHCODEC = pytest.mark.skipif(importlib.util.find_spec("torchcodec") is None,

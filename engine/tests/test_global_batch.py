@@ -17,6 +17,7 @@ from classifier_engine.samplers import ResumableDataLoader, ResumableSampler
 from conftest import callback, project_in_process, run_project
 from recorded_samples import read_records
 from test_samplers import Indices  # a data set of its own indices
+from tiny_runs import read_scalars
 
 
 def test_the_per_process_batch_is_the_largest_that_fits_and_divides():
@@ -279,3 +280,153 @@ def test_the_folder_module_with_sync_batchnorm_stopped_on_2_ranks_ends_alike_res
     final, other = state(tmp_path / "on1" / LAST), state(tmp_path / "on2" / LAST)
     assert int(final["step"]) == int(other["step"]) == 10
     assert relative_distance(final, other) <= 1e-9
+
+
+# -- What a resume inside an epoch may change: the options that decide which samples its steps take stay as saved ----
+
+ONE = [a for a in RUN if not a.startswith(("--global_batch_size", "--last_checkpoint", "--trainer.max_epochs"))] + [
+    "--trainer.devices=1", "--trainer.max_epochs=1", "--data.init_args.train_size=96"]
+
+
+def test_a_resume_inside_an_epoch_with_another_global_batch_seed_ra_reps_or_drop_last_is_one_line_and_writes_nothing(
+        tiny_root, tmp_path, monkeypatch, capsys):
+    import signal
+
+    from conftest import project_in_process, tiny_args
+    from test_run_plan import files_under
+
+    # Two runs stopped by SIGTERM inside epoch 0 (at the end of step 3): one with --global_batch_size 16 on
+    # NumberedImages, one without a global batch on an image folder (which has data.ra_reps).
+    stop = callback("stop_callbacks.SignalAtStep", step=2, signum=int(signal.SIGTERM))
+    runs = {"with": ["fit", *ONE, "--global_batch_size=16", f"--trainer.default_root_dir={tmp_path / 'with'}"],
+            "without": ["fit", *tiny_args(tiny_root, tmp_path / "without")]}
+    for args in runs.values():
+        assert project_in_process([*args, stop], monkeypatch, capsys)[0] == 143
+    last = {name: tmp_path / name / LAST for name in runs}
+    inside = "stopped inside epoch 0 ({} samples in)"
+    refused = {
+        ("with", "--global_batch_size=36"): f"--global_batch_size 36: checkpoint {last['with']} {inside.format(48)} "
+        "with --global_batch_size 16; another value inside an epoch trains some samples twice and skips others: "
+        "resume with --global_batch_size 16 (it may change at an epoch's end)",
+        ("with", "--seed_everything=7"): f"--seed_everything 7: checkpoint {last['with']} {inside.format(48)} with "
+        "--seed_everything 42; another value inside an epoch trains some samples twice and skips others: resume with "
+        "--seed_everything 42 (it may change at an epoch's end)",
+        ("without", "--global_batch_size=16"): f"--global_batch_size 16: checkpoint {last['without']} "
+        f"{inside.format(24)} without --global_batch_size; another value inside an epoch trains some samples twice "
+        "and skips others: resume with no --global_batch_size (it may change at an epoch's end)",
+        ("without", "--data.ra_reps=2"): f"--data.ra_reps 2: checkpoint {last['without']} {inside.format(24)} with "
+        "--data.ra_reps 1; another value inside an epoch trains some samples twice and skips others: resume with "
+        "--data.ra_reps 1 (it may change at an epoch's end)",
+        ("without", "--data.drop_last=false"): f"--data.drop_last False: checkpoint {last['without']} "
+        f"{inside.format(24)} with --data.drop_last True; another value inside an epoch trains some samples twice and "
+        "skips others: resume with --data.drop_last True (it may change at an epoch's end)"}
+    before = files_under(tmp_path)
+    for (run, given), line in refused.items():
+        code, _, err = project_in_process([*runs[run], "--ckpt_path=last", given], monkeypatch, capsys)
+        assert (code, err.strip().splitlines()[-1]) == (2, f"error: {line}")
+    assert files_under(tmp_path) == before
+
+
+def test_a_resume_inside_an_epoch_over_a_training_set_of_another_length_is_one_line_and_trains_nothing(
+        tmp_path, monkeypatch, capsys):
+    import signal
+
+    args = ["fit", *ONE, f"--trainer.default_root_dir={tmp_path}"]
+    stop = callback("stop_callbacks.SignalAtStep", step=2, signum=int(signal.SIGTERM))
+    assert project_in_process([*args, stop], monkeypatch, capsys)[0] == 143  # 3 steps of 6: 18 of 96 samples
+    # Known once the data module has built its training set. Was a warning and exit 0: 14 samples twice, 16 never
+    record = callback("recorded_samples.RecordSamples", folder=str(tmp_path / "ids"))
+    code, _, err = project_in_process([*args, record, "--ckpt_path=last", "--data.init_args.train_size=90"],
+                                      monkeypatch, capsys)
+    assert (code, err.strip().splitlines()[-1]) == (2, (
+        f"error: the training set's length 90: checkpoint {tmp_path / LAST} stopped inside epoch 0 (18 samples in) "
+        "with the training set's length 96; another value inside an epoch trains some samples twice and skips "
+        "others: resume with the training set's length 96 (it may change at an epoch's end)"))
+    assert not (tmp_path / "ids").exists()  # not one batch trained
+
+
+def test_a_run_continued_past_its_max_steps_trains_the_rest_of_its_epoch_each_sample_once(tmp_path):
+    from conftest import cli_main
+
+    args = ["fit", *ONE, f"--trainer.default_root_dir={tmp_path}",
+            callback("recorded_samples.RecordSamples", folder=str(tmp_path / "ids"))]
+    cli_main([*args, "--trainer.max_steps=3"])  # 3 of epoch 0's 16 steps (96 images, 6 a step)
+    cli = cli_main([*args, "--ckpt_path=last"])  # no max_steps: the rest of epoch 0
+    seen = [i for record in read_records(tmp_path / "ids") for i in record["ids"]]
+    assert sorted(seen) == list(range(96))  # was 18 of them: Lightning's epoch-end save marked epoch 0 done
+    assert cli.started.plan.value("resumed epoch") == {"epoch": 0, "samples": 18}
+
+
+def test_a_resume_inside_an_epoch_with_another_per_process_batch_trains_its_rest_once_and_validates_the_epoch(
+        tmp_path, monkeypatch, capsys):
+    import signal
+
+    args = ["fit", *ONE, f"--trainer.default_root_dir={tmp_path}"]
+    stop = callback("stop_callbacks.SignalAtStep", step=2, signum=int(signal.SIGTERM))
+    stopped = project_in_process([*args, stop, callback("recorded_samples.RecordSamples", folder=str(tmp_path / "a"))],
+                                 monkeypatch, capsys)
+    assert stopped[0] == 143  # saved after 3 steps of 6: 18 samples
+    resumed = project_in_process([*args, "--ckpt_path=last", "--data.init_args.batch_size=4",
+                                  callback("recorded_samples.RecordSamples", folder=str(tmp_path / "b"))],
+                                 monkeypatch, capsys)
+    assert resumed[0] == 0
+    seen = [i for run, steps in (("a", range(3)), ("b", range(3, 99))) for record in read_records(tmp_path / run)
+            if record["step"] in steps for i in record["ids"]]
+    assert sorted(seen) == list(range(96))  # the other 78 in batches of 4: 20 steps more
+    validated = read_scalars(tmp_path / "lightning_logs" / "version_0")["val/acc1"]
+    assert [step for step, _ in validated] == [22]  # the epoch's end, after its last batch (Lightning's index: 16)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saved, given", [(16, 36), (None, 40)])
+def test_the_issues_resume_with_another_global_batch_on_2_ranks_is_refused_and_the_saved_one_trains_each_sample_once(
+        saved, given, tmp_path):
+    from test_run_plan import files_under
+
+    # Issue 47's cases: 2 processes stopped (kill -9) as step 4 starts, resumed with --global_batch_size 36 (the run had
+    # 16) or 40 (the run had none). Without the plan's check (measured): 28 of epoch 0's 96 samples trained twice and 24
+    # never; 8 twice and 16 never. The refused start writes nothing; resumed as its line says, each sample once.
+    dropped = ("--global_batch_size", "--trainer.max_epochs", "--data.init_args.train")
+    args = [a for a in RUN if not a.startswith(dropped)]
+    args = ["fit", *args, *RANKS[2], "--trainer.max_epochs=1", "--data.init_args.train_size=96",
+            f"--trainer.default_root_dir={tmp_path / 'run'}", *([f"--global_batch_size={saved}"] if saved else [])]
+    record = [callback("recorded_samples.RecordSamples", folder=str(tmp_path / f"ids{i}")) for i in range(2)]
+    stopped = run_project([*args, record[0], callback("stop_callbacks.SignalAtStep", step=4)])
+    assert stopped.returncode != 0
+    before = files_under(tmp_path)
+    given_flag = [a for a in args if not a.startswith("--global_batch_size")] + [f"--global_batch_size={given}"]
+    refused = run_project([*given_flag, record[1], "--ckpt_path=last"])
+    samples, keep = (64, f"with --global_batch_size {saved}") if saved else (48, "without --global_batch_size")
+    fix = f"--global_batch_size {saved}" if saved else "no --global_batch_size"
+    assert (refused.returncode, refused.stderr.strip().splitlines()[-1]) == (2, (
+        f"error: --global_batch_size {given}: checkpoint {tmp_path / 'run' / LAST} stopped inside epoch 0 ({samples} "
+        f"samples in) {keep}; another value inside an epoch trains some samples twice and skips others: resume with "
+        f"{fix} (it may change at an epoch's end)"))
+    assert files_under(tmp_path) == before  # nothing written, nothing trained
+    resumed = run_project([*args, record[1], "--ckpt_path=last"])  # as the line says
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    first = [i for record in read_records(tmp_path / "ids0") if record["step"] < 4 for i in record["ids"]]
+    rest = [i for record in read_records(tmp_path / "ids1") for i in record["ids"]]
+    assert sorted(first + rest) == list(range(96))  # each sample of the epoch once, none twice
+
+
+def test_a_shard_modules_shuffle_window_changed_inside_an_epoch_is_refused_by_the_plan():
+    from classifier_engine.errors import ConfigError
+    from classifier_engine.plan.edits import read_only
+    from classifier_engine.plan.run_plan import CHECKPOINT, SEED, Decision, PlanInput, RunPlan
+    from classifier_engine.plan.settings import resumed_epoch
+
+    # The chunk-aware order depends on it (ShardOrderSampler), and the loader state does not record it: a checkpoint
+    # saved 24 samples into epoch 0 by a ShardDataModule with shuffle_window 4, resumed with 8.
+    loader = {"combined_loader": [{"epoch": 0, "position": 24, "seed": 42}]}
+    checkpoint = {"loops": {"fit_loop": {"epoch_progress": {"current": {"started": 1, "processed": 0}},
+                                         "state_dict": loader}},
+                  "datamodule_hyper_parameters": {"shuffle_window": 4, "drop_last": True}}
+    config = Namespace(data=Namespace(class_path="classifier_engine.ShardDataModule",
+                                      init_args=Namespace(shuffle_window=8, drop_last=True)))
+    decided = RunPlan("fit", (Decision(SEED, 42), Decision(CHECKPOINT, {"path": "last.ckpt"})))
+    given = PlanInput("fit", read_only(config), Namespace(), decided, reads={"checkpoint": checkpoint})
+    with pytest.raises(ConfigError, match=r"^--data.shuffle_window 8: checkpoint last.ckpt stopped inside epoch 0 \(24 "
+                                          r"samples in\) with --data.shuffle_window 4; .* resume with "
+                                          r"--data.shuffle_window 4 \(it may change at an epoch's end\)$"):
+        resumed_epoch(given)

@@ -11,7 +11,8 @@ from torch.utils.data import DataLoader
 
 from classifier_engine.data.image_folders import DecodedImages
 from classifier_engine.data.layout import folder_samples
-from classifier_engine.data.training_samples import ProgressiveResizing, SeededSamples, TrainPresetPerEpoch
+from classifier_engine.data.training_samples import ProgressiveResizing, TrainPresetPerEpoch
+from classifier_engine.seeds import SeededSamples
 
 # FFCV's ResNet-50 88-epoch config (rn50_configs/rn50_88_epochs.yaml): 160 px, ramp from epoch 65 to 76, then 192.
 FFCV_88 = ProgressiveResizing(start_size=160, end_size=192, start_epoch=65, end_epoch=76)

@@ -5,6 +5,7 @@ writer, and the store failing mid-upload.
     python -m pytest engine/tests/test_remote_runs.py --durations=0
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -73,6 +74,40 @@ def test_a_fit_stores_its_run_and_another_node_resumes_it_by_listing(tiny_root, 
     assert stored_checkpoint(s3, f"a/{RUN}/checkpoints/last.ckpt", tmp_path)["global_step"] == 10
     assert not any(name.endswith((".lease", ".lock", ".uploaded.json")) for name in files)
 
+    # The first node, back: its mirror's last.ckpt is the step-5 one it uploaded, the store's the second node's (step
+    # 10, the same size): that one is downloaded (another ETag) and continued, never written over by the older one.
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node1"))
+    cli = cli_main([*fit_args(tiny_root, "s3://runs/a", "--trainer.max_epochs=3"), "--ckpt_path=last"])
+    assert cli.started.plan.value("checkpoint")["step"] == 10
+    assert stored_checkpoint(s3, f"a/{RUN}/checkpoints/last.ckpt", tmp_path)["global_step"] == 15
+
+
+@pytest.mark.slow
+def test_the_checkpoint_resumed_is_the_furthest_by_its_own_records_whatever_the_metadata_beside_it(
+        tiny_root, s3, tmp_path, monkeypatch):
+    checkpoints = f"{RUN}/checkpoints"
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node1"))
+    early = tmp_path / "node1" / "runs" / "m" / checkpoints / "a_step2.ckpt"  # listed first, behind the others
+    cli_main([*fit_args(tiny_root, "s3://runs/m"), callback("stop_callbacks.SaveAtStep", step=2, path=str(early))])
+    # The run copied into the bucket without its metadata (aws s3 cp, boto3 put_object): nothing says how far each got.
+    for name in stored(s3, "m"):
+        s3.put_object(Bucket="runs", Key=f"n/{name}", Body=s3.get_object(Bucket="runs", Key=f"m/{name}")["Body"].read())
+    # Its metadata edited: the step-2 checkpoint claims to be furthest along, and a planted object further still.
+    key = f"m/{checkpoints}/a_step2.ckpt"
+    s3.copy_object(Bucket="runs", Key=key, CopySource={"Bucket": "runs", "Key": key}, MetadataDirective="REPLACE",
+                   Metadata={"progress": "1e12 999 99 999"})
+    s3.put_object(Bucket="runs", Key=f"m/{checkpoints}/b_planted.ckpt", Body=b"not a checkpoint",
+                  Metadata={"progress": "2e12 9999 99 9999"})
+    for prefix, node in (("n", "node2"), ("m", "node3")):  # each on an empty mirror
+        monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / node))
+        last = tmp_path / node / "runs" / prefix / checkpoints / "last.ckpt"
+        with pytest.warns(UserWarning, match="skipped checkpoint .*b_planted.ckpt: .* is not a checkpoint") \
+                if prefix == "m" else contextlib.nullcontext():
+            cli = cli_main([*fit_args(tiny_root, f"s3://runs/{prefix}", "--trainer.max_epochs=2"), "--ckpt_path=last"])
+        assert cli.started.plan.value("checkpoint") == {"path": str(last), "step": 5, "epoch": 0}
+        assert stored_checkpoint(s3, f"{prefix}/{checkpoints}/last.ckpt", tmp_path)["global_step"] == 10
+        assert not any(name.startswith("lightning_logs/version_1") for name in stored(s3, prefix))
+
 
 def test_a_second_writer_into_a_stored_run_is_refused_in_one_line_and_writes_nothing(tiny_root, s3, tmp_path,
                                                                                      monkeypatch, capsys):
@@ -105,6 +140,66 @@ def test_a_second_writer_into_a_stored_run_is_refused_in_one_line_and_writes_not
         f"error: run dir s3://runs/b/{RUN} is in use by pid 4242 on node7 (its lease is renewed); wait for that run to "
         "end, or write elsewhere with --trainer.default_root_dir")
     assert {k for k in stored(s3, "b") if not k.endswith(".lease")} == {k for k in before if not k.endswith(".lease")}
+
+
+@pytest.mark.slow
+def test_two_new_runs_started_at_once_into_one_root_end_in_two_versions(tiny_root, s3, store, tmp_path):
+    # Two nodes start together: the lease's answers come LATE_S late (the requests already done), so each start reads
+    # "no lease" before the other's is written, as it did on every try with the lease read then written. The store's
+    # create-only write (If-None-Match) gives version_0 to one; the other takes version_1.
+    with FaultyProxy(store["AWS_ENDPOINT_URL"], fault="late", match="/.lease") as proxy:
+        jobs = [start_project(fit_args(tiny_root, "s3://runs/h"), env={
+            **store, "AWS_ENDPOINT_URL": proxy.url, "CLASSIFIER_ENGINE_RUN_MIRROR": str(tmp_path / node)})
+            for node in ("node1", "node2")]
+        outputs = ["".join(job.communicate(timeout=600)) for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    files = stored(s3, "h")
+    assert {name.split("/")[1] for name in files if name.startswith("lightning_logs/")} == {"version_0", "version_1"}
+    for version in ("version_0", "version_1"):  # each run's own, whole
+        assert stored_checkpoint(s3, f"h/lightning_logs/{version}/checkpoints/last.ckpt", tmp_path)["global_step"] == 5
+        assert f"lightning_logs/{version}/config.yaml" in files
+    lost = [text for text in outputs if f"run dir s3://runs/h/{RUN} was claimed by pid " in text]
+    assert len(lost) == 1 and "at the same moment: taking the next version" in lost[0]
+
+
+@pytest.mark.slow
+def test_a_run_whose_lease_was_taken_over_writes_nothing_more_and_stops_in_one_line(tiny_root, s3, tmp_path,
+                                                                                     monkeypatch, capsys):
+    # A node that stalled past the lease's TTL (here: renewals every 0.2 s, the other node's lease planted at step 1
+    # and the run held 1 s) finds its lease replaced at its next renewal: it used to renew it unconditionally, writing
+    # over the new holder's, then upload its checkpoints over that run's.
+    from classifier_engine.run import remote_lease
+    from conftest import project_in_process
+
+    monkeypatch.setattr(remote_lease, "LEASE_RENEW_S", 0.2)
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node1"))
+    take_over = callback("stop_callbacks.TakeOverLeaseAtStep", step=1, key=f"t/{RUN}/.lease", stall=1.0)
+    code, _, err = project_in_process([*fit_args(tiny_root, "s3://runs/t"), take_over], monkeypatch, capsys)
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "error: trainer.default_root_dir s3://runs/t: pid 4242 on node7 took over this run's lease (its renewals "
+        f"missed for 30 s: a stalled node?); stopped, storing nothing more: its files stay in {tmp_path / 'node1'}/"
+        "runs/t"), err[-2000:]
+    assert s3.get_object(Bucket="runs", Key=f"t/{RUN}/.lease")["Body"].read().startswith(b'{"holder": "pid 4242 on')
+    assert not [name for name in stored(s3, "t") if name.endswith(".ckpt")]  # the new holder's to write
+    assert list((tmp_path / "node1").rglob("*.ckpt"))  # kept here
+
+
+@pytest.mark.parametrize("lease", [b"[1, 2]", b'{"renewed": 0}'])
+def test_a_lease_of_another_shape_is_one_line_naming_it_and_how_to_clear_it(lease, tiny_root, s3, tmp_path,
+                                                                           monkeypatch, capsys):
+    from conftest import project_in_process
+
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node1"))
+    prefix = f"i{len(lease)}"
+    cli_main(fit_args(tiny_root, f"s3://runs/{prefix}"))
+    url = f"s3://runs/{prefix}/{RUN}"
+    s3.put_object(Bucket="runs", Key=f"{prefix}/{RUN}/.lease", Body=lease)
+    code, _, err = project_in_process([*fit_args(tiny_root, f"s3://runs/{prefix}", "--trainer.max_epochs=2"),
+                                       "--ckpt_path=last"], monkeypatch, capsys)
+    assert (code, err.strip().splitlines()[-1]) == (2, (
+        f"error: run dir {url}: its lease {url}/.lease is not one this library writes (expected "
+        f'{{"holder": "pid N on HOST", "renewed": SECONDS}}, found {lease.decode()!r}); if no run writes there now, '
+        f"delete it (aws s3 rm {url}/.lease) and rerun"))
 
 
 def wait_for(condition, timeout: float = 300.0, every: float = 0.01) -> None:
@@ -182,9 +277,11 @@ def test_the_store_failing_mid_upload_is_one_line_the_run_goes_on_and_the_next_s
     assert torch.load(local, weights_only=True)["global_step"] == 10  # nothing lost: the mirror has it
     assert stored_checkpoint(s3, f"e/{RUN}/checkpoints/last.ckpt", tmp_path)["global_step"] < 10
     # The next start on this node: the mirror's step-10 checkpoint, further than the stored one, is kept (nothing is
-    # trained again: no batch recorded) and sent.
-    cli_main([*fit_args(tiny_root, "s3://runs/e", "--trainer.max_epochs=2"), "--ckpt_path=last",
-              callback("recorded_samples.RecordSamples", folder=str(tmp_path / "trained"))])
+    # trained again: no batch recorded; the run is complete, which ends the start at once) and sent.
+    with pytest.raises(SystemExit) as finished:
+        cli_main([*fit_args(tiny_root, "s3://runs/e", "--trainer.max_epochs=2"), "--ckpt_path=last",
+                  callback("recorded_samples.RecordSamples", folder=str(tmp_path / "trained"))])
+    assert finished.value.code == 0
     assert not (tmp_path / "trained").exists()
     assert stored_checkpoint(s3, f"e/{RUN}/checkpoints/last.ckpt", tmp_path)["global_step"] == 10
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing answers: one line before anything runs
@@ -243,3 +340,64 @@ def test_a_config_yaml_replaced_in_the_bucket_names_no_code_that_runs(tiny_root,
                                        str(mirrored / "checkpoints" / "last.ckpt"),
                                        "--model.class_path=planted_module.Model"], monkeypatch, capsys)
     assert marker.exists() and "came from s3://" not in err
+
+
+@pytest.mark.parametrize("root, why", [
+    *((typo, "looks like a mistyped object-store URL: write s3://bucket/prefix (lowercase s3, a colon, two slashes), "
+             "or ./<path> for a local folder") for typo in ("s3:/runs/x", "s3:runs/x", "S3://runs/x", "s3//runs/x")),
+    *((bad, f": the prefix {bad[len('s3://runs/'):]!r} has an empty part, '.', '..' or a backslash: expected "
+            "s3://bucket/plain/parts") for bad in ("s3://runs/../../x", "s3://runs//x", "s3://runs/a\\b"))])
+def test_a_mistyped_or_unplain_root_is_refused_in_one_line_before_anything_is_written(root, why, tiny_root, tmp_path,
+                                                                                       monkeypatch, capsys):
+    from conftest import project_in_process
+
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "mirror"))
+    code, _, err = project_in_process(fit_args(tiny_root, root), monkeypatch, capsys)
+    assert (code, err.strip().splitlines()[-1]) == (2, f"error: trainer.default_root_dir {root}{' ' * (why[0] != ':')}"
+                                                       f"{why}")
+    assert not any(work.iterdir()) and not (tmp_path / "mirror").exists()
+
+
+def test_each_root_has_a_mirror_of_its_own_at_its_keys_inside_the_base(tmp_path, monkeypatch):
+    from classifier_engine.run.remote_runs import RemoteRoot
+
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path))
+    mirrors = {url: RemoteRoot(url).mirror for url in ("s3://data", "s3://data/_", "s3://data/a/b", "s3://data/a/b/")}
+    assert mirrors == {"s3://data": tmp_path / "data", "s3://data/_": tmp_path / "data" / "_",
+                       "s3://data/a/b": tmp_path / "data" / "a" / "b", "s3://data/a/b/": tmp_path / "data" / "a" / "b"}
+
+
+def test_the_mirror_follows_the_store_a_removed_checkpoint_leaves_it_one_not_sent_yet_stays(s3, tmp_path, monkeypatch):
+    from classifier_engine.run.remote_runs import RemoteRoot
+
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path))
+    root = RemoteRoot("s3://runs/r")
+    folder = root.mirror / RUN / "checkpoints"
+    folder.mkdir(parents=True)
+    for name, step in (("last.ckpt", 3), ("pending.ckpt", 7)):
+        torch.save({"state_dict": {}, "epoch": 0, "global_step": step}, folder / name)
+    assert root.upload(folder / "last.ckpt", (1.0, 3, 0, 3)) is not None  # pending.ckpt: saved here, never sent
+    s3.delete_object(Bucket="runs", Key=f"r/{RUN}/checkpoints/last.ckpt")  # removed there (by hand, another node)
+    root.prepare("lightning_logs", resume=True)
+    assert sorted(path.name for path in folder.glob("*.ckpt")) == ["pending.ckpt"]
+
+
+def test_a_sharded_checkpoint_whose_folder_lacks_a_shard_here_is_not_uploaded(s3, tmp_path, monkeypatch):
+    import torch.distributed.checkpoint as dcp
+
+    from classifier_engine.run.remote_runs import RemoteRoot
+
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path))
+    root = RemoteRoot("s3://runs/u")
+    folder = root.mirror / RUN / "checkpoints"
+    shards = folder / ".last.ckpt.1.shards"
+    dcp.save({"state_dict": {"w": torch.zeros(4)}}, storage_writer=dcp.FileSystemWriter(shards))
+    torch.save({"state_dict": {}, "epoch": 0, "global_step": 1, "shards": shards.name}, folder / "last.ckpt")
+    (shards / "__0_0.distcp").unlink()  # as a shard of a rank on another node is: in that node's own mirror
+    with pytest.warns(UserWarning, match=r"last.ckpt: its shard folder lacks 1 file\(s\) here \(__0_0.distcp: written "
+                                         "by ranks of other nodes into their own mirrors\\): not uploaded"):
+        assert not root.store_checkpoint(folder / "last.ckpt")
+    assert stored(s3, "u") == {}

@@ -65,6 +65,27 @@ def test_resuming_at_a_position_continues_the_epoch_on_every_rank():
     assert keys(stale, 2) == full[0]  # a position of another epoch does not apply
 
 
+@pytest.mark.parametrize("batch, share, padding", [(4, 26, 2), (5, 27, 5)])
+def test_a_resume_on_another_world_size_and_batch_gives_each_rank_an_equal_share_of_the_rest_each_sample_once(
+        batch, share, padding):
+    saved = ResumableSampler(Indices(100), num_replicas=2, rank=0, seed=7, keys=False, batch_size=6)
+    state = {**saved.loader_state(6), "position": 24}  # 2 steps of 2 x 6 trained: 76 samples left
+    rest = [index for index, _ in saved.epoch_order(0)[24:]]
+    shares = []
+    for rank in range(3):
+        sampler = ResumableSampler(Indices(100), num_replicas=3, rank=rank, seed=7, keys=False, batch_size=batch)
+        with pytest.warns(UserWarning, match="world_size 2 -> 3, batch_size 6 -> 4|batch_size 6 -> 5"):
+            sampler.restore_loader_state(batch, state)
+        assert sampler.resumed_share(0) == share
+        shares.append(keys(sampler, 0))
+    # Equal shares (every rank ends the epoch at the same batch), padded as DistributedSampler pads an epoch (3 x 34
+    # for 100 samples: the 2 first again, then the rest's first); 26 % 5 would leave a last batch of one sample
+    # (BatchNorm raises): one more each. Every sample of the rest once; the padding, and only it, twice.
+    assert [len(s) for s in shares] == [share] * 3
+    seen = Counter(index for s in shares for index in s)
+    assert set(rest) <= set(seen) and sum(seen.values()) - len(rest) == padding
+
+
 def test_the_loader_counts_the_batches_it_hands_out_not_what_workers_prefetch():
     data = Indices(20)
     sampler = ResumableSampler(data, num_replicas=1, rank=0, seed=0)

@@ -17,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from classifier_engine.data.decoders import CPU_DECODERS
 from classifier_engine.data.image_data import ImageDataModule
 from classifier_engine.data.image_folders import DecodedImages, EncodedImages
-from classifier_engine.data.training_samples import SeededSamples
+from classifier_engine.seeds import SeededSamples
 
 PROBE_IMAGES, PROBE_SECONDS = 8, 1.0  # timed at each epoch's end, in this process: at most so many, so long
 SHARD_SIDE = 256  # make_shards' short side

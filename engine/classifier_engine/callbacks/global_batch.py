@@ -1,5 +1,5 @@
-"""--global_batch_size at train start: the Trainer runs the world size the run plan planned for, the train loader takes
-the plan's batches in the engine's order, and a resumed epoch continues at this run's batch index.
+"""--global_batch_size at train start: the Trainer runs the world size the run plan planned for, and the train loader
+takes the plan's batches in the engine's order (a resumed epoch continues at this run's batch index: samplers.py).
 
     python -m classifier_engine fit --config CONFIG --global_batch_size 1024 --ckpt_path last
 """
@@ -9,15 +9,13 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
-from classifier_engine.compat.resume_batches import continue_epoch_at_batch
 from classifier_engine.errors import ConfigError
 from classifier_engine.run.global_batch import FLAG
 from classifier_engine.strategies.sync_batchnorm import GlooSyncBatchNorm
 
 
 class GlobalBatch(Callback):
-    """Checks that the run trains the global batch it was planned for, and continues a resumed epoch at the batch
-    index of this run's batches (the saving run may have had others)."""
+    """Checks that the run trains the global batch it was planned for."""
 
     def __init__(self, size: int, world_size: int, sync_batchnorm: bool = False):
         self.size, self.world_size, self.sync_batchnorm = size, world_size, sync_batchnorm
@@ -39,9 +37,6 @@ class GlobalBatch(Callback):
             raise ConfigError(f"{FLAG} {self.size}: the train loader's batch_size is {batch}, expected "
                               f"{self.size // (trainer.world_size * accumulation)}: build it with the data module's "
                               "batch_size")
-        position = sampler.resumed_position(trainer.current_epoch)
-        if position:
-            continue_epoch_at_batch(trainer, position // (batch * trainer.world_size))
         if not self.sync_batchnorm and per_device_batchnorm(pl_module):
             rank_zero_warn(f"{FLAG}: this model's BatchNorm layers normalise over each process's {batch} images, a "
                            "number that changes with the world size: samples and steps are the same at any world size, "

@@ -37,9 +37,10 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         name="a mid-epoch resume restores the saving run's batch index: a loader with other batches (another world "
-             "size under --global_batch_size) is cut short or overrun, and accumulation windows shift",
+             "size or per-process batch) is cut short or overrun (its epoch ends unvalidated), and accumulation "
+             "windows shift",
         where="classifier_engine/compat/resume_batches.py continue_epoch_at_batch (called by "
-              "classifier_engine/callbacks/global_batch.py GlobalBatch at train start)",
+              "classifier_engine/samplers.py ExactLoaders at train start)",
         upstream="Lightning #19764 (open: resuming inside an epoch), #19367 (open: the restored batch progress)",
         seen="lightning 2.6.6",
         delete_when="a stock resume takes the resumed epoch's batch index from the loader's state, or offers a public "

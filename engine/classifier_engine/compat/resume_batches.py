@@ -1,5 +1,5 @@
 """A resumed epoch continued at this run's batch index when its batches differ from the saving run's (another world
-size under --global_batch_size): Lightning restores the batch index it saved and offers no public way to set it.
+size or per-process batch): Lightning restores the batch index it saved and offers no public way to set it.
 
     python -m classifier_engine fit --config CONFIG --global_batch_size 1024 --trainer.devices 4 --ckpt_path last
 """

@@ -21,7 +21,7 @@ from classifier_engine.data.device_decode import CroppedBatch, DevicePipeline, E
 from classifier_engine.data.device_prefetch import PrefetchingLoader, copied
 from classifier_engine.data.image_folders import DecodedImages, EncodedImages, collate_encoded, collate_readable
 from classifier_engine.data.predict import ImagePathDataset, list_images
-from classifier_engine.data.training_samples import ProgressiveResizing, SeededSamples, TrainPresetPerEpoch
+from classifier_engine.data.training_samples import ProgressiveResizing, TrainPresetPerEpoch
 from classifier_engine.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -42,6 +42,7 @@ from classifier_engine.options import (
 )
 from classifier_engine.run.signals import ignore_stop_signals
 from classifier_engine.samplers import ExactDistributedSampler, ResumableDataLoader, ResumableSampler, global_batch_of
+from classifier_engine.seeds import SeededSamples
 
 Samples = list[tuple[str, int]]  # (image path, label) of one split
 DRAWN_IN_WORKERS = (v2.ToImage, v2.RandomResizedCrop, v2.RandomHorizontalFlip)  # by a device decoder's TrainCrop

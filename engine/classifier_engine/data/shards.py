@@ -28,10 +28,10 @@ from classifier_engine.data.image_data import ImageDataModule
 from classifier_engine.data.listed_paths import inside
 from classifier_engine.data.partial_decode import encoded_jpeg, nvimgcodec_decode
 from classifier_engine.data.tar_shards import WRITER, tar_index
-from classifier_engine.data.training_samples import SeededSamples
 from classifier_engine.errors import ConfigError, DataUnavailable, UnreadableImageError
 from classifier_engine.options import PositiveInt
 from classifier_engine.samplers import ResumableSampler
+from classifier_engine.seeds import SeededSamples
 from classifier_engine.storage.cache import cache_dir as data_cache
 from classifier_engine.storage.files import atomic_write
 from classifier_engine.storage.object_store import BUCKET, passing_failure, s3_client, split_url

@@ -1,5 +1,5 @@
-"""The training set as the sampler keys it: each image augmented from (run seed, epoch, index, repeat), as in an
-uninterrupted run; progressive resizing's train crop size per epoch (FFCV's rule). Both: docs/data.md.
+"""Progressive resizing's train crop size per epoch (FFCV's rule), and the train preset it picks for each epoch (the
+training set itself, each image augmented from (run seed, epoch, index, repeat): classifier_engine.seeds). docs/data.md.
 
     python -m classifier_engine fit ... --data.progressive_resizing '{start_size: 160, end_size: 192, ...}'
 """
@@ -9,35 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
 
 from classifier_engine.data.transforms import train_preset
 from classifier_engine.errors import ConfigError
-from classifier_engine.seeds import sample_seed
 
 Transform = Callable[[Any], Any]
-
-
-class SeededSamples(Dataset):
-    """A map-style data set of (image, target, ...) samples (None: skipped) keyed (index, epoch, repeat) by
-    ResumableSampler; `transform_for_epoch(epoch)` transforms the image (None: the data set transforms itself)."""
-
-    def __init__(self, dataset: Dataset, run_seed: int, transform_for_epoch: Callable[[int], Transform] | None = None):
-        self.dataset, self.run_seed, self.transform_for_epoch = dataset, run_seed, transform_for_epoch
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, key: tuple[int, int, int]):
-        index, epoch, repeat = key
-        # Only the CPU generator the transforms draw from (not CUDA's), restored by fork_rng: the run's stream is kept.
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(sample_seed(self.run_seed, epoch, index, repeat))
-            sample = self.dataset[index]
-            if sample is None or self.transform_for_epoch is None:
-                return sample
-            image, *rest = sample
-            return (self.transform_for_epoch(epoch)(image), *rest)
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,11 @@
 
 1. settings: the classes (a switched-to class's own defaults, nulls), the monitor, the seed, the world (size, strategy,
    precision) and, for fit, the global batch;
-2. placement: the run root (an object store's mirror: prepared here, unless dry), the checkpoint (which, why; read
-   once) and the model's values from it;
+2. placement: the run root (an object store's mirror: prepared here, unless dry: its stored checkpoints downloaded,
+   then the chosen one's run dir), the checkpoint (which, why; read once) and the model's values from it;
 3. the entry point's own passes (a template's: its network and recipe);
-4. fit: the trackers (checked); then the run dir is claimed (a lock; in an object store, a lease) and the loggers are
-   pinned to it.
+4. fit: the trackers (checked); then the run dir is claimed (a lock; in an object store, a lease created only where
+   none is: a new version another node's start took at the same moment is left to it) and the loggers are pinned to it.
 
 `--print_config` stops after 1 and 3; `--plan` runs it all reading only (a run dir proposed, not claimed; nothing
 downloaded). plan/edits.py writes each pass's edits into the config; nothing else does.
@@ -28,6 +28,7 @@ from classifier_engine.plan.edits import apply_edits, read_only
 from classifier_engine.plan.run_plan import FINISHED, PLAN_FILE, Decision, Pass, PlanInput, RunPlan
 from classifier_engine.plan.started import Started
 from classifier_engine.run.lock import claim, claim_new_version
+from classifier_engine.run.remote_lease import VersionTaken
 from classifier_engine.run.resume import Place, looks_for_checkpoints, proposed
 from classifier_engine.run.run_dirs import LOGS, version_of
 
@@ -61,7 +62,7 @@ def make_plan(subcommand: Optional[str], config: Namespace, explicit: Optional[N
     if printing or subcommand is None:
         planner.run(passes)
         return Started(planner.plan, reads=planner.reads)
-    return _placement(planner, (settings.checkpoint_model_values, *passes), dry=dry,
+    return _placement(planner, (settings.checkpoint_model_values, settings.resumed_epoch, *passes), dry=dry,
                       claiming=not dry and (env_global_rank() if rank is None else rank) == 0)
 
 
@@ -76,13 +77,15 @@ def _placement(planner: Planner, passes: Sequence[Pass], dry: bool, claiming: bo
     """Stages 2 to 4: the run root, the checkpoint, the given passes, then the run dir claimed (or proposed)."""
     subcommand, config = planner.subcommand, planner.config
     planner.run((placement.run_root,))
-    remote = planner.reads.get("remote")
-    if remote is not None and not dry:
-        remote.prepare(LOGS, looks_for_checkpoints(subcommand, config.get("ckpt_path")))
+    remote, resume = planner.reads.get("remote"), looks_for_checkpoints(subcommand, config.get("ckpt_path"))
+    stored = remote.prepare(LOGS, resume) if remote is not None and not dry else None
     planner.run((placement.checkpoint, *passes, settings.finished))
     started = Started(planner.plan, planner.reads.get("checkpoint"), remote=remote, reads=planner.reads)
-    if started.plan.value(FINISHED):
-        return started  # nothing to train: no run dir to claim
+    if started.plan.value(FINISHED) and remote is None:
+        return started  # nothing to train: no run dir to claim (in a store: claimed, so that close() sends what its
+        # mirror holds and the store lacks, a save that could not be uploaded)
+    if stored is not None and resume and started.ckpt_path is not None:
+        remote.fetch_run_dir(started.ckpt_path, stored)
     for path, why in started.skipped if not dry else ():
         rank_zero_warn(f"skipped checkpoint {path}: {why}")
     try:
@@ -106,7 +109,15 @@ def _place(planner: Planner, started: Started, claiming: bool) -> None:
     else:
         return
     if claiming:
-        started.lock = claim(place.run_dir) if place.run_dir is not None else claim_new_version(where.logs)
+        while True:
+            started.lock = claim(place.run_dir) if place.run_dir is not None else claim_new_version(where.logs)
+            try:
+                if fit and started.remote is not None:
+                    started.remote.claim(started.lock.run_dir, new=place.run_dir is None)
+                break
+            except VersionTaken:  # another node's start created its lease first: that version is the other run's
+                started.lock.remove_failed_start()
+                started.lock.run_dir.mkdir(parents=True, exist_ok=True)  # so this node's next claim passes it
         reads["run_dir"] = started.lock.run_dir
     else:
         remote, stored = reads.get("remote"), reads.get("stored") or {}
@@ -114,8 +125,6 @@ def _place(planner: Planner, started: Started, claiming: bool) -> None:
         reads["run_dir"] = proposed(place, where, tuple(n for n in taken if n is not None))
     planner.run((placement.run_dir, *((_changes,) if fit else ())))
     started.plan = planner.plan
-    if fit and claiming and started.remote is not None:
-        started.remote.claim(Path(reads["run_dir"]))
 
 
 def _changes(given: PlanInput) -> list[Decision]:

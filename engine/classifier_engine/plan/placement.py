@@ -4,6 +4,7 @@ from, its trackers and its run dir. They read the filesystem and the store, neve
     python -m classifier_engine fit --config CONFIG --ckpt_path last --plan
 """
 
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -33,7 +34,7 @@ def run_root(given: PlanInput) -> list[Decision]:
     """An s3:// trainer.default_root_dir: the run works in its node-local mirror (dry: the store is listed, not
     touched)."""
     root = given.config.trainer.get("default_root_dir")
-    if not (isinstance(root, str) and root.lower().startswith("s3:")):
+    if not (isinstance(root, str) and re.match(r"s3:|s3//", root, re.IGNORECASE)):  # (a mistyped URL: refused)
         return []
     remote = given.reads["remote"] = RemoteRoot(root)
     remote.client()  # boto3 is an extra: its absence is one line here, before the store is asked anything
@@ -66,8 +67,8 @@ def checkpoint(given: PlanInput) -> list[Decision]:
 
 
 def _stored_choice(given: PlanInput, requested: Optional[str]) -> Optional[Decision]:
-    """Dry, in an object store: the stored checkpoint a start would download and continue from (by its upload
-    record; the mirror may hold one further along that it could not upload yet)."""
+    """Dry, in an object store: the stored checkpoint a start would likely continue from, by its upload record (a
+    start reads every stored checkpoint's own records; the mirror may hold one further along not uploaded yet)."""
     remote, stored = given.reads.get("remote"), given.reads.get("stored")
     if remote is None or stored is None or not looks_for_checkpoints(given.subcommand, requested):
         return None
@@ -77,8 +78,9 @@ def _stored_choice(given: PlanInput, requested: Optional[str]) -> Optional[Decis
     name, progress = found
     value = {"path": str(remote.mirror / name), "url": f"{remote.url}/{name}", "step": int(progress[1])}
     given.reads["choice"] = Choice(Path(value["path"]), None, "stored")
-    return Decision(CHECKPOINT, value, "--ckpt_path last: the stored checkpoint furthest along by its upload record, "
-                    "downloaded into the mirror at start", text=f"{value['url']} (step {value['step']})",
+    return Decision(CHECKPOINT, value, "--ckpt_path last: the stored checkpoint furthest along by its upload record; "
+                    "a start downloads them all and chooses by their own records", text=f"{value['url']} (step "
+                    f"{value['step']})",
                     edits=(("ckpt_path", value["path"]),))
 
 

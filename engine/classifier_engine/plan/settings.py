@@ -33,6 +33,7 @@ from classifier_engine.plan.run_plan import (
 )
 from classifier_engine.run.global_batch import FLAG, planned_world, split_global_batch
 from classifier_engine.run.launchers import check_devices
+from classifier_engine.samplers import changed_inside_an_epoch, mid_epoch_order
 
 # What the CLI's links may set in a model's init arguments (a class switch leaves them to the link; a checkpoint's
 # saved value of one the class lacks is not the user's: compat "applied instantiation links").
@@ -80,10 +81,14 @@ def monitor(given: PlanInput) -> list[Decision]:
     edits = tuple((f"checkpoint.{key}", value) for key, value in options.items()
                   if explicit.get(f"checkpoint.{key}") is None and config.checkpoint.get(key) != value)
     if found is None:
-        return [Decision(MONITOR, None, f"{path} names no Monitor: the latest checkpoint is kept as the best",
-                         edits=edits)]
+        named = getattr(class_switch.class_of(path), "monitor", None)
+        what = f"{path}.monitor is {named!r}, not a Monitor: ignored" if named is not None else \
+            f"{path} names no Monitor"
+        return [Decision(MONITOR, None, f"{what}; \"best\" is the latest epoch's checkpoint", edits=edits)]
+    guessed = "" if found.mode_given else f", no mode given: {found.mode}" + (" for a loss or an error" if (
+        found.mode == "min") else "")
     return [Decision(MONITOR, {"metric": found.metric, "mode": config.checkpoint.mode if explicit.get(
-        "checkpoint.mode") else found.mode}, f"{path.rpartition('.')[2]}.monitor", edits=edits)]
+        "checkpoint.mode") else found.mode}, f"{path.rpartition('.')[2]}.monitor{guessed}", edits=edits)]
 
 
 def seed(given: PlanInput) -> list[Decision]:
@@ -184,6 +189,34 @@ def checkpoint_model_values(given: PlanInput) -> list[Decision]:
             f"; given instead: {', '.join(kept)}" if kept else ""), text=", ".join(names) or "none taken",
             edits=tuple(edits)))
     return decisions
+
+
+def resumed_epoch(given: PlanInput) -> list[Decision]:
+    """fit from a checkpoint saved inside an epoch: the options that decide which samples each of its steps takes
+    (the seed, --global_batch_size when given, data.ra_reps, drop_last and shuffle_window) are the saved ones, or
+    refused in one line: another value would train some of the epoch's samples twice and skip others (the training
+    set's length is known at train start: samplers.py ExactLoaders). Without a global batch the rest of the epoch is
+    taken in this run's batches (each sample once, whatever the world size or per-process batch)."""
+    checkpoint = given.reads.get("checkpoint") or {}
+    state = mid_epoch_order(checkpoint) if given.subcommand == "fit" else None
+    if state is None:
+        return []
+    data = given.config.data.get("init_args") if isinstance(given.config.get("data"), Namespace) else None
+    saved_data = checkpoint.get("datamodule_hyper_parameters") or {}
+    kept = [("--seed_everything", state.get("seed"), given.decided.value(SEED))]
+    if given.decided.global_batch is not None:
+        kept.append((FLAG, state.get("global_batch"), given.decided.global_batch))
+    for name in ("ra_reps", "drop_last", "shuffle_window"):  # the image data modules' (a user's may have none)
+        if data is not None and name in data and name in saved_data:
+            kept.append((f"--data.{name}", saved_data[name], data[name]))
+    where = (f"checkpoint {given.decided.ckpt_path} stopped inside epoch {state['epoch']} ({state['position']} "
+             "samples in)")
+    for option, saved, now in kept:
+        if saved != now:
+            raise ConfigError(changed_inside_an_epoch(option, saved, now, where))
+    return [Decision("resumed epoch", {"epoch": state["epoch"], "samples": state["position"]}, "the checkpoint "
+                     "stopped inside it: the rest of its order, each sample once", text=f"{state['epoch']} after "
+                     f"{state['position']} samples")]
 
 
 # Options only one subcommand uses: given to another, they would be ignored without a word.

@@ -64,7 +64,7 @@ class Started:
         if (job_id := slurm_job_id()) is not None and self.run_dir is not None:  # which task writes where, in its log
             print(task_line(job_id, self.run_dir), flush=True)
         contract.check_data(datamodule)
-        contract.check_model(model)
+        contract.check_model(model, getattr(datamodule, "num_classes", None))
         checkpoint, self.checkpoint, subcommand = self.checkpoint, None, self.plan.subcommand
         if subcommand and checkpoint is not None and self.ckpt_path is not None:
             check_checkpoint_fits(self.ckpt_path, checkpoint, model, datamodule)

@@ -13,14 +13,15 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from classifier_engine.errors import CheckpointError, DiskFullError, untrusted_checkpoint_message
-from classifier_engine.run.checkpoint_checks import SAVED_AT
 from classifier_engine.run.run_dirs import SHARDS
 from classifier_engine.storage.files import atomic_write, local_path
 
 
-def load_checkpoint(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False,
+                    shards: bool = True) -> dict[str, Any]:
     """torch.load(weights_only=True) with one-line errors: missing file, not a checkpoint, pickled code. Opens the
-    file once (twice with mmap); a file that fails is examined afterwards."""
+    file once (twice with mmap); a file that fails is examined afterwards. shards=False: a sharded checkpoint's file
+    alone (its records and its folder's name), the folder not read."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist" + (" (it is a folder)" if path.is_dir() else "") +
@@ -36,7 +37,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", *, mmap: bool =
         raise CheckpointError(_why_it_did_not_load(path, error)) from error
     if not isinstance(loaded, dict):
         raise CheckpointError(f"{path} holds a {type(loaded).__name__}, not a checkpoint dictionary")
-    if SHARDS in loaded:
+    if SHARDS in loaded and shards:
         from classifier_engine.run.sharded_checkpoints import read_sharded  # (torch.distributed.checkpoint: on use)
 
         return read_sharded(path, loaded)
@@ -99,8 +100,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise CheckpointError(str(full)) from full.__cause__
         if self.remote is not None:
             local = Path(local_path(path))
-            saved_at = float(checkpoint.get(SAVED_AT) or 0.0)
-            uploaded = self.remote.upload(local, (saved_at, *progress(checkpoint))) is not None
+            uploaded = self.remote.store_checkpoint(local)
             self.stored[str(path)] = self.remote.url_of(local) if uploaded else str(path)
             if uploaded:
                 self.remote.sync(local.parent.parent)  # the run dir's config.yaml and logs beside it

@@ -45,6 +45,7 @@ class StopSignals(Callback):
         self._stops: Optional[StopRequests] = None
         self._stopping: Optional[RunStopped] = None  # saved and said: raised once this step's metrics are logged
         self._last_save_time = 0.0
+        self._cut_at: Optional[int] = None  # the step max_steps ended an epoch at, saved there
 
     # Lightning installs its handlers in Trainer._run, after every setup hook: ours at the sanity check or train start.
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -91,12 +92,19 @@ class StopSignals(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        # Not right before a validation: a run resumed from a checkpoint saved there would skip that validation
-        # (Lightning fast-forwards it), so such saves and stops wait for the next batch or the epoch's end.
-        if (self._stops is None or not after_optimizer_step(trainer, batch_idx)
-                or validation_follows(trainer, batch_idx)):
+        if self._stops is None or not after_optimizer_step(trainer, batch_idx):
             return
         step, distributed = trainer.global_step, trainer.world_size > 1
+        if step == trainer.max_steps and batch_idx + 1 < trainer.num_training_batches:
+            # max_steps ends the epoch here: saved as the middle of it (Lightning's epoch-end save marks the epoch
+            # done, and a run continued with a larger max_steps would skip the rest of its samples)
+            self._cut_at = step
+            self._save(trainer)
+            return
+        # Not right before a validation: a run resumed from a checkpoint saved there would skip that validation
+        # (Lightning fast-forwards it), so such saves and stops wait for the next batch or the epoch's end.
+        if validation_follows(trainer, batch_idx):
+            return
         checks = not distributed or step % self.check_every_n_steps == 0
         signum, time_due = self._agree(trainer, distributed) if checks else (0, False)
         if signum:
@@ -113,7 +121,7 @@ class StopSignals(Callback):
         # The epoch's sync_dist metrics are reduced by their first reader (rank 0's progress bar; the others have
         # none): read on every rank before _agree, or rank 0 waits there while the others wait in that reduce.
         trainer.callback_metrics  # noqa: B018
-        self._save(trainer, again=True)
+        self._save(trainer, again=self._cut_at != trainer.global_step)
         signum, _ = self._agree(trainer, trainer.world_size > 1)  # one that came in the last steps or the validation
         if signum:
             raise self._stop(trainer, signum)

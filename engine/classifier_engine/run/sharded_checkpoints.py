@@ -49,10 +49,7 @@ def read_sharded(path: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
     try:
         if folder.name in (".", "..") or not folder.name.endswith(".shards"):  # a crafted name: nothing outside
             raise ValueError(f"{folder.name!r} is not a shard folder's name")
-        with open(folder / ".metadata", "rb") as file:
-            metadata = MetadataUnpickler(file).load()
-        if any(Path(info.relative_path).name != info.relative_path for info in metadata.storage_data.values()):
-            raise ValueError("its .metadata names files outside its folder")
+        metadata = read_metadata(folder)
         reader, planner = dcp.FileSystemReader(folder), WeightsOnlyLoadPlanner()
         planner.set_up_planner(tensors, metadata, True)
         reader.set_up_storage_reader(metadata, True)
@@ -66,6 +63,27 @@ def read_sharded(path: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
     if tensors:  # not a weights-only save
         checkpoint["optimizer_states"] = [by_position(tensors[f"optimizer_{i}"]) for i in range(len(tensors))]
     return checkpoint
+
+
+def read_metadata(folder: Path) -> Any:
+    """A shard folder's DCP metadata, through the allow-list; ValueError when it names files outside the folder."""
+    with open(folder / ".metadata", "rb") as file:
+        metadata = MetadataUnpickler(file).load()
+    if any(Path(info.relative_path).name != info.relative_path for info in metadata.storage_data.values()):
+        raise ValueError("its .metadata names files outside its folder")
+    return metadata
+
+
+def missing_shards(folder: Path) -> list[str]:
+    """The files a shard folder lacks: its .metadata, else the shards that names (none for a damaged .metadata: its
+    load says why)."""
+    try:
+        metadata = read_metadata(folder)
+    except FileNotFoundError:
+        return [".metadata"]
+    except Exception:  # noqa: BLE001  damaged or crafted: read_sharded refuses it in one line
+        return []
+    return sorted({info.relative_path for info in metadata.storage_data.values()} - {p.name for p in folder.iterdir()})
 
 
 def by_position(state: dict[str, Any], keys: Optional[list] = None) -> dict[str, Any]:

@@ -1,0 +1,156 @@
+"""One writer per run dir in an object store: a lease object, <run dir>/.lease, created only where there is none and
+taken over only as it was read, by the store's conditional writes (docs/reliability.md#run-dirs-on-object-storage).
+
+    python -m classifier_engine fit --config CONFIG --trainer.default_root_dir s3://bucket/runs --ckpt_path last
+"""
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from lightning.pytorch.utilities import rank_zero_info
+
+from classifier_engine.errors import ConfigError, RunDirInUse
+
+LEASE, LEASE_RENEW_S, LEASE_TTL_S = ".lease", 10.0, 30.0  # renewed while it trains; unrenewed for TTL: a dead run
+# What S3 answers a conditional write that lost (If-None-Match: the object exists; If-Match: it changed or went away)
+LOST = ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey")
+
+
+class VersionTaken(Exception):
+    """A new version dir's lease was created by another start first: that version is the other start's."""
+
+
+@dataclass
+class Lease:
+    """A taken lease, renewed by a thread until release()."""
+
+    remote: Any  # the RemoteRoot
+    key: str
+    stop: threading.Event = field(default_factory=threading.Event)
+    lost: Optional[str] = None  # who took it over, once a renewal found the lease replaced
+
+    def release(self) -> None:
+        self.stop.set()
+        if self.lost is not None:
+            return  # the other writer's now
+        try:
+            self.remote.client().delete_object(Bucket=self.remote.bucket, Key=self.key)
+        except Exception:  # noqa: BLE001  it lapses on its own
+            pass
+
+
+def take_lease(remote, run_dir: Path, new: bool) -> Lease:
+    """Take the run dir's lease, renewed every LEASE_RENEW_S until release(). A lease another writer holds is watched
+    for up to LEASE_TTL_S: renewed, the start is refused (RunDirInUse); not, it is taken over (a run killed without
+    releasing it: a preempted node, kill -9); at once for the same host's dead process. The write is conditional, so
+    of two starts at once one wins: a `new` version's loser raises VersionTaken (the caller takes the next version),
+    a resume's is refused."""
+    url, key = remote.url_of(run_dir), f"{remote.key(run_dir)}/{LEASE}"
+    me = f"pid {os.getpid()} on {socket.gethostname()}"
+    held = _read(remote, key, url)
+    if held is not None and new and held[0] != me:
+        raise _taken(url, held[0])  # written since this start listed the store: another start's new run
+    if held is not None and not _lapsed(held[0], me):
+        rank_zero_info(f"run dir {url} has a lease from {held[0]}: waiting up to {LEASE_TTL_S:.0f} s for it to be "
+                       "renewed (a live run) or to lapse (a killed one)")
+        deadline = time.monotonic() + LEASE_TTL_S
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            now = _read(remote, key, url)
+            if now is not None and now[1] != held[1]:  # each renewal is another object
+                raise RunDirInUse(f"run dir {url} is in use by {now[0]} (its lease is renewed); wait for that run to "
+                                  "end, or write elsewhere with --trainer.default_root_dir")
+            if now is None:  # released
+                held = None
+                break
+    etag = _put(remote, key, me, {"IfMatch": held[1]} if held is not None else {"IfNoneMatch": "*"})
+    if etag is None:
+        theirs = _read(remote, key, url)
+        if theirs is None or theirs[0] != me:  # (one's own write whose answer was lost, then retried: it won)
+            holder = theirs[0] if theirs is not None else "another start"
+            if new:
+                raise _taken(url, holder)
+            raise RunDirInUse(f"run dir {url} was claimed by {holder} at the same moment; wait for that run to end, "
+                              "or write elsewhere with --trainer.default_root_dir")
+    lease = Lease(remote, key)
+
+    def renew(etag: str) -> None:
+        # Each renewal only over this run's own last write: a run that stalled past LEASE_TTL_S (a frozen node) and
+        # was taken over must not write over the new holder's lease, nor store anything more (RemoteRoot.upload).
+        while not lease.stop.wait(LEASE_RENEW_S):
+            renewed = _put(remote, key, me, {"IfMatch": etag} if etag else {}, quiet=True)
+            if renewed is None:
+                theirs = _read(remote, key, url) if not lease.stop.is_set() else None
+                lease.lost = theirs[0] if theirs is not None else "another run"
+                return
+            etag = renewed or etag
+
+    threading.Thread(target=renew, args=(etag,), name="run-lease", daemon=True).start()
+    return lease
+
+
+def _taken(url: str, holder: str) -> VersionTaken:
+    rank_zero_info(f"run dir {url} was claimed by {holder} at the same moment: taking the next version")
+    return VersionTaken(holder)
+
+
+def _read(remote, key: str, url: str) -> Optional[tuple[str, str]]:
+    """(holder, ETag) of the lease, None when there is none; one line for one this library did not write."""
+    try:
+        answer = remote.client().get_object(Bucket=remote.bucket, Key=key)
+        body = answer["Body"].read()
+    except Exception as error:  # noqa: BLE001  botocore's
+        if _code(error) in ("NoSuchKey", "404"):
+            return None
+        raise remote.store_error(error, "reading the run's lease") from None
+    try:
+        lease = json.loads(body)
+    except ValueError:
+        lease = None
+    # (the bucket is shared: anything may be there, and a lease that cannot be read blocks every start in the run dir)
+    if not (isinstance(lease, dict) and isinstance(lease.get("holder"), str) and
+            type(lease.get("renewed")) in (int, float)):
+        raise ConfigError(f"run dir {url}: its lease s3://{remote.bucket}/{key} is not one this library writes "
+                          f'(expected {{"holder": "pid N on HOST", "renewed": SECONDS}}, found '
+                          f"{body[:80].decode(errors='replace')!r}); if no run writes there now, delete it (aws s3 rm "
+                          f"s3://{remote.bucket}/{key}) and rerun")
+    return lease["holder"], answer["ETag"]
+
+
+def _put(remote, key: str, holder: str, condition: dict[str, str], quiet: bool = False) -> Optional[str]:
+    """Write the lease (each write another object: the renewed time); its ETag, None when its condition lost, "" when
+    a `quiet` write failed otherwise (the store away: the next renewal tries again)."""
+    body = json.dumps({"holder": holder, "renewed": time.time()}).encode()
+    try:
+        return remote.client().put_object(Bucket=remote.bucket, Key=key, Body=body, **condition).get("ETag", "")
+    except Exception as error:  # noqa: BLE001
+        if condition and _code(error) in LOST:
+            return None
+        if not quiet:
+            raise remote.store_error(error, "writing the run's lease") from None
+    return ""
+
+
+def _code(error: Exception) -> str:
+    return str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
+
+
+def _lapsed(holder: str, me: str) -> bool:
+    """Whether a lease is ours, or its holder is a process of this host that is gone."""
+    if holder == me:
+        return True
+    pid, _, host = holder.removeprefix("pid ").partition(" on ")
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+    return False
