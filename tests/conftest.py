@@ -2,6 +2,7 @@
 the real CLI (python -m project) in-process or in a new process."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,9 +64,18 @@ def tiny_args(root: Path | None, run_dir: Path, *extra: str) -> list[str]:
 
 
 def project_env(env: dict | None = None) -> dict:
-    """The environment of a `python -m project` subprocess: unbuffered, tests/ importable (stop_callbacks)."""
-    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    """The environment of a `python -m project` subprocess: unbuffered, tests/ and engine/tests importable (the
+    library's stop_callbacks)."""
+    path = os.pathsep.join(p for p in (str(TESTS), str(ENGINE_TESTS), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **(env or {})}
+
+
+def cli_main(*args, **kwargs):
+    """project.cli_main, in-process. Imported on the first call, not with this file: Lightning imported before pytest's
+    log handlers exist stops propagating its logger, and caplog then sees none of its lines."""
+    from project import cli_main
+
+    return cli_main(*args, **kwargs)
 
 
 def project_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
@@ -94,6 +104,37 @@ def run_project(args: list[str], *, cwd: Path = REPO, env: dict | None = None, t
     """Run `python -m project ARGS` (or `LAUNCHER -m project ARGS`) in a fresh process; output captured."""
     command = [*(launcher or [sys.executable]), "-m", "project", *args]
     return subprocess.run(command, cwd=cwd, env=project_env(env), capture_output=True, text=True, timeout=timeout)
+
+
+def start_project(args: list[str], *, env: dict | None = None, new_session: bool = False,
+                  merge_stderr: bool = False) -> subprocess.Popen:
+    """Start `python -m project ARGS` without waiting (for signals, kill -9, concurrent runs); output captured (in one
+    stream with merge_stderr, as a terminal shows it)."""
+    return subprocess.Popen([sys.executable, "-m", "project", *args], cwd=REPO, env=project_env(env), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                            start_new_session=new_session)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(size) -> a fresh tmpfs of that size (a real, small disk, and another filesystem than /tmp); needs root."""
+    mounts = []
+
+    def mount(size: str) -> Path:
+        target = tmp_path / f"tmpfs{len(mounts)}"
+        target.mkdir()
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            pytest.skip("mounting a tmpfs needs root")
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)],
+                                capture_output=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+        mounts.append(target)
+        return target
+
+    yield mount
+    for target in mounts:
+        subprocess.run(["umount", "-l", str(target)], check=False)
 
 
 @pytest.fixture(autouse=True)

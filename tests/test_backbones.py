@@ -10,7 +10,7 @@ from torch import nn
 from torchvision import models
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
-from conftest import CONFIGS, tiny_args
+from conftest import CONFIGS, project_in_process, tiny_args
 from project import ImageClassifier, cli_main
 from project.backbones import (
     ARCHS,
@@ -58,6 +58,18 @@ def test_unknown_arch_on_the_command_line_fails_before_training(tiny_root, tmp_p
     with pytest.raises(ValueError, match="unknown arch 'resnet9'"):
         cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--model.arch=resnet9")])
     assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_unknown_arch_ends_python_m_project_with_one_line_exit_2_and_nothing_written(tiny_root, tmp_path, monkeypatch,
+                                                                                     capsys):
+    run_root = tmp_path / "runs"
+    code, _, err = project_in_process(["fit", *tiny_args(tiny_root, run_root), "--model.arch=resnet9"], monkeypatch,
+                                      capsys)
+    assert code == 2, err[-2000:]
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "unknown arch 'resnet9'" in last, last
+    assert not run_root.exists() or not [p for p in run_root.rglob("*") if p.is_file()]
 
 
 def _last_residual_norms(network: nn.Module) -> list[torch.Tensor]:

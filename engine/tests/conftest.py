@@ -1,15 +1,12 @@
 """Shared fixtures of the library's suite: a real quickstart config, shrunk (tiny data, CPU, tmp dir), and ways to run
 the real CLI.
 
-Inside the template's repository the suite drives the library through the template beside it (`python -m project`,
-its configs/quickstart.yaml): what a clone runs is what is tested. Without it (`pip install ./engine`, the suite
-copied alone; or CLASSIFIER_ENGINE_TESTS_ALONE=1, which also makes `import project` fail) the same tests run
-`python -m classifier_engine` on configs/quickstart.yaml here: the contract's from-scratch model (plain_model.py) and
-the library's folder data module. Tests of the template's own parts (its network options, tools/, bench/, slurm/,
-README) are marked `template` and skipped there."""
+The suite tests the library alone, the same wherever it lies (`pip install ./engine` and the suite copied, or inside a
+template's repository): `python -m classifier_engine` on configs/quickstart.yaml here, which trains the contract's
+from-scratch model (plain_model.py) on the library's folder data module. `import project` and `import tools` fail in
+it, as they would without a template: a template's own parts are tested by the template's tests/."""
 
 import importlib
-import importlib.util
 import os
 import re
 import shutil
@@ -28,25 +25,14 @@ from tiny_runs import SHRINK, callback, read_scalars, write_image_folder  # noqa
 # took 17.6 s with 2 threads and 8.9 s with 1 (mean of 4 each, this machine, 2026-12-06).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-REPO = Path(__file__).resolve().parents[2]  # the template around engine/ (when there is one)
 TESTS = Path(__file__).resolve().parent
-
-
-def find_template() -> Path | None:
-    """REPO when the template is there to test through: its package importable, its configs beside engine/."""
-    if os.environ.get("CLASSIFIER_ENGINE_TESTS_ALONE") == "1":
-        for name in ("project", "tools"):  # an import of the template's left in a library test fails as it would alone
-            sys.modules[name] = None
-        return None
-    found = importlib.util.find_spec("project") is not None and (REPO / "configs" / "quickstart.yaml").is_file()
-    return REPO if found else None
-
-
-TEMPLATE = find_template()
-APP = "project" if TEMPLATE else "classifier_engine"  # what `python -m` runs
-CONFIGS = (TEMPLATE or TESTS) / "configs"
+LIBRARY = TESTS.parent  # engine/: where the suite's processes start
+for name in ("project", "tools"):  # a template's packages, when one is beside the library: imported, they fail here
+    sys.modules[name] = None
+APP = "classifier_engine"  # what `python -m` runs
+CONFIGS = TESTS / "configs"
 QUICKSTART = CONFIGS / "quickstart.yaml"
-NETWORK = "network." if TEMPLATE else "net."  # where the quickstart model's network sits in its state_dict
+NETWORK = "net."  # where the quickstart model's network sits in its state_dict
 
 
 def cli_main(*args, **kwargs):
@@ -61,20 +47,20 @@ def main(*args, **kwargs):
 
 
 def model_class() -> type:
-    """The model class the quickstart config trains: the template's ImageClassifier, or plain_model.Top1Net."""
-    return importlib.import_module(APP).ImageClassifier if TEMPLATE else importlib.import_module("plain_model").Top1Net
+    """The model class the quickstart config trains: plain_model.Top1Net."""
+    return importlib.import_module("plain_model").Top1Net
 
 
 def new_model(num_classes: int):
-    """A model as the quickstart config builds it, for that many classes (the template's at resnet18)."""
-    return model_class()(num_classes=num_classes, **({"arch": "resnet18"} if TEMPLATE else {}))
+    """A model as the quickstart config builds it, for that many classes."""
+    return model_class()(num_classes=num_classes)
 
 # The slowest files first (from CI's --durations=0, 2026-12-03); the rest follow in their usual order. Refresh it when
 # a file's time moves far: a long file started last keeps one worker busy while the other waits.
 SLOWEST_FILES = [
-    "test_resume.py", "test_sweep.py", "test_trackers.py", "test_fsdp.py", "test_global_batch.py", "test_shards.py",
-    "test_distributed.py", "test_remote_runs.py", "test_reliability.py", "test_compat.py", "test_elastic_restart.py",
-    "test_run_plan.py", "test_without_the_template.py", "test_cli.py", "test_bad_input.py", "test_any_data.py",
+    "test_resume.py", "test_trackers.py", "test_global_batch.py", "test_shards.py", "test_distributed.py",
+    "test_remote_runs.py", "test_reliability.py", "test_compat.py", "test_elastic_restart.py", "test_run_plan.py",
+    "test_cli.py", "test_bad_input.py", "test_any_data.py",
 ]
 
 
@@ -101,13 +87,14 @@ def tiny_args(root: Path | None, run_dir: Path, *extra: str) -> list[str]:
 
 
 def project_env(env: dict | None = None) -> dict:
-    """The environment of a `python -m project` subprocess: unbuffered, tests/ importable (stop_callbacks)."""
-    path = os.pathsep.join(p for p in (str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    """The environment of a `python -m classifier_engine` subprocess: unbuffered, tests/ importable (plain_model,
+    stop_callbacks)."""
+    path = os.pathsep.join(p for p in (str(TESTS), str(LIBRARY), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **(env or {})}
 
 
 def project_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    """`python -m project ARGS` without a new interpreter: project.main, what project/__main__.py calls for
+    """`python -m classifier_engine ARGS` without a new interpreter: its main, what its __main__.py calls for
     fit, validate, test and predict (config-file check, moved options, a user error's one line and exit 2), on sys.argv
     as the process has it. (exit code, stdout, stderr) as the process would end; a bug's exception propagates (the
     process would print its traceback and exit 1). os.environ is restored after (the CLI sets PL_GLOBAL_SEED)."""
@@ -126,12 +113,13 @@ def project_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str, 
     return code, out, err
 
 
-def run_project(args: list[str], *, cwd: Path = REPO, env: dict | None = None, timeout: float = 600,
+def run_project(args: list[str], *, cwd: Path = LIBRARY, env: dict | None = None, timeout: float = 600,
                 launcher: list[str] | None = None, fresh: bool | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m project ARGS` in a new process; output captured. The process starts warm (warm_python.py: forked
-    from an interpreter that has the imports) unless a LAUNCHER is given or `fresh`; by default (None) a test that sets
-    variables of its own (`env`) gets a new interpreter: some are read at import (Lightning's MLFlowLogger has
-    `tracking_uri=os.getenv("MLFLOW_TRACKING_URI")` in its signature); a fresh interpreter reads them as a user's."""
+    """Run `python -m classifier_engine ARGS` in a new process; output captured. The process starts warm
+    (warm_python.py: forked from an interpreter that has the imports) unless a LAUNCHER is given or `fresh`; by default
+    (None) a test that sets variables of its own (`env`) gets a new interpreter: some are read at import (Lightning's
+    MLFlowLogger has `tracking_uri=os.getenv("MLFLOW_TRACKING_URI")` in its signature); a fresh interpreter reads them
+    as a user's."""
     if launcher is None and not (env is not None if fresh is None else fresh):
         return warm_python.run(args, cwd=cwd, env=project_env(env), timeout=timeout, module=APP)
     command = [*(launcher or [sys.executable]), "-m", APP, *args]
@@ -140,12 +128,12 @@ def run_project(args: list[str], *, cwd: Path = REPO, env: dict | None = None, t
 
 def start_project(args: list[str], *, env: dict | None = None, new_session: bool = False, merge_stderr: bool = False,
                   fresh: bool | None = None) -> subprocess.Popen | warm_python.WarmProcess:
-    """Start `python -m project ARGS` without waiting (for signals, kill -9, concurrent runs); output captured (in one
-    stream with merge_stderr, as a terminal shows it). Warm or fresh as run_project decides."""
+    """Start `python -m classifier_engine ARGS` without waiting (for signals, kill -9, concurrent runs); output captured
+    (in one stream with merge_stderr, as a terminal shows it). Warm or fresh as run_project decides."""
     if not (env is not None if fresh is None else fresh):
-        return warm_python.start(args, cwd=REPO, env=project_env(env), new_session=new_session,
+        return warm_python.start(args, cwd=LIBRARY, env=project_env(env), new_session=new_session,
                                  merge_stderr=merge_stderr, module=APP)
-    return subprocess.Popen([sys.executable, "-m", APP, *args], cwd=REPO, env=project_env(env), text=True,
+    return subprocess.Popen([sys.executable, "-m", APP, *args], cwd=LIBRARY, env=project_env(env), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
                             start_new_session=new_session)
 
@@ -190,11 +178,6 @@ def pytest_collection_modifyitems(items):
     whole files to the two workers in this order, so the longest start at once and the short ones even out the end."""
     rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-    if TEMPLATE is None:
-        skip = pytest.mark.skip(reason="tests the template's own parts; runs inside the template's repository")
-        for item in items:
-            if item.get_closest_marker("template"):
-                item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

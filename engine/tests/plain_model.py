@@ -1,5 +1,5 @@
 """A LightningModule written from scratch against the contract (not a subclass of a template's): what this suite
-trains when it runs without the template (configs/quickstart.yaml here), and what test_contract.py copies into a
+trains (configs/quickstart.yaml here), and what test_contract.py copies into a
 temporary folder as a user's own file. It imports only Lightning, torch, torchmetrics and the library's public API."""
 import lightning as L
 import torch
@@ -55,7 +55,7 @@ class Unmonitored(TinyNet):
 
 
 class Top1Net(TinyNet):
-    """What the suite trains without the template (configs/quickstart.yaml here): the names the template's model logs
+    """What the suite trains (configs/quickstart.yaml here): the names a template's model logs
     (val/acc1, val/acc5, val/loss, test/...), which the tests read, and an LR schedule by step."""
 
     metric = "val/acc1"

@@ -2,7 +2,8 @@
 
     --trainer.callbacks+='{"class_path": "stop_callbacks.SignalAtStep", "init_args": {"step": 3, "signum": 9}}'
 
-Importable by `python -m project` subprocesses when tests/ is on PYTHONPATH (run_project does that).
+Importable by `python -m classifier_engine` (or a template's) subprocesses when this folder is on PYTHONPATH
+(run_project does that).
 """
 
 import os

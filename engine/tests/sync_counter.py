@@ -8,8 +8,9 @@ tensor on the host (.item(), .tolist(), bool/int/float(tensor), .numpy()), ops w
 (torch.unique, nonzero: the host reads the size), torch.cuda.synchronize, and the blocking collectives
 (torch.distributed.all_reduce, broadcast, barrier, all_gather, and Lightning's strategy.reduce, broadcast, barrier,
 all_gather, reduce_boolean_decision, which call them). A call is *ours* when, walking the stack from the call outwards,
-a frame of the library (or of the template's package, when there is one) comes before any frame of Lightning's loops
-or Trainer: our callback calling strategy.reduce is ours; Lightning's progress bar reading a tensor is Lightning's.
+a frame of the library (or of a package named in `packages`: a template's, `["project"]`) comes before any frame of
+Lightning's loops or Trainer: our callback calling strategy.reduce is ours; Lightning's progress bar reading a tensor is
+Lightning's.
 """
 
 import importlib.util
@@ -25,9 +26,7 @@ import torch.distributed as dist
 
 import classifier_engine
 
-TEMPLATE = importlib.util.find_spec("project")  # None without the template
-PROJECT = tuple(str(Path(init).resolve().parent) + os.sep
-                for init in (classifier_engine.__file__, *([TEMPLATE.origin] if TEMPLATE else [])))
+LIBRARY = str(Path(classifier_engine.__file__).resolve().parent) + os.sep
 LIGHTNING = str(Path(L.__file__).resolve().parent / "pytorch")
 LIGHTNING_DRIVERS = tuple(os.path.join(LIGHTNING, part) + os.sep for part in ("loops", "trainer"))
 
@@ -41,9 +40,15 @@ TORCH_ROOT = str(Path(torch.__file__).resolve().parent) + os.sep
 TORCH_DATA = str(Path(torch.__file__).resolve().parent / "utils" / "data") + os.sep
 
 
-def origin() -> str:
-    """'ours' or 'lightning' for the current call (see the module docstring); 'input' inside DataLoader fetching,
-    which reads CPU tensors of the input pipeline (in workers, or in the main process before the copy to the GPU)."""
+def package_folder(name: str) -> str:
+    """The folder of an importable package, as frames name their files."""
+    return str(Path(importlib.util.find_spec(name).origin).resolve().parent) + os.sep
+
+
+def origin(ours: tuple[str, ...]) -> str:
+    """'ours' or 'lightning' for the current call (see the module docstring), `ours` the folders whose frames are ours;
+    'input' inside DataLoader fetching, which reads CPU tensors of the input pipeline (in workers, or in the main
+    process before the copy to the GPU)."""
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_filename.startswith(TORCH_DATA):
@@ -52,7 +57,7 @@ def origin() -> str:
     frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if filename.startswith(PROJECT):
+        if filename.startswith(ours):
             return "ours"
         if filename.startswith(LIGHTNING_DRIVERS):
             return "lightning"
@@ -65,8 +70,9 @@ class CountHostSyncs(L.Callback):
     by training step ("3": from its start to the next one's), validation batch ("val1", "sanity0": from its start to its
     end, summed over the validation runs) and "after_val" (from a validation batch's end on: the epoch's reductions)."""
 
-    def __init__(self, output: str = ""):
+    def __init__(self, output: str = "", packages: list[str] | None = None):
         self.output = output
+        self.ours = (LIBRARY, *(package_folder(name) for name in packages or []))
         self.step: int | str | None = None
         self.counts: dict = defaultdict(lambda: {"ours": 0, "lightning": 0, "input": 0, "what": []})
         self._saved: list[tuple[object, str, object]] = []
@@ -80,7 +86,7 @@ class CountHostSyncs(L.Callback):
             if not counter._inside and counter.step is not None:
                 counter._inside = True  # a collective's own tensor reads belong to the collective
                 try:
-                    who = origin()
+                    who = origin(counter.ours)
                     entry = counter.counts[counter.step]
                     entry[who] += 1
                     if who != "input":

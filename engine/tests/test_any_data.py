@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import QUICKSTART, TEMPLATE, callback, cli_main
+from conftest import QUICKSTART, callback, cli_main
 
 # What a user writes: digits as tensors (no files), plain DataLoaders; 101 validation images, which no world size
 # of 2 or 3 divides.
@@ -138,12 +138,10 @@ BROKEN = {  # case: (extra arguments, what the one line says)
     "no class_names": ((), "class_names is NoneType, expected a list of the class names"),
     "iterable, no max_steps": ((), "train_dataloader has no length (an IterableDataset without __len__): the run's "
                                    "length in steps is unknown; set --trainer.max_steps"),
-    "iterable, warmup in epochs": (("--trainer.max_steps=3",), "warmup (and a step schedule's milestones) are counted "
-                                                               "in epochs: set --model.optim.warmup_epochs=0"),
 }
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.template) if "warmup" in c else c for c in BROKEN])
+@pytest.mark.parametrize("case", BROKEN)
 def test_a_data_module_that_breaks_the_contract_is_one_line_before_the_first_step(my_data, case, tmp_path,
                                                                                    monkeypatch, capsys):
     from conftest import project_in_process
@@ -160,7 +158,7 @@ def test_a_data_module_that_breaks_the_contract_is_one_line_before_the_first_ste
 
 def test_an_iterable_train_loader_trains_to_max_steps(my_data, tmp_path):
     cli_main(["fit", *args(tmp_path, "--data.class_path=bad_data.Bad", "--data.init_args.case=iterable",
-                           "--trainer.max_steps=3", *(["--model.optim.warmup_epochs=0"] if TEMPLATE else []))])
+                           "--trainer.max_steps=3")])
     assert torch.load(tmp_path / LAST, map_location="cpu", weights_only=True)["global_step"] == 3
 
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import model_class, project_in_process, tiny_args
+from conftest import project_in_process, tiny_args
 
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
 
@@ -48,8 +48,7 @@ def test_data_with_the_same_count_under_other_names_is_refused_in_one_line(subco
     code, out, err = project_in_process([subcommand, *tiny_args(renamed_root, run_dir), f"--ckpt_path={trained}"],
                                         monkeypatch, capsys)
     assert code == 2
-    option = getattr(model_class(), "weights_option", None)  # the template's model names one (the contract)
-    hint = f"--{option} {trained} (no --ckpt_path)" if option else "your model's own loading (no --ckpt_path)"
+    hint = "your model's own loading (no --ckpt_path)"  # plain_model names no weights_option (the contract)
     assert err.strip().splitlines() == [
         f"error: checkpoint {trained} was trained on other classes: class 0 is 'cat' there and 'ant' in the data; use "
         "data with the checkpoint's class folders (names and order), or fine-tune from its weights with a new head: "

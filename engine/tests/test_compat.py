@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from classifier_engine.compat import WORKAROUNDS
-from conftest import REPO, TESTS
+from conftest import LIBRARY, TESTS
 from local_services import free_port
 
 
@@ -261,7 +261,7 @@ print("SAVED_IN_HANDLER", saved_in_handler)
 @canary("test_canary_stock_slurm_requeue_saves_inside_the_signal_handler")
 def test_canary_stock_slurm_requeue_saves_inside_the_signal_handler(tmp_path):
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "SLURM_JOB_ID": "1",
-           "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+           "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(LIBRARY)}
     script = SLURM_REQUEUE.format(tests=str(TESTS), out=str(tmp_path))
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     if "SAVED_IN_HANDLER [" not in result.stdout:  # the script itself failed: not the bug's own failure
@@ -287,7 +287,7 @@ L.Trainer(accelerator="cpu", devices=1, max_steps=20, logger=False, enable_progr
 def test_canary_stock_trainer_exits_0_on_sigterm(tmp_path):
     script = SIGTERM_EXIT.format(tests=str(TESTS), out=str(tmp_path))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": str(LIBRARY)})
     assert result.returncode != 0
 
 
@@ -677,7 +677,7 @@ def test_canary_stock_dcp_runs_code_from_a_crafted_checkpoint(tmp_path):
 
     import torch.distributed.checkpoint as dcp
 
-    from test_fsdp import RunsCode
+    from test_sharded_checkpoints import RunsCode
 
     ran = {part: tmp_path / part for part in ("metadata", "bytes")}
     with warnings.catch_warnings():  # "torch.distributed is disabled ...": one process, as intended

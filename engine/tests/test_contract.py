@@ -247,25 +247,6 @@ def test_it_validates_alike_at_one_and_two_ranks(code, reference, capsys):
     assert float(re.search(r"val/accuracy\s+([0-9.]+)", two.stdout).group(1)) == one  # 51 + 50 images, none twice
 
 
-@pytest.mark.template
-def test_a_class_chosen_over_the_templates_default_starts_from_its_own_defaults(code, tmp_path, monkeypatch, capsys):
-    from conftest import cli_main, project_in_process
-
-    cli = cli_main([*args(tmp_path / "run"), "--model.class_path=project.ImageClassifier",
-                    "--model.init_args.arch=resnet18", "--trainer.max_epochs=1", "--trainer.limit_train_batches=1",
-                    "--trainer.limit_val_batches=1"], run=False)
-    assert cli.datamodule.batch_size == 12 and cli.model.hparams.batch_size == 12  # not ImageNetDataModule's 256
-    code_, _, err = project_in_process(["fit", "--data.root=/nowhere", *args(tmp_path / "refused")], monkeypatch,
-                                       capsys)  # the flag before the switch was meant for the class before it
-    line = err.strip().splitlines()[-1]
-    assert code_ == 2 and line.startswith("error: --data.root was given for ImageNetDataModule, and my_data.Digits "
-                                          "takes no root"), line
-    assert not (tmp_path / "refused").exists()
-    # A model naming no metric gets ModelCheckpoint's own defaults, not the template model's val/acc1.
-    cli = cli_main([*args(tmp_path / "plain"), "--model.class_path=my_model.Unmonitored"], run=False)
-    assert cli.trainer.checkpoint_callback.monitor is None
-
-
 # -- The model contract checked as written, before the first step ------------------------------------------------------
 
 class RenamedMetric(TinyNet):  # its Monitor kept the old name of what it logs

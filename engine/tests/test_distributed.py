@@ -1,6 +1,6 @@
 """Multi-process training on CPU with gloo: ddp trains one job (ddp_spawn: tests/test_resume.py, torchrun:
-tests/test_elastic_restart.py), evaluation is exact at any world size, rank zero alone writes, and data parallelism
-computes what one process computes.
+tests/test_elastic_restart.py), evaluation is exact at any world size, and rank zero alone writes. (That data
+parallelism with sync-BN and an EMA computes what one process computes: a template's tests/test_distributed.py.)
 
     python -m pytest tests/test_distributed.py
 """
@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from classifier_engine.entry import close_process_group
-from conftest import CONFIGS, TEMPLATE, cli_main, read_scalars, run_project, tiny_args
-from test_strategies import NO_AUGMENT, relative_difference
+from conftest import CONFIGS, cli_main, read_scalars, run_project, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +32,9 @@ def assert_ok(result):
 
 
 def in_process(args: list[str]) -> None:
-    """`python -m project ARGS` for one process, without a new interpreter: PL_GLOBAL_SEED and the MASTER_* variables
-    it sets stay out of the tests that follow, and so does the (1-process) gloo group that strategy ddp starts."""
+    """`python -m classifier_engine ARGS` for one process, without a new interpreter: PL_GLOBAL_SEED and the MASTER_*
+    variables it sets stay out of the tests that follow, and so does the (1-process) gloo group that strategy ddp
+    starts."""
     with mock.patch.dict(os.environ):
         try:
             cli_main(args)
@@ -58,7 +58,7 @@ def ddp_run(tiny_root, tmp_path_factory) -> Path:
     shared by the tests that inspect its outputs."""
     run_dir = tmp_path_factory.mktemp("ddp_run")
     # The plain model learns the 3 colours in 4 steps at its own LR (val/acc1 1.0): the exactness test needs one below
-    slower = [] if TEMPLATE else ["--model.init_args.lr=0.0003"]
+    slower = ["--model.init_args.lr=0.0003"]
     args = ["fit", *tiny_args(tiny_root, run_dir, "--trainer.max_epochs=2", "--trainer.check_val_every_n_epoch=2",
                               "--trainer.enable_progress_bar=true", *slower), *CPU_DDP, "--ddp_timeout_minutes=1"]
     assert_ok(run_project(args, timeout=900))
@@ -117,40 +117,6 @@ def test_validate_is_exact_with_1_2_and_3_processes_on_an_odd_val_set(ddp_run, t
     # and each reduced accuracy is a count over all 17 images, not a mean of per-rank means (9+8, 6+6+5 shards)
     for metrics in (two, three):
         assert metrics["val/acc1"] * 17 == pytest.approx(round(metrics["val/acc1"] * 17), abs=1e-4)
-
-
-@pytest.mark.template
-def test_ddp_2x_batch_b_with_sync_batchnorm_and_ema_equals_one_process_with_batch_2b(tiny_root, tmp_path):
-    # float64: in float32, 6-image BatchNorm batches amplify rounding to ~1e-3 after 3 steps (measured), hiding
-    # whether the two computations are the same; in float64 they agree to ~3e-14. The EMA callback averages on each
-    # rank: its weights must agree as well.
-    steps = ["--trainer.limit_train_batches=3", "--trainer.precision=64-true", *NO_AUGMENT,
-             "--trainer.callbacks+=project.callbacks.ema.EMA", "--trainer.callbacks.decay=0.5"]
-    single = ["fit", *tiny_args(tiny_root, tmp_path / "single"), "--data.batch_size=12", *steps]
-    ddp = ["fit", *tiny_args(tiny_root, tmp_path / "ddp"), *FORKED_DDP, "--data.batch_size=6",
-           "--trainer.sync_batchnorm=true", *steps]
-    in_process(single)  # the one-process reference runs here; the 2 ranks are real processes
-    # 64-true makes float64 torch's default dtype only inside Lightning's contexts: the tests that follow get float32
-    leaked = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    assert leaked == torch.float32, leaked
-    assert_ok(run_project(ddp))
-    last = "lightning_logs/version_0/checkpoints/last.ckpt"
-    (ddp_averaged, ddp_raw), (single_averaged, single_raw) = (
-        ema_and_raw(tmp_path / run / last) for run in ("ddp", "single"))
-    assert relative_difference(ddp_raw, single_raw) <= 1e-9
-    assert relative_difference(ddp_averaged, single_averaged) <= 1e-9
-    assert relative_difference(single_averaged, single_raw) > 1e-3  # the EMA's are other weights than the trained
-    # the recipe saw the same global batch in both: LR 0.2 x 12 / 256
-    for run in ("single", "ddp"):
-        lr = read_scalars(tmp_path / run / "lightning_logs/version_0")["train/effective_lr"][0][1]
-        assert lr == pytest.approx(0.2 * 12 / 256)
-
-
-def ema_and_raw(checkpoint: Path) -> tuple[dict, dict]:
-    """The EMA callback's averaged weights (the checkpoint's state_dict) and the trained ones it keeps beside them."""
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    return state["state_dict"], state["current_model_state"]
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"]

@@ -219,23 +219,22 @@ def test_a_failed_check_ends_the_process_with_one_line_naming_the_file_and_the_d
     assert not (tmp_path / "export").exists()
 
 
-@pytest.mark.template
 @pytest.mark.slow  # a real fit first: 3-15 s on 2 shared cores
 def test_main_exports_a_trained_run_from_its_checkpoint_and_config(tiny_root, tmp_path):
-    from conftest import cli_main
+    from conftest import NETWORK, cli_main, new_model
 
     with mock.patch.dict(os.environ):  # the CLI seeds and sets PL_GLOBAL_SEED: keep it out of later tests
-        cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--model.arch=resnet18")])
+        cli_main(["fit", *tiny_args(tiny_root, tmp_path)])
         run = tmp_path / "lightning_logs" / "version_0"
         files = main(["--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--no-onnx"])
     assert files["pt2"] == run / "export" / "model.pt2"
     exported, meta = read_export(run / "export")
-    assert meta["class_names"] == ["cat", "dog", "fox"] and meta["module"] == "torchvision.models.resnet.ResNet"
+    assert meta["class_names"] == ["cat", "dog", "fox"] and meta["module"] == "torch.nn.modules.container.Sequential"
     assert (meta["preprocessing"]["resize"], meta["preprocessing"]["crop"]) == (32, 32)  # the quickstart's eval sizes
 
     state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    network = models.resnet18(num_classes=3)
-    network.load_state_dict({k.removeprefix("network."): v for k, v in state.items() if k.startswith("network.")})
+    network = new_model(3).exportable()  # the quickstart model's network (plain_model.py)
+    network.load_state_dict({k.removeprefix(NETWORK): v for k, v in state.items() if k.startswith(NETWORK)})
     images = torch.randn(4, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(exported(images), network.eval()(images), rtol=0, atol=1e-5)

@@ -282,16 +282,6 @@ def test_the_folder_module_with_sync_batchnorm_stopped_on_2_ranks_ends_alike_res
     assert relative_distance(final, other) <= 1e-9
 
 
-def test_per_device_batchnorm_under_a_global_batch_is_said_once(tiny_root, tmp_path, caplog):
-    from conftest import TEMPLATE, cli_main, tiny_args
-
-    if TEMPLATE is None:
-        pytest.skip("the library's quickstart network has GroupNorm")  # the template's ResNet has BatchNorm
-    with pytest.warns(UserWarning, match="BatchNorm layers normalise over each process's 4 images") as warned:
-        cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--global_batch_size=8", "--data.batch_size=4")])
-    assert sum("BatchNorm" in str(w.message) for w in warned) == 1
-
-
 # -- What a resume inside an epoch may change: the options that decide which samples its steps take stay as saved ----
 
 ONE = [a for a in RUN if not a.startswith(("--global_batch_size", "--last_checkpoint", "--trainer.max_epochs"))] + [

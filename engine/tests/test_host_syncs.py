@@ -51,26 +51,6 @@ def test_a_validation_batch_reads_nothing_back_from_the_device(tiny_root, tmp_pa
         assert entry["ours"] == entry["lightning"] == 0, (key, entry["what"])
 
 
-# 16-mixed as on a GPU: the precision plugin with a GradScaler (on CPU, `precision: 16-mixed` becomes bf16-mixed).
-FP16_WITH_SCALER = ["--trainer.precision=null", "--trainer.plugins=" + json.dumps({
-    "class_path": "lightning.pytorch.plugins.MixedPrecision", "init_args": {"precision": "16-mixed", "device": "cpu",
-    "scaler": {"class_path": "torch.amp.GradScaler", "init_args": {"device": "cpu"}}}})]
-
-
-@pytest.mark.template
-@pytest.mark.slow  # ~25 s: float16 is emulated on a CPU
-def test_16_mixed_steps_read_nothing_back_the_grad_scaler_checks_on_the_device(tiny_root, tmp_path):
-    # An unfused SGD under a GradScaler: GradScaler.step read its inf/NaN check with .item() every step.
-    output = tmp_path / "syncs"
-    cli = cli_main(["fit", *tiny_args(tiny_root, tmp_path / "run", *SMALL, "--trainer.max_steps=3", *FP16_WITH_SCALER,
-                                      callback("sync_counter.CountHostSyncs", output=str(output)))])
-    per_step = counts(output)
-    assert sorted(per_step) == list(range(3))
-    for step in (0, 1):  # the last one also holds the end of the fit (last.ckpt: the scaler's state read)
-        assert per_step[step]["ours"] == per_step[step]["lightning"] == 0, (step, per_step[step]["what"])
-    assert cli.trainer.optimizers[0].defaults["fused"] is True
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpointing", [[], ["--trainer.enable_checkpointing=false"]], ids=["saving", "not_saving"])
 def test_ddp_ranks_agree_every_k_steps_and_lightnings_per_step_sigterm_broadcast_is_gone(checkpointing, tiny_root,

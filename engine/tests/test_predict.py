@@ -1,4 +1,5 @@
-"""`python -m project predict` writes one CSV: path, top-k class names and probabilities, in sorted path order.
+"""`python -m classifier_engine predict` writes one CSV: path, top-k class names and probabilities, in sorted path
+order.
 
     python -m pytest tests/test_predict.py --durations=0
 """

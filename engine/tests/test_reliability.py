@@ -22,12 +22,10 @@ from classifier_engine.export import main as export_main
 from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
 from conftest import (
     CONFIGS,
-    REPO,
-    TEMPLATE,
+    LIBRARY,
     callback,
     cli_main,
     last_line,
-    model_class,
     new_model,
     project_in_process,
     start_project,
@@ -36,13 +34,6 @@ from conftest import (
 from local_services import free_port
 
 LAST = "lightning_logs/version_0/checkpoints/last.ckpt"
-
-
-def tree(root: Path) -> dict[str, int]:
-    """Every file under root with its mtime: what a failed command must leave untouched."""
-    if not root.exists():
-        return {}
-    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +60,7 @@ for version in range(1000):
 @pytest.mark.slow  # another process
 def test_kill_9_during_a_checkpoint_rewrite_leaves_the_previous_file_whole(tmp_path, tmpfs):
     # $TMPDIR on another filesystem than the run dir (the usual cluster layout) must not matter.
-    env = {**os.environ, "TMPDIR": str(tmpfs("300m")), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "TMPDIR": str(tmpfs("300m")), "PYTHONPATH": str(LIBRARY)}
     run = tmp_path / "run"
     run.mkdir()
     path = run / "last.ckpt"
@@ -153,11 +144,10 @@ def test_a_crafted_checkpoint_is_refused_by_every_cli_subcommand(crafted, tiny_r
 
 def test_a_crafted_checkpoint_is_refused_by_load_from_checkpoint_and_the_trainer(crafted, tiny_root, tmp_path):
     path, marker = crafted
-    # The template's model loads weights-only as the library's data modules do; a plain LightningModule is Lightning's.
-    loads = [model_class().load_from_checkpoint] if TEMPLATE else []
-    for load in [*loads, ImageFolderDataModule.load_from_checkpoint]:
-        with pytest.raises(Exception, match="Weights only load failed"):
-            load(path)
+    # The library's data modules load weights-only; a plain LightningModule's load_from_checkpoint is Lightning's (a
+    # template's model that loads weights-only is tested by the template).
+    with pytest.raises(Exception, match="Weights only load failed"):
+        ImageFolderDataModule.load_from_checkpoint(path)
     model = new_model(3)
     data = ImageFolderDataModule(root=str(tiny_root), batch_size=8, num_workers=0, train_crop_size=32,
                                  eval_resize_size=32, eval_crop_size=32)
@@ -186,24 +176,21 @@ def test_export_refuses_a_crafted_checkpoint(crafted, trained, monkeypatch, caps
 
 # -- explicit values and mismatched checkpoints -----------------------------------------------------------------------
 
-@pytest.mark.template
 def test_an_explicit_flag_wins_over_the_checkpoints_value_and_is_said(trained, tiny_root, tmp_path, caplog):
     import shutil
 
     root = tmp_path / "run"
     shutil.copytree(trained, root)
-    cli = cli_main(["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=3", "--model.optim.lr_per_256=0.8"),
+    cli = cli_main(["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=3", "--model.init_args.lr=0.8"),
                     f"--ckpt_path={root / LAST}"])
-    assert cli.model.optim.lr_per_256 == 0.8
-    assert cli.trainer.optimizers[0].param_groups[0]["initial_lr"] == pytest.approx(0.8 * 8 / 256)
-    assert "given instead: model.optim.lr_per_256 0.8 (the checkpoint's: 0.2)" in caplog.text
+    assert cli.model.hparams.lr == 0.8
+    assert "given instead: model.lr 0.8 (the checkpoint's: 0.05)" in caplog.text
 
 
-@pytest.mark.template
-def test_validate_with_another_arch_than_the_checkpoint_stops_naming_both(trained, tiny_root, tmp_path):
-    with pytest.raises(CheckpointError, match=r"holds another network \(its model.arch is 'resnet18', this model's is "
-                                              r"'resnet50'\): network.conv1.weight|holds another network \(its model"):
-        cli_main(["validate", *tiny_args(tiny_root, tmp_path / "run"), "--model.arch=resnet50",
+def test_validate_with_another_network_than_the_checkpoint_stops_naming_both(trained, tiny_root, tmp_path):
+    with pytest.raises(CheckpointError, match=r"holds another network \(its model.width is 16, this model's is 8\): "
+                                              r"net.0.weight is \(16, 3, 3, 3\) there and \(8, 3, 3, 3\) here"):
+        cli_main(["validate", *tiny_args(tiny_root, tmp_path / "run"), "--model.init_args.width=8",
                   f"--ckpt_path={trained / LAST}"])
     assert not (tmp_path / "run").exists()
 
@@ -216,47 +203,6 @@ def test_a_checkpoint_of_other_data_names_both_class_counts(tiny_root, tmp_path)
     with pytest.raises(CheckpointError,
                        match=rf"checkpoint {path} has 10 classes, the data has 3: "):
         cli_main(["validate", *tiny_args(tiny_root, tmp_path / "run"), f"--ckpt_path={path}"])
-
-
-def _copy_of(trained: Path, root: Path) -> Path:
-    """A copy of the trained run; its config.yaml names the copy (the logger's save_dir, the root), not the original."""
-    import shutil
-
-    shutil.copytree(trained, root)
-    config = root / "lightning_logs" / "version_0" / "config.yaml"
-    config.write_text(config.read_text().replace(str(trained), str(root)))
-    return root
-
-
-@pytest.mark.template
-def test_predict_with_the_runs_config_leaves_its_config_yaml_for_export_and_the_readme_names_a_real_checkpoint(
-        trained, tmp_path, monkeypatch, capsys):
-    import re
-
-    run = _copy_of(trained, tmp_path / "run") / "lightning_logs" / "version_0"
-    before = (run / "config.yaml").read_bytes()
-    args = ["predict", f"--config={run / 'config.yaml'}", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
-            f"--predictions.output={tmp_path / 'predictions.csv'}"]
-    code, _, err = project_in_process(args, monkeypatch, capsys)
-    assert code == 0, err[-3000:]
-    # only fit writes the run's config.yaml: export rebuilds the network from it (it refused predict's keys)
-    assert (run / "config.yaml").read_bytes() == before and not list(run.glob("config.*.yaml"))
-    readme = (REPO / "README.md").read_text()
-    (name,) = re.findall(r"python -m project export --ckpt_path RUN/checkpoints/(\S+)", readme)
-    assert (run / "checkpoints" / name).is_file(), sorted(p.name for p in (run / "checkpoints").iterdir())
-
-
-@pytest.mark.template
-def test_a_resume_refused_by_the_optimizer_check_leaves_the_run_dir_as_it_was(trained, tiny_root, tmp_path,
-                                                                               monkeypatch, capsys):
-    root = _copy_of(trained, tmp_path / "run")
-    run = root / "lightning_logs" / "version_0"
-    before = {name: mtime for name, mtime in tree(run).items() if name != ".lock"}
-    args = ["fit", *tiny_args(tiny_root, root, "--trainer.max_epochs=3", "--model.optim.optimizer=adamw"),
-            "--ckpt_path=last"]
-    code, _, err = project_in_process(args, monkeypatch, capsys)
-    assert code == 2 and "model.optim.optimizer=sgd, this run asks for adamw" in err, err[-3000:]
-    assert {name: mtime for name, mtime in tree(run).items() if name != ".lock"} == before  # no empty event file
 
 
 # -- one writer per run dir -------------------------------------------------------------------------------------------

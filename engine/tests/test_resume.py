@@ -1,9 +1,10 @@
 """Resume exact to the batch: a run killed (-9) or stopped (SIGTERM) mid-epoch and resumed with `--ckpt_path last`
-ends with the weights, averaged (EMA) weights, optimizer state and step of an uninterrupted run, single process and
-ddp x2, with DataLoader workers and every recipe ingredient on: MixUp/CutMix draws, auto-augment and erasing per
-image, repeated augmentation, and a progressive-resizing ramp the kill lands in.
+ends with the weights, optimizer state and step of an uninterrupted run, single process and ddp x2, with DataLoader
+workers and the library's data ingredients on: auto-augment and erasing per image, repeated augmentation, and a
+progressive-resizing ramp the kill lands in. (A template's model's own ingredients, MixUp/CutMix and its EMA: its
+tests/test_resume.py.)
 
-    python -m pytest tests/test_resume.py --durations=0
+    python -m pytest engine/tests/test_resume.py --durations=0
 """
 
 import signal
@@ -13,15 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CONFIGS, NETWORK, TEMPLATE, callback, cli_main, read_scalars, run_project, start_project, tiny_args
+from conftest import CONFIGS, NETWORK, callback, cli_main, read_scalars, run_project, start_project, tiny_args
 
 # 40 images in batches of 8: 5 steps per epoch on one process, 2 per rank under ddp x2 (20 images each, the
 # incomplete last batch dropped: data.drop_last).
-# The template's recipe ingredients (its model's mixing, its EMA callback): their random draws too must come out the
-# same after a resume.
-RECIPE = ["--model.loss.mixup_alpha=0.2", "--model.loss.cutmix_alpha=1.0",
-          callback("project.callbacks.ema.EMA", decay=0.9, every_n_steps=2, warmup_epochs=0.5)] if TEMPLATE else []
-EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3", *RECIPE,
+EPOCHS = ["--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=3",
           "--data.auto_augment=trivialaugment_wide", "--data.random_erase_prob=0.5", "--data.ra_reps=2",
           # 24 px in epochs 0-1, 32 px in epoch 2: the kills below land in epoch 1
           "--data.progressive_resizing={start_size: 24, end_size: 32, start_epoch: 1, end_epoch: 2, multiple: 8}"]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEMPLATE, callback, project_in_process, read_scalars, run_project, tiny_args
+from conftest import callback, project_in_process, read_scalars, run_project, tiny_args
 from local_services import free_port
 
 pytestmark = pytest.mark.slow
@@ -130,7 +130,7 @@ def test_tensorboard_mlflow_wandb_offline_and_csv_stopped_and_resumed_are_one_ru
         assert len(steps) == len(set(steps)) == count, (name, steps)  # each step once: one run, no counter restart
         assert steps == sorted(step for step, _ in tensorboard[name]), (name, steps)  # TensorBoard's steps
     params = run.data.params
-    assert params["model.arch" if TEMPLATE else "model.width"] == ("resnet18" if TEMPLATE else "16")
+    assert params["model.width"] == "16"
     assert params["trainer.max_epochs"] == "2"
     assert run.data.tags.get("git_commit") or not (Path(__file__).parents[1] / ".git").exists()
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]

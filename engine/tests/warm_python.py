@@ -1,5 +1,6 @@
-"""`python -m project ARGS` as a real new process that starts warm: forked from a server that imported torch, Lightning,
-torchvision and the project once, instead of paying their ~10 s of imports (20-60 s on a loaded CI machine) again.
+"""`python -m MODULE ARGS` as a real new process that starts warm: forked from a server that imported torch,
+Lightning, torchvision, the library and MODULE once, instead of paying their ~10 s of imports (20-60 s on a loaded CI
+machine) again.
 
 Most of this suite's time on CI's two cores was interpreter starts. The child is a real process all the same: its own
 pid, signals, kill -9, process group (start_new_session), exit status, stdout/stderr pipes, cwd, environment and
@@ -7,7 +8,7 @@ sys.path (cwd first, then PYTHONPATH, as `python -m` has them). What it is not i
 happens at interpreter start (imports, environment read at import, the README's own commands, torchrun, srun) starts
 `sys.executable` itself. Ranks that Lightning's ddp launcher starts are fresh interpreters as always.
 
-    python engine/tests/warm_python.py SOCKET   (started by start(); it exits when the test process's pipe closes)
+    python engine/tests/warm_python.py SOCKET MODULE   (by start(); it exits when the test process's pipe closes)
 """
 
 import io
@@ -33,7 +34,7 @@ class WarmProcess:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._conn.connect(_server(env, timeout))
+        self._conn.connect(_server(env, timeout, module))
         request = {"module": module, "args": list(args), "cwd": str(cwd), "env": env, "new_session": new_session}
         socket.send_fds(self._conn, [json.dumps(request).encode()], [out_w, out_w if merge_stderr else err_w])
         os.close(out_w)
@@ -115,30 +116,31 @@ def run(args: list[str], *, cwd, env: dict, timeout: float, module: str) -> subp
 _SERVER: dict = {}
 
 
-def _server(env: dict, timeout: float) -> str:
+def _server(env: dict, timeout: float, module: str) -> str:
     """The socket of this test process's server, started on first use with this process's environment and the
-    child's PYTHONPATH (a child's own variables are set after the imports: what reads them does so at call time)."""
+    child's PYTHONPATH (a child's own variables are set after the imports: what reads them does so at call time), MODULE
+    imported."""
     if "socket" not in _SERVER:
         path = os.path.join(tempfile.mkdtemp(prefix="warm-python-"), "socket")
         server_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": env.get("PYTHONPATH", "")}
-        server = subprocess.Popen([sys.executable, __file__, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  env=server_env, text=True)
+        server = subprocess.Popen([sys.executable, __file__, path, module], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, env=server_env, text=True)
         if server.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the warm python server did not start (exit {server.wait(timeout)})")
         _SERVER.update(socket=path, process=server)  # its stdin pipe closes with this process: the server then exits
     return _SERVER["socket"]
 
 
-def _serve(path: str) -> None:
-    import importlib.util
+def _serve(path: str, module: str) -> None:
+    import importlib
 
     import lightning.pytorch  # noqa: F401  the imports each child would otherwise pay
     import torchmetrics  # noqa: F401
     import torchvision  # noqa: F401
 
     import classifier_engine.cli  # noqa: F401
-    if importlib.util.find_spec("project") is not None:  # the template, when the suite runs inside it
-        import project  # noqa: F401
+
+    importlib.import_module(module)  # what the children run (the library's entry point, or a template's)
 
     base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -208,4 +210,4 @@ def _child(request: dict, fds: list[int], conn: socket.socket, base_path: list[s
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    _serve(sys.argv[1], sys.argv[2])

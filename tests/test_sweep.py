@@ -16,14 +16,12 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
-
 from classifier_engine.errors import DiskFullError, exit_on_user_error
 from classifier_engine.run.sweep import legible_parallel_coordinates
 from classifier_engine.run.sweep import main as sweep_main
 from classifier_engine.run.sweep_trials import open_storage
-from conftest import CONFIGS, cli_main, read_scalars, run_project, start_project
 
-pytestmark = pytest.mark.template  # configs/sweep/quickstart.yaml sweeps the template's model options
+from conftest import CONFIGS, cli_main, read_scalars, run_project, start_project
 
 SWEEP = CONFIGS / "sweep" / "quickstart.yaml"
 FAST_HEARTBEAT = ["--sweep.heartbeat_interval=1", "--sweep.grace_period=4"]

@@ -15,13 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from classifier_engine.compat.ckpt_read_once import checkpoint_values
-from conftest import QUICKSTART, SHRINK, project_in_process
 
-pytestmark = pytest.mark.template  # the template's model and its backbone option
-pytest.importorskip("project", reason="tests the template beside the library")
-from project import ImageClassifier, ImageNetDataModule, cli_main  # noqa: E402
+from conftest import QUICKSTART, SHRINK, project_in_process
+from project import ImageClassifier, ImageNetDataModule, cli_main
 
 MY_NET = '''
 from torch import nn
