@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from classifier_engine.data.decoders import CPU_DECODERS
 from classifier_engine.data.image_data import ImageDataModule
 from classifier_engine.data.image_folders import DecodedImages, EncodedImages
+from classifier_engine.data.partial_decode import EncodedJpeg
 from classifier_engine.seeds import SeededSamples
 
 PROBE_IMAGES, PROBE_SECONDS = 8, 1.0  # timed at each epoch's end, in this process: at most so many, so long
@@ -55,12 +56,15 @@ def worker_cost(loader: Any, epoch: int) -> Optional[WorkerCost]:
             for index in indices:
                 start = time.perf_counter()
                 samples.append(dataset[(index, epoch, 0)] if isinstance(dataset, SeededSamples) else dataset[index])
-                load += time.perf_counter() - start
+                took = time.perf_counter() - start
+                load += took
                 if decodes:
                     start = time.perf_counter()
                     image = inner.loader(inner.samples[index][0])
+                    if isinstance(image, EncodedJpeg):  # decoded in part by the transform: a whole decode, at most
+                        image = image.whole()  # the sample's time, stands for it
                     sides.append(min(image.shape[-2:] if isinstance(image, torch.Tensor) else image.size))
-                    decode += time.perf_counter() - start
+                    decode += min(time.perf_counter() - start, took)
                 if load > PROBE_SECONDS:
                     break
             start = time.perf_counter()

@@ -50,13 +50,20 @@ def _imported(name: str) -> Any:
     return None
 
 
+def public_classes() -> set[str]:
+    """The library's public classes (classifier_engine.__all__): the code its own entry point is built to run, trusted
+    as a template's default classes are (read from the imported package: no import edge up to it)."""
+    package = sys.modules[__name__.split(".")[0]]
+    return {f"{package.__name__}.{name}" for name in package.__all__ if isinstance(getattr(package, name, None), type)}
+
+
 def check_stored_config(settings: Any, path: str | os.PathLike, trusted: Iterable[str]) -> None:
     """ConfigError when the config file `path` came from an object store and names code nothing local names (by
     name, or an imported object another name of it stands for: `pkg.Data` for `pkg.data.Data`)."""
     origin = stored_origin(Path(path))
     if origin is None:
         return
-    trusted = set(trusted) | WRITTEN_BY_THE_ENGINE
+    trusted = set(trusted) | WRITTEN_BY_THE_ENGINE | public_classes()
     objects = [found for found in map(_imported, trusted) if found is not None]
     untrusted = sorted(name for name in code_names(settings) - trusted
                        if not any(_imported(name) is found for found in objects))
