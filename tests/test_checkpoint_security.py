@@ -43,18 +43,19 @@ ATTACKS = {
 def code(tmp_path_factory) -> Path:
     """A folder on sys.path with the user's network and the hostile module."""
     folder = tmp_path_factory.mktemp("code")
-    (folder / "my_net.py").write_text(MY_NET)
+    (folder / "security_net.py").write_text(MY_NET)  # not my_net: the README snippet test's module
     marker = folder / "imported"
     (folder / f"{HOSTILE}.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\nclass Net:\n    pass\n")
     sys.path.insert(0, str(folder))
     yield folder
     sys.path.remove(str(folder))
+    sys.modules.pop("security_net", None)
 
 
 @pytest.fixture(scope="module")
 def run(code, tiny_root, tmp_path_factory) -> Path:
-    """A real run with `model.backbone: {class_path: my_net.TinyNet}` (2 steps); its version dir."""
-    (code / "net.yaml").write_text("model:\n  arch: null\n  backbone:\n    class_path: my_net.TinyNet\n")
+    """A real run with `model.backbone: {class_path: security_net.TinyNet}` (2 steps); its version dir."""
+    (code / "net.yaml").write_text("model:\n  arch: null\n  backbone:\n    class_path: security_net.TinyNet\n")
     root = tmp_path_factory.mktemp("run")
     cli_main(["fit", "--config", str(QUICKSTART), "--config", str(code / "net.yaml"), *SHRINK,
               f"--data.root={tiny_root}", f"--trainer.default_root_dir={root}", "--trainer.max_steps=2",
@@ -87,7 +88,7 @@ def assert_never_imported(code: Path) -> None:
 @pytest.mark.parametrize("attack", ["class_path with init_args", "dotted string"])
 @pytest.mark.parametrize("network", ["the user's, passed by the caller", "a torchvision arch"])
 def test_load_from_checkpoint_takes_values_from_a_checkpoint_and_never_code(code, run, tmp_path, attack, network):
-    from my_net import TinyNet
+    from security_net import TinyNet
 
     path = crafted(run, tmp_path, attack)
     kwargs = {"backbone": TinyNet}  # the caller names the class: the checkpoint does not hold it

@@ -28,6 +28,8 @@ def python_block(title: str) -> str:
 @pytest.fixture
 def code(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("my_net", "my_data"):  # another test's module of the same name must not answer the import
+        sys.modules.pop(name, None)
     yield tmp_path
     for name in ("my_net", "my_data"):
         sys.modules.pop(name, None)

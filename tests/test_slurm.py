@@ -183,7 +183,7 @@ def test_two_node_job_trains_one_sharded_run_over_both_nodes(slurm, jobs):
     # One writer: one run dir, pinned to the job, with one config and one checkpoint set.
     run_dir = job.run_dir()
     assert [p.name for p in (job.root / "lightning_logs").iterdir()] == [run_dir.name]
-    assert sorted(p.name for p in run_dir.glob("*.yaml")) == ["config.yaml", "hparams.yaml"]
+    assert sorted(p.name for p in run_dir.glob("*.yaml")) == ["config.yaml", "hparams.yaml", "plan.yaml"]
     assert "  strategy: fsdp2\n" in (run_dir / "config.yaml").read_text()
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert len(checkpoints) == 2 and "last.ckpt" in checkpoints, checkpoints
