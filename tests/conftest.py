@@ -2,7 +2,6 @@
 the real CLI (python -m project) in-process or in a new process."""
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +37,7 @@ def deleted(path: str) -> bool:
 # The library's test helpers (tiny data, a Slurm cluster, stop callbacks for its runs), beside the library you keep.
 ENGINE_TESTS = REPO / "engine" / "tests"
 sys.path.append(str(ENGINE_TESTS))
-from tiny_runs import SHRINK, callback, read_scalars, write_image_folder  # noqa: E402, F401  (the suites share them)
+from tiny_runs import SHRINK, callback, read_scalars, tmpfs, write_image_folder  # noqa: E402, F401  (the suites share them)
 
 
 @pytest.fixture(scope="session")
@@ -115,26 +114,20 @@ def start_project(args: list[str], *, env: dict | None = None, new_session: bool
                             start_new_session=new_session)
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    """mount(size) -> a fresh tmpfs of that size (a real, small disk, and another filesystem than /tmp); needs root."""
-    mounts = []
+# The longest files of the slow part first (.ci/run of 2026-12-06, seconds on 2 cores: bench ~236, sweep ~230, the
+# rename ~175, slurm ~110 with its cluster, fsdp ~125, the README's DDP example ~95, the stored sharded checkpoint ~86):
+# handed out in file order, the rename test last left one worker running it alone for its last ~90 s.
+SLOWEST_FILES = [
+    "test_bench.py", "test_sweep.py", "test_your_own_project.py", "test_slurm.py", "test_fsdp.py",
+    "test_readme_snippets.py", "test_remote_sharded_checkpoints.py", "test_notebooks.py", "test_resume.py",
+]
 
-    def mount(size: str) -> Path:
-        target = tmp_path / f"tmpfs{len(mounts)}"
-        target.mkdir()
-        if os.geteuid() != 0 or shutil.which("mount") is None:
-            pytest.skip("mounting a tmpfs needs root")
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)],
-                                capture_output=True)
-        if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
-        mounts.append(target)
-        return target
 
-    yield mount
-    for target in mounts:
-        subprocess.run(["umount", "-l", str(target)], check=False)
+def pytest_collection_modifyitems(items):
+    """The slowest files first, each file's own order kept: `-n 2` (the README's test command, --dist loadfile) hands
+    whole files to the two workers in this order, so the longest start at once and the short ones even out the end."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(autouse=True)

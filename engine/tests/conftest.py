@@ -9,7 +9,6 @@ it, as they would without a template: a template's own parts are tested by the t
 import importlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import warm_python
-from tiny_runs import SHRINK, callback, read_scalars, write_image_folder  # noqa: F401  (the suite's)
+from tiny_runs import SHRINK, callback, read_scalars, tmpfs, write_image_folder  # noqa: F401  (the suite's)
 
 # One intra-op thread per process, in this one (torch is not imported yet) and in every process a test starts: CI runs
 # two test workers on two cores, each with its own processes (ranks, runs), and torch's default, a thread a core, then
@@ -149,28 +148,6 @@ def last_line(stderr: str) -> str:
     while len(lines) > 1 and LAUNCHER_LINE.fullmatch(lines[-1]):
         lines.pop()
     return lines[-1] if lines else ""
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """mount(size) -> a fresh tmpfs of that size (a real, small disk, and another filesystem than /tmp); needs root."""
-    mounts = []
-
-    def mount(size: str) -> Path:
-        target = tmp_path / f"tmpfs{len(mounts)}"
-        target.mkdir()
-        if os.geteuid() != 0 or shutil.which("mount") is None:
-            pytest.skip("mounting a tmpfs needs root")
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)],
-                                capture_output=True)
-        if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
-        mounts.append(target)
-        return target
-
-    yield mount
-    for target in mounts:
-        subprocess.run(["umount", "-l", str(target)], check=False)
 
 
 def pytest_collection_modifyitems(items):

@@ -1,13 +1,18 @@
 """What both suites (the library's, engine/tests, and a template's, tests/) use to run the real CLI on tiny data: a
-learnable image folder, the flags that shrink a real config to a quick CPU run, a callback flag, TensorBoard's scalars.
+learnable image folder, the flags that shrink a real config to a quick CPU run, a callback flag, TensorBoard's scalars,
+a small real disk (the tmpfs fixture).
 
     from tiny_runs import SHRINK, write_image_folder      # engine/tests on sys.path (a template's conftest puts it)
 """
 
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 # Shrinks a real config (the quickstart's) for tests: no progress bars or summaries, one quick epoch.
@@ -48,3 +53,25 @@ def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     accumulator.Reload()
     return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(size) -> a fresh tmpfs of that size (a real, small disk, and another filesystem than /tmp); needs root."""
+    mounts = []
+
+    def mount(size: str) -> Path:
+        target = tmp_path / f"tmpfs{len(mounts)}"
+        target.mkdir()
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            pytest.skip("mounting a tmpfs needs root")
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)],
+                                capture_output=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+        mounts.append(target)
+        return target
+
+    yield mount
+    for target in mounts:
+        subprocess.run(["umount", "-l", str(target)], check=False)
