@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-LATE_S = 5.0  # FaultyProxy's "late" answers
+TOGETHER_S = 120.0  # the longest FaultyProxy's "together" holds a request for the others
 
 
 def free_port() -> int:
@@ -68,8 +68,9 @@ class FaultyProxy:
     """An HTTP proxy on 127.0.0.1 in front of a local server (`target`, http://host:port) that misbehaves on request,
     as object stores and trackers do: `fault` is None (pass through), "refuse" (close the connection at once), "500"
     (answer 500 Internal Server Error), "cut" (send the answer's headers and half its body, then close), "stall"
-    (take the request, never answer) or "late" (pass the request on at once, answer LATE_S later: what it read is that
-    old by then, as over a slow link); only for requests whose path holds `match`, after `after` of them passed, and
+    (take the request, never answer) or "together" (hold each request until `times` of them, 2 if None, have come, up
+    to TOGETHER_S, then pass them on at once: two clients' reads meet, as two nodes starting in the same second do,
+    however loaded the machine); only for requests whose path holds `match`, after `after` of them passed, and
     `times` of them at most (None: all). `faults` counts the requests it spoiled. Set `fault` at any time; the proxy
     stops on exit.
 
@@ -81,6 +82,7 @@ class FaultyProxy:
         self.target, self.fault, self.match, self.after, self.times, self.faults = target, fault, match, after, times, 0
         self._stopped = threading.Event()
         self._lock = threading.Lock()
+        self._arrived = threading.Condition()
 
     def __enter__(self) -> "FaultyProxy":
         proxy = self
@@ -105,6 +107,8 @@ class FaultyProxy:
                     payload = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
                     self.answer(500, [("Content-Type", "application/xml")], payload)
                     return
+                if fault == "together":
+                    proxy.meet()
                 host, port = proxy.target.split("://", 1)[1].rsplit(":", 1)
                 upstream = http.client.HTTPConnection(host, int(port), timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("expect", "connection")}
@@ -114,8 +118,6 @@ class FaultyProxy:
                 upstream.close()
                 kept = [(k, v) for k, v in answer.getheaders()
                         if k.lower() not in ("transfer-encoding", "connection", "content-length")]
-                if fault == "late":
-                    time.sleep(LATE_S)
                 if fault == "cut":
                     self.answer(answer.status, kept, payload, cut=True)
                 else:
@@ -151,7 +153,15 @@ class FaultyProxy:
             self.faults += 1
         return self.fault
 
+    def meet(self) -> None:
+        """Wait until `times` requests have come (each counted in fault_for), or TOGETHER_S."""
+        with self._arrived:
+            self._arrived.notify_all()
+            self._arrived.wait_for(lambda: self.faults >= (self.times or 2), timeout=TOGETHER_S)
+
     def __exit__(self, *exc) -> None:
+        with self._arrived:
+            self._arrived.notify_all()
         self._stopped.set()
         self._server.shutdown()
         self._server.server_close()

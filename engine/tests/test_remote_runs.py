@@ -144,10 +144,11 @@ def test_a_second_writer_into_a_stored_run_is_refused_in_one_line_and_writes_not
 
 @pytest.mark.slow
 def test_two_new_runs_started_at_once_into_one_root_end_in_two_versions(tiny_root, s3, store, tmp_path):
-    # Two nodes start together: the lease's answers come LATE_S late (the requests already done), so each start reads
-    # "no lease" before the other's is written, as it did on every try with the lease read then written. The store's
-    # create-only write (If-None-Match) gives version_0 to one; the other takes version_1.
-    with FaultyProxy(store["AWS_ENDPOINT_URL"], fault="late", match="/.lease") as proxy:
+    # Two nodes start together: each start's first lease request is held until the other's has come, so both read
+    # "no lease" before either writes one, as they did on every try with the lease read then written (the two starts
+    # seconds apart on a loaded machine: a fixed delay let the second see the first's run, one CI run in several). The
+    # store's create-only write (If-None-Match) gives version_0 to one; the other takes version_1.
+    with FaultyProxy(store["AWS_ENDPOINT_URL"], fault="together", match="/.lease", times=2) as proxy:
         jobs = [start_project(fit_args(tiny_root, "s3://runs/h"), env={
             **store, "AWS_ENDPOINT_URL": proxy.url, "CLASSIFIER_ENGINE_RUN_MIRROR": str(tmp_path / node)})
             for node in ("node1", "node2")]
