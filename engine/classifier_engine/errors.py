@@ -39,7 +39,10 @@ def shown(path: os.PathLike | str) -> str:
 
 
 class UserError(Exception):
-    """A mistake in the user's input; its message says what, where, and the fix."""
+    """A mistake in the user's input; its message says what, where, and the fix (and `saved`, where the fit it ended
+    saved last.ckpt first)."""
+
+    saved: Optional[str] = None
 
 
 class ConfigError(UserError, ValueError):
@@ -69,8 +72,6 @@ class DiskFullError(UserError):
 class DataUnavailable(UserError):
     """A data source (an object store) that kept failing after bounded retries; `saved` says where the run was saved."""
 
-    saved: Optional[str] = None
-
 
 class UnreadableImageError(OSError):
     """A file no decoder can read (truncated, corrupt, not an image); an OSError, as PIL's are, for their handlers."""
@@ -86,7 +87,7 @@ _PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "Broke
 def user_message(error: BaseException) -> Optional[str]:
     """The one-line message for an error the user caused, or None for a bug (which keeps its traceback)."""
     if isinstance(error, (UserError, UnreadableImageError)):
-        saved = getattr(error, "saved", None)  # DataUnavailable after a save (run/last_checkpoint.py)
+        saved = getattr(error, "saved", None)  # last.ckpt saved first (LastCheckpoint.keep_the_step)
         return (raised_in_worker(error) or str(error)) + (f"; {saved}" if saved else "")
     if type(error).__name__ == "MisconfigurationException":  # Lightning's word for a setting that cannot work
         return " ".join(str(error).split())

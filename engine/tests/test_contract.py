@@ -291,8 +291,8 @@ def test_a_monitor_the_model_never_logs_is_one_line_at_the_sanity_check_or_after
     exit_code, lines = main_lines(args(tmp_path / "epoch", renamed, "--trainer.num_sanity_val_steps=0"), monkeypatch,
                                   capsys)
     last = tmp_path / "epoch" / LAST
-    assert (exit_code, lines[-1]) == (2, line.format("lr-SGD, train/loss, val/acc") + f"; saved {last} at step 8 "
-                                      "(--ckpt_path last continues there)")
+    assert (exit_code, lines[-1]) == (2, line.format("lr-SGD, train/loss, val/acc") + f"; saved {last} at global "
+                                      "step 8: the same command with --ckpt_path last continues there")
     assert torch.load(last, weights_only=True)["global_step"] == 8
 
 

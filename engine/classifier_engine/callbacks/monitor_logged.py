@@ -25,9 +25,9 @@ class MonitorLogged(Callback):
         if self.metric in trainer.callback_metrics:
             return
         logged = ", ".join(sorted(key for key in trainer.callback_metrics if key not in ("epoch", "step"))) or "none"
-        last = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint) and c.path), None)
-        saved = f"; saved {last._save(trainer, again=True)} at step {trainer.global_step} (--ckpt_path last " \
-            "continues there)" if last is not None and trainer.global_step else ""
-        raise ConfigError(f"the best checkpoint's metric {self.metric!r} is not one the model logs at validation "
-                          f"(it logs {logged}): log it, or name one of those in the model's Monitor or "
-                          f"--checkpoint.monitor{saved}")
+        error = ConfigError(f"the best checkpoint's metric {self.metric!r} is not one the model logs at validation "
+                            f"(it logs {logged}): log it, or name one of those in the model's Monitor or "
+                            "--checkpoint.monitor")
+        for last in (c for c in trainer.callbacks if isinstance(c, LastCheckpoint)):
+            last.keep_the_step(trainer, error, again=True)
+        raise error

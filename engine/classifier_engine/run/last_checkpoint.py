@@ -18,7 +18,7 @@ from torch.multiprocessing import ProcessExitedException
 
 from classifier_engine.compat.sigterm_broadcast import take_over_lightning_sigterm
 from classifier_engine.compat.spawn import trains_in_this_process
-from classifier_engine.errors import CheckpointError, ConfigError, DataUnavailable
+from classifier_engine.errors import CheckpointError, ConfigError, DataUnavailable, UserError
 from classifier_engine.run.run_dirs import CHECKPOINTS, LAST
 from classifier_engine.run.signals import STOP_SIGNALS, StopRequests, as_requested
 from classifier_engine.run.slurm import requeue, slurm_job_id
@@ -79,10 +79,16 @@ class StopSignals(Callback):
         self._restore_handlers()
         # A data source that kept failing between two batches (the loader's position counts the batches trained):
         # the step reached is saved, and said in the error's line. One process only: under ddp the others are not here.
-        if (isinstance(exception, DataUnavailable) and getattr(self, "path", None) is not None
-                and trainer.world_size == 1 and trainer.global_step > 0 and trainer.training):
-            exception.saved = (f"saved {self._save(trainer)} at global step {trainer.global_step}: the same command "
-                               "with --ckpt_path last continues there")
+        if isinstance(exception, DataUnavailable) and trainer.world_size == 1 and trainer.training:
+            self.keep_the_step(trainer, exception)
+
+    def keep_the_step(self, trainer: L.Trainer, error: UserError, again: bool = False) -> None:
+        """Save last.ckpt before `error` ends the fit, and say where in its line (errors.user_message reads `saved`);
+        nothing when no step was trained or last.ckpt is off (enable_checkpointing=false). `again`: after a
+        validation of a step already saved (its metrics)."""
+        if getattr(self, "path", None) is not None and trainer.global_step > 0:
+            error.saved = (f"saved {self._save(trainer, again)} at global step {trainer.global_step}: the same "
+                           "command with --ckpt_path last continues there")
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
