@@ -16,7 +16,7 @@ _PUBLIC = {
     "cli_main": "classifier_engine.cli",
     "main": "classifier_engine.entry",
     # the run plan's decisions: a template's own passes return them (cli_main(passes=...); --plan prints them)
-    "Decision": "classifier_engine.plan.run_plan",
+    "Decision": "classifier_engine.run_plan",
     # the contract the engine reads of a model and a data module
     "ClassificationModel": "classifier_engine.contract",
     "ClassificationData": "classifier_engine.contract",

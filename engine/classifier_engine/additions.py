@@ -27,10 +27,9 @@ from classifier_engine.callbacks.throughput import ThroughputLogger
 from classifier_engine.compat.batch_dispatch import LeanBatchDispatch
 from classifier_engine.compat.elastic_store import init_attempt_process_group
 from classifier_engine.compat.log_device_move import skip_same_device_moves
+from classifier_engine.config_edits import PARSE_LINKS, run_seed
 from classifier_engine.errors import record_rank
 from classifier_engine.options import PositiveInt
-from classifier_engine.plan.edits import PARSE_LINKS, run_seed
-from classifier_engine.plan.run_plan import MONITOR, RunPlan
 from classifier_engine.plan.settings import DDP_START_METHODS
 from classifier_engine.run.checkpoint_checks import CheckpointValues
 from classifier_engine.run.checkpoint_io import AtomicCheckpointIO
@@ -38,6 +37,7 @@ from classifier_engine.run.last_checkpoint import LastCheckpoint, StopSignals
 from classifier_engine.run.launchers import check_process_count
 from classifier_engine.run.slurm import cluster_environment
 from classifier_engine.run.trackers import redact
+from classifier_engine.run_plan import MONITOR, RunPlan
 from classifier_engine.samplers import ExactLoaders
 from classifier_engine.strategies.fsdp import FSDPStrategy
 from classifier_engine.strategies.sync_batchnorm import SyncBatchNormAnyBackend
@@ -55,7 +55,7 @@ def add_run_arguments(parser: LightningArgumentParser, model: Optional[type], da
     parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
     parser.link_arguments("data", "model.init_args.image_sizes", compute_fn=contract.image_sizes,
                           apply_on="instantiate")
-    for source, target, compute in PARSE_LINKS:  # an edit of the source carries over too (plan/edits.py)
+    for source, target, compute in PARSE_LINKS:  # an edit of the source carries over too (config_edits.py)
         parser.link_arguments(source, target, **({"compute_fn": compute} if compute else {}))
     parser.set_defaults({key: {"class_path": f"{cls.__module__}.{cls.__qualname__}"}
                          for key, cls in (("model", model), ("data", data)) if cls})

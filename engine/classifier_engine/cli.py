@@ -22,10 +22,10 @@ from classifier_engine.compat.ckpt_hparams import explicit_values
 from classifier_engine.compat.upstream_noise import quiet_upstream_noise, resumed_run_dir
 from classifier_engine.errors import ConfigError, limited_yaml_mode, record_rank
 from classifier_engine.plan.make import make_plan
-from classifier_engine.plan.run_plan import Pass
 from classifier_engine.plan.started import Started
 from classifier_engine.run.last_checkpoint import stops_reach_spawned_ranks
 from classifier_engine.run.saved_config import KeepingSaveConfigCallback
+from classifier_engine.run_plan import Pass
 from classifier_engine.summary import where_the_run_went
 
 

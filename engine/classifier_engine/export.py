@@ -25,8 +25,8 @@ from torch import nn
 from classifier_engine import contract
 from classifier_engine.contract import display_names, eval_preprocessing
 from classifier_engine.errors import ConfigError, UserError, install_extra, load_config_file
-from classifier_engine.plan.run_plan import Decision, RunPlan
 from classifier_engine.run.checkpoint_io import load_checkpoint
+from classifier_engine.run_plan import Decision, RunPlan
 
 PREPROCESSING_KEYS = ("resize", "crop", "mean", "std")
 # What an export writes besides model.json, by kind (model.onnx keeps its weights in model.onnx.data, beside it).

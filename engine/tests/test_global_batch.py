@@ -43,9 +43,9 @@ def test_the_planned_world_size_is_the_trainers(trainer, expected):
 
 
 def test_the_plan_sets_the_batch_the_linked_model_batch_and_the_accumulation_over_a_given_one():
-    from classifier_engine.plan.edits import apply_edits, read_only
-    from classifier_engine.plan.run_plan import Decision, PlanInput, RunPlan
+    from classifier_engine.config_edits import apply_edits, read_only
     from classifier_engine.plan.settings import batch
+    from classifier_engine.run_plan import Decision, PlanInput, RunPlan
 
     config = Namespace(global_batch_size=1024, trainer=Namespace(devices=2, num_nodes=2, accumulate_grad_batches=3,
                                                                  max_epochs=1),
@@ -124,7 +124,7 @@ def test_the_image_data_modules_take_the_same_images_each_step_on_1_2_and_3_rank
     from classifier_engine import ImageFolderDataModule, ShardDataModule
     from classifier_engine.data import ManifestDataModule
     from classifier_engine.data.make_shards import main as make_shards
-    from classifier_engine.plan.run_plan import Decision, RunPlan
+    from classifier_engine.run_plan import Decision, RunPlan
 
     if kind == "shards":  # 40 images in 5 shards: the chunk-aware order (ShardOrderSampler)
         assert make_shards(["--source", str(tiny_root), "--out", str(tmp_path / "s"), "--shard-size", "8"]) == 0
@@ -411,10 +411,10 @@ def test_the_issues_resume_with_another_global_batch_on_2_ranks_is_refused_and_t
 
 
 def test_a_shard_modules_shuffle_window_changed_inside_an_epoch_is_refused_by_the_plan():
+    from classifier_engine.config_edits import read_only
     from classifier_engine.errors import ConfigError
-    from classifier_engine.plan.edits import read_only
-    from classifier_engine.plan.run_plan import CHECKPOINT, SEED, Decision, PlanInput, RunPlan
     from classifier_engine.plan.settings import resumed_epoch
+    from classifier_engine.run_plan import CHECKPOINT, SEED, Decision, PlanInput, RunPlan
 
     # The chunk-aware order depends on it (ShardOrderSampler), and the loader state does not record it: a checkpoint
     # saved 24 samples into epoch 0 by a ShardDataModule with shuffle_window 4, resumed with 8.

@@ -140,7 +140,7 @@ def test_validate_test_predict_export_and_sweep_take_plan_too_and_write_nothing(
 def test_only_the_plan_writes_the_parsed_config(tiny_root, tmp_path, monkeypatch):
     # Every assignment into a jsonargparse Namespace is recorded with the first caller outside Namespace's own
     # methods; after a start, none of the parsed config's namespaces may have been written by the engine's or the
-    # template's code other than plan/edits.py's apply_edits.
+    # template's code other than config_edits.py's apply_edits.
     writes = []
     original = Namespace.__setattr__
 
@@ -163,7 +163,7 @@ def test_only_the_plan_writes_the_parsed_config(tiny_root, tmp_path, monkeypatch
         config = cli_main(args).config
         nodes = [node for node in [config, *(v for _, v in config.items(branches=True))] if isinstance(node, Namespace)]
         writers = {writer for ref, writer in writes if any(ref() is node for node in nodes)}
-        assert writers <= {"classifier_engine.plan.edits.apply_edits", "classifier_engine.plan.edits._set"}, writers
+        assert writers <= {"classifier_engine.config_edits.apply_edits", "classifier_engine.config_edits._set"}, writers
         assert writers, "the recording saw no write at all: it would not see another writer either"
 
 
@@ -172,7 +172,7 @@ def test_a_pass_that_assigns_into_the_config_is_told_to_return_an_edit(tiny_root
         given.config.trainer.max_epochs = 3
         return []
 
-    with pytest.raises(TypeError, match="read-only outside plan/edits.py: return the change as an edit"):
+    with pytest.raises(TypeError, match="read-only outside config_edits.py: return the change as an edit"):
         cli_main(["fit", *tiny_args(tiny_root, tmp_path), "--plan"], passes=[assigning])
 
 

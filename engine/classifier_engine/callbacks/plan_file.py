@@ -13,7 +13,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from classifier_engine.plan.run_plan import PLAN_FILE, STEPS, Decision, RunPlan
+from classifier_engine.run_plan import PLAN_FILE, STEPS, Decision, RunPlan
 from classifier_engine.storage.files import atomic_write
 
 

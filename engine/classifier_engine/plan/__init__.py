@@ -1,2 +1,2 @@
-"""The run plan: every decision of a start, made once by passes over the parsed config (make.py), each with its
-reason; the only writer of that config (edits.py); shown by --plan, saved as plan.yaml (run_plan.py)."""
+"""The run plan's passes: every decision of a start, made once over the parsed config (make.py), each with its reason;
+the plan itself is classifier_engine/run_plan.py, the only writer of that config classifier_engine/config_edits.py."""

@@ -9,7 +9,7 @@
    none is: a new version another node's start took at the same moment is left to it) and the loggers are pinned to it.
 
 `--print_config` stops after 1 and 3; `--plan` runs it all reading only (a run dir proposed, not claimed; nothing
-downloaded). plan/edits.py writes each pass's edits into the config; nothing else does.
+downloaded). config_edits.py writes each pass's edits into the config; nothing else does.
 
     python -m classifier_engine fit --config CONFIG --plan
 """
@@ -22,15 +22,15 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_warn
 
+from classifier_engine.config_edits import apply_edits, read_only
 from classifier_engine.errors import env_global_rank
 from classifier_engine.plan import placement, settings
-from classifier_engine.plan.edits import apply_edits, read_only
-from classifier_engine.plan.run_plan import FINISHED, PLAN_FILE, Decision, Pass, PlanInput, RunPlan
 from classifier_engine.plan.started import Started
 from classifier_engine.run.lock import claim, claim_new_version
 from classifier_engine.run.remote_lease import VersionTaken
 from classifier_engine.run.resume import Place, looks_for_checkpoints, proposed
 from classifier_engine.run.run_dirs import LOGS, version_of
+from classifier_engine.run_plan import FINISHED, PLAN_FILE, Decision, Pass, PlanInput, RunPlan
 
 
 class Planner:

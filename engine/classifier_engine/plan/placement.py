@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from classifier_engine.plan.run_plan import CHECKPOINT, RUN_DIR, TRACKERS, Decision, PlanInput
 from classifier_engine.run.remote_runs import RemoteRoot
 from classifier_engine.run.resume import (
     Choice,
@@ -28,6 +27,7 @@ from classifier_engine.run.trackers import (
     tracked_runs_to_continue,
     tracker_edits,
 )
+from classifier_engine.run_plan import CHECKPOINT, RUN_DIR, TRACKERS, Decision, PlanInput
 
 
 def run_root(given: PlanInput) -> list[Decision]:

@@ -16,10 +16,12 @@ from classifier_engine import class_switch
 from classifier_engine.compat.ckpt_hparams import explicit_model_values
 from classifier_engine.compat.ckpt_read_once import checkpoint_values
 from classifier_engine.compat.subclass_nulls import restored_nulls
+from classifier_engine.config_edits import PARSE_LINKS, run_seed
 from classifier_engine.contract import monitor_of
 from classifier_engine.errors import ConfigError
-from classifier_engine.plan.edits import PARSE_LINKS, run_seed
-from classifier_engine.plan.run_plan import (
+from classifier_engine.run.global_batch import FLAG, planned_world, split_global_batch
+from classifier_engine.run.launchers import check_devices
+from classifier_engine.run_plan import (
     CLASSES,
     FINISHED,
     GLOBAL_BATCH,
@@ -31,8 +33,6 @@ from classifier_engine.plan.run_plan import (
     Decision,
     PlanInput,
 )
-from classifier_engine.run.global_batch import FLAG, planned_world, split_global_batch
-from classifier_engine.run.launchers import check_devices
 from classifier_engine.samplers import changed_inside_an_epoch, mid_epoch_order
 
 # What the CLI's links may set in a model's init arguments (a class switch leaves them to the link; a checkpoint's

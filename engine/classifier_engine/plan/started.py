@@ -14,13 +14,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from classifier_engine import contract
 from classifier_engine.compat.spawn import trains_in_this_process
 from classifier_engine.errors import env_global_rank, is_peer_failure, user_message
-from classifier_engine.plan.run_plan import RunPlan
 from classifier_engine.run.checkpoint_checks import check_checkpoint_fits
 from classifier_engine.run.lock import RunLock
 from classifier_engine.run.remote_runs import RemoteRoot
 from classifier_engine.run.slurm import slurm_job_id, task_line
 from classifier_engine.run.tracker_outage import outlive_outages
 from classifier_engine.run.trackers import continue_csv_logs
+from classifier_engine.run_plan import RunPlan
 
 
 @dataclass

@@ -12,7 +12,7 @@ import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 
-from classifier_engine.plan.edits import apply_edits
+from classifier_engine.config_edits import apply_edits
 from classifier_engine.run.run_dirs import CHECKPOINTS
 from classifier_engine.run.trackers import kind_of, log_config, logger_entries, record_tracked_runs
 from classifier_engine.storage.files import atomic_write

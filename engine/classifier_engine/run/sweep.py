@@ -24,12 +24,12 @@ from jsonargparse import ArgumentParser, Namespace, capture_parser
 from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 
 from classifier_engine.compat.subclass_nulls import restored_nulls
+from classifier_engine.config_edits import apply_edits
 from classifier_engine.contract import monitor_options
 from classifier_engine.errors import ConfigError, check_config_files, readable_parse_error
-from classifier_engine.plan.edits import apply_edits
-from classifier_engine.plan.run_plan import Decision, RunPlan
 from classifier_engine.run.sweep_trials import BEST, CHECKPOINT, RUN_DIR, Worker, open_storage, param_flags
 from classifier_engine.run.trackers import hidden_credentials
+from classifier_engine.run_plan import Decision, RunPlan
 from classifier_engine.storage.files import atomic_write
 
 

@@ -47,7 +47,7 @@ def _set(config: Namespace, key: str, value: Any) -> None:
         _set(items[int(parts[index])], ".".join(parts[index + 1:]), value)
 
 
-READ_ONLY = ("the parsed config is read-only outside plan/edits.py: return the change as an edit of a Decision "
+READ_ONLY = ("the parsed config is read-only outside config_edits.py: return the change as an edit of a Decision "
              "(classifier_engine.Decision(topic, value, why, edits=((key, value),)))")
 
 

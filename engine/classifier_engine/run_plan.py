@@ -17,7 +17,7 @@ PLAN_FILE = "plan.yaml"  # in the run dir: the plan of its latest start (a resum
 @dataclass(frozen=True)
 class Decision:
     """One decision: its topic, the value later stations read (plain data: it goes to plan.yaml), how it reads, why,
-    and the config keys it set (dotted, in the subcommand's config; plan/edits.py writes them)."""
+    and the config keys it set (dotted, in the subcommand's config; config_edits.py writes them)."""
 
     topic: str
     value: Any
@@ -137,7 +137,7 @@ class PlanInput:
 
 Pass = Callable[[PlanInput], Sequence[Decision]]
 
-# The engine's topics (plan/passes.py makes them).
+# The engine's topics (the passes in plan/ make them).
 CLASSES, MONITOR, SEED, WORLD_SIZE, STRATEGY, PRECISION = "classes", "monitor", "seed", "world size", "strategy", \
     "precision"
 GLOBAL_BATCH, CHECKPOINT, RUN_DIR, TRACKERS, STEPS = "global batch", "checkpoint", "run dir", "trackers", \
