@@ -19,8 +19,7 @@ class DataLayoutError(ConfigError):
 
 
 def is_data(name: str) -> bool:
-    """The one rule for the files and folders below a class folder or a predict root (fit, validate, predict,
-    make_shards): a name starting with '.' is not data (macOS's `._photo.jpg`, `.ipynb_checkpoints/`)."""
+    """The one rule below a class folder or a predict root: a name starting with '.' (`._photo.jpg`) is not data."""
     return not name.startswith(".")
 
 
@@ -42,22 +41,6 @@ def _has_image(class_dir: Path) -> bool:
     return False
 
 
-def check_split(root: Path, split: str) -> list[str]:
-    """Return the sorted class names of ROOT/split, or raise DataLayoutError saying what is wrong."""
-    split_dir = root / split
-    if not split_dir.is_dir():
-        raise DataLayoutError(f"data root {root} has no '{split}/' folder; {EXPECTED_LAYOUT}")
-    classes = _class_dirs(split_dir)
-    if not classes:
-        raise DataLayoutError(f"{split_dir} holds no class folders; {EXPECTED_LAYOUT}")
-    empty = [c for c in classes if not _has_image(split_dir / c)]
-    if empty:
-        shown = ", ".join(empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
-        raise DataLayoutError(f"{split_dir} has {len(empty)} class folder(s) without images ({shown}); every class "
-                              f"needs an image (extensions: {IMG_EXTENSIONS}). Fill or remove the empty folders.")
-    return classes
-
-
 def check_layout(root: str | os.PathLike) -> list[str]:
     """Validate ROOT/train and ROOT/val and return the class names (sorted, as ImageFolder indexes them)."""
     root = Path(root).expanduser()
@@ -65,9 +48,19 @@ def check_layout(root: str | os.PathLike) -> list[str]:
         raise DataLayoutError(f"data root {root} {'is a file, not a folder' if root.exists() else 'does not exist'}; "
                               f"pass --data.root pointing to your data set ({EXPECTED_LAYOUT}), or use --data.root "
                               "embedded:digits for the built-in quickstart data")
-    train_classes = check_split(root, "train")
-    _check_known(root / "val", check_split(root, "val"), train_classes)
-    return train_classes
+    found = {}
+    for split_dir in (root / "train", root / "val"):
+        if not split_dir.is_dir():
+            raise DataLayoutError(f"data root {root} has no '{split_dir.name}/' folder; {EXPECTED_LAYOUT}")
+        if not (classes := _class_dirs(split_dir)):
+            raise DataLayoutError(f"{split_dir} holds no class folders; {EXPECTED_LAYOUT}")
+        if empty := [c for c in classes if not _has_image(split_dir / c)]:
+            shown = ", ".join(empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
+            raise DataLayoutError(f"{split_dir} has {len(empty)} class folder(s) without images ({shown}); every class "
+                                  f"needs an image (extensions: {IMG_EXTENSIONS}). Fill or remove the empty folders.")
+        found[split_dir.name] = classes
+    _check_known(root / "val", found["val"], found["train"])
+    return found["train"]
 
 
 def _check_known(split_dir: Path, classes: list[str], train_classes: list[str]) -> None:
@@ -79,8 +72,7 @@ def _check_known(split_dir: Path, classes: list[str], train_classes: list[str]) 
 
 
 def folder_samples(split_dir: Path, class_names: Optional[list[str]] = None) -> list[tuple[str, int]]:
-    """(path, label) of every image in split_dir/<class>/, the label being the class's position in `class_names`
-    (the split's own folders when None), so a split lacking some classes is labelled by name."""
+    """(path, index in `class_names`, default the split's folders) of every image: a class missing shifts no label."""
     present = _class_dirs(split_dir)
     class_names = present if class_names is None else class_names
     _check_known(split_dir, present, class_names)

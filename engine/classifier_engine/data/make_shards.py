@@ -3,15 +3,7 @@
     python -m classifier_engine.data.make_shards --source /datasets/imagenet --out s3://bucket/imagenet-256 --workers 16
     python -m classifier_engine.data.make_shards --source /datasets/imagenet --out /data/in1k-wds --format webdataset
 
-Each shard is the encoded images of `--shard-size` samples back to back; `<shard>.json` beside it (written after it)
-records its byte lengths and labels, and index.json (classes, splits, shards) is written last, atomically: a folder or
-prefix without index.json is not a shard set. A rerun keeps every shard whose record matches the plan (same images,
-same options) and writes the rest. Why this format and not LitData's: docs/data-at-scale.md.
-
---format webdataset writes WebDataset tars instead, named and split as the Hugging Face ImageNet sets are
-(`<set>-train-0000.tar`, `<set>-validation-0000.tar`; keys `%08d`, members `<key>.jpg` and `<key>.cls`, the class index
-as text), readable by the `webdataset` package and timm; timm's `_info.json` (splits, shard lengths, and the class
-names, our addition) is written last.
+Both formats, and a rerun keeping every finished shard: docs/data-at-scale.md.
 """
 
 import argparse
@@ -33,9 +25,9 @@ from typing import Optional
 from PIL import Image
 
 from classifier_engine.data.layout import check_layout, folder_samples, read_class_labels
-from classifier_engine.data.manifest import read_manifest
+from classifier_engine.data.manifest import read_manifests
 from classifier_engine.data.shards import FORMAT, INDEX, s3_error
-from classifier_engine.data.tar_shards import WRITER
+from classifier_engine.data.tar_shards import INFO, WRITER
 from classifier_engine.errors import ConfigError, DiskFullError
 from classifier_engine.storage.files import atomic_write
 from classifier_engine.storage.object_store import s3_client, split_url
@@ -50,75 +42,55 @@ class Options:
 
     def __post_init__(self) -> None:
         # Checked before anything is read: 0 stored 1x1 px images and a negative size an empty set, both with exit 0.
-        for flag, value, low, high in (("--max-short-side", self.max_short_side, 1, None),
-                                       ("--quality", self.quality, 1, 100), ("--shard-size", self.shard_size, 1, None)):
-            if value < low or (high is not None and value > high):
-                expected = f"from {low} to {high}" if high is not None else f">= {low}"
-                raise ConfigError(f"{flag} {value}: expected an integer {expected}")
+        for flag, value, high in (("--max-short-side", self.max_short_side, None), ("--quality", self.quality, 100),
+                                  ("--shard-size", self.shard_size, None)):
+            if not 1 <= value <= (high or value):
+                raise ConfigError(f"{flag} {value}: expected an integer {f'from 1 to {high}' if high else '>= 1'}")
 
 
 class Output:
     """A folder (each file written atomically) or s3://bucket/prefix (a PUT is all or nothing)."""
 
     def __init__(self, location: str):
-        self.location, self.remote = location, location.startswith("s3://")
-        self.bucket, self.prefix = split_url(location) if self.remote else ("", "")
-        self._client = None
+        self.location, self.remote, self._client = location, location.startswith("s3://"), None
 
     def __getstate__(self):
-        return {**self.__dict__, "_client": None}
+        return {**self.__dict__, "_client": None}  # a client does not pickle: one per worker
 
-    def _key(self, name: str) -> str:
-        return f"{self.prefix}/{name}".lstrip("/")
-
-    def client(self):
+    def s3(self, method: str, name: str, **args):
+        """The object store's answer to `method` on the object `name`; a failure as one line (None: no such key)."""
+        bucket, prefix = split_url(self.location)
         self._client = self._client or s3_client()
-        return self._client
-
-    def check(self) -> None:
-        """Fail now, in one line, when the output cannot be written (a probe file is written and removed)."""
         try:
-            self.write(".probe", b"")
-            self.remove(".probe")
-        except ConfigError:
-            raise
-        except OSError as error:
-            raise ConfigError(f"--out {self.location}: cannot write there ({error.strerror or error}): pass a "
-                              "writable folder or s3:// URL") from None
+            return getattr(self._client, method)(Bucket=bucket, Key=f"{prefix}/{name}".lstrip("/"), **args)
+        except Exception as error:
+            if "NoSuchKey" in str(error):
+                return None
+            raise s3_error(error, self.location) from None
 
     def read(self, name: str) -> Optional[bytes]:
-        try:
-            if not self.remote:
-                path = Path(self.location) / name
-                return path.read_bytes() if path.is_file() else None
-            return self.client().get_object(Bucket=self.bucket, Key=self._key(name))["Body"].read()
-        except Exception as error:
-            if self.remote and "NoSuchKey" in str(error):
-                return None
-            raise error if not self.remote else s3_error(error, self.location) from None
+        if self.remote:
+            return None if (found := self.s3("get_object", name)) is None else found["Body"].read()
+        path = Path(self.location) / name
+        return path.read_bytes() if path.is_file() else None
 
     def write(self, name: str, data: bytes) -> None:
-        if not self.remote:
+        if self.remote:
+            self.s3("put_object", name, Body=data)
+        else:
             atomic_write(Path(self.location) / name, lambda file: file.write(data),
                          fix="Free space or pass another --out, then rerun: finished shards are kept")
-            return
-        try:
-            self.client().put_object(Bucket=self.bucket, Key=self._key(name), Body=data)
-        except Exception as error:
-            raise s3_error(error, self.location) from None
 
     def remove(self, name: str) -> None:
         if self.remote:
-            self.client().delete_object(Bucket=self.bucket, Key=self._key(name))
+            self.s3("delete_object", name)
         else:
             (Path(self.location) / name).unlink(missing_ok=True)
 
 
 def encode(path: str, options: Options) -> tuple[bytes, Optional[str]]:
-    """The image's bytes: the original ones, or resized so its short side is at most max_short_side, as JPEG; and
-    what a re-encoding changed beyond the size (another format, another colour mode), said by the writer."""
-    with open(path, "rb") as file:
-        data = file.read()
+    """The image's bytes (resized to max_short_side as JPEG unless kept), and what else a re-encoding changed."""
+    data = Path(path).read_bytes()
     try:
         with Image.open(io.BytesIO(data)) as image:
             if options.keep_original:
@@ -140,23 +112,17 @@ def encode(path: str, options: Options) -> tuple[bytes, Optional[str]]:
         raise ConfigError(f"cannot decode {path} ({error}): replace or delete it, then rerun") from None
 
 
-def fingerprint(samples: list[tuple[str, int]], options: Options) -> str:
-    text = json.dumps([asdict(options), samples])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 WEBDATASET_SPLITS = {"train": "train", "val": "validation", "test": "test"}  # the Hugging Face sets' split names
-INFO = "_info.json"  # timm's record of a WebDataset set's splits, written last
-EXTENSIONS = {b"\xff\xd8\xff": "jpg", b"\x89PNG": "png"}  # WEBP: RIFF....WEBP
 
 
 def image_extension(data: bytes, path: str) -> str:
     """The WebDataset member extension of an encoded image: jpg, png or webp (what timm and the readers decode)."""
+    if data.startswith(b"\xff\xd8\xff"):
+        return "jpg"
+    if data.startswith(b"\x89PNG"):
+        return "png"
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "webp"
-    for magic, extension in EXTENSIONS.items():
-        if data.startswith(magic):
-            return extension
     raise ConfigError(f"{path}: --format webdataset stores JPEG, PNG or WEBP images, and --keep-original kept another "
                       "format: drop --keep-original (it is then re-encoded as JPEG)")
 
@@ -174,12 +140,11 @@ def tar_bytes(images: list[bytes], samples: list[tuple[str, int]], first: int) -
     return out.getvalue()
 
 
-def write_shard(job: tuple[Output, str, list[tuple[str, int]], Options, str, int]) -> tuple[str, bool]:
-    """Write one shard, then its record; nothing when a record with the same fingerprint is there already."""
-    output, name, samples, options, print_, first = job
-    old = output.read(f"{name}.json")
-    if old is not None and json.loads(old)["fingerprint"] == print_:
-        return name, False
+def write_shard(job: tuple[Output, Options, str, str, list[tuple[str, int]], str, int]) -> tuple[bool, dict]:
+    """(written, record) of one shard: written, then its record, unless a record with its fingerprint is there."""
+    output, options, _, name, samples, print_, first = job
+    if (old := output.read(f"{name}.json")) is not None and json.loads(old)["fingerprint"] == print_:
+        return False, json.loads(old)
     encoded = [encode(path, options) for path, _ in samples]
     images, changed = [data for data, _ in encoded], [what for _, what in encoded if what]
     data = tar_bytes(images, samples, first) if name.endswith(".tar") else b"".join(images)
@@ -188,7 +153,7 @@ def write_shard(job: tuple[Output, str, list[tuple[str, int]], Options, str, int
               "lengths": list(map(len, images)), "labels": [label for _, label in samples], "fingerprint": print_,
               "changed": dict(Counter(changed))}
     output.write(f"{name}.json", json.dumps(record).encode())
-    return name, True
+    return True, record
 
 
 def read_source(source: str, val_source: Optional[str]) -> tuple[list[str], list[str], dict[str, list]]:
@@ -204,24 +169,19 @@ def read_source(source: str, val_source: Optional[str]) -> tuple[list[str], list
         return classes, read_class_labels(root, classes), splits
     if val_source is None:
         raise ConfigError(f"--source {source} is a manifest: pass the validation one too (--val-source val.csv)")
-    named = {"train": read_manifest("train_manifest", source), "val": read_manifest("val_manifest", val_source)}
-    classes = sorted({label for _, label in named["train"]})
-    unknown = sorted({label for _, label in named["val"]} - set(classes))
-    if unknown:
-        raise ConfigError(f"--val-source {val_source}: label(s) {unknown[:10]} are not in the train manifest")
-    index = {name: i for i, name in enumerate(classes)}
-    return classes, classes, {split: [(p, index[label]) for p, label in rows] for split, rows in named.items()}
+    classes, splits = read_manifests({"train_manifest": source, "val_manifest": val_source})
+    return classes, classes, splits
 
 
-def plan(splits: dict[str, list], options: Options, webdataset: bool = False) -> list[tuple[str, list, str, int]]:
-    """(shard name, samples, fingerprint, first sample's number) of every shard: shard k of a split holds its samples
-    k*size ... in order."""
+def plan(splits: dict[str, list], options: Options, webdataset: bool = False) -> list[tuple[str, str, list, str, int]]:
+    """(split, name, samples, fingerprint, first sample's number) of every shard, a split's samples in order."""
     jobs = []
     for split, samples in splits.items():
         for k, first in enumerate(range(0, len(samples), options.shard_size)):
             chunk = [(str(path), int(label)) for path, label in samples[first:first + options.shard_size]]
             name = f"{split}-{k:05d}.shard" if not webdataset else f"{WEBDATASET_SPLITS[split]}-{k:04d}.tar"
-            jobs.append((name, chunk, fingerprint(chunk, options), first))
+            print_ = hashlib.sha256(json.dumps([asdict(options), chunk]).encode()).hexdigest()[:16]
+            jobs.append((split, name, chunk, print_, first))
     return jobs
 
 
@@ -230,51 +190,45 @@ def convert(source: str, out: str, options: Options, *, val_source: Optional[str
     classes, labels, splits = read_source(source, val_source)
     jobs = plan(splits, options, webdataset)
     output = Output(out)
-    output.check()
-    whole = hashlib.sha256("".join(f for _, _, f, _ in jobs).encode()).hexdigest()[:16]
+    try:  # now, in one line, when the output cannot be written
+        output.write(".probe", b"")
+        output.remove(".probe")
+    except OSError as error:
+        raise ConfigError(f"--out {out}: cannot write there ({error.strerror or error}): pass a writable folder or "
+                          "s3:// URL") from None
+    whole = hashlib.sha256("".join(job[3] for job in jobs).encode()).hexdigest()[:16]
     last = INFO if webdataset else INDEX  # the file that makes the set whole, written last
-    old = output.read(last)
-    if old is not None:
+    if (old := output.read(last)) is not None:
         if json.loads(old).get("fingerprint") == whole:
             log(f"{out} is complete already ({len(jobs)} shards): nothing to do")
             return json.loads(old)
         log(f"{out} holds another shard set (other images or options): starting over, shards rewritten")
         output.remove(last)  # never an index naming shards that are being rewritten
-    started, written = time.time(), 0
-    tasks = [(output, *job[:2], options, *job[2:]) for job in jobs]
+    started, tasks = time.time(), [(output, options, *job) for job in jobs]
     with Pool(workers) if workers > 1 else nullcontext() as pool:  # one worker: this process, no fork
-        for _, fresh in (pool.imap_unordered(write_shard, tasks) if pool else map(write_shard, tasks)):
-            written += fresh
+        done = list(pool.imap(write_shard, tasks) if pool else map(write_shard, tasks))
+    written = sum(fresh for fresh, _ in done)
     log(f"{written} shards written, {len(jobs) - written} kept from an earlier run, in {time.time() - started:.1f} s")
-    records = {name: json.loads(output.read(f"{name}.json")) for name, *_ in jobs}
-    changed = sum((Counter(record.get("changed") or {}) for record in records.values()), Counter())
+    records = {split: [record for job, (_, record) in zip(jobs, done) if job[0] == split] for split in splits}
+    changed = sum((Counter(r.get("changed") or {}) for shards in records.values() for r in shards), Counter())
     if changed:  # JPEG quality Q: a loss the user did not ask for by name
         kinds = ", ".join(f"{n}: {what}" for what, n in changed.most_common())
         log(f"{changed.total()} images re-encoded as JPEG quality {options.quality} beyond resizing ({kinds}); "
             "--keep-original stores them as they are")
-    if webdataset:
-        return write_info(output, classes, labels, whole, {split: [r for n, r in records.items() if
-                                                                  n.startswith(f"{WEBDATASET_SPLITS[split]}-")]
-                                                              for split in splits})
-    index = {"format": FORMAT, "classes": classes, "class_labels": labels, "options": asdict(options),
-             "fingerprint": whole, "splits": {split: [] for split in splits}}
-    for name, record in records.items():
-        shard = {k: record[k] for k in ("file", "bytes", "sha256", "lengths", "labels")}
-        index["splits"][name.split("-")[0]].append(shard)
-    output.write(INDEX, json.dumps(index).encode())
+    if webdataset:  # timm's _info.json (its reader takes the splits' files and lengths from it), plus the class names
+        names = {split: WEBDATASET_SPLITS[split] for split in records}
+        index = {"name": Path(out.rstrip("/")).name, "classes": classes, "class_labels": labels, "fingerprint": whole,
+                 "splits": {names[split]: {"name": names[split], "filenames": [r["file"] for r in shards],
+                                           "shard_lengths": [len(r["labels"]) for r in shards],
+                                           "num_samples": sum(len(r["labels"]) for r in shards)}
+                            for split, shards in records.items()}}
+    else:
+        keys = ("file", "bytes", "sha256", "lengths", "labels")
+        index = {"format": FORMAT, "classes": classes, "class_labels": labels, "options": asdict(options),
+                 "fingerprint": whole, "splits": {split: [{k: r[k] for k in keys} for r in shards]
+                                                  for split, shards in records.items()}}
+    output.write(last, json.dumps(index).encode())
     return index
-
-
-def write_info(output: Output, classes: list[str], labels: list[str], whole: str, splits: dict[str, list]) -> dict:
-    """timm's _info.json of the tars (its reader takes the splits' files and lengths from it), plus the class names."""
-    info = {"name": Path(output.location.rstrip("/")).name, "classes": classes, "class_labels": labels,
-            "fingerprint": whole, "splits": {
-                WEBDATASET_SPLITS[split]: {"name": WEBDATASET_SPLITS[split], "filenames": [r["file"] for r in records],
-                                           "shard_lengths": [len(r["labels"]) for r in records],
-                                           "num_samples": sum(len(r["labels"]) for r in records)}
-                for split, records in splits.items()}}
-    output.write(INFO, json.dumps(info).encode())
-    return info
 
 
 def log(message: str) -> None:

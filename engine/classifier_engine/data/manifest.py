@@ -63,6 +63,19 @@ def read_manifest(option: str, value: str) -> list[tuple[str, str]]:
     return samples
 
 
+def read_manifests(given: dict[str, str]) -> tuple[list[str], dict[str, Samples]]:
+    """The train manifest's sorted labels, and each split's (path, class index), of the manifests given by option."""
+    listed = {option: read_manifest(option, value) for option, value in given.items() if value is not None}
+    classes = sorted({label for _, label in listed["train_manifest"]})
+    for option, rows in listed.items():
+        if unknown := sorted({label for _, label in rows} - set(classes)):
+            raise ConfigError(f"data.{option}: label(s) {unknown[:10]} are not in the train manifest (its classes: "
+                              f"{classes[:10]}{' ...' if len(classes) > 10 else ''})")
+    index = {name: i for i, name in enumerate(classes)}
+    return classes, {option.removesuffix("_manifest"): [(path, index[label]) for path, label in rows]
+                     for option, rows in listed.items()}
+
+
 class ManifestDataModule(ImageDataModule):
     """Classes are the distinct labels of the train manifest, sorted; the other splits' labels are mapped by name."""
 
@@ -82,20 +95,12 @@ class ManifestDataModule(ImageDataModule):
         if missing:
             raise ConfigError(f"{' and '.join(missing)} not set: pass --{missing[0]} (a CSV with the columns "
                               "path,label)")
-        self.manifests = {name[:-len("_manifest")]: read_manifest(name, value)
-                          for name, value in given.items() if value is not None}
-        self.class_names = sorted({label for _, label in self.manifests["train"]})
+        self.class_names, self.manifests = read_manifests(given)
         self.num_classes = len(self.class_names)
         self.class_labels = list(self.class_names)
-        for split, listed in self.manifests.items():
-            unknown = sorted({label for _, label in listed} - set(self.class_names))
-            if unknown:
-                raise ConfigError(f"data.{split}_manifest: label(s) {unknown[:10]} are not in the train manifest "
-                                  f"(its classes: {self.class_names[:10]}{' ...' if self.num_classes > 10 else ''})")
 
     def samples(self, split: str) -> Samples:
-        index = {name: i for i, name in enumerate(self.class_names)}
-        return [(path, index[label]) for path, label in self.manifests.get(split) or self.manifests["val"]]
+        return self.manifests.get(split) or self.manifests["val"]
 
     def predict_images(self) -> list[Path]:
         return [Path(path) for path, _ in self.manifests["val"]]

@@ -1,21 +1,23 @@
-"""ShardDataModule: images packed into shards by make_shards.py, or WebDataset tars (tar_shards.py), read from a
-local or parallel-filesystem folder or from s3://bucket/prefix (through a node-local cache), with every option of the
-folder module (docs/data-at-scale.md).
+"""ShardDataModule: shards written by make_shards.py, or WebDataset tars (tar_shards.py), read from a folder or from
+s3://bucket/prefix through a node-local cache, with every option of the folder module (docs/data-at-scale.md).
 
     python -m classifier_engine fit --config CONFIG --data.class_path classifier_engine.data.ShardDataModule \
         --data.init_args.shards s3://my-bucket/imagenet-256 --data.init_args.cache_dir /local/nvme/shards
 """
 
 import bisect
+import contextlib
 import fcntl
 import functools
 import hashlib
 import io
+import itertools
 import json
 import logging
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -40,9 +42,8 @@ logger = logging.getLogger(__name__)
 INDEX = "index.json"  # written last, atomically, by make_shards.py: a folder without it is not a shard set
 FORMAT = "classifier-engine-shards/1"
 OLD_FORMATS = ("project-shards/1",)  # the same layout under its name before 0.2 (a template's word), still read
-# A shard download that fails in a way that may pass (a 5xx, a cut or stalled transfer) is tried TRIES times, waiting
-# BACKOFF_S, then twice that, ... between tries (a stall: storage.object_store's read timeout). At most ~70 s, then one
-# line (and last.ckpt saved at the step reached: run/last_checkpoint.py).
+# A shard download failing in a way that may pass (a 5xx, a cut or stalled transfer) is tried TRIES times, BACKOFF_S,
+# then twice that... apart: at most ~70 s, then one line (last.ckpt saved at the step reached: run/last_checkpoint.py).
 TRIES, BACKOFF_S = 4, 1.0
 
 
@@ -50,64 +51,51 @@ class MissingIndex(ConfigError):
     """A location without our index.json: not a shard set, unless it holds WebDataset tars."""
 
 
-def check_location(location: str) -> None:
-    """A mistyped s3:// URL as one line naming data.shards (boto3's own is a traceback, or a folder not found)."""
-    if re.match(r"(?i)s3:", location) and not location.startswith("s3://"):
-        raise ConfigError(f"data.shards {location}: expected s3://bucket/prefix (or a folder)")
-    if location.startswith("s3://") and not BUCKET.fullmatch(split_url(location)[0]):
-        raise ConfigError(f"data.shards {location}: {split_url(location)[0]!r} is not a bucket name (3-63 lowercase "
-                          "letters, digits, dots and hyphens): expected s3://bucket/prefix")
-
-
-def s3_error(error: Exception, url: str, tries: int = 1, option: Optional[str] = None) -> Exception:
-    """A botocore error as one line naming what to fix (the endpoint and keys are never printed: they may be secret),
-    and the `option` that gave the URL. A failure a later try may not meet is a ConfigError at start (one try: the
-    setting, most likely) and DataUnavailable after the tries of a download mid-run (an outage: last.ckpt is saved at
-    the step reached)."""
+def s3_error(error: Exception, url: str, tries: int = 1, option: str = "") -> Exception:
+    """A botocore error as one line naming the fix and the `option` that gave the URL, never the (secret) endpoint or
+    keys; a failure that may pass: ConfigError at start (the setting, most likely), DataUnavailable mid-run (outage)."""
     import botocore.exceptions as be
 
-    if option is not None:
-        found = s3_error(error, url, tries)
-        return type(found)(f"{option}: {found}") if isinstance(found, (ConfigError, DataUnavailable)) else found
+    where = f"{option}: {url}" if option else url
     if (why := passing_failure(error)) is not None:  # (their own text names the endpoint: never printed)
         kind = DataUnavailable if tries > 1 else ConfigError
-        return kind(f"{url}: {why}{f', {tries} tries' if tries > 1 else ''}: check the server behind "
+        return kind(f"{where}: {why}{f', {tries} tries' if tries > 1 else ''}: check the server behind "
                     "AWS_ENDPOINT_URL (or AWS's status when unset) and that variable, then rerun (--ckpt_path last "
                     "continues a run)")
     if isinstance(error, be.NoCredentialsError):
-        return ConfigError(f"{url}: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)")
+        return ConfigError(f"{where}: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)")
     code = error.response.get("Error", {}).get("Code", "") if isinstance(error, be.ClientError) else ""
     if code == "NoSuchBucket":
-        return ConfigError(f"{url}: bucket {split_url(url)[0]!r} does not exist: create it, or fix the s3:// URL")
+        return ConfigError(f"{where}: bucket {split_url(url)[0]!r} does not exist: create it, or fix the s3:// URL")
     if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "ExpiredToken"):
-        return ConfigError(f"{url}: the object store refused the credentials ({code}): check AWS_ACCESS_KEY_ID, "
+        return ConfigError(f"{where}: the object store refused the credentials ({code}): check AWS_ACCESS_KEY_ID, "
                            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's permissions")
     if code in ("NoSuchKey", "404") and url.endswith(".shard"):
-        return ConfigError(f"{url}: missing from the object store: copy the whole shard set again, or rewrite it with "
-                           "python -m classifier_engine.data.make_shards")
+        return ConfigError(f"{where}: missing from the object store: copy the whole shard set again, or rewrite it "
+                           f"with {WRITER}")
     if code in ("NoSuchKey", "404"):
-        return MissingIndex(f"{url}: no {INDEX} there: not a finished shard set; write one with python -m "
-                            "classifier_engine.data.make_shards --source ROOT --out URL")
+        return MissingIndex(f"{where}: no {INDEX} there: not a finished shard set; write one with {WRITER} --source "
+                            "ROOT --out URL")
     return error
 
 
 class ShardStore:
-    """Where the shards are: a folder (read in place), or s3://bucket/prefix (each shard downloaded whole, once, into
-    `cache_dir`, and read from there: one sequential GET per shard, never random reads across the object store)."""
+    """A folder read in place, or s3://bucket/prefix: each shard one GET into `cache_dir`, never random reads there."""
 
     def __init__(self, location: str, cache_dir: Optional[str] = None):
-        check_location(location)
+        # A mistyped URL as one line naming data.shards (boto3's own is a traceback, or a folder not found).
+        if re.match(r"(?i)s3:", location) and not location.startswith("s3://"):
+            raise ConfigError(f"data.shards {location}: expected s3://bucket/prefix (or a folder)")
         self.location, self.remote = location, location.startswith("s3://")
+        if self.remote and not BUCKET.fullmatch(split_url(location)[0]):
+            raise ConfigError(f"data.shards {location}: {split_url(location)[0]!r} is not a bucket name (3-63 "
+                              "lowercase letters, digits, dots and hyphens): expected s3://bucket/prefix")
         self.cache_root = Path(cache_dir or data_cache() / "shards").expanduser()  # also WebDataset tars' indexes
-        if self.remote:
-            bucket, prefix = split_url(location)
-            self.cache = self.cache_root / bucket / prefix
-            # Now, in one line, not at the first download (in a DataLoader worker); nothing is written yet.
+        self.cache = self.cache_root.joinpath(*split_url(location)) if self.remote else Path(location).expanduser()
+        if self.remote:  # now, in one line, not at the first download (in a DataLoader worker); nothing written yet
             there = next(p for p in (self.cache, *self.cache.parents) if p.exists())
             if not there.is_dir() or not os.access(there, os.W_OK | os.X_OK):
                 self.cache_error("a file is in the way" if not there.is_dir() else f"{there} is not writable")
-        else:
-            self.cache = Path(location).expanduser()
         self._client, self._pid = None, None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -124,27 +112,29 @@ class ShardStore:
 
     def listing(self) -> dict[str, tuple[int, str]]:
         """(bytes, version) of each file directly in the folder (its mtime) or under the prefix (its ETag)."""
-        if not self.remote:
-            files = [path for path in self.cache.iterdir() if path.is_file()] if self.cache.is_dir() else []
-            return {path.name: (path.stat().st_size, str(path.stat().st_mtime_ns)) for path in files}
+        if not self.remote:  # (no folder: no files)
+            return {path.name: (path.stat().st_size, str(path.stat().st_mtime_ns)) for path in self.cache.glob("*")
+                    if path.is_file()}
         bucket, prefix = split_url(self.location)
-        found, client = {}, self.client()
         try:  # one try at start-up, as the index's read
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/".lstrip("/"),
-                                                                          Delimiter="/"):
-                found.update({item["Key"].rpartition("/")[2]: (item["Size"], item["ETag"])
-                              for item in page.get("Contents", [])})
+            pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Delimiter="/",
+                                                                            Prefix=f"{prefix}/".lstrip("/"))
+            return {item["Key"].rpartition("/")[2]: (item["Size"], item["ETag"]) for page in pages
+                    for item in page.get("Contents", [])}
         except Exception as error:  # noqa: BLE001  botocore's, sorted by s3_error
             raise s3_error(error, self.location, option="data.shards") from None
-        return found
+
+    def read(self, name: str) -> bytes:
+        """A file read at start-up: a server that is not there is said at once (mid-run a shard's download retries)."""
+        return self.get(name, tries=1) if self.remote else (self.cache / name).read_bytes()
 
     def read_index(self) -> dict[str, Any]:
-        try:  # at start-up a server that is not there is said at once (mid-run a shard's download is retried)
-            body = self.get(INDEX, tries=1) if self.remote else (self.cache / INDEX).read_bytes()
+        try:
+            body = self.read(INDEX)
         except FileNotFoundError:
             why = "no such folder" if not self.cache.exists() else f"no {INDEX}: a conversion not finished"
-            raise MissingIndex(f"data.shards: {self.location}: {why}; write the shards with python -m "
-                               f"classifier_engine.data.make_shards --source ROOT --out {self.location}") from None
+            raise MissingIndex(f"data.shards: {self.location}: {why}; write the shards with {WRITER} --source ROOT "
+                               f"--out {self.location}") from None
         except OSError as error:
             raise ConfigError(f"data.shards: cannot read {self.cache / INDEX} ({error.strerror or error})") from None
         where = f"data.shards: {self.location}/{INDEX}"
@@ -156,28 +146,33 @@ class ShardStore:
             found = index.get("format") if isinstance(index, dict) else type(index).__name__
             raise ConfigError(f"{where} is {found!r}, expected {FORMAT}: rewrite it with {WRITER}")
         check_index(index, where, self.cache)
-        if not self.remote:  # a missing or cut shard now, in one line, not in the first worker that reads it
-            for shard in (shard for shards in index["splits"].values() for shard in shards):
-                path = self.cache / shard["file"]
-                if not path.is_file() or path.stat().st_size != shard["bytes"]:
-                    size = path.stat().st_size if path.is_file() else None
-                    state = "is missing" if size is None else f"has {size} bytes, not {shard['bytes']}"
-                    raise ConfigError(f"data.shards: {path} {state}: copy the whole shard set again, or rewrite it "
-                                      "with python -m classifier_engine.data.make_shards")
+        # A missing or cut shard now, in one line, not in the first worker that reads it.
+        for shard in [] if self.remote else [shard for shards in index["splits"].values() for shard in shards]:
+            path = self.cache / shard["file"]
+            if (size := path.stat().st_size if path.is_file() else None) != shard["bytes"]:
+                state = "is missing" if size is None else f"has {size} bytes, not {shard['bytes']}"
+                raise ConfigError(f"data.shards: {path} {state}: copy the whole shard set again, or rewrite it with "
+                                  f"{WRITER}")
         return index
 
+    @contextlib.contextmanager
+    def lock(self, path: Path) -> Iterator[None]:
+        """Held by one process of the node at a time (its other workers and ranks wait), `path`'s folder made first."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(path.parent / f".{path.name}.lock", "w")
+        except OSError as error:
+            self.cache_error(error.strerror or str(error))
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
     def local(self, name: str, size: int, sha256: Optional[str] = None) -> Path:
-        """The shard's path on this node, downloaded first (one process per node at a time, checked against the
-        index's sha256) when it is remote."""
+        """The file's path on this node; a remote one downloaded first, once per node, checked against `sha256`."""
         path = self.cache / name
         if not self.remote or (path.is_file() and path.stat().st_size == size):
             return path
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            self.cache_error(error.strerror or str(error))
-        with open(path.parent / f".{name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers and ranks of the node wait for this download
+        with self.lock(path):
             if not (path.is_file() and path.stat().st_size == size):
                 data = self.get(name)
                 if sha256 and hashlib.sha256(data).hexdigest() != sha256:
@@ -186,7 +181,6 @@ class ShardStore:
                 atomic_write(path, lambda file: file.write(data), fsync=False,
                              fix="Free space there or pass another data.cache_dir")
         return path
-
 
     def get(self, name: str, tries: int = TRIES) -> bytes:
         """The object's bytes; a failure that may pass is tried again (with backoff), then one line."""
@@ -202,21 +196,18 @@ class ShardStore:
 
 
 def check_index(index: dict[str, Any], where: str, folder: Path) -> None:
-    """An index.json is untrusted input: its classes, and every shard's file name (inside `folder`: the S3 cache is
-    written there), size and per-image lengths and labels, checked before anything is read or written."""
+    """An untrusted index.json's classes and shards (each file inside `folder`, where the S3 cache writes), checked."""
     classes, splits = index.get("classes"), index.get("splits")
     if not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
-        raise ConfigError(f"{where}: 'classes' is not a list of class names: rewrite it with python -m "
-                          "classifier_engine.data.make_shards")
+        raise ConfigError(f"{where}: 'classes' is not a list of class names: rewrite it with {WRITER}")
     if not (isinstance(splits, dict) and isinstance(splits.get("train"), list) and isinstance(splits.get("val"), list)):
-        raise ConfigError(f"{where}: 'splits' lacks the train and val lists of shards: rewrite it with python -m "
-                          "classifier_engine.data.make_shards")
+        raise ConfigError(f"{where}: 'splits' lacks the train and val lists of shards: rewrite it with {WRITER}")
     for split, shards in splits.items():
         for k, shard in enumerate(shards if isinstance(shards, list) else [None]):
             entry = f"{where}, splits.{split}[{k}]"
             if not isinstance(shard, dict) or not all(key in shard for key in ("file", "bytes", "lengths", "labels")):
                 raise ConfigError(f"{entry}: expected an object with file, bytes, lengths and labels: rewrite it with "
-                                  "python -m classifier_engine.data.make_shards")
+                                  f"{WRITER}")
             inside(folder, shard["file"], entry)
             lengths, labels = shard["lengths"], shard["labels"]
             sizes_ok = (isinstance(lengths, list) and all(type(n) is int and n > 0 for n in lengths)
@@ -225,14 +216,12 @@ def check_index(index: dict[str, Any], where: str, folder: Path) -> None:
                          and all(type(y) is int and 0 <= y < len(classes) for y in labels))
             if not (sizes_ok and labels_ok):
                 raise ConfigError(f"{entry} ({shard['file']}): its lengths, labels and bytes do not agree (a label per "
-                                  f"image below {len(classes)}, lengths summing to bytes): rewrite it with python -m "
-                                  "classifier_engine.data.make_shards")
+                                  f"image below {len(classes)}, lengths summing to bytes): rewrite it with {WRITER}")
             shard["file"] = os.path.normpath(shard["file"])
 
 
 def decode_bytes(data: bytes, decoder: str, where: str, partial: bool = False):
-    """RGB image of an encoded image: a uint8 tensor (nvimgcodec, torchvision, torchcodec) or a PIL image (pil);
-    partial: a JPEG for the preset to decode in part, where the decoder can (nvimgcodec)."""
+    """RGB uint8 tensor (PIL image for pil) of encoded bytes; partial: a JPEG left for the preset to decode in part."""
     if partial and decoder == "nvimgcodec":
         if (jpeg := encoded_jpeg(data, functools.partial(decode_bytes, data, decoder, where))) is not None:
             return jpeg
@@ -249,9 +238,8 @@ def decode_bytes(data: bytes, decoder: str, where: str, partial: bool = False):
         from torchvision.io import ImageReadMode, decode_image
         return decode_image(tensor, mode=ImageReadMode.RGB)
     except (OSError, RuntimeError, ValueError) as error:
-        message = (f"cannot decode {where} ({str(error).strip()[:200]}); rewrite the shard set with python -m "
-                   "classifier_engine.data.make_shards, or set data.on_corrupt=skip")
-        raise UnreadableImageError(message) from error
+        raise UnreadableImageError(f"cannot decode {where} ({str(error).strip()[:200]}); rewrite the shard set with "
+                                   f"{WRITER}, or set data.on_corrupt=skip") from error
 
 
 class ShardImages(Dataset):
@@ -262,12 +250,10 @@ class ShardImages(Dataset):
         self.store, self.shards, self.transform, self.partial = store, shards, transform, partial  # as DecodedImages
         self.decoder, self.on_corrupt, self.window = decoder, on_corrupt, window  # window: read by ShardOrderSampler
         self.sizes = [len(shard["labels"]) for shard in shards]
-        self.starts = [0]
-        for size in self.sizes:
-            self.starts.append(self.starts[-1] + size)
+        self.starts = [0, *itertools.accumulate(self.sizes)]
         # Each image's first byte: given for a tar's members, back to back in our shards.
-        self.offsets = [shard["offsets"] if "offsets" in shard else
-                        [0, *torch.tensor(shard["lengths"]).cumsum(0).tolist()][:-1] for shard in shards]
+        self.offsets = [shard["offsets"] if "offsets" in shard else [0, *itertools.accumulate(shard["lengths"][:-1])]
+                        for shard in shards]
         self._files: dict[int, Any] = {}
         self._pid = None
 
@@ -277,20 +263,19 @@ class ShardImages(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_files": {}, "_pid": None}
 
-    def _read(self, shard: int, item: int) -> bytes:
+    def _read(self, shard: int, item: int) -> bytes:  # (bench/shards.py times it alone)
         if self._pid != os.getpid():  # file handles are per process (DataLoader workers fork)
             self._files, self._pid = {}, os.getpid()
+        entry = self.shards[shard]
         if shard not in self._files:
-            entry = self.shards[shard]
             self._files[shard] = open(self.store.local(entry["file"], entry["bytes"], entry.get("sha256")), "rb")
-        return os.pread(self._files[shard].fileno(), self.shards[shard]["lengths"][item], self.offsets[shard][item])
+        return os.pread(self._files[shard].fileno(), entry["lengths"][item], self.offsets[shard][item])
 
     def __getitem__(self, index: int):
         shard = bisect.bisect_right(self.starts, index) - 1
-        item = index - self.starts[shard]
-        keys = self.shards[shard].get("keys")  # a tar's: the sample's key names it
-        sample = f"key {keys[item]!r}" if keys else f"image {item}"
-        where = f"{self.store.location}/{self.shards[shard]['file']} ({sample})"
+        item, entry = index - self.starts[shard], self.shards[shard]
+        sample = f"key {entry['keys'][item]!r}" if entry.get("keys") else f"image {item}"  # a tar's key names it
+        where = f"{self.store.location}/{entry['file']} ({sample})"
         try:  # the transform decodes a JPEG in part (nvimgcodec): a bad one is found there
             image = decode_bytes(self._read(shard, item), self.decoder, where, self.partial)
             image = self.transform(image) if self.transform is not None else image
@@ -300,12 +285,12 @@ class ShardImages(Dataset):
             worker = get_worker_info()
             logger.warning("skipped %s [%s]", error, f"worker {worker.id}" if worker else "main process")
             return None
-        return image, self.shards[shard]["labels"][item]
+        return image, entry["labels"][item]
 
 
 class ShardOrderSampler(ResumableSampler):
-    """ResumableSampler whose shuffle is chunk-aware: the shards in an order drawn from (seed, epoch), then the images
-    of each `window` consecutive shards shuffled together, so each shard is read once per epoch, a window at a time."""
+    """ResumableSampler whose (seed, epoch) shuffle orders the shards, then shuffles each `window` of them together:
+    each shard is read once per epoch, a window at a time."""
 
     def permutation(self, generator: torch.Generator) -> list[int]:
         images = self.dataset.dataset if isinstance(self.dataset, SeededSamples) else self.dataset
@@ -319,8 +304,7 @@ class ShardOrderSampler(ResumableSampler):
 
 
 class ShardDataModule(ImageDataModule):
-    """The classes and splits of a shard set written by make_shards.py (labels are class names in its index), or
-    of a folder or prefix of WebDataset tars (labels their .cls indices)."""
+    """The classes and splits of a shard set written by make_shards.py, or of WebDataset tars (their .cls indices)."""
 
     train_sampler_class = ShardOrderSampler
 
@@ -328,20 +312,18 @@ class ShardDataModule(ImageDataModule):
                  **options):
         """
         Args:
-            shards: folder (local or a parallel filesystem) or s3://bucket/prefix written by python -m
-                classifier_engine.data.make_shards, or of WebDataset tars (<set>-train-0000.tar,
-                <set>-validation-0000.tar, as the Hugging Face ImageNet sets); the object store's endpoint and keys
-                come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (never from the config).
-            cache_dir: node-local folder s3:// shards are downloaded to, each once, and WebDataset tars' indexes are
-                kept in (default: shards/ in the library's cache, $CLASSIFIER_ENGINE_CACHE); it needs room for the
-                whole shard set.
+            shards: folder or s3://bucket/prefix written by python -m classifier_engine.data.make_shards, or of
+                WebDataset tars (<set>-train-0000.tar, <set>-validation-0000.tar); the object store's endpoint and
+                keys come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (never from the config).
+            cache_dir: node-local folder with room for the whole set, for s3:// shards and WebDataset tars' indexes
+                (default: shards/ in the library's cache, $CLASSIFIER_ENGINE_CACHE).
             shuffle_window: shards whose images are shuffled together (more: a better shuffle, more open shards).
             **options: the options every image data module has (classifier_engine.data.image_data.ImageDataModule).
         """
         super().__init__(**options)
         if shards is None:
-            raise ConfigError("data.shards is not set: pass --data.shards DIR or s3://bucket/prefix (written by "
-                              "python -m classifier_engine.data.make_shards)")
+            raise ConfigError(f"data.shards is not set: pass --data.shards DIR or s3://bucket/prefix (written by "
+                              f"{WRITER})")
         if self.decoder in DEVICE_DECODERS:
             raise ConfigError(f"data.decoder={self.decoder}: shards decode in the DataLoader workers: choose auto, "
                               "torchvision, torchcodec or pil")
@@ -362,7 +344,5 @@ class ShardDataModule(ImageDataModule):
         return ShardImages(self.store, shards, transform, decoder=self.decoder, on_corrupt=self.hparams.on_corrupt,
                            window=self.shuffle_window, partial=self._in_part(split, transform))
 
-    def setup(self, stage: str) -> None:
-        if stage == "predict" and not self.hparams.predict_root:
-            raise ConfigError("predict with shards reads a folder of images: pass --data.predict_root DIR")
-        super().setup(stage)
+    def predict_images(self) -> list[Path]:
+        raise ConfigError("predict with shards reads a folder of images: pass --data.predict_root DIR")

@@ -1,10 +1,9 @@
-"""WebDataset tars read as they are (the Hugging Face ImageNet sets', timm's, OpenCLIP's): each tar indexed once into
-data.cache_dir (every sample's image by byte offset, and its label), so ShardDataModule reads them as its own shards.
+"""WebDataset tars read as they are (the Hugging Face ImageNet sets', timm's, OpenCLIP's), each indexed once into
+data.cache_dir (every sample's image offset and label) for ShardDataModule to read as its own shards.
 
     python -m classifier_engine fit ... --data.class_path classifier_engine.ShardDataModule --data.init_args.shards DIR
 """
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -30,8 +29,7 @@ CACHED = "webdataset-index/1"  # the cached index's format: another is built aga
 
 
 def tar_index(store, listing: Tars) -> Optional[dict[str, Any]]:
-    """The location's *.tar files (None when it has none) in the shape of a shard set's index (classes; train, val,
-    test lists of shards with offsets, lengths, labels, keys)."""
+    """The listing's *.tar files as a shard set's index (classes, splits of shards with offsets); None: no tars."""
     tars = {name: found for name, found in listing.items() if name.endswith(".tar")}
     if not tars:
         return None
@@ -46,7 +44,12 @@ def tar_index(store, listing: Tars) -> Optional[dict[str, Any]]:
     if "train" not in splits or "val" not in splits:
         raise ConfigError(f"data.shards: {store.location}: WebDataset tars of both splits expected, found "
                           f"{sorted(splits)}: add the *-train-*.tar and *-validation-*.tar files")
-    entries, info = cached_entries(store, tars), read_info(store, listing)
+    entries = cached_entries(store, tars)
+    try:  # timm's _info.json: the splits' files and lengths, and our class names (none, or not JSON: the file names)
+        info = json.loads(store.read(INFO)) if INFO in listing else {}
+    except (OSError, ValueError):
+        info = {}
+    info = info if isinstance(info, dict) else {}
     check_info(store, info, entries)
     top = max((y for entry in entries.values() for y in entry["labels"]), default=0)
     names, labels = info.get("classes"), info.get("class_labels")  # make_shards writes them; HF's sets do not
@@ -60,17 +63,10 @@ def is_names(value: Any) -> bool:
 
 
 def cached_entries(store, tars: Tars) -> dict[str, dict[str, Any]]:
-    """Each tar's index entry, from the cache's file when its size and version match, else read from the tar (a
-    remote one downloaded first); one process per node builds it (a file lock), the others read what it wrote."""
+    """Each tar's index entry: the cached one when its size and version match, else built (by one process a node)."""
     identity = store.location if store.remote else str(store.cache.resolve())
     path = store.cache_root / "webdataset" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.json"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path.parent / f".{path.name}.lock", "w")
-    except OSError as error:
-        store.cache_error(error.strerror or str(error))
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with store.lock(path):
         try:
             cached = json.loads(path.read_text())
             cached = cached["tars"] if cached["format"] == CACHED else {}
@@ -96,8 +92,7 @@ def cached_entries(store, tars: Tars) -> dict[str, dict[str, Any]]:
 
 
 def index_tar(path: Path, where: str) -> dict[str, Any]:
-    """keys, offsets, lengths and labels of the tar's samples, from its headers (nothing is extracted; member names
-    are untrusted: one naming a path outside the tar is refused); a sample without an image or a .cls is one line."""
+    """keys, offsets, lengths and labels (.cls) of the tar's samples, from its untrusted headers (nothing extracted)."""
     members: dict[str, dict[str, tuple[int, int]]] = {}  # key -> extension -> (offset, size), in the tar's order
     size = path.stat().st_size
     try:
@@ -119,29 +114,21 @@ def index_tar(path: Path, where: str) -> dict[str, Any]:
             end = tar.offset  # where the headers stopped: the end-of-archive zeros, or a damaged header
     except (tarfile.TarError, EOFError, UnicodeError) as error:
         raise ConfigError(f"{where}: unreadable as an uncompressed tar ({error}); {FIX}") from None
+    found: dict[str, list] = {"keys": [], "offsets": [], "lengths": [], "labels": []}
     with open(path, "rb") as file:
         if any(os.pread(file.fileno(), 1024, end)):
             raise ConfigError(f"{where}: a damaged tar header at byte {end}; {FIX}")
-        return samples(members, file.fileno(), where)
-
-
-def samples(members: dict[str, dict[str, tuple[int, int]]], fd: int, where: str) -> dict[str, Any]:
-    """keys, offsets, lengths and labels of the tar's samples: each key's image, and its .cls read as an integer."""
-    found: dict[str, list] = {"keys": [], "offsets": [], "lengths": [], "labels": []}
-    for key, files in members.items():
-        image = next((files[extension] for extension in IMAGES if extension in files), None)
-        if image is None or "cls" not in files:
-            missing = "image (.jpg, .jpeg, .png or .webp)" if image is None else ".cls (the class index as text)"
-            raise ConfigError(f"{where}: sample {key!r} has no {missing}; {FIX}")
-        offset, length = files["cls"]
-        text = os.pread(fd, min(length, 32), offset).strip()
-        if length > 32 or not text.isdigit():
-            raise ConfigError(f"{where}: sample {key!r}: its .cls is {text[:32]!r}, expected a class index (ASCII "
-                              f"digits); {FIX}")
-        found["keys"].append(key)
-        found["offsets"].append(image[0])
-        found["lengths"].append(image[1])
-        found["labels"].append(int(text))
+        for key, files in members.items():
+            image = next((files[extension] for extension in IMAGES if extension in files), None)
+            if image is None or "cls" not in files:
+                missing = "image (.jpg, .jpeg, .png or .webp)" if image is None else ".cls (the class index as text)"
+                raise ConfigError(f"{where}: sample {key!r} has no {missing}; {FIX}")
+            text = os.pread(file.fileno(), min(files["cls"][1], 32), files["cls"][0]).strip()
+            if files["cls"][1] > 32 or not text.isdigit():
+                raise ConfigError(f"{where}: sample {key!r}: its .cls is {text[:32]!r}, expected a class index (ASCII "
+                                  f"digits); {FIX}")
+            for field, value in zip(found, (key, *image, int(text))):
+                found[field].append(value)
     return found
 
 
@@ -151,21 +138,10 @@ def check_info(store, info: dict[str, Any], entries: dict[str, Any]) -> None:
         record = record if isinstance(record, dict) else {}
         names, lengths = record.get("filenames"), record.get("shard_lengths")
         names, lengths = names if isinstance(names, list) else [], lengths if isinstance(lengths, list) else []
-        for name, length in zip(names, lengths + [None] * (len(names) - len(lengths))):
+        for name, length in zip(names, [*lengths, *[None] * len(names)]):
             where = f"data.shards: {store.location}/{shown(str(name))}"
             if name not in entries:
                 raise ConfigError(f"{where} is missing, and {INFO} lists it in {split}: copy the whole set again")
             if length is not None and len(entries[name]["labels"]) != length:
                 raise ConfigError(f"{where} holds {len(entries[name]['labels'])} samples, and {INFO} says {length}: "
                                   "copy the whole set again")
-
-
-def read_info(store, listing: Tars) -> dict[str, Any]:
-    """timm's _info.json of the set, {} when there is none or it is not JSON (the file names decide the splits)."""
-    if INFO not in listing:
-        return {}
-    try:
-        info = json.loads(store.get(INFO, tries=1) if store.remote else (store.cache / INFO).read_bytes())
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
