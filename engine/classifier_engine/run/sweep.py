@@ -27,7 +27,7 @@ from classifier_engine.compat.subclass_nulls import restored_nulls
 from classifier_engine.config_edits import apply_edits
 from classifier_engine.contract import monitor_options
 from classifier_engine.errors import ConfigError, check_config_files, readable_parse_error
-from classifier_engine.run.sweep_trials import BEST, CHECKPOINT, RUN_DIR, Worker, open_storage, param_flags
+from classifier_engine.run.sweep_trials import BEST, CHECKPOINT, RUN_DIR, Worker, int_range, open_storage, param_flags
 from classifier_engine.run.trackers import hidden_credentials
 from classifier_engine.run_plan import Decision, RunPlan
 from classifier_engine.storage.files import atomic_write
@@ -105,12 +105,10 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     study = open_study(sweep, storage, study_dir, sampler, create=not summary_only)
     code = 0
     if not summary_only:
-        study_dir.mkdir(parents=True, exist_ok=True)  # with an RDB storage too: the trials' run dirs, the summary
         apply_edits(config, hidden_credentials(config.trainer))  # a URI's password: the trials inherit it
         options = parser.dump(config, skip_none=False)  # the fit options every trial starts from
         entry = parser.prog.removeprefix("python -m ").removesuffix(" sweep")  # trials: `python -m ENTRY fit`
-        loggers = yaml.safe_load(options)["trainer"]["logger"]
-        code = Worker(study, storage, study_dir, options, sweep, loggers, entry).run()
+        code = Worker(study, storage, study_dir, options, sweep, entry).run()
         if code == 2:  # a trial's bad input: its error stays the last line
             sys.exit(code)
     print(summarize(study, study_dir, sweep), flush=True)
@@ -121,8 +119,7 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
 def sweep_plan(sweep: Namespace, study_dir: Path, storage: str) -> RunPlan:
     """What a sweep worker would do (--plan): its study, where it is kept, what it scores and searches."""
     given = "sweep.storage" if sweep.storage else "the study dir's journal (workers on any node of a shared filesystem)"
-    sampler, pruner = (spec.get("class_path") if isinstance(spec, (dict, Namespace)) else spec or "Optuna's default"
-                       for spec in (sweep.sampler, sweep.pruner))
+    sampler, pruner = (spec.get("class_path") if spec else "Optuna's default" for spec in (sweep.sampler, sweep.pruner))
     return RunPlan("sweep", (
         Decision("study", sweep.study, "sweep.study, else the sweep file's name", text=f"{sweep.study} in {study_dir}"),
         Decision("storage", storage, given),
@@ -168,11 +165,13 @@ def parse(parser: ArgumentParser, args: list[str]) -> Namespace:
 # -- the checks, before anything is written --------------------------------------------------------------------------
 def check_sweep(sweep: Namespace, config_files: list) -> Optional[optuna.samplers.BaseSampler]:
     """Check the settings (ConfigError), fill in the study's name and direction; the sampler (None: Optuna's)."""
-    sweep.space, sweep.study = flat(sweep.space), sweep.study or sweep_file_name(config_files)
-    if sweep.study is None:
-        raise ConfigError("no sweep file: pass --config <name>.yaml (a YAML file with a `sweep:` "
-                          "section)")
-    if not sweep.study or "/" in sweep.study or sweep.study.startswith("."):
+    sweep.space = flat(sweep.space)
+    if not sweep.study:  # the last config file with a `sweep:` section names it
+        named = [Path(str(p)).stem for p in config_files if "sweep" in (yaml.safe_load(Path(str(p)).read_text()) or {})]
+        if not named:
+            raise ConfigError("no sweep file: pass --config <name>.yaml (a YAML file with a `sweep:` section)")
+        sweep.study = named[-1]
+    if "/" in sweep.study or sweep.study.startswith("."):
         raise ConfigError(f"sweep.study {sweep.study!r}: expected a name (it is the study's folder under sweeps/)")
     if not sweep.metric:
         raise ConfigError("sweep.metric is not set and the model names no monitor: pass --sweep.metric NAME (a metric "
@@ -209,8 +208,7 @@ def as_written(values: list, spec: dict) -> list:
     if "choices" in spec:
         return [next((c for c in spec["choices"] if c == v and isinstance(c, bool) == isinstance(v, bool)), v)
                 for v in values]
-    ints = all(isinstance(spec.get(k, 1), int) and not isinstance(spec.get(k), bool) for k in ("low", "high", "step"))
-    return [int(v) if ints and isinstance(v, float) and v.is_integer() else v for v in values]
+    return [int(v) if int_range(spec) and isinstance(v, float) and v.is_integer() else v for v in values]
 
 
 def build(spec: Namespace, what: str):
@@ -230,18 +228,12 @@ def flat(space: dict, prefix: str = "") -> dict:
     return entries
 
 
-def sweep_file_name(config_files: list) -> Optional[str]:
-    """The name of the last config file with a `sweep:` section (the study's, unless sweep.study names one)."""
-    named = [Path(str(p)) for p in config_files if "sweep" in (yaml.safe_load(Path(str(p)).read_text()) or {})]
-    return named[-1].stem if named else None
-
-
 def check_range(where: str, spec: dict) -> None:
     """One search-space entry: `{choices: [...]}`, or `{low, high}` with optional `log` and `step`."""
     if set(spec) == {"choices"} and isinstance(spec["choices"], list):
         if len(spec["choices"]) < 2:
-            raise ConfigError(f"{where}: {len(spec['choices'])} choice(s) is an empty search; give two or more, or "
-                              "set the option as an ordinary fit option")
+            raise ConfigError(f"{where}: {len(spec['choices'])} choice(s) is an empty search; give two or more, or set "
+                              "the option as an ordinary fit option")
         if any(c is not None and not isinstance(c, (bool, int, float, str)) for c in spec["choices"]):
             raise ConfigError(f"{where}: choices must be plain values (null, numbers, strings, booleans), got "
                               f"{spec['choices']!r}")
@@ -264,12 +256,11 @@ def check_range(where: str, spec: dict) -> None:
 
 
 def check_fit_options(parser: ArgumentParser, argv: list[str], config: Namespace, space: dict[str, dict]) -> None:
-    """ConfigError for a fit option a sweep decides itself, a name in the space that is not a fit option, or a value
-    of the space the option does not accept (each through the parser)."""
+    """ConfigError for a fit option the sweep decides itself, or a space entry the fit does not take (its parser's)."""
     names = {key.replace("init_args.", ""): value for key, value in config.items(branches=True)}  # model.x: the class's
     if names.get("checkpoint.dirpath"):
-        raise ConfigError("--checkpoint.dirpath cannot be given to a sweep: each trial's run dir decides it; leave it "
-                          "out")
+        raise ConfigError("--checkpoint.dirpath cannot be given to a sweep: each trial's run dir decides it; leave "
+                          "it out")
     if names.get("trainer.limit_val_batches") not in (None, 1.0):
         raise ConfigError(f"trainer.limit_val_batches {names['trainer.limit_val_batches']}: trials would score on the "
                           "first batches of the validation split, other images for another data.batch_size; sweeps "
@@ -299,17 +290,16 @@ def check_fit_options(parser: ArgumentParser, argv: list[str], config: Namespace
 def open_study(sweep: Namespace, storage: str, study_dir: Path, sampler, *, create: bool) -> optuna.Study:
     """The study, made by the first worker; ConfigError if its storage cannot be opened or it optimizes another way."""
     name, made = sweep.study, []
-    if "://" not in storage:
-        journal = Path(storage)
-        if not create and not journal.is_file():
-            raise ConfigError(f"no study {name!r} yet: {journal} does not exist; start it with a worker "
-                              "(the sweep subcommand without --summary, --config <sweep file>)")
-        if sweep.storage is None and create:
-            made = [p for p in (study_dir, *study_dir.parents) if not p.exists()]
-            study_dir.mkdir(parents=True, exist_ok=True)
-        elif not journal.parent.is_dir():
-            raise ConfigError(f"sweep.storage {storage}: its folder {journal.parent} does not exist; create it, or "
-                              "give an RDB URL (sqlite:///sweep.db)")
+    start = "start it with a worker (the sweep subcommand without --summary, --config <sweep file>)"
+    journal = None if "://" in storage else Path(storage)
+    if journal and not create and not journal.is_file():
+        raise ConfigError(f"no study {name!r} yet: {journal} does not exist; {start}")
+    if journal and sweep.storage and not journal.parent.is_dir():
+        raise ConfigError(f"sweep.storage {storage}: its folder {journal.parent} does not exist; create it, or give an "
+                          "RDB URL (sqlite:///sweep.db)")
+    if create:  # the default journal's folder; the trials' run dirs and the summary's with any storage
+        made = [p for p in (study_dir, *study_dir.parents) if not p.exists()]
+        study_dir.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         opened = open_storage(storage)
@@ -317,8 +307,7 @@ def open_study(sweep: Namespace, storage: str, study_dir: Path, sampler, *, crea
                                      load_if_exists=True) if create
                  else optuna.load_study(study_name=name, storage=opened, sampler=sampler))
     except KeyError:
-        raise ConfigError(f"no study {name!r} in {storage}; start it with a worker (the sweep "
-                          "subcommand without --summary, --config <sweep file>)") from None
+        raise ConfigError(f"no study {name!r} in {storage}; {start}") from None
     except Exception as error:  # noqa: BLE001  sqlalchemy's, OSError, ...: the storage cannot be used at all
         for directory in made:  # innermost first
             with contextlib.suppress(OSError):
@@ -343,8 +332,7 @@ def summarize(study: optuna.Study, study_dir: Path, sweep: Namespace) -> str:
     rows = [["number", "state", "value", "seconds", "run_dir", "retry_of", "checkpoint", *names]]
     for t in trials:
         value = t.user_attrs.get(BEST, t.value) if t.state.name in ("COMPLETE", "PRUNED") else ""  # best validation
-        took = t.datetime_complete and t.datetime_start and t.datetime_complete - t.datetime_start
-        rows.append([t.number, t.state.name, value, f"{took.total_seconds():.1f}" if took else "",
+        rows.append([t.number, t.state.name, value, f"{t.duration.total_seconds():.1f}" if t.duration else "",
                      t.user_attrs.get(RUN_DIR, ""), t.system_attrs.get("failed_trial", ""),
                      t.user_attrs.get(CHECKPOINT, ""), *(t.params.get(n, "") for n in names)])
     atomic_write(study_dir / "trials.csv", lambda f: csv.writer(f).writerows(rows), mode="w", fsync=False)
@@ -377,7 +365,6 @@ def write_plots(study: optuna.Study, study_dir: Path, metric: str) -> list[Path]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # an experimental API
                 axes = getattr(plots, f"plot_{name}")(study, target_name=metric)
-            axes = axes.flat[0] if hasattr(axes, "flat") else axes
             axes.figure.set_size_inches(11, 6)
             if name == "parallel_coordinate":
                 legible_parallel_coordinates(axes, [*study.best_trial.params])
@@ -401,9 +388,6 @@ def legible_parallel_coordinates(axes, names: list[str]) -> None:
     dark = ListedColormap(colormaps["viridis"](np.linspace(0.0, 0.85, 256)))  # its pale yellow end cut off
     for lines in (c for c in axes.collections if isinstance(c, LineCollection)):
         lines.set(cmap=dark, linewidth=2.5, clip_on=False)  # the best and worst values run along the plot's edges
-    labels = []
-    for tick in axes.get_xticklabels():
-        text = tick.get_text()
-        full = next((n for n in names if text.endswith("...") and n.startswith(text[:-3])), text)
-        labels.append(full[::-1].replace(".", "\n.", 1)[::-1] if "." in full else full)
-    axes.set_xticks(axes.get_xticks(), labels, rotation=0, fontsize=9)
+    cut = [tick.get_text() for tick in axes.get_xticklabels()]
+    whole = [next((n for n in names if text.endswith("...") and n.startswith(text[:-3])), text) for text in cut]
+    axes.set_xticks(axes.get_xticks(), [".\n".join(name.rsplit(".", 1)) for name in whole], rotation=0, fontsize=9)

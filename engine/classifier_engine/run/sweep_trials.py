@@ -14,7 +14,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import Any, Optional
 
 import lightning as L
 import optuna
+import yaml
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
@@ -30,14 +30,14 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileSymlinkLock
 from optuna.trial import TrialState
 
-from classifier_engine.errors import DiskFullError
+from classifier_engine.errors import DiskFullError, RunDirInUse
+from classifier_engine.run.lock import claim
 from classifier_engine.run.slurm import slurm_job_id
 
 # Trial attributes in the storage: the run dir, who runs it, and what the fit said about itself.
 RUN_DIR, WORKER, HEARTBEAT = "run_dir", "worker", "heartbeat"
 PRUNED_AT, FINISHED, CHECKPOINT, BEST, DIVERGED = "pruned_at_step", "finished_at_step", "checkpoint", "best", "diverged"
 LOGGED = "metrics_logged"  # what a trial's fit logged at validation when the sweep's metric was not among them
-FIT_LOG, FIT_OPTIONS = "fit.log", "fit_options.yaml"
 LOGGERS_IN_RUN_DIR = ("TensorBoardLogger", "CSVLogger")
 
 
@@ -63,13 +63,22 @@ class JournalFile(optuna.storages.journal.JournalFileBackend):
             self.lock.acquire()
             try:
                 with open(self.path, "ab+", buffering=0) as file:  # O_APPEND: after a cut record is truncated, too
-                    end = self._set_aside_partial_record(file.fileno())
+                    fd = file.fileno()
+                    end = os.lseek(fd, 0, os.SEEK_END)
+                    if end and os.pread(fd, 1, end - 1) != b"\n":  # a worker killed while writing its last record
+                        journal = os.pread(fd, end, 0)  # rare enough to read it whole
+                        end = journal.rfind(b"\n") + 1
+                        with open(f"{self.path}.cut", "ab") as cut:
+                            cut.write(journal[end:] + b"\n")
+                        os.ftruncate(fd, end)
+                        print(f"sweep: {self.path} ended in a record cut short (a worker killed while writing): "
+                              f"moved to {self.path}.cut", flush=True)
                     try:
                         while data:
                             data = data[file.write(data):]
-                        os.fsync(file.fileno())
+                        os.fsync(fd)
                     except OSError:
-                        os.ftruncate(file.fileno(), end)  # no half record left for the next append to join
+                        os.ftruncate(fd, end)  # no half record left for the next append to join
                         raise
             finally:
                 self.lock.release()
@@ -78,20 +87,6 @@ class JournalFile(optuna.storages.journal.JournalFileBackend):
                 raise DiskFullError(f"no space left for the study's journal {self.path}: nothing of it was lost; "
                                     "free some space and start the worker again") from None
             raise
-
-    def _set_aside_partial_record(self, fd: int) -> int:
-        """Where the journal's last whole record ends; a partial one after it is moved to `<journal>.cut`."""
-        end = os.lseek(fd, 0, os.SEEK_END)
-        if end == 0 or os.pread(fd, 1, end - 1) == b"\n":
-            return end
-        journal = os.pread(fd, end, 0)  # rare enough to read it whole
-        whole = journal.rfind(b"\n") + 1
-        with open(f"{self.path}.cut", "ab") as cut:
-            cut.write(journal[whole:] + b"\n")
-        os.ftruncate(fd, whole)
-        print(f"sweep: {self.path} ended in a record cut short (a worker killed while writing): moved to "
-              f"{self.path}.cut", flush=True)
-        return whole
 
 
 def tell(study: optuna.Study, trial, *args, **kwargs) -> None:
@@ -109,9 +104,7 @@ class SweepReporter(Callback):
     """Reports `metric` to the trial at each validation and stops the fit when the study's pruner prunes it; the sweep
     adds it to each trial's fit (`--trainer.callbacks+=`): rank zero reports and decides, every rank stops."""
 
-    def __init__(self, storage: str, study: str, trial: int, metric: str,
-                 pruner: Optional[optuna.pruners.BasePruner] = None):
-        """`pruner`: the sweep's, None for Optuna's default."""
+    def __init__(self, storage: str, study: str, trial: int, metric: str, pruner: Optional[optuna.pruners.BasePruner]):
         self.storage, self.study, self.trial, self.metric, self.pruner = storage, study, trial, metric, pruner
         self._trial: Optional[optuna.trial.Trial] = None
 
@@ -127,16 +120,10 @@ class SweepReporter(Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        # One validation per epoch (the usual case): the step is the epoch, so a pruner's warm-up counts epochs.
-        per_epoch = isinstance(trainer.val_check_interval, float) and trainer.val_check_interval == 1.0
-        step = trainer.current_epoch if per_epoch else trainer.global_step
-        value, stop = trainer.callback_metrics.get(self.metric), False
-        if self._trial is not None and value is None:  # a metric the model does not log: no trial can be scored
-            self._trial.set_user_attr(LOGGED, sorted(k for k in trainer.callback_metrics if not k.startswith("train/")))
-            stop = True
-        elif self._trial is not None:
+        stop = False
+        if self._trial is not None:
             try:
-                stop = self._report(trainer, float(value), step)
+                stop = self._report(trainer)
             except UpdateFinishedTrialError:  # the study gave the trial up: its worker stops this fit
                 self._trial = None
         if trainer.world_size > 1:
@@ -144,9 +131,16 @@ class SweepReporter(Callback):
         if stop:
             trainer.should_stop = True
 
-    def _report(self, trainer: L.Trainer, value: float, step: int) -> bool:
-        """Report the metric; True when the trial should stop (pruned, or diverged: a loss that is not finite)."""
-        losses = {k: float(v) for k, v in trainer.callback_metrics.items() if k.endswith("loss") and v.numel() == 1}
+    def _report(self, trainer: L.Trainer) -> bool:
+        """Report the metric; True when the trial should stop (pruned, diverged, or the metric is not logged)."""
+        metrics = trainer.callback_metrics
+        if self.metric not in metrics:  # a metric the model does not log: no trial can be scored
+            self._trial.set_user_attr(LOGGED, sorted(k for k in metrics if not k.startswith("train/")))
+            return True
+        # One validation per epoch (the usual case): the step is the epoch, so a pruner's warm-up counts epochs.
+        per_epoch = isinstance(trainer.val_check_interval, float) and trainer.val_check_interval == 1.0
+        step, value = trainer.current_epoch if per_epoch else trainer.global_step, float(metrics[self.metric])
+        losses = {k: float(v) for k, v in metrics.items() if k.endswith("loss") and v.numel() == 1}
         bad = next((f"{k} {v}" for k, v in ((self.metric, value), *losses.items()) if not math.isfinite(v)), None)
         if bad is not None:  # a diverged trial fails; its accuracy (argmax of NaN logits) must not rank it
             self._trial.set_user_attr(DIVERGED, f"{bad} at step {step}")
@@ -181,11 +175,11 @@ class Worker:
     study_dir: Path
     fit_options: str  # YAML: the sweep's fit config, as the fit's parser resolved it
     sweep: Any  # the checked `sweep:` settings (classifier_engine.run.sweep.Sweep)
-    loggers: Any  # the resolved trainer.logger, pointed at each trial's run dir
     entry: str  # what each trial runs: python -m ENTRY fit (the sweep's own entry point)
 
     def __post_init__(self):
         self.name, self.signal, self.child = f"{os.uname().nodename}:{os.getpid()}", 0, None
+        self.loggers = yaml.safe_load(self.fit_options)["trainer"]["logger"]  # pointed at each trial's run dir
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)  # unchanged since optuna 2.8
             self.retry = RetryHeartbeatStaleTrialCallback(max_retry=self.sweep.max_retry,
@@ -225,8 +219,11 @@ class Worker:
                           f"{frozen.user_attrs.get(WORKER, '?')} died?): retried from its last.ckpt", flush=True)
                     self._fail_and_retry(frozen)
             trials = self.study.get_trials(deepcopy=False)
-            done, running = len(counted(trials)), sum(t.state == TrialState.RUNNING for t in trials)
-            if done + running >= self.sweep.n_trials:
+            # Done: complete, pruned, and failed trials that are not being retried.
+            retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+            done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                       or (t.state == TrialState.FAIL and t.number not in retried) for t in trials)
+            if done + sum(t.state == TrialState.RUNNING for t in trials) >= self.sweep.n_trials:
                 return None if done >= self.sweep.n_trials else False
             trial = self.study.ask()
             trial.set_user_attr(HEARTBEAT, time.time())
@@ -245,19 +242,17 @@ class Worker:
     def _run(self, trial: optuna.trial.Trial) -> Optional[int]:
         """Run one trial and tell its result; an exit code when this worker must stop (bad input), else None."""
         frozen = self.study.get_trials(deepcopy=False)[trial.number]
-        run_dir, retried = Path(frozen.user_attrs[RUN_DIR]), frozen.system_attrs.get("failed_trial")
+        said, retried = frozen.user_attrs, frozen.system_attrs.get("failed_trial")
+        run_dir, metric = Path(said[RUN_DIR]), self.sweep.metric
         params = {name: suggest(trial, name, spec) for name, spec in self.sweep.space.items()}
         code = None if self.signal else 0
-        if not self.signal and FINISHED not in frozen.user_attrs and PRUNED_AT not in frozen.user_attrs:
-            # (else it is done: its worker died after the fit)
+        if not self.signal and FINISHED not in said and PRUNED_AT not in said:  # (else its worker died after the fit)
             print(f"sweep: trial {trial.number} ({' '.join(param_flags(params))}) in {run_dir}"
                   + (f", retrying trial {retried} from its last.ckpt" if retried is not None else ""), flush=True)
             code = self._fit(trial, run_dir, params, resume=retried is not None)
-        return self._tell(trial, code, run_dir)
-
-    def _tell(self, trial: optuna.trial.Trial, code: Optional[int], run_dir: Path) -> Optional[int]:
-        frozen, log, metric = self.study.get_trials(deepcopy=False)[trial.number], run_dir / FIT_LOG, self.sweep.metric
-        best = best_of(frozen.intermediate_values, self.study.direction.name.lower())
+        frozen, log = self.study.get_trials(deepcopy=False)[trial.number], run_dir / "fit.log"
+        finite = [v for v in frozen.intermediate_values.values() if v == v]  # NaN is never best
+        best = (max if self.study.direction.name == "MAXIMIZE" else min)(finite, default=None)
         if best is not None:
             trial.set_user_attr(BEST, best)
         said, state = frozen.user_attrs, TrialState.FAIL
@@ -294,72 +289,51 @@ class Worker:
 
     def _fit(self, trial: optuna.trial.Trial, run_dir: Path, params: dict, *, resume: bool) -> Optional[int]:
         """The fit's exit code; None when it could not start (its run dir still in use)."""
-        run_dir.mkdir(parents=True, exist_ok=True)
         if not wait_for_run_dir(run_dir, self.sweep.grace_period):
             print(f"sweep: {run_dir} is still in use by another fit after {self.sweep.grace_period:.0f} s", flush=True)
             return None
-        (run_dir / FIT_OPTIONS).write_text(self.fit_options)
+        options = run_dir / "fit_options.yaml"
+        options.write_text(self.fit_options)
         reporter = {"class_path": f"{__name__}.SweepReporter",
                     "init_args": {"storage": self.storage, "study": self.study.study_name, "trial": trial.number,
                                   "metric": self.sweep.metric, "pruner": self.sweep.pruner}}
         pinned = pin_loggers(self.loggers, run_dir)
-        args = [f"--config={run_dir / FIT_OPTIONS}", *param_flags(params), f"--trainer.default_root_dir={run_dir}",
+        args = [f"--config={options}", *param_flags(params), f"--trainer.default_root_dir={run_dir}",
                 f"--checkpoint.dirpath={run_dir / 'checkpoints'}", "--trainer.callbacks+=" + json.dumps(reporter),
                 *([f"--trainer.logger={json.dumps(pinned)}"] if pinned else []),
                 *(["--ckpt_path=last"] if resume else [])]
-        with open(run_dir / FIT_LOG, "ab") as log:
+        with open(run_dir / "fit.log", "ab") as log:
             self.child = subprocess.Popen([*shlex.split(self.sweep.launcher or ""), sys.executable, "-m", self.entry,
                                            "fit", *args], stdout=log, stderr=subprocess.STDOUT,
                                           preexec_fn=_stop_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        stopped = threading.Event()
-        heartbeat = threading.Thread(target=beat, args=(trial, self.sweep.heartbeat_interval, self.child, stopped))
-        heartbeat.start()
         try:
             if self.signal and self.signal != signal.SIGINT:  # it came while the fit was starting
                 self._on_signal(self.signal, None)
-            return self.child.wait()
+            while True:  # the trial's heartbeat while its fit runs
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    return self.child.wait(timeout=self.sweep.heartbeat_interval)
+                try:
+                    trial.set_user_attr(HEARTBEAT, time.time())
+                except UpdateFinishedTrialError:  # this worker was silent past the grace period: a retry continues it
+                    self.child.terminate()
+                    return self.child.wait()
+                except Exception as error:  # noqa: BLE001  a storage hiccup: the next beat may get through
+                    print(f"sweep: heartbeat of trial {trial.number} not recorded ({error})", flush=True)
         finally:
-            stopped.set()
-            heartbeat.join()
             self.child = None
 
 
-def beat(trial: optuna.trial.Trial, interval: float, child: subprocess.Popen, stopped: threading.Event) -> None:
-    """Record time.time() on the trial every `interval` s until `stopped`. If the study failed the trial meanwhile
-    (this worker was silent past the grace period), stop its fit: the retry another worker started continues it."""
-    while not stopped.wait(interval):
-        try:
-            trial.set_user_attr(HEARTBEAT, time.time())
-        except UpdateFinishedTrialError:
-            if child.poll() is None:
-                child.terminate()
-            return
-        except Exception as error:  # noqa: BLE001  a storage hiccup: the next beat may get through
-            print(f"sweep: heartbeat of trial {trial.number} not recorded ({error})", flush=True)
-
-
-def best_of(values: dict[int, float], direction: str) -> Optional[float]:
-    """The best metric a trial reached over its validations (None before the first; NaN is never best)."""
-    finite = [v for v in values.values() if v == v]
-    return (max if direction == "maximize" else min)(finite) if finite else None
-
-
-def counted(trials) -> list:
-    """The trials that count towards n_trials: complete, pruned, and failed ones that are not being retried."""
-    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
-    return [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-            or (t.state == TrialState.FAIL and t.number not in retried)]
+def int_range(spec: dict) -> bool:
+    """A range written in ints (`{low: 0, high: 3}`) is one of ints; `{low: 0.0, high: 3.0}` is of floats."""
+    return all(isinstance(spec.get(k, 1), int) and not isinstance(spec.get(k), bool) for k in ("low", "high", "step"))
 
 
 def suggest(trial: optuna.trial.Trial, name: str, spec: dict) -> Any:
-    """The trial's value for one search-space entry (a retried trial gets its original's). Ints when low, high (and
-    step) are written as ints: `{low: 0, high: 3}`; `{low: 0.0, high: 3.0}` is floats."""
+    """The trial's value for one search-space entry (a retried trial gets its original's)."""
     if "choices" in spec:
         return trial.suggest_categorical(name, spec["choices"])
-    if all(isinstance(spec.get(k, 1), int) and not isinstance(spec.get(k), bool) for k in ("low", "high", "step")):
-        return trial.suggest_int(name, spec["low"], spec["high"], step=spec.get("step") or 1,
-                                 log=spec.get("log", False))
-    return trial.suggest_float(name, spec["low"], spec["high"], step=spec.get("step"), log=spec.get("log", False))
+    options = {k: spec[k] for k in ("step", "log") if spec.get(k) is not None}
+    return (trial.suggest_int if int_range(spec) else trial.suggest_float)(name, spec["low"], spec["high"], **options)
 
 
 def param_flags(params: dict[str, Any]) -> list[str]:
@@ -383,21 +357,16 @@ def pin_loggers(loggers: Any, run_dir: Path) -> Any:
 
 
 def wait_for_run_dir(run_dir: Path, timeout: float) -> bool:
-    """Wait until no live process holds the run dir's lock (a dead worker's fit saves and stops first); False after
-    `timeout` s."""
+    """Wait until no live process holds the run dir (a dead worker's fit saves and stops first); False at `timeout`."""
     deadline = time.monotonic() + timeout
-    while (run_dir / ".lock").exists():
-        with open(run_dir / ".lock", "a") as file:
-            try:
-                fcntl.lockf(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True  # closing the file releases it
-            except OSError as error:
-                if error.errno not in (errno.EACCES, errno.EAGAIN):
-                    return True  # a filesystem without POSIX locks: nothing to wait for
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-    return True
+    while True:
+        try:
+            claim(run_dir).release()
+            return True
+        except RunDirInUse:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
 
 
 def last_line(path: Path) -> str:
