@@ -26,12 +26,12 @@ from classifier_engine.data.device_decode import (
     DevicePipeline,
     TrainCrop,
     eval_batch,
-    jpeg_frame,
     load_for_device,
     resized_crops,
 )
 from classifier_engine.data.image_folders import DecodedImages, EncodedBatch, EncodedImages, collate_encoded
 from classifier_engine.data.layout import folder_samples
+from classifier_engine.data.partial_decode import jpeg_header
 from classifier_engine.data.transforms import eval_preset, train_preset
 from classifier_engine.seeds import SeededSamples
 from test_decode import two_colour
@@ -91,9 +91,9 @@ def test_jpeg_frame_header_routes_files_nvjpeg_cannot_decode_to_the_workers(tmp_
     source.convert("L").save(tmp_path / "gray.JPEG", quality=90)
     source.convert("CMYK").save(tmp_path / "cmyk.JPEG", quality=90)
     source.save(tmp_path / "png_named.JPEG", format="PNG")
-    frames = {path.stem: jpeg_frame(path.read_bytes()) for path in tmp_path.iterdir()}
-    assert frames == {"plain": (0xC0, 3, 48, 64), "progressive": (0xC2, 3, 48, 64), "gray": (0xC0, 1, 48, 64),
-                      "cmyk": (0xC0, 4, 48, 64), "png_named": None}
+    frames = {path.stem: jpeg_header(path.read_bytes()) for path in tmp_path.iterdir()}
+    assert frames == {"plain": (0xC0, 3, 48, 64, 1), "progressive": (0xC2, 3, 48, 64, 1), "gray": (0xC0, 1, 48, 64, 1),
+                      "cmyk": (0xC0, 4, 48, 64, 1), "png_named": None}
     loaded = {path.stem: load_for_device(str(path), decode_torchvision) for path in tmp_path.iterdir()}
     assert {name: (p.dim(), size) for name, (p, size) in loaded.items()} == {
         "plain": (1, (48, 64)), "progressive": (1, (48, 64)), "gray": (1, (48, 64)),  # bytes for the device

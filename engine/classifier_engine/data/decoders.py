@@ -24,9 +24,9 @@ from classifier_engine.data.partial_decode import encoded_jpeg, nvimgcodec_decod
 from classifier_engine.errors import ConfigError, UnreadableImageError, install_extra
 
 try:  # torchvision 0.29 deprecates its image decoders for TorchCodec's; a later release removes them
-    from torchvision.io import ImageReadMode, decode_image
-except ImportError:
-    ImageReadMode = decode_image = None
+    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+except ImportError:  # decoder=torchvision and nvjpeg say so (unavailable)
+    ImageReadMode = decode_image = decode_jpeg = None
 
 Decoder = Literal["auto", "nvimgcodec", "torchcodec", "torchvision", "pil", "nvjpeg", "torchcodec-cuda"]
 OnCorrupt = Literal["error", "skip"]
@@ -62,17 +62,14 @@ def decode_pil(path: str, failed_before: str = "") -> Image.Image:
 
 
 def _read(path: str) -> bytes:
-    with open(path, "rb") as file:
-        data = file.read()
+    data = Path(path).read_bytes()
     if not data:
         raise _unreadable(path, "empty file")
     return data
 
 
-def _decode_tensor(path: str, library: str, decode: Callable[[bytes], torch.Tensor],
-                   data: Optional[bytes] = None) -> torch.Tensor:
+def _decode_tensor(path: str, library: str, decode: Callable[[bytes], torch.Tensor], data: bytes) -> torch.Tensor:
     """uint8 RGB (3, H, W) from `decode` (the file's bytes -> an image tensor), PIL for what it does not read."""
-    data = _read(path) if data is None else data
     try:
         image = decode(data)
     except (RuntimeError, ValueError) as error:
@@ -86,19 +83,18 @@ def _decode_tensor(path: str, library: str, decode: Callable[[bytes], torch.Tens
 def decode_torchvision(path: str) -> torch.Tensor:
     """uint8 RGB tensor (3, H, W): torchvision.io (libjpeg-turbo, libpng, libwebp), PIL for the other formats."""
     return _decode_tensor(path, "torchvision.io", lambda data: decode_image(
-        torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB))
+        torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB), _read(path))
 
 
 def decode_torchcodec(path: str) -> torch.Tensor:
     """uint8 RGB tensor (3, H, W): TorchCodec (libjpeg-turbo, libpng, libwebp; no FFmpeg needed), PIL for the others."""
     from torchcodec.decoders import decode_image as torchcodec_decode  # the optional extra, checked in resolve_decoder
 
-    return _decode_tensor(path, "torchcodec", lambda data: torchcodec_decode(data, mode="RGB"))
+    return _decode_tensor(path, "torchcodec", lambda data: torchcodec_decode(data, mode="RGB"), _read(path))
 
 
 def decode_nvimgcodec(path: str, *, partial: bool = False) -> Any:
-    """uint8 RGB tensor (3, H, W): nvImageCodec on the CPU (libjpeg-turbo, EXIF applied as TorchCodec does), PIL for
-    the formats it does not read; partial: a JPEG comes back as an EncodedJpeg, for the preset to decode in part."""
+    """uint8 RGB tensor (3, H, W): nvImageCodec on the CPU, PIL for the others; partial: a JPEG as an EncodedJpeg."""
     data = _read(path)
     if partial and (jpeg := encoded_jpeg(data, functools.partial(decode_nvimgcodec, path))) is not None:
         return jpeg
@@ -110,7 +106,7 @@ LOADERS: dict[str, Callable[[str], Any]] = {"nvimgcodec": decode_nvimgcodec, "to
 
 
 def unavailable(decoder: str) -> Optional[str]:
-    """Why a CPU decoder cannot run in this environment, with the fix; None when it can."""
+    """Why a CPU decoder cannot run here, with the fix; None when it can."""
     found = importlib.util.find_spec
     if decoder == "nvimgcodec" and not (found("simplejpeg") and found("nvidia") and found("nvidia.nvimgcodec")):
         return (f"data.decoder=nvimgcodec needs nvImageCodec and simplejpeg: {install_extra('nvimgcodec')}; or choose "
@@ -144,7 +140,7 @@ def resolve_decoder(decoder: str) -> str:
 
 
 def image_loader(decoder: str, partial: bool = False) -> Callable[[str], Any]:
-    """The CPU loader (path -> RGB image) of a `data.decoder` name; of a device decoder, its CPU counterpart's.
+    """The CPU loader (path -> RGB image) of a `data.decoder` name (of a device decoder: its CPU stand-in's);
     partial: JPEGs as EncodedJpeg where the decoder decodes in part (the presets of transforms.py take them)."""
     decoder = resolve_decoder(decoder)
     if partial and decoder == "nvimgcodec":
@@ -152,10 +148,9 @@ def image_loader(decoder: str, partial: bool = False) -> Callable[[str], Any]:
     return LOADERS[DEVICE_DECODERS.get(decoder, decoder)]
 
 
-def _check(job: tuple[str, str]) -> Optional[str]:
-    path, decoder = job
+def _check(path: str, decode: Callable[[str], Any]) -> Optional[str]:
     try:
-        LOADERS[decoder](path)
+        decode(path)
     except UnreadableImageError as error:
         return f"{error.path}: {error.reason}"
     return None
@@ -173,7 +168,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     paths = sorted(str(Path(d) / f) for d, _, files in os.walk(args.root) for f in files
                    if f.lower().endswith(IMG_EXTENSIONS) and all(map(is_data, Path(d, f).relative_to(args.root).parts)))
     with Pool(args.workers) as pool:
-        failures = [reason for reason in pool.imap(_check, [(p, decoder) for p in paths], chunksize=64) if reason]
+        checked = pool.imap(functools.partial(_check, decode=LOADERS[decoder]), paths, chunksize=64)
+        failures = [reason for reason in checked if reason]
     for reason in failures:
         print(reason)
     print(f"{len(paths)} images checked under {args.root} with {decoder}, {len(failures)} unreadable", file=sys.stderr)

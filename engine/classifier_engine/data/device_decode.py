@@ -1,6 +1,5 @@
-"""Device decoders: the workers read JPEG bytes and draw the train crops; the training device decodes the batch and
-runs the uint8 presets batch-wise, crops resized per size bucket, then any auto-augment or random erasing image by image
-with the draws of the sample's seed (how and why: docs/data.md).
+"""Device decoders: the workers read JPEG bytes and draw the train crops, the device decodes and augments the batch
+(docs/data.md).
 
     python -m classifier_engine fit --config CONFIG --trainer.accelerator=gpu --data.root DIR --data.decoder nvjpeg
 """
@@ -8,7 +7,6 @@ with the draws of the sample's seed (how and why: docs/data.md).
 import itertools
 import logging
 import math
-import struct
 from collections import defaultdict
 from typing import Callable, NamedTuple, Optional
 
@@ -17,19 +15,14 @@ from torchvision import transforms as v1
 from torchvision.ops import roi_align
 from torchvision.transforms import v2
 
-from classifier_engine.data.decoders import image_loader
+from classifier_engine.data.decoders import ImageReadMode, decode_jpeg, image_loader
+from classifier_engine.data.partial_decode import HUFFMAN_8BIT, jpeg_header
 from classifier_engine.data.transforms import CROP_RATIO
 from classifier_engine.errors import ConfigError, UnreadableImageError
-
-try:
-    from torchvision.io import ImageReadMode, decode_jpeg
-except ImportError:  # a torchvision without image decoders: decoder=nvjpeg says so (decoders.unavailable)
-    ImageReadMode = decode_jpeg = None
 
 logger = logging.getLogger(__name__)
 
 BUCKET_PIXELS = 1 << 24  # padded crop pixels per roi_align: ~0.65 GB of transient device memory (index, uint8, float)
-NVJPEG_FRAMES = (0xC0, 0xC1, 0xC2)  # SOF0 baseline, SOF1 extended, SOF2 progressive (all Huffman-coded)
 
 
 class Crop(NamedTuple):
@@ -144,44 +137,19 @@ def eval_batch(images: list[torch.Tensor], transform: v2.Compose) -> torch.Tenso
     return torch.cat(parts)[_to_device(inverse, torch.int64, images[0].device)]
 
 
-def jpeg_frame(data: bytes) -> Optional[tuple[int, int, int, int]]:
-    """(SOF marker, colour components, height, width) from a JPEG's frame header; None when the bytes are not a JPEG."""
-    if data[:2] != b"\xff\xd8":
-        return None
-    i = 2
-    while i + 9 < len(data):
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte before a marker
-            i += 1
-        elif marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length field
-            i += 2
-        elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame header, not DHT/JPG/DAC
-            # FF Cn, length (2), precision (1), height (2), width (2), components
-            height, width = struct.unpack(">HH", data[i + 5 : i + 9])
-            return marker, data[i + 9], height, width
-        elif marker == 0xDA:  # scan data before any frame header
-            return None
-        else:
-            i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
-    return None
-
-
 def load_for_device(path: str, decode: Callable[[str], torch.Tensor]) -> tuple[torch.Tensor, tuple[int, int]]:
     """(the file's bytes, 1-D uint8, when nvJPEG can decode them, else the image `decode` made of it; its size)."""
     with open(path, "rb") as file:
         data = file.read()
-    marker, components, height, width = jpeg_frame(data) or (None, 0, 0, 0)
-    if marker in NVJPEG_FRAMES and components in (1, 3) and height > 0:
+    marker, components, height, width, _ = jpeg_header(data) or (None, 0, 0, 0, 1)
+    if marker in HUFFMAN_8BIT and components in (1, 3) and height > 0:
         return torch.frombuffer(bytearray(data), dtype=torch.uint8), (height, width)
     image = decode(path).contiguous()  # CHW in memory (decoders return HWC views): no copy on the device later
     return image, (image.shape[-2], image.shape[-1])
 
 
 class EncodedBatch(NamedTuple):
-    """A batch as the workers send it: every payload end to end in one uint8 tensor, so a batch crosses from the
-    workers as one shared-memory block (a file descriptor and a handshake each), not one per image."""
+    """A batch as the workers send it: one shared-memory block (an fd and a handshake each), not one per image."""
 
     data: torch.Tensor  # 1-D uint8: the payloads, end to end
     shapes: list[tuple[int, ...]]  # each payload's: (n,) JPEG bytes, or (3, H, W) an image the worker decoded
@@ -201,20 +169,9 @@ class EncodedBatch(NamedTuple):
         return [part.view(shape) for part, shape in zip(parts, self.shapes)]
 
 
-def _out_of_memory(error: BaseException) -> bool:
-    # torch's own, or the CUDA runtime's as a decoder reports it: never a file's fault, so never a CPU fallback
-    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
-
-
-def _reason(error: BaseException) -> str:
-    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:160]}"
-
-
 class DeviceDecoder:
-    """A batch's JPEG bytes decoded on `device` in one call by "nvjpeg" (torchvision.io) or "torchcodec-cuda"; what the
-    workers decoded is moved as it is. A file the device cannot decode goes to the CPU decoder, which names it; the
-    first such fallback is one warning line, a second batch in a row the device decodes none of stops the run, and an
-    out-of-memory propagates."""
+    """A batch's JPEG bytes decoded on `device` in one call by "nvjpeg" (torchvision.io) or "torchcodec-cuda", what
+    the device cannot decode by the CPU decoder (the fallbacks: docs/data.md)."""
 
     def __init__(self, decoder: str = "nvjpeg", on_corrupt: str = "error"):
         self.cpu_decode = image_loader(decoder)  # also checks that the library is there
@@ -250,29 +207,22 @@ class DeviceDecoder:
             image.record_stream(main)  # allocated on the side stream, used and freed on the training stream
         return images
 
-    def _on_device(self, payload: torch.Tensor, device: torch.device) -> tuple[Optional[torch.Tensor], str]:
+    def _try(self, payloads: list[torch.Tensor], device: torch.device) -> tuple[Optional[list[torch.Tensor]], str]:
+        """(the images, "") or (None, why the device could not decode them)."""
         try:
-            return self.decode_jpegs([payload], device)[0], ""
+            return self.decode_jpegs(payloads, device), ""
         except (RuntimeError, ValueError) as error:
-            if _out_of_memory(error):
+            # torch's own, or the CUDA runtime's as a decoder reports it: never a file's fault, so never a CPU fallback
+            if isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower():
                 raise
-            return None, _reason(error)
-
-    def _on_cpu(self, path: str, device: torch.device) -> Optional[torch.Tensor]:
-        try:  # the CPU decoders read more broken-but-usable files, and name the file when they cannot
-            return self.cpu_decode(path).to(device)
-        except UnreadableImageError as error:
-            if self.on_corrupt == "error":
-                raise
-            logger.warning("skipped unreadable %s (%s) [device decode]", error.path, error.reason)
-            return None
+            return None, f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:160]}"
 
     def _one_by_one(self, payloads: list[torch.Tensor], paths: list[str],
                     device: torch.device) -> list[Optional[torch.Tensor]]:
         """Each image alone on the device, then on the CPU where the device failed (one bad file fails a batch)."""
-        tried = [self._on_device(payload, device) for payload in payloads]
-        failed = [i for i, (image, _) in enumerate(tried) if image is None]
-        images = [image for image, _ in tried]
+        tried = [self._try([payload], device) for payload in payloads]
+        images = [decoded[0] if decoded else None for decoded, _ in tried]
+        failed = [i for i, image in enumerate(images) if image is None]
         reason = tried[failed[0]][1] if failed else ""
         if failed and self.cpu_fallbacks == 0:
             logger.warning("data.decoder=%s: %d of %d images of a batch did not decode on %s (%s; first %s): decoded "
@@ -281,7 +231,12 @@ class DeviceDecoder:
                            device, reason, paths[failed[0]])
         self.cpu_fallbacks += len(failed)
         for i in failed:
-            images[i] = self._on_cpu(paths[i], device)
+            try:  # the CPU decoders read more broken-but-usable files, and name the file when they cannot
+                images[i] = self.cpu_decode(paths[i]).to(device)
+            except UnreadableImageError as error:
+                if self.on_corrupt == "error":
+                    raise
+                logger.warning("skipped unreadable %s (%s) [device decode]", error.path, error.reason)
         device_fault = len(failed) == len(payloads) and any(images[i] is not None for i in failed)
         self._failed_batches = self._failed_batches + 1 if device_fault else 0
         if self._failed_batches >= 2:
@@ -297,13 +252,11 @@ class DeviceDecoder:
                                                 for p in payloads]
         encoded = [i for i, p in enumerate(payloads) if p.dim() == 1]
         if encoded:
-            try:
-                decoded = self.decode_jpegs([payloads[i] for i in encoded], device)
-                self._failed_batches = 0
-            except (RuntimeError, ValueError) as error:
-                if _out_of_memory(error):
-                    raise
+            decoded, _ = self._try([payloads[i] for i in encoded], device)
+            if decoded is None:
                 decoded = self._one_by_one([payloads[i] for i in encoded], [paths[i] for i in encoded], device)
+            else:
+                self._failed_batches = 0
             for i, image in zip(encoded, decoded):
                 images[i] = image
         return images
@@ -318,10 +271,8 @@ class CroppedBatch(NamedTuple):
 
 
 class DevicePipeline:
-    """Decodes an EncodedBatch on the device, then applies the crops and flips the workers drew from `train_crop`
-    (training) and `augment` per image (auto-augment, random erasing: train_preset's steps after the flip), or the uint8
-    `eval_transform` (eval_preset(normalize=False)); decoder: "nvjpeg" or "torchcodec-cuda". `size_at(epoch)`: the
-    train crop side by epoch (progressive resizing)."""
+    """An EncodedBatch decoded on the device, then the workers' crops and flips and `augment` per image (training) or
+    the uint8 `eval_transform`; `size_at(epoch)`: the train crop side (progressive resizing)."""
 
     def __init__(self, train_crop: Optional[TrainCrop], eval_transform: v2.Compose, *, decoder: str = "nvjpeg",
                  on_corrupt: str = "error", augment: Optional[Callable] = None,
@@ -338,12 +289,11 @@ class DevicePipeline:
         return keep, [images[i] for i in keep], targets.to(device, non_blocking=True)
 
     def crop(self, batch: EncodedBatch, device: torch.device, epoch: int = 0) -> CroppedBatch:
-        """The training batch decoded, its crops resized to the epoch's size and flipped: no random draw here (the
-        prefetching loader's thread runs this; the global generator is the training loop's)."""
+        """The training batch decoded, cropped to the epoch's size and flipped; no random draw (the prefetching
+        loader's thread runs this; the global generator is the training loop's)."""
         keep, images, targets = self._decoded(batch, device)
         crops = [batch.crops[i] for i in keep]  # drawn in the workers (EncodedImages of the training set)
-        side = self.size_at(epoch) if self.size_at is not None else None
-        size = (side, side) if side else self.train_crop.size
+        size = (self.size_at(epoch),) * 2 if self.size_at is not None else self.train_crop.size
         return CroppedBatch(resized_crops(images, crops, size), targets, crops)
 
     def finish(self, batch: CroppedBatch) -> tuple[torch.Tensor, torch.Tensor]:

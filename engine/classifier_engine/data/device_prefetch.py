@@ -1,5 +1,4 @@
-"""The training loader on a GPU: the next batch copied to the device (and decoded, cropped there by a device decoder) by
-a background thread on a side CUDA stream while the current step runs (timm's loader prefetches so; docs/data.md).
+"""The training loader on a GPU: the next batch copied (and device-decoded) by a thread on a side stream (docs/data.md).
 
     python -m classifier_engine fit --config CONFIG --trainer.accelerator=gpu --data.decoder nvjpeg
 """
@@ -25,8 +24,7 @@ def copied(batch: Any, device: torch.device, epoch: int = 0) -> Any:
 
 
 class Prefetcher:
-    """`prepare(item)` for each item of `batches`, in a background thread, up to `depth` items ahead; on CUDA inside a
-    side stream, whose work the consuming stream waits for on the device (never on the host)."""
+    """`prepare(item)` for each item of `batches` in a thread, `depth` items ahead (on CUDA: in a side stream)."""
 
     def __init__(self, batches: Iterator, prepare: Callable[[Any], Any], device: torch.device, depth: int = 1):
         self.device, self._queue, self._stop = device, queue.Queue(maxsize=depth), threading.Event()
@@ -50,8 +48,7 @@ class Prefetcher:
             stream = torch.cuda.Stream(self.device) if cuda else None
             with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
                 for batch in batches:
-                    prepared = prepare(batch)
-                    if not self._put((prepared, stream.record_event() if cuda else None)):
+                    if not self._put((prepare(batch), stream.record_event() if cuda else None)):
                         return
             self._put(_END)
         except BaseException as error:  # the loop's thread raises it (an unreadable file, a device decoder refused)

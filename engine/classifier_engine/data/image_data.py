@@ -1,5 +1,4 @@
-"""ImageDataModule: what every shipped image data module shares (presets, decoders, the device pipeline, exact and
-resumable loaders); a subclass says only where its (path, label) samples come from: datamodule.py, manifest.py.
+"""ImageDataModule: the presets, decoders and loaders of every image data module; a subclass lists its samples.
 
     python -m classifier_engine fit --config CONFIG --data.batch_size=32 --data.mean=[0.5,0.5,0.5]
 """
@@ -234,11 +233,11 @@ class ImageDataModule(L.LightningDataModule):
             self._resume_state = None
         strategy = getattr(self.trainer, "strategy", None)  # none without a Trainer (a loader built by hand)
         device = strategy.root_device if strategy is not None else torch.device("cpu")
-        if self.device_pipeline is None and device.type != "cuda":
-            return self._loader("train", self.train_sampler, ResumableDataLoader, drop_last=drop_last)
-        # The next batch copied to the GPU (by a device decoder, decoded there too) by a thread while this one trains
-        prepare = self.device_pipeline.crop if self.device_pipeline is not None else copied
-        loader_class = functools.partial(PrefetchingLoader, device=device, prepare=prepare)
+        loader_class = ResumableDataLoader
+        if self.device_pipeline is not None or device.type == "cuda":
+            # The next batch copied to the GPU (a device decoder: decoded there too) by a thread while this one trains
+            prepare = self.device_pipeline.crop if self.device_pipeline is not None else copied
+            loader_class = functools.partial(PrefetchingLoader, device=device, prepare=prepare)
         return self._loader("train", self.train_sampler, loader_class, drop_last=drop_last)
 
     @classmethod
@@ -301,8 +300,6 @@ def check_combinations(o: dict[str, Any]) -> None:
         if o[name] is not None and o["num_workers"] == 0:
             raise ConfigError(f"data.{name}={o[name]} applies to DataLoader worker processes, and data.num_workers=0 "
                               f"loads in the main process: set --data.num_workers (>= 1) or drop data.{name}")
-    if o["decoder"] not in DEVICE_DECODERS:
-        return
-    decoder = f"data.decoder={o['decoder']}"
-    if not o["normalize_on_device"]:
-        raise ConfigError(f"{decoder} augments uint8 images on the device: set data.normalize_on_device=true")
+    if o["decoder"] in DEVICE_DECODERS and not o["normalize_on_device"]:
+        raise ConfigError(f"data.decoder={o['decoder']} augments uint8 images on the device: "
+                          "set data.normalize_on_device=true")

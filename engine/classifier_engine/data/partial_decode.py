@@ -3,6 +3,7 @@
     python -m classifier_engine fit --config CONFIG --data.decoder nvimgcodec    # what data.decoder=auto picks first
 """
 
+import functools
 import os
 import struct
 from dataclasses import dataclass
@@ -13,14 +14,12 @@ import torch
 
 os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")  # its own stderr lines; a failed decode is retried and named by us
 SCALES = (8, 4, 2)  # the DCT scales (1/8, 1/4, 1/2) libjpeg-turbo decodes cheaply, smallest first
-HUFFMAN_8BIT = (0xC0, 0xC1, 0xC2)  # SOF0/1/2; lossless, arithmetic-coded and 12-bit JPEGs are decoded whole
-_decoders: dict[int, object] = {}  # per process; a forked worker's copy of its parent's is kept, never torn down
+HUFFMAN_8BIT = (0xC0, 0xC1, 0xC2)  # SOF0/1/2, what nvJPEG decodes; lossless, arithmetic-coded, 12-bit: decoded whole
 
 
 @dataclass
 class EncodedJpeg:
-    """A JPEG a preset decodes in part: its bytes, its size as decoded (EXIF orientation applied, as TorchCodec and
-    nvImageCodec do) and `whole`, the decoder it falls back to (which names the file when the bytes are bad)."""
+    """A JPEG a preset decodes in part: its bytes, its size as decoded (EXIF applied) and `whole`, its fallback."""
 
     data: bytes
     height: int
@@ -34,7 +33,7 @@ class EncodedJpeg:
 
 
 def jpeg_header(data: bytes) -> Optional[tuple[int, int, int, int, int]]:
-    """(SOF marker, components, height, width, EXIF orientation) of a JPEG's headers; None when not a JPEG."""
+    """(SOF marker, colour components, height, width, EXIF orientation) of a JPEG's headers; None when not a JPEG."""
     if data[:2] != b"\xff\xd8":
         return None
     i, orientation = 2, 1
@@ -47,7 +46,8 @@ def jpeg_header(data: bytes) -> Optional[tuple[int, int, int, int, int]]:
             return marker, data[i + 9], height, width, orientation
         elif marker == 0xDA:  # scan data before any frame header
             return None
-        i += 1 if marker == 0xFF else 2 + length
+        standalone = marker == 0x01 or 0xD0 <= marker <= 0xD8  # TEM, RSTn, SOI: no length field
+        i += 1 if marker == 0xFF else 2 if standalone else 2 + length  # 0xFF: a fill byte before a marker
     return None
 
 
@@ -75,21 +75,21 @@ def encoded_jpeg(data: bytes, whole: Callable[[], torch.Tensor]) -> Optional[Enc
     return EncodedJpeg(data, height, width, orientation == 1 and components != 4, whole)
 
 
-def _nvimgcodec():
+@functools.cache
+def _nvimgcodec(pid: int):  # per process: a forked worker's copy of its parent's is kept, never torn down
     from nvidia import nvimgcodec  # the optional extra, checked in decoders.unavailable
 
-    if os.getpid() not in _decoders:
-        _decoders[os.getpid()] = (nvimgcodec, nvimgcodec.Decoder(
-            device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY, backends=[nvimgcodec.Backend(nvimgcodec.CPU_ONLY)],
-            max_num_cpu_threads=1), nvimgcodec.DecodeParams(apply_exif_orientation=True, color_spec=nvimgcodec.SRGB,
-                                                            sample_format=nvimgcodec.I_RGB))
-    return _decoders[os.getpid()]
+    decoder = nvimgcodec.Decoder(device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
+                                 backends=[nvimgcodec.Backend(nvimgcodec.CPU_ONLY)], max_num_cpu_threads=1)
+    params = nvimgcodec.DecodeParams(apply_exif_orientation=True, color_spec=nvimgcodec.SRGB,
+                                     sample_format=nvimgcodec.I_RGB)
+    return nvimgcodec, decoder, params
 
 
 def nvimgcodec_decode(data: bytes, box: Optional[tuple[int, int, int, int]] = None) -> torch.Tensor:
-    """uint8 RGB (3, H, W), a view of HWC memory: the whole image or its (top, left, height, width) box, in EXIF-upright
-    coordinates; ValueError when nvImageCodec cannot decode it."""
-    nvimgcodec, decoder, params = _nvimgcodec()
+    """uint8 RGB (3, H, W), a view of HWC memory: the whole image or its EXIF-upright (top, left, height, width) box;
+    ValueError when nvImageCodec cannot decode it."""
+    nvimgcodec, decoder, params = _nvimgcodec(os.getpid())
     stream = nvimgcodec.CodeStream(data)
     if box is not None:
         top, left, height, width = box
@@ -107,8 +107,8 @@ def dct_scale(height: int, width: int, min_height: int, min_width: int) -> int:
 
 def decode_box(image: EncodedJpeg, top: int, left: int, height: int, width: int,
                size: tuple[int, int]) -> torch.Tensor:
-    """The pixels of a box, at the smallest DCT scale that still covers `size` (h, w): the region alone (nvImageCodec)
-    at full scale, else the scaled whole (simplejpeg) cut to the box, its edges rounded to the scaled pixels."""
+    """The pixels of a box at the smallest DCT scale that still covers `size` (h, w): the region alone at full scale,
+    else the scaled whole cut to the box, its edges rounded to the scaled pixels."""
     k = dct_scale(height, width, *size)
     if k == 1:
         return _or_whole(image, (top, left, height, width))
@@ -136,7 +136,5 @@ def _or_whole(image: EncodedJpeg, box: Optional[tuple[int, int, int, int]]) -> t
         return nvimgcodec_decode(image.data, box)
     except ValueError:  # the whole-image decoder decodes it or names the file
         whole = image.whole()
-        if box is None:
-            return whole
-        top, left, height, width = box
+        top, left, height, width = box or (0, 0, *whole.shape[1:])
         return whole[:, top : top + height, left : left + width]

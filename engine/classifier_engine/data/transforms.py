@@ -1,5 +1,4 @@
-"""Transform presets named by role (torchvision transforms v2, as its references/classification/presets.py), ImageNet
-mean/std by default; `normalize=False` stops at uint8; NormalizeBatch normalizes on the device (docs/data.md)."""
+"""Transform presets (torchvision v2, as its references/classification/presets.py); NormalizeBatch on the device."""
 
 from typing import Any, Literal, Optional, Sequence, get_args
 
@@ -38,8 +37,7 @@ def auto_augment_transform(policy: str, *, num_ops: int = 2, magnitude: int = 9)
 
 
 class DecodingResizedCrop(v2.RandomResizedCrop):
-    """RandomResizedCrop that also takes an EncodedJpeg: the box drawn from the header's size with the same draws as
-    from the pixels', then only the box decoded (partial_decode.decode_box) and resized."""
+    """RandomResizedCrop that also takes an EncodedJpeg: the same draws from its header's size, only the box decoded."""
 
     def forward(self, *inputs: Any) -> Any:
         if not (len(inputs) == 1 and isinstance(inputs[0], EncodedJpeg)):
@@ -74,8 +72,7 @@ def train_preset(*, crop_size: int = 224, scale: tuple[float, float] = (0.08, 1.
                  auto_augment: Optional[str] = None, randaugment_num_ops: int = 2, randaugment_magnitude: int = 9,
                  random_erase_prob: float = 0.0, mean: tuple[float, ...] = IMAGENET_MEAN,
                  std: tuple[float, ...] = IMAGENET_STD, normalize: bool = True) -> v2.Compose:
-    """RandomResizedCrop + flip [+ auto-augment] [+ normalize] [+ random erasing]; PIL images or uint8 CHW tensors,
-    every random draw from torch's global CPU generator (which SeededSamples seeds per image)."""
+    """RandomResizedCrop + flip [+ auto-augment] [+ normalize] [+ random erasing], drawn from torch's CPU generator."""
     steps = [v2.ToImage(), DecodingResizedCrop(crop_size, scale=scale, ratio=CROP_RATIO, antialias=True)]
     if hflip_prob > 0:
         steps.append(v2.RandomHorizontalFlip(hflip_prob))
@@ -94,13 +91,13 @@ def train_preset(*, crop_size: int = 224, scale: tuple[float, float] = (0.08, 1.
 
 def eval_preset(*, resize_size: int = 256, crop_size: int = 224, mean: tuple[float, ...] = IMAGENET_MEAN,
                 std: tuple[float, ...] = IMAGENET_STD, normalize: bool = True) -> v2.Compose:
-    """Resize the short side + center crop [+ normalize]; accepts PIL images or uint8 CHW tensors."""
+    """Resize the short side + center crop [+ normalize]."""
     steps = [v2.ToImage(), DecodingResize(resize_size, antialias=True), v2.CenterCrop(crop_size)]
     return v2.Compose(steps + _to_float(normalize, mean, std))
 
 
 class NormalizeBatch:
-    """uint8 images (N, C, H, W) -> float32 (x / 255 - mean) / std, in one pass, on the device the batch is on."""
+    """uint8 images (N, C, H, W) -> float32 (x / 255 - mean) / std, in one pass on the batch's device."""
 
     def __init__(self, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD):
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1) * 255
