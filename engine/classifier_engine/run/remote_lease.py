@@ -4,6 +4,7 @@ taken over only as it was read, by the store's conditional writes (docs/reliabil
     python -m classifier_engine fit --config CONFIG --trainer.default_root_dir s3://bucket/runs --ckpt_path last
 """
 
+import contextlib
 import json
 import os
 import socket
@@ -16,6 +17,7 @@ from typing import Any, Optional
 from lightning.pytorch.utilities import rank_zero_info
 
 from classifier_engine.errors import ConfigError, RunDirInUse
+from classifier_engine.storage.files import alive
 
 LEASE, LEASE_RENEW_S, LEASE_TTL_S = ".lease", 10.0, 30.0  # renewed while it trains; unrenewed for TTL: a dead run
 # What S3 answers a conditional write that lost (If-None-Match: the object exists; If-Match: it changed or went away)
@@ -37,26 +39,23 @@ class Lease:
 
     def release(self) -> None:
         self.stop.set()
-        if self.lost is not None:
-            return  # the other writer's now
-        try:
-            self.remote.client().delete_object(Bucket=self.remote.bucket, Key=self.key)
-        except Exception:  # noqa: BLE001  it lapses on its own
-            pass
+        if self.lost is None:  # (else the other writer's now)
+            with contextlib.suppress(Exception):  # it lapses on its own
+                self.remote.client().delete_object(Bucket=self.remote.bucket, Key=self.key)
 
 
 def take_lease(remote, run_dir: Path, new: bool) -> Lease:
-    """Take the run dir's lease, renewed every LEASE_RENEW_S until release(). A lease another writer holds is watched
-    for up to LEASE_TTL_S: renewed, the start is refused (RunDirInUse); not, it is taken over (a run killed without
-    releasing it: a preempted node, kill -9); at once for the same host's dead process. The write is conditional, so
-    of two starts at once one wins: a `new` version's loser raises VersionTaken (the caller takes the next version),
-    a resume's is refused."""
+    """Take the run dir's lease, renewed every LEASE_RENEW_S until release(). Another writer's is watched for up to
+    LEASE_TTL_S: renewed, RunDirInUse; not, taken over (kill -9, a preempted node; a dead pid of this host: at once).
+    Of two starts at once one wins: a `new` version's loser raises VersionTaken, a resume's RunDirInUse."""
     url, key = remote.url_of(run_dir), f"{remote.key(run_dir)}/{LEASE}"
     me = f"pid {os.getpid()} on {socket.gethostname()}"
     held = _read(remote, key, url)
     if held is not None and new and held[0] != me:
         raise _taken(url, held[0])  # written since this start listed the store: another start's new run
-    if held is not None and not _lapsed(held[0], me):
+    pid, _, host = (held[0] if held else "").removeprefix("pid ").partition(" on ")
+    lapsed = host == socket.gethostname() and pid.isdigit() and not alive(int(pid))  # a dead process of this host
+    if held is not None and held[0] != me and not lapsed:
         rank_zero_info(f"run dir {url} has a lease from {held[0]}: waiting up to {LEASE_TTL_S:.0f} s for it to be "
                        "renewed (a live run) or to lapse (a killed one)")
         deadline = time.monotonic() + LEASE_TTL_S
@@ -101,7 +100,7 @@ def _taken(url: str, holder: str) -> VersionTaken:
 
 
 def _read(remote, key: str, url: str) -> Optional[tuple[str, str]]:
-    """(holder, ETag) of the lease, None when there is none; one line for one this library did not write."""
+    """(holder, ETag) of the lease, None when there is none; ConfigError for one this library did not write."""
     try:
         answer = remote.client().get_object(Bucket=remote.bucket, Key=key)
         body = answer["Body"].read()
@@ -124,8 +123,7 @@ def _read(remote, key: str, url: str) -> Optional[tuple[str, str]]:
 
 
 def _put(remote, key: str, holder: str, condition: dict[str, str], quiet: bool = False) -> Optional[str]:
-    """Write the lease (each write another object: the renewed time); its ETag, None when its condition lost, "" when
-    a `quiet` write failed otherwise (the store away: the next renewal tries again)."""
+    """Write the lease (a new object each time); its ETag, None when its condition lost, "" if a `quiet` one failed."""
     body = json.dumps({"holder": holder, "renewed": time.time()}).encode()
     try:
         return remote.client().put_object(Bucket=remote.bucket, Key=key, Body=body, **condition).get("ETag", "")
@@ -139,18 +137,3 @@ def _put(remote, key: str, holder: str, condition: dict[str, str], quiet: bool =
 
 def _code(error: Exception) -> str:
     return str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
-
-
-def _lapsed(holder: str, me: str) -> bool:
-    """Whether a lease is ours, or its holder is a process of this host that is gone."""
-    if holder == me:
-        return True
-    pid, _, host = holder.removeprefix("pid ").partition(" on ")
-    if host == socket.gethostname() and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-    return False

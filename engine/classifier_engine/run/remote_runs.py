@@ -1,7 +1,5 @@
-"""Run dirs on object storage: `--trainer.default_root_dir s3://bucket/prefix` (docs/reliability.md#run-dirs-on-
-object-storage). The run works in a node-local mirror of that root, as on any filesystem; each checkpoint is uploaded
-whole as it is saved (a sharded one's folder before the file naming it), config.yaml and the logs with it; a start
-with --ckpt_path last downloads the stored checkpoints and continues from the one furthest along by its own records.
+"""Run dirs on object storage, worked on in a node-local mirror: each checkpoint uploaded whole as it is saved, the
+logs with it; --ckpt_path last downloads them and continues from the furthest along (docs/reliability.md).
 
     AWS_ENDPOINT_URL=http://127.0.0.1:9000 python -m classifier_engine fit --config CONFIG \\
         --trainer.default_root_dir s3://bucket/runs --ckpt_path last
@@ -22,6 +20,7 @@ from classifier_engine.run.checkpoint_io import load_checkpoint, progress
 from classifier_engine.run.remote_lease import LEASE_TTL_S, Lease, take_lease
 from classifier_engine.run.run_dirs import CHECKPOINTS, SHARDS
 from classifier_engine.storage.cache import cache_dir
+from classifier_engine.storage.files import atomic_write
 from classifier_engine.storage.object_store import BUCKET, passing_failure, plain_key, s3_client
 
 PROGRESS = "progress"  # metadata of an uploaded checkpoint, "saved_at global_step epoch batches": a dry plan's guess
@@ -97,28 +96,33 @@ class RemoteRoot:
 
     # -- at start: the mirror made to know what the store holds ----------------------------------------------------
     def stored_versions(self, stored: Stored, logs_name: str) -> tuple[str, ...]:
-        """The run dirs the store holds under `logs_name` (version_N, slurm-<id>), by name."""
+        """The run dirs the store holds under `logs_name` (version_N, slurm-<id>)."""
         return tuple(sorted({name.split("/")[1] for name in stored
                              if name.count("/") >= 2 and name.split("/")[0] == logs_name}))
 
     def stored_checkpoints(self, stored: Stored, logs_name: str) -> list[str]:
-        """The stored checkpoints a resume chooses from, as on a filesystem: <logs>/*/checkpoints/*.ckpt and
-        checkpoints/*.ckpt."""
+        """The stored checkpoints a resume chooses from: <logs>/*/checkpoints/*.ckpt and checkpoints/*.ckpt."""
         return [name for name in stored if name.endswith(".ckpt") and (name.split("/")[:-1] == [CHECKPOINTS] or (
             name.count("/") == 3 and name.split("/")[::2] == [logs_name, CHECKPOINTS]))]
 
     def stored_resume(self, stored: Stored, logs_name: str) -> Optional[tuple[str, tuple[float, ...]]]:
-        """(key, progress) of the stored checkpoint furthest along by its upload record, or None: a dry plan's guess
-        (a start reads every checkpoint's own records)."""
-        checkpoints = self.stored_checkpoints(stored, logs_name)
-        progress = {name: self._progress(name) for name in checkpoints}
-        best = max(checkpoints, key=progress.__getitem__, default=None)
-        return (best, progress[best]) if best is not None else None
+        """(key, progress) of the stored checkpoint furthest along by its upload metadata: a dry plan's guess."""
+        found = {}
+        for name in self.stored_checkpoints(stored, logs_name):
+            try:
+                head = self.client().head_object(Bucket=self.bucket, Key=f"{self.prefix}/{name}".lstrip("/"))
+            except Exception as error:  # noqa: BLE001
+                raise self.store_error(error, f"reading {name}") from None
+            try:  # (metadata is untrusted: a value that is not 4 numbers counts as nothing)
+                values = tuple(float(part) for part in head.get("Metadata", {}).get(PROGRESS, "").split())
+            except ValueError:
+                values = ()
+            found[name] = values if len(values) == 4 and all(map(math.isfinite, values)) else (0.0,) * 4
+        best = max(found, key=found.__getitem__, default=None)
+        return (best, found[best]) if best is not None else None
 
     def prepare(self, logs_name: str, resume: bool) -> Stored:
-        """The listing, with a folder in the mirror for every stored run dir (a new run takes the next free version)
-        and, when resuming, every stored checkpoint downloaded whole: the start chooses by what each holds, as on a
-        filesystem (fetch_run_dir then brings the chosen one's run dir)."""
+        """The listing, a mirror folder per stored run dir and, when resuming, every stored checkpoint downloaded."""
         stored = self.listing()
         for version in self.stored_versions(stored, logs_name):
             (self.mirror / logs_name / version).mkdir(parents=True, exist_ok=True)
@@ -131,8 +135,8 @@ class RemoteRoot:
         return stored
 
     def fetch_checkpoint(self, name: str, stored: Stored) -> None:
-        """A stored checkpoint into the mirror, with the shard folder it names. One this node saved and could not
-        upload yet is kept when as far along, by its own records, as the stored one: nothing it trained is lost."""
+        """A stored checkpoint into the mirror with its shard folder (CheckpointError when incomplete); one this node
+        saved and could not upload yet is kept when as far along by its own records: nothing it trained is lost."""
         target = self.mirror / name
         if target.is_file() and not _as_recorded(target):
             theirs = self.download(name, stored, to=target.with_name(f".{target.name}.stored"))
@@ -142,18 +146,16 @@ class RemoteRoot:
             theirs.unlink(missing_ok=True)
         else:
             self.download(name, stored)
-        self._fetch_shards(name, stored)
-
-    def _fetch_shards(self, name: str, stored: Stored) -> None:
-        """A sharded checkpoint's folder, every file of it; CheckpointError in one line when it is not all there."""
-        target, checkpoint = self.mirror / name, _contents(self.mirror / name)
+        checkpoint = _contents(target)
         if SHARDS not in checkpoint:
             return  # a one-file checkpoint, or one that does not load: the choice skips it, in one line
         folder = target.parent / Path(str(checkpoint[SHARDS])).name
         start = f"{name.rpartition('/')[0]}/{folder.name}/".lstrip("/")
         for part in [part for part in stored if part.startswith(start)]:
             self.download(part, stored)
-        missing = _missing_shards(folder) if folder.name.endswith(".shards") else []  # (a crafted name: load refuses)
+        from classifier_engine.run.sharded_checkpoints import missing_shards  # (torch.distributed.checkpoint: on use)
+
+        missing = missing_shards(folder) if folder.name.endswith(".shards") else []  # (a crafted name: load refuses)
         if missing:
             raise CheckpointError(
                 f"the stored checkpoint {self.url}/{name} is incomplete: the store lacks {len(missing)} file(s) of "
@@ -162,8 +164,7 @@ class RemoteRoot:
                 "one before it")
 
     def fetch_run_dir(self, checkpoint: Path, stored: Stored) -> None:
-        """The resumed checkpoint's run dir's other files (config.yaml, logs...): the resumed run keeps and extends
-        them."""
+        """The resumed checkpoint's run dir's other files (config.yaml, logs...), which the resumed run extends."""
         if self.mirror.resolve() not in Path(checkpoint).resolve().parents:
             return
         run_dir = self.name(checkpoint).rpartition(f"/{CHECKPOINTS}/")[0]
@@ -172,20 +173,8 @@ class RemoteRoot:
                     and ".shards/" not in name:
                 self.download(name, stored)
 
-    def _progress(self, name: str) -> tuple[float, ...]:
-        try:
-            head = self.client().head_object(Bucket=self.bucket, Key=f"{self.prefix}/{name}".lstrip("/"))
-        except Exception as error:  # noqa: BLE001
-            raise self.store_error(error, f"reading {name}") from None
-        try:  # (metadata is untrusted: a value that is not 4 numbers counts as nothing)
-            values = tuple(float(part) for part in head.get("Metadata", {}).get(PROGRESS, "").split())
-        except ValueError:
-            values = ()
-        return values if len(values) == 4 and all(map(math.isfinite, values)) else (0.0,) * 4
-
     def download(self, name: str, stored: Stored, to: Optional[Path] = None) -> Path:
-        """The stored object `name` into the mirror, or `to` (written beside, then renamed: never half a file); the
-        mirror's copy is kept when it is that object (as recorded, the same size; a checkpoint: the same ETag)."""
+        """Download `name` into the mirror (or `to`), never half a file; a copy recorded as that object is kept."""
         target, (size, etag) = self.mirror / name, stored[name]
         if not plain_key(name) or self.mirror.resolve() not in target.resolve().parents:
             raise ConfigError(f"trainer.default_root_dir {self.url}: the object {name[:100]!r} would land outside the "
@@ -209,8 +198,7 @@ class RemoteRoot:
 
     # -- while it runs: uploads (global rank 0) ---------------------------------------------------------------------
     def upload(self, local: Path, progress: Optional[tuple[float, ...]] = None) -> Optional[float]:
-        """Upload one file of the mirror (a checkpoint with its `progress`); the seconds it took, or None when it
-        failed (said in one line, the file kept in the mirror as pending: the next save or start sends it)."""
+        """Upload a mirror file (a checkpoint with its `progress`); the seconds it took, None if it failed (a line)."""
         if self.taken_over():
             raise RunDirInUse(self.taken_over())
         started, key = time.monotonic(), self.key(local)
@@ -226,12 +214,13 @@ class RemoteRoot:
         return time.monotonic() - started
 
     def store_checkpoint(self, local: Path) -> bool:
-        """Upload a saved checkpoint whole, its own records as metadata: a sharded one's folder (every shard and its
-        .metadata) first and the file naming it last, so the store never names a folder it does not hold; then the
-        folders it replaced. False when it could not (one line; it waits, pending, for the next save or start)."""
+        """Upload a saved checkpoint, its records as metadata: a shard folder before the file naming it, then delete
+        the folders it replaced. False when it could not (one line; the next save or start sends it)."""
+        from classifier_engine.run.sharded_checkpoints import missing_shards
+
         checkpoint = _contents(local)
         folder = local.parent / Path(str(checkpoint[SHARDS])).name if SHARDS in checkpoint else None
-        if folder is not None and (missing := _missing_shards(folder)):
+        if folder is not None and (missing := missing_shards(folder)):
             rank_zero_warn(f"{local}: its shard folder lacks {len(missing)} file(s) here ({', '.join(missing[:3])}: "
                            "written by ranks of other nodes into their own mirrors): not uploaded; point "
                            "$CLASSIFIER_ENGINE_RUN_MIRROR at a folder every node shares, or use strategy fsdp2")
@@ -276,9 +265,7 @@ class RemoteRoot:
     def _record(self, path: Path, etag: Optional[str] = None) -> None:
         journal = _journal(path.parent)
         journal[path.name] = [*_stamp(path), self.url_of(path), *([etag] if etag else [])]
-        temp = path.parent / f"{JOURNAL}.{os.getpid()}"
-        temp.write_text(json.dumps(journal))
-        os.replace(temp, path.parent / JOURNAL)
+        atomic_write(path.parent / JOURNAL, lambda file: file.write(json.dumps(journal)), mode="w", fsync=False)
 
     # -- one writer per run dir (remote_lease.py) --------------------------------------------------------------------
     def taken_over(self) -> Optional[str]:
@@ -307,8 +294,7 @@ def _journal(folder: Path) -> dict[str, list]:
 
 
 def _as_recorded(path: Path, etag: Optional[str] = None) -> bool:
-    """Whether `path` is as it was when last uploaded or downloaded (else: pending, or written since), and when `etag`
-    is given, recorded as that stored object."""
+    """Whether `path` is as last uploaded or downloaded (else: pending, or written since), as object `etag` if given."""
     entry = _journal(path.parent).get(path.name)
     return isinstance(entry, list) and entry[:2] == _stamp(path) and (etag is None or entry[3:4] == [etag])
 
@@ -321,12 +307,6 @@ def _contents(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _missing_shards(folder: Path) -> list[str]:
-    from classifier_engine.run.sharded_checkpoints import missing_shards  # (torch.distributed.checkpoint: on use)
-
-    return missing_shards(folder)
-
-
 def _records(checkpoint: dict[str, Any]) -> tuple[float, ...]:
     """How far a checkpoint got by its own records (when it was saved, then progress()); (-1,) for another file."""
     try:
@@ -336,18 +316,14 @@ def _records(checkpoint: dict[str, Any]) -> tuple[float, ...]:
 
 
 def stored_origin(path: Path) -> Optional[str]:
-    """For a file of an object store's run dir (in its mirror: a folder with a journal), its URL; None for any other.
-    What such a folder holds is shared storage, untrusted input as a checkpoint is: anyone with write access to the
-    bucket could have put it there, or put it there since this node wrote it."""
+    """The URL of a file of an object store's mirror (a folder with a journal: untrusted, as anyone with write access
+    to the bucket may have put it there); None for any other."""
     path = Path(path)
-    journal = _journal(path.parent)
+    journal = _journal(path.parent)  # (each entry's URL is its folder's, then its name)
+    urls = [str(entry[2]) for entry in journal.values() if isinstance(entry, list) and len(entry) > 2]
     if not journal:
         return None
-    own = journal.get(path.name)
-    if isinstance(own, list) and len(own) > 2:
-        return str(own[2])
-    urls = [entry[2] for entry in journal.values() if isinstance(entry, list) and len(entry) > 2]
-    return f"{str(urls[0]).rpartition('/')[0]}/{path.name}" if urls else f"the object store mirrored in {path.parent}"
+    return f"{urls[0].rpartition('/')[0]}/{path.name}" if urls else f"the object store mirrored in {path.parent}"
 
 
 def _stamp(path: Path) -> list[int]:
@@ -356,7 +332,6 @@ def _stamp(path: Path) -> list[int]:
 
 
 def _mirrored(path: Path) -> bool:
-    """The run's own files, a sharded checkpoint's .metadata among them: not the journal, the local lock, the lease, a
-    partial save or a download in progress."""
+    """The run's own files (a shard folder's .metadata too): not the journal, lock, lease, partial save or download."""
     return (path.parent.name.endswith(".shards") or not path.name.startswith(".")) and not path.name.startswith(
         JOURNAL) and not path.name.endswith((".partial", ".download"))

@@ -26,9 +26,8 @@ BOUNDED_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_
 
 
 class OutlivingClient:
-    """MLFlowLogger's MlflowClient, whose writes (log_batch, log_artifact, set_terminated) outlive the server: the
-    first that fails says so in one line and goes, with each later one, to <run dir>/mlflow-pending.jsonl; every
-    RETRY_S the pending writes are sent again, in order, once the server answers its /health. Reads pass through."""
+    """MLFlowLogger's MlflowClient, whose writes outlive the server: kept in <run dir>/mlflow-pending.jsonl (said once)
+    and sent, in order, once the server answers its /health again (tried every RETRY_S). Reads pass through."""
 
     def __init__(self, client: Any, run_dir: Path, uri: str):
         self.client, self.pending, self.uri = client, run_dir / PENDING, uri
@@ -60,18 +59,18 @@ class OutlivingClient:
         return SimpleNamespace(info=SimpleNamespace(run_id=run_id), data=SimpleNamespace(params={}, tags={}))
 
     def write(self, call: dict[str, Any]) -> None:
-        if self.lost_at is not None and not self.answers_again():
-            self.keep(call)
-            return
         try:
-            if self.pending.is_file():
-                self.send_pending()
-            send(self.client, call)
+            if self.lost_at is None or self.answers_again():
+                if self.pending.is_file():
+                    self.send_pending()
+                send(self.client, call)
+                return
         except Exception as error:  # noqa: BLE001  whatever the client raises for a server that is gone
             if refused(error):
                 raise  # the server answered, and refused the write: no outage (it ends the fit, as ever)
             self.lose(error)
-            self.keep(call)
+        with open(self.pending, "a") as file:
+            file.write(json.dumps(call) + "\n")
 
     def lose(self, error: BaseException) -> None:
         if self.lost_at is None:  # said once per outage
@@ -95,13 +94,8 @@ class OutlivingClient:
         except OSError:
             return False
 
-    def keep(self, call: dict[str, Any]) -> None:
-        with open(self.pending, "a") as file:
-            file.write(json.dumps(call) + "\n")
-
     def send_pending(self, before_step: Optional[int] = None) -> int:
-        """Send the kept writes, in order (metrics only below `before_step`: a resume logs the later steps again);
-        then the file goes. A failure keeps the writes not yet sent."""
+        """Send the kept writes in order (metrics below `before_step`: a resume logs the rest); a failure keeps them."""
         calls = [json.loads(line) for line in self.pending.read_text().splitlines() if line.strip()]
         for sent, call in enumerate(calls):
             if before_step is not None and call["call"] == "log_batch":
@@ -143,9 +137,8 @@ def send(client: Any, call: dict[str, Any]) -> None:
 
 
 def outlive_outages(trainer: Any, run_dir: Path, resume_step: Optional[int]) -> None:
-    """Give each MLFlowLogger a client that outlives its server (before the Trainer first uses it), and send what a
-    previous start of this run dir kept (`resume_step`: the checkpoint's step, when resuming)."""
-
+    """Give each MLFlowLogger (before the Trainer uses it) a client that outlives its server; send what a previous
+    start of this run dir kept (`resume_step`: the checkpoint's step, when resuming)."""
     for key, value in BOUNDED_RETRIES.items():
         os.environ.setdefault(key, value)
     for logger in (logger for logger in trainer.loggers if type(logger).__name__ == "MLFlowLogger"):
@@ -155,9 +148,7 @@ def outlive_outages(trainer: Any, run_dir: Path, resume_step: Optional[int]) -> 
         if trainer.global_rank == 0 and client.pending.is_file():
             try:
                 logger.experiment  # noqa: B018  the run is continued (or started) before its writes are sent
-                sent = client.send_pending(resume_step)
+                print(f"MLflow: {client.send_pending(resume_step)} writes an earlier start of this run dir kept are "
+                      f"sent to {client.uri}", file=sys.stderr, flush=True)
             except Exception as error:  # noqa: BLE001
                 client.lose(error)
-                continue
-            print(f"MLflow: {sent} writes an earlier start of this run dir kept are sent to {client.uri}",
-                  file=sys.stderr, flush=True)

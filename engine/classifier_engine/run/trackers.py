@@ -13,7 +13,6 @@ import re
 import secrets
 import socket
 import subprocess
-import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -32,8 +31,7 @@ _KINDS = {"TensorBoardLogger": "tensorboard", "CSVLogger": "csv", "MLFlowLogger"
 
 
 def logger_entries(trainer: Namespace) -> list[tuple[str, Namespace]]:
-    """(the key an edit of it starts with, the entry) of each configured logger, a class_path/init_args namespace (the
-    default logger, `True`, is none of them)."""
+    """(edit key, class_path/init_args entry) of each configured logger (the default logger, `True`, is none)."""
     logger = trainer.get("logger")
     if isinstance(logger, list):
         return [(f"trainer.logger.{i}", entry) for i, entry in enumerate(logger) if isinstance(entry, Namespace)]
@@ -78,10 +76,8 @@ def bare(uri: str) -> str:
 
 
 def hidden_credentials(trainer: Namespace) -> list[tuple[str, str]]:
-    """A user:password in MLflow's tracking URI (trainer.logger's or $MLFLOW_TRACKING_URI, which MLFlowLogger takes as
-    its default) moved into MLflow's own MLFLOW_TRACKING_USERNAME and _PASSWORD, which ranks and sweep trials inherit:
-    the URI MLflow prints, config.yaml keeps and the tracker receives has none (a redacted `***` is not taken). The
-    edits that put the bare URIs into the config."""
+    """Move a user:password in MLflow's tracking URIs (trainer.logger's, $MLFLOW_TRACKING_URI) into
+    MLFLOW_TRACKING_USERNAME/_PASSWORD, which ranks and trials inherit (a redacted `***` is not taken); the edits."""
     def take(uri: str) -> str:
         parts = urllib.parse.urlsplit(uri)
         if parts.password is None or not uri.startswith(("http://", "https://")):
@@ -110,25 +106,23 @@ def _check_wandb(entry: Namespace) -> None:
     except (OSError, ValueError) as error:
         raise ConfigError(f"W&B (online) at {redact(url)} cannot be reached ({error}): check the network, or "
                           f"{offline}") from None
-    if not _wandb_key_known(url):  # else wandb.init fails ~10 s later, with a traceback, after the run dir exists
+    try:  # where `wandb login` puts it
+        key = os.environ.get("WANDB_API_KEY") or netrc.netrc().authenticators(parts.hostname)
+    except (OSError, netrc.NetrcParseError):
+        key = None
+    if not key:  # else wandb.init fails ~10 s later, with a traceback, after the run dir exists
         raise ConfigError(f"W&B (online) has no API key for {redact(url)}: run `wandb login` (it writes ~/.netrc) "
                           f"or set WANDB_API_KEY, or {offline}")
 
 
-def _wandb_key_known(url: str) -> bool:
-    """Whether an API key is where `wandb login` puts it (~/.netrc, for the server's host) or in WANDB_API_KEY."""
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        return netrc.netrc().authenticators(urllib.parse.urlsplit(url).hostname) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
-
-
 def _check_mlflow(args: Namespace) -> None:
+    """Also refuses an experiment deleted on the server (MLFlowLogger would fail after the run dir is made)."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
     uri = args.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
-    allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true")
-    if (uri is None or uri.startswith("file:") or "://" not in uri) and not allowed:
+    file_store = uri is None or uri.startswith("file:") or "://" not in uri
+    if file_store and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
         where = uri or f"file store {args.get('save_dir') or './mlruns'}"
         raise ConfigError(f"MLflow 3 refuses its file store ({where}): set trainer.logger's tracking_uri to a "
                           "database (sqlite:///runs/mlflow.db) or a server (http://127.0.0.1:5000, started with "
@@ -142,22 +136,14 @@ def _check_mlflow(args: Namespace) -> None:
         try:
             with urllib.request.urlopen(request, timeout=10) as answer:
                 answer.read()
-        except (urllib.error.URLError, OSError, ValueError) as error:
+        except (OSError, ValueError) as error:  # (urllib's URLError and HTTPError are OSErrors)
             reason = redact(str(getattr(error, "reason", error)))
             raise ConfigError(f"the MLflow tracking server {redact(uri)} does not answer ({reason}): start it (mlflow "
                               "server --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000) or fix "
                               "trainer.logger's tracking_uri") from None
-    _check_mlflow_experiment(uri, args.get("experiment_name") or "lightning_logs")
-
-
-def _check_mlflow_experiment(given_uri: Optional[str], name: str) -> None:
-    """ConfigError for an experiment deleted on the server: MLFlowLogger would try to create it again and MLflow
-    refuses (a traceback, after the run dir is made), for a new run and a resume alike."""
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    uri = _tracking_uri(given_uri)
-    if (local := _local_store(uri)) is not None and not os.path.exists(local):
+    uri, name = _tracking_uri(uri), args.get("experiment_name") or "lightning_logs"
+    local = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else urllib.parse.urlsplit(uri).path
+    if (uri.startswith("sqlite:///") or file_store) and not os.path.exists(local):
         return  # a database or file store not made yet has no experiment (and is not made here: nothing is written)
     try:
         found = MlflowClient(uri).get_experiment_by_name(name)
@@ -171,16 +157,8 @@ def _check_mlflow_experiment(given_uri: Optional[str], name: str) -> None:
                           "experiment_name to another one")
 
 
-def _local_store(uri: str) -> Optional[str]:
-    """The file of a sqlite:/// URI or the folder of a file store; None for a server."""
-    if uri.startswith("sqlite:///"):
-        return uri[len("sqlite:///"):]
-    return urllib.parse.urlsplit(uri).path if uri.startswith("file:") or "://" not in uri else None
-
-
 def read_tracked_runs(run_dir: Path) -> dict[str, str]:
-    """The tracked-run ids a previous start of this run dir recorded ({} for a new run dir); ConfigError when the file
-    is damaged (a new tracked run in its place would fork the run's history without a word)."""
+    """The tracked-run ids a previous start recorded; ConfigError when damaged (a new run would fork)."""
     path = run_dir / TRACKERS_FILE
     try:
         loaded = json.loads(path.read_text())
@@ -197,8 +175,7 @@ def read_tracked_runs(run_dir: Path) -> dict[str, str]:
 
 
 def tracked_runs_to_continue(trainer: Namespace, run_dir: Path) -> dict[str, str]:
-    """The tracked runs a resume in `run_dir` continues, checked before anything is written: ConfigError for a damaged
-    trackers.json or another run dir's; one that cannot continue is left out, in a line (a new one starts)."""
+    """The tracked runs a resume in `run_dir` continues (one that cannot is left out, in a line)."""
     ids, here = read_tracked_runs(run_dir), str(run_dir.resolve())
     if ids.get("run_dir", here) != here:
         if Path(ids["run_dir"]).is_dir():
@@ -225,8 +202,7 @@ def git_commit() -> Optional[str]:
 
 
 def tracker_edits(trainer: Namespace, run_dir: Path, ids: dict[str, str]) -> list[tuple[str, Any]]:
-    """Edits pointing the trackers at the tracked runs to continue (tracked_runs_to_continue's) and W&B's files into
-    the run dir, and tagging the commit."""
+    """Edits continuing the tracked runs `ids`, putting W&B's files into the run dir, and tagging the commit."""
     commit, edits = git_commit(), []
     for key, entry in logger_entries(trainer):
         kind, args = kind_of(entry), options(entry)
@@ -249,7 +225,7 @@ def tracker_edits(trainer: Namespace, run_dir: Path, ids: dict[str, str]) -> lis
 
 
 def _tracking_uri(given: Optional[str]) -> str:
-    """The URI MLflow uses: the given one, else $MLFLOW_TRACKING_URI or its default (the logger sets it current)."""
+    """The given URI, else MLflow's current one ($MLFLOW_TRACKING_URI, its default, or the one a logger set)."""
     import mlflow
 
     return given or mlflow.get_tracking_uri()
@@ -261,13 +237,12 @@ def _mlflow_run_continues(args: Namespace, ids: dict[str, str]) -> bool:
     from mlflow.exceptions import MlflowException
 
     uri, was = _tracking_uri(args.get("tracking_uri")), ids.get("mlflow_tracking_uri")
-    client = MlflowClient(uri)
-    why = None
+    name, why = args.get("experiment_name") or "lightning_logs", None
     if was is not None and bare(was) != bare(uri):
         why = f"it was tracked at {was}, this run tracks at {redact(uri)}"
-    name = args.get("experiment_name") or "lightning_logs"
-    if why is None:
+    else:
         try:
+            client = MlflowClient(uri)
             run = client.get_run(ids["mlflow"])
             experiment = client.get_experiment(run.info.experiment_id)
             if "deleted" in (run.info.lifecycle_stage, experiment.lifecycle_stage):
@@ -356,11 +331,10 @@ def how_to_look(loggers: list, run_dir: Path) -> list[str]:
     return parts
 
 
+@rank_zero_only
 def continue_csv_logs(loggers: list, resume_step: int) -> None:
-    """A resumed fit keeps each CSVLogger's rows before `resume_step` (Lightning's deletes metrics.csv, PR #19446):
-    called before the Trainer first touches its loggers, it moves the file aside, then writes its rows back."""
-    if rank_zero_only.rank != 0:
-        return
+    """Keep each CSVLogger's rows before `resume_step` on resume (Lightning's deletes metrics.csv, PR #19446); called
+    before the Trainer first touches its loggers."""
     for logger in (logger for logger in loggers if isinstance(logger, CSVLogger)):
         path = Path(logger.log_dir) / "metrics.csv"
         aside = path.with_name(path.name + ".resume")

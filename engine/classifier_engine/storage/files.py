@@ -30,11 +30,12 @@ def remove_stale_partials(directory: Path) -> None:
     """Delete temp files that a killed write on this host left behind; a live writer's, and other hosts', are kept."""
     for leftover in directory.glob(f".*.{HOST}-*{PARTIAL_SUFFIX}"):
         pid = leftover.name.removesuffix(PARTIAL_SUFFIX).rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
             leftover.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` of this host runs (under any user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -44,21 +45,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _disk_full(error: Optional[BaseException]) -> bool:
-    """ENOSPC or EDQUOT, raised directly or behind a writer (torch's: a RuntimeError whose context is the OSError)."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
 def atomic_write(path: str | os.PathLike, write: Callable[[IO], object], *, mode: str = "wb",
                  check: Optional[Callable[[Path], object]] = None, fsync: bool = True,
                  fix: str = "Free space there, or write it elsewhere") -> Path:
-    """Write `path` all or nothing: `write(file)` fills a temp file beside it ("wb", or "w": UTF-8, newline=""); then
-    fsync, `check(temp path)` (raise to refuse it), rename over `path`, fsync the directory (fsync=False: atomic, not
-    durable). A failure leaves the previous `path` as it was; a full disk raises DiskFullError (`fix` last)."""
+    """Write `path` all or nothing (a failure leaves the previous one): `write(file)` fills a temp file beside it ("w":
+    UTF-8, newline=""), fsynced, `check(temp)` may refuse it, renamed over `path` (fsync=False: atomic, not durable);
+    a full disk raises DiskFullError, `fix` last."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = partial_path(path)
@@ -78,7 +70,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], object], *, mode
         os.replace(temp, path)
     except BaseException as error:
         temp.unlink(missing_ok=True)
-        if _disk_full(error):
+        cause: Optional[BaseException] = error  # ENOSPC/EDQUOT, or behind a writer (torch: a RuntimeError's context)
+        while cause is not None and not (isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
             raise DiskFullError(f"no space left on {path.parent} while saving {path.name}; the previous {path.name} "
                                 f"(if any) is intact. {fix}") from error
         raise

@@ -25,8 +25,7 @@ def plain_key(name: str) -> bool:
 
 
 def s3_client(retries: int = 3):
-    """An S3 client configured as the AWS tools are: AWS_ENDPOINT_URL (MinIO, a local server), AWS_ACCESS_KEY_ID,
-    AWS_SECRET_ACCESS_KEY, AWS_PROFILE, AWS_REGION... are read from the environment by boto3, never from our config."""
+    """An S3 client configured as the AWS tools are, by boto3 from the AWS_* variables (AWS_ENDPOINT_URL...) only."""
     try:
         import boto3
         from botocore.config import Config
@@ -46,9 +45,8 @@ def passing_failure(error: Exception) -> Optional[str]:
         return "the object store cut the connection mid-transfer"
     if isinstance(error, (be.ConnectionError, be.HTTPClientError)):
         return "cannot reach the object store (the endpoint in AWS_ENDPOINT_URL, or AWS's when unset)"
-    status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) if isinstance(
-        error, be.ClientError) else 0
-    if status >= 500 or (isinstance(error, be.ClientError) and error.response.get("Error", {}).get("Code") in (
-            "SlowDown", "RequestTimeout", "Throttling")):
-        return f"the object store kept failing ({status} {error.response.get('Error', {}).get('Code', '')})"
+    answer = error.response if isinstance(error, be.ClientError) else {}
+    status, code = answer.get("ResponseMetadata", {}).get("HTTPStatusCode", 0), answer.get("Error", {}).get("Code", "")
+    if status >= 500 or code in ("SlowDown", "RequestTimeout", "Throttling"):
+        return f"the object store kept failing ({status} {code})"
     return None
