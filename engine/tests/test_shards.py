@@ -81,7 +81,14 @@ def test_a_rerun_keeps_finished_shards_and_the_index_is_written_last(tiny_root, 
 
 
 def test_conversion_errors_are_one_line_with_the_fix(tiny_root, tmp_path, tmpfs, capsys):
+    train, val = tmp_path / "train.csv", tmp_path / "val.csv"  # a val label the train manifest lacks
+    for name in ("cat.jpg", "dog.jpg"):
+        (tmp_path / name).write_bytes(next(tiny_root.glob(f"val/{name[:3]}/*.jpg")).read_bytes())
+    train.write_text("path,label\ncat.jpg,cat\n")
+    val.write_text("path,label\ndog.jpg,dog\n")
     cases = {
+        f"--val-source {val}: label(s) ['dog'] are not in the train manifest": [
+            "--source", str(train), "--val-source", str(val), "--out", str(tmp_path / "m")],
         "does not exist": ["--source", str(tmp_path / "nowhere"), "--out", str(tmp_path / "a")],
         "cannot write there": ["--source", str(tiny_root), "--out", str(next(tiny_root.rglob("*.jpg")) / "out")],
         "no space left": ["--source", str(tiny_root), "--out", str(tmpfs("48k")), *SMALL, "--keep-original"],
@@ -95,7 +102,7 @@ def test_conversion_errors_are_one_line_with_the_fix(tiny_root, tmp_path, tmpfs,
         capsys.readouterr()
         assert make_shards(argv) == 2, expected
         assert expected in one_line(capsys.readouterr().err)
-    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists() and not (tmp_path / "m").exists()
 
 
 def test_the_same_seed_gives_the_same_chunk_aware_order(shards):

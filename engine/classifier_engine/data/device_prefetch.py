@@ -24,7 +24,8 @@ def copied(batch: Any, device: torch.device, epoch: int = 0) -> Any:
 
 
 class Prefetcher:
-    """`prepare(item)` for each item of `batches` in a thread, `depth` items ahead (on CUDA: in a side stream)."""
+    """`prepare(item)` for each item of `batches` in a thread, `depth` items ahead; on CUDA in a side stream, whose
+    work the consuming stream waits for on the device, never on the host (no host sync per step)."""
 
     def __init__(self, batches: Iterator, prepare: Callable[[Any], Any], device: torch.device, depth: int = 1):
         self.device, self._queue, self._stop = device, queue.Queue(maxsize=depth), threading.Event()

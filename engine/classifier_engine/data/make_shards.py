@@ -58,19 +58,21 @@ class Output:
         return {**self.__dict__, "_client": None}  # a client does not pickle: one per worker
 
     def s3(self, method: str, name: str, **args):
-        """The object store's answer to `method` on the object `name`; a failure as one line (None: no such key)."""
+        """The object store's answer to `method` on the object `name` (a get: its bytes, None when there is no such
+        key); a failure, the body's transfer included, as one line."""
         bucket, prefix = split_url(self.location)
         self._client = self._client or s3_client()
         try:
-            return getattr(self._client, method)(Bucket=bucket, Key=f"{prefix}/{name}".lstrip("/"), **args)
+            answer = getattr(self._client, method)(Bucket=bucket, Key=f"{prefix}/{name}".lstrip("/"), **args)
+            return answer["Body"].read() if method == "get_object" else answer
         except Exception as error:
-            if "NoSuchKey" in str(error):
+            if method == "get_object" and "NoSuchKey" in str(error):
                 return None
             raise s3_error(error, self.location) from None
 
     def read(self, name: str) -> Optional[bytes]:
         if self.remote:
-            return None if (found := self.s3("get_object", name)) is None else found["Body"].read()
+            return self.s3("get_object", name)
         path = Path(self.location) / name
         return path.read_bytes() if path.is_file() else None
 
@@ -169,7 +171,8 @@ def read_source(source: str, val_source: Optional[str]) -> tuple[list[str], list
         return classes, read_class_labels(root, classes), splits
     if val_source is None:
         raise ConfigError(f"--source {source} is a manifest: pass the validation one too (--val-source val.csv)")
-    classes, splits = read_manifests({"train_manifest": source, "val_manifest": val_source})
+    classes, splits = read_manifests({"train_manifest": source, "val_manifest": val_source},
+                                     flags={"train_manifest": "--source", "val_manifest": "--val-source"})
     return classes, classes, splits
 
 

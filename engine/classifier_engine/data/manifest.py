@@ -63,13 +63,16 @@ def read_manifest(option: str, value: str) -> list[tuple[str, str]]:
     return samples
 
 
-def read_manifests(given: dict[str, str]) -> tuple[list[str], dict[str, Samples]]:
-    """The train manifest's sorted labels, and each split's (path, class index), of the manifests given by option."""
+def read_manifests(given: dict[str, str],
+                   flags: Optional[dict[str, str]] = None) -> tuple[list[str], dict[str, Samples]]:
+    """The train manifest's sorted labels, and each split's (path, class index), of the manifests given by option
+    (`flags`: how a message names each option, make_shards' --source and --val-source; else data.<option>)."""
     listed = {option: read_manifest(option, value) for option, value in given.items() if value is not None}
     classes = sorted({label for _, label in listed["train_manifest"]})
     for option, rows in listed.items():
         if unknown := sorted({label for _, label in rows} - set(classes)):
-            raise ConfigError(f"data.{option}: label(s) {unknown[:10]} are not in the train manifest (its classes: "
+            where = f"{flags[option]} {given[option]}" if flags else f"data.{option}"
+            raise ConfigError(f"{where}: label(s) {unknown[:10]} are not in the train manifest (its classes: "
                               f"{classes[:10]}{' ...' if len(classes) > 10 else ''})")
     index = {name: i for i, name in enumerate(classes)}
     return classes, {option.removesuffix("_manifest"): [(path, index[label]) for path, label in rows]

@@ -19,7 +19,8 @@ HUFFMAN_8BIT = (0xC0, 0xC1, 0xC2)  # SOF0/1/2, what nvJPEG decodes; lossless, ar
 
 @dataclass
 class EncodedJpeg:
-    """A JPEG a preset decodes in part: its bytes, its size as decoded (EXIF applied) and `whole`, its fallback."""
+    """A JPEG a preset decodes in part: its bytes, its size as decoded (EXIF applied) and `whole`, its fallback (which
+    names the file when the bytes are bad)."""
 
     data: bytes
     height: int

@@ -72,7 +72,8 @@ def train_preset(*, crop_size: int = 224, scale: tuple[float, float] = (0.08, 1.
                  auto_augment: Optional[str] = None, randaugment_num_ops: int = 2, randaugment_magnitude: int = 9,
                  random_erase_prob: float = 0.0, mean: tuple[float, ...] = IMAGENET_MEAN,
                  std: tuple[float, ...] = IMAGENET_STD, normalize: bool = True) -> v2.Compose:
-    """RandomResizedCrop + flip [+ auto-augment] [+ normalize] [+ random erasing], drawn from torch's CPU generator."""
+    """RandomResizedCrop + flip [+ auto-augment] [+ normalize] [+ random erasing]; every draw from torch's global CPU
+    generator (which SeededSamples seeds per image: a resume draws the same augmentations)."""
     steps = [v2.ToImage(), DecodingResizedCrop(crop_size, scale=scale, ratio=CROP_RATIO, antialias=True)]
     if hflip_prob > 0:
         steps.append(v2.RandomHorizontalFlip(hflip_prob))

@@ -106,7 +106,8 @@ class RemoteRoot:
             name.count("/") == 3 and name.split("/")[::2] == [logs_name, CHECKPOINTS]))]
 
     def stored_resume(self, stored: Stored, logs_name: str) -> Optional[tuple[str, tuple[float, ...]]]:
-        """(key, progress) of the stored checkpoint furthest along by its upload metadata: a dry plan's guess."""
+        """(key, progress) of the stored checkpoint furthest along by its upload metadata: a dry plan's guess (a start
+        reads every checkpoint's own records)."""
         found = {}
         for name in self.stored_checkpoints(stored, logs_name):
             try:

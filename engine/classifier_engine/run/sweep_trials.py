@@ -104,7 +104,9 @@ class SweepReporter(Callback):
     """Reports `metric` to the trial at each validation and stops the fit when the study's pruner prunes it; the sweep
     adds it to each trial's fit (`--trainer.callbacks+=`): rank zero reports and decides, every rank stops."""
 
-    def __init__(self, storage: str, study: str, trial: int, metric: str, pruner: Optional[optuna.pruners.BasePruner]):
+    def __init__(self, storage: str, study: str, trial: int, metric: str,
+                 pruner: Optional[optuna.pruners.BasePruner] = None):
+        """`pruner`: the sweep's, None for Optuna's default."""
         self.storage, self.study, self.trial, self.metric, self.pruner = storage, study, trial, metric, pruner
         self._trial: Optional[optuna.trial.Trial] = None
 

@@ -77,7 +77,8 @@ def bare(uri: str) -> str:
 
 def hidden_credentials(trainer: Namespace) -> list[tuple[str, str]]:
     """Move a user:password in MLflow's tracking URIs (trainer.logger's, $MLFLOW_TRACKING_URI) into
-    MLFLOW_TRACKING_USERNAME/_PASSWORD, which ranks and trials inherit (a redacted `***` is not taken); the edits."""
+    MLFLOW_TRACKING_USERNAME/_PASSWORD, which ranks and trials inherit (a redacted `***` is not taken), so that no URI
+    MLflow prints, config.yaml keeps or a tracker receives holds the password; the edits."""
     def take(uri: str) -> str:
         parts = urllib.parse.urlsplit(uri)
         if parts.password is None or not uri.startswith(("http://", "https://")):
@@ -143,7 +144,7 @@ def _check_mlflow(args: Namespace) -> None:
                               "trainer.logger's tracking_uri") from None
     uri, name = _tracking_uri(uri), args.get("experiment_name") or "lightning_logs"
     local = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else urllib.parse.urlsplit(uri).path
-    if (uri.startswith("sqlite:///") or file_store) and not os.path.exists(local):
+    if (uri.startswith(("sqlite:///", "file:")) or "://" not in uri) and not os.path.exists(local):  # the resolved URI
         return  # a database or file store not made yet has no experiment (and is not made here: nothing is written)
     try:
         found = MlflowClient(uri).get_experiment_by_name(name)
