@@ -6,8 +6,10 @@ A run stopped by SIGTERM and resumed with `--ckpt_path last` is ONE tracked run 
 with the checkpoints, config.yaml and every file-based logger's output; bad tracker settings are one line each.
 """
 
+import base64
 import contextlib
 import csv as csv_module
+import http.server
 import json
 import os
 import shutil
@@ -15,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -511,3 +514,36 @@ def test_a_tracking_server_back_during_the_run_gets_what_it_missed_in_order(mlfl
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and "stopped answering" in lines[0], lines
     assert lines[1] == f"MLflow tracking server {proxy.url} answers again: 2 kept writes sent"
+
+
+def test_the_outage_probe_sends_the_tracking_credentials_a_guarded_health_needs(tmp_path, monkeypatch):
+    # A proxy in front of an MLflow server may guard /health too: the probe that decides whether the kept writes go out
+    # sends MLflow's basic auth, as the start-up check does; without it such a server would never count as back.
+    from classifier_engine.run.tracker_outage import RETRY_S, OutlivingClient
+
+    token = "Basic " + base64.b64encode(b"ann:s3cret").decode()
+
+    class Guarded(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" and self.headers.get("Authorization") == token else 401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Guarded)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = OutlivingClient(None, tmp_path, f"http://127.0.0.1:{server.server_address[1]}")
+        answers = []
+        for user in (None, "ann"):
+            if user is not None:
+                monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user)
+                monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cret")
+            client.lost_at = time.monotonic() - RETRY_S - 1  # the last failed try is a retry interval ago
+            answers.append(client.answers_again())
+        assert answers == [False, True]
+    finally:
+        server.shutdown()
+        server.server_close()

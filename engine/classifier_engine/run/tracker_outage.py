@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from classifier_engine.run.trackers import PENDING, bare
+from classifier_engine.run.trackers import PENDING, bare, health_request
 from classifier_engine.storage.files import atomic_write
 
 RETRY_S = 60.0  # between tries of a server that stopped answering (a /health probe of PROBE_S at most)
@@ -89,7 +89,7 @@ class OutlivingClient:
         if not self.uri.startswith(("http://", "https://")):
             return True
         try:
-            with urllib.request.urlopen(self.uri.rstrip("/") + "/health", timeout=PROBE_S) as answer:
+            with urllib.request.urlopen(health_request(self.uri), timeout=PROBE_S) as answer:
                 return answer.status == 200
         except OSError:
             return False

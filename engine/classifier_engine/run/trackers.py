@@ -116,6 +116,16 @@ def _check_wandb(entry: Namespace) -> None:
                           f"or set WANDB_API_KEY, or {offline}")
 
 
+def health_request(uri: str) -> urllib.request.Request:
+    """A request for an MLflow server's /health, with MLflow's basic auth (hide_credentials put a URI's there): a proxy
+    in front of the server may guard /health too."""
+    request = urllib.request.Request(bare(uri).rstrip("/") + "/health")
+    user, password = (os.environ.get(f"MLFLOW_TRACKING_{key}") for key in ("USERNAME", "PASSWORD"))
+    if user and password:
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    return request
+
+
 def _check_mlflow(args: Namespace) -> None:
     """Also refuses an experiment deleted on the server (MLFlowLogger would fail after the run dir is made)."""
     from mlflow import MlflowClient
@@ -129,13 +139,8 @@ def _check_mlflow(args: Namespace) -> None:
                           "database (sqlite:///runs/mlflow.db) or a server (http://127.0.0.1:5000, started with "
                           "`mlflow server --backend-store-uri sqlite:///mlflow.db`), or MLFLOW_ALLOW_FILE_STORE=true")
     if uri and uri.startswith(("http://", "https://")):
-        request = urllib.request.Request(bare(uri).rstrip("/") + "/health")
-        user, password = (os.environ.get(f"MLFLOW_TRACKING_{key}") for key in ("USERNAME", "PASSWORD"))
-        if user and password:  # MLflow's basic auth (hide_credentials put a URI's there)
-            token = base64.b64encode(f"{user}:{password}".encode()).decode()
-            request.add_header("Authorization", f"Basic {token}")
         try:
-            with urllib.request.urlopen(request, timeout=10) as answer:
+            with urllib.request.urlopen(health_request(uri), timeout=10) as answer:
                 answer.read()
         except (OSError, ValueError) as error:  # (urllib's URLError and HTTPError are OSErrors)
             reason = redact(str(getattr(error, "reason", error)))
