@@ -537,6 +537,8 @@ def test_the_outage_probe_sends_the_tracking_credentials_a_guarded_health_needs(
     try:
         client = OutlivingClient(None, tmp_path, f"http://127.0.0.1:{server.server_address[1]}")
         answers = []
+        for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):  # (an earlier start may have set them)
+            monkeypatch.delenv(key, raising=False)
         for user in (None, "ann"):
             if user is not None:
                 monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user)
