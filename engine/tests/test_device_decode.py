@@ -31,7 +31,7 @@ from classifier_engine.data.device_decode import (
 )
 from classifier_engine.data.image_folders import DecodedImages, EncodedBatch, EncodedImages, collate_encoded
 from classifier_engine.data.layout import folder_samples
-from classifier_engine.data.partial_decode import jpeg_header
+from classifier_engine.data.partial_decode import encoded_jpeg, jpeg_header
 from classifier_engine.data.transforms import eval_preset, train_preset
 from classifier_engine.seeds import SeededSamples
 from test_decode import two_colour
@@ -91,13 +91,21 @@ def test_jpeg_frame_header_routes_files_nvjpeg_cannot_decode_to_the_workers(tmp_
     source.convert("L").save(tmp_path / "gray.JPEG", quality=90)
     source.convert("CMYK").save(tmp_path / "cmyk.JPEG", quality=90)
     source.save(tmp_path / "png_named.JPEG", format="PNG")
+    # A 12-bit frame (extended sequential, SOF1), which nvJPEG does not decode: the header of an 8-bit one, relabelled.
+    plain = (tmp_path / "plain.JPEG").read_bytes()
+    frame = plain.index(b"\xff\xc0")
+    twelve = plain[:frame] + b"\xff\xc1" + plain[frame + 2 : frame + 4] + b"\x0c" + plain[frame + 5 :]
     frames = {path.stem: jpeg_header(path.read_bytes()) for path in tmp_path.iterdir()}
-    assert frames == {"plain": (0xC0, 3, 48, 64, 1), "progressive": (0xC2, 3, 48, 64, 1), "gray": (0xC0, 1, 48, 64, 1),
-                      "cmyk": (0xC0, 4, 48, 64, 1), "png_named": None}
+    assert frames == {"plain": (0xC0, 8, 3, 48, 64, 1), "progressive": (0xC2, 8, 3, 48, 64, 1),
+                      "gray": (0xC0, 8, 1, 48, 64, 1), "cmyk": (0xC0, 8, 4, 48, 64, 1), "png_named": None}
+    assert jpeg_header(twelve) == (0xC1, 12, 3, 48, 64, 1)
+    assert encoded_jpeg(plain, whole=lambda: None) is not None and encoded_jpeg(twelve, whole=lambda: None) is None
     loaded = {path.stem: load_for_device(str(path), decode_torchvision) for path in tmp_path.iterdir()}
     assert {name: (p.dim(), size) for name, (p, size) in loaded.items()} == {
         "plain": (1, (48, 64)), "progressive": (1, (48, 64)), "gray": (1, (48, 64)),  # bytes for the device
         "cmyk": (3, (48, 64)), "png_named": (3, (48, 64))}  # pixels decoded in the worker
+    (tmp_path / "twelve.JPEG").write_bytes(twelve)
+    assert load_for_device(str(tmp_path / "twelve.JPEG"), lambda path: torch.zeros(3, 48, 64))[0].dim() == 3
 
 
 @pytest.mark.parametrize("decoder", DEVICE_DECODERS)

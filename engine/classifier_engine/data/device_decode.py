@@ -141,8 +141,8 @@ def load_for_device(path: str, decode: Callable[[str], torch.Tensor]) -> tuple[t
     """(the file's bytes, 1-D uint8, when nvJPEG can decode them, else the image `decode` made of it; its size)."""
     with open(path, "rb") as file:
         data = file.read()
-    marker, components, height, width, _ = jpeg_header(data) or (None, 0, 0, 0, 1)
-    if marker in HUFFMAN_8BIT and components in (1, 3) and height > 0:
+    marker, bits, components, height, width, _ = jpeg_header(data) or (None, 0, 0, 0, 0, 1)
+    if marker in HUFFMAN_8BIT and bits == 8 and components in (1, 3) and height > 0:
         return torch.frombuffer(bytearray(data), dtype=torch.uint8), (height, width)
     image = decode(path).contiguous()  # CHW in memory (decoders return HWC views): no copy on the device later
     return image, (image.shape[-2], image.shape[-1])

@@ -14,7 +14,7 @@ import torch
 
 os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")  # its own stderr lines; a failed decode is retried and named by us
 SCALES = (8, 4, 2)  # the DCT scales (1/8, 1/4, 1/2) libjpeg-turbo decodes cheaply, smallest first
-HUFFMAN_8BIT = (0xC0, 0xC1, 0xC2)  # SOF0/1/2, what nvJPEG decodes; lossless, arithmetic-coded, 12-bit: decoded whole
+HUFFMAN_8BIT = (0xC0, 0xC1, 0xC2)  # SOF0/1/2 at 8 bits, what nvJPEG decodes; lossless, arithmetic, 12 bits: whole
 
 
 @dataclass
@@ -33,8 +33,9 @@ class EncodedJpeg:
         return torch.empty(1, 1, 1, dtype=torch.uint8).expand(3, self.height, self.width)
 
 
-def jpeg_header(data: bytes) -> Optional[tuple[int, int, int, int, int]]:
-    """(SOF marker, colour components, height, width, EXIF orientation) of a JPEG's headers; None when not a JPEG."""
+def jpeg_header(data: bytes) -> Optional[tuple[int, int, int, int, int, int]]:
+    """(SOF marker, bits per sample, colour components, height, width, EXIF orientation) of a JPEG's headers; None when
+    not a JPEG."""
     if data[:2] != b"\xff\xd8":
         return None
     i, orientation = 2, 1
@@ -44,7 +45,7 @@ def jpeg_header(data: bytes) -> Optional[tuple[int, int, int, int, int]]:
             orientation = _exif_orientation(data[i + 10 : i + 2 + length]) or orientation
         elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame header, not DHT/JPG/DAC
             height, width = struct.unpack(">HH", data[i + 5 : i + 9])
-            return marker, data[i + 9], height, width, orientation
+            return marker, data[i + 4], data[i + 9], height, width, orientation
         elif marker == 0xDA:  # scan data before any frame header
             return None
         standalone = marker == 0x01 or 0xD0 <= marker <= 0xD8  # TEM, RSTn, SOI: no length field
@@ -68,8 +69,8 @@ def encoded_jpeg(data: bytes, whole: Callable[[], torch.Tensor]) -> Optional[Enc
     header = jpeg_header(data)
     if header is None or not data.rstrip(b"\0").endswith(b"\xff\xd9"):
         return None
-    marker, components, height, width, orientation = header
-    if marker not in HUFFMAN_8BIT or components not in (1, 3, 4) or height == 0:
+    marker, bits, components, height, width, orientation = header
+    if marker not in HUFFMAN_8BIT or bits != 8 or components not in (1, 3, 4) or height == 0:
         return None
     if orientation >= 5:  # rotated a quarter turn: decoded transposed
         height, width = width, height
