@@ -110,15 +110,6 @@ def _eager_reference(network: nn.Module, example: torch.Tensor, preprocessing: d
     return eager, example, expected
 
 
-def _export_pt2(eager: nn.Module, example: torch.Tensor, expected: torch.Tensor, staging: Path, rtol: float,
-                out_dir: Path) -> tuple[torch.export.ExportedProgram, dict[str, Any]]:
-    """model.pt2 written into `staging` and checked."""
-    program = torch.export.export(eager, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
-    torch.export.save(program, staging / "model.pt2")
-    reloaded = torch.export.load(staging / "model.pt2").module()
-    return program, {"pt2": _check_file("model.pt2", reloaded, eager, example, expected, rtol, out_dir)}
-
-
 def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Tensor, class_names: Sequence[str],
                    preprocessing: dict[str, Any], onnx: bool = True, rtol: float = 1e-5,
                    onnx_rtol: float = 1e-4) -> dict[str, Path]:
@@ -130,8 +121,10 @@ def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Te
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".export-", suffix=".partial", dir=out_dir))
     try:
-        program, checked = _export_pt2(eager, example, expected, staging, rtol, out_dir)
-        checked["onnx"] = None
+        program = torch.export.export(eager, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+        torch.export.save(program, staging / "model.pt2")
+        reloaded = torch.export.load(staging / "model.pt2").module()
+        checked = {"pt2": _check_file("model.pt2", reloaded, eager, example, expected, rtol, out_dir), "onnx": None}
         if onnx and onnx_available():
             checked["onnx"] = _export_onnx(program, example, expected, staging / "model.onnx", eager, onnx_rtol,
                                            out_dir)
@@ -164,8 +157,7 @@ def export_network(network: nn.Module, out_dir: str | Path, *, example: torch.Te
 
 
 def export_module(model, datamodule, out_dir: str | Path, *, onnx: bool = True) -> dict[str, Path]:
-    """Export a model's exportable network (the contract's) with the data module's class names and eval
-    preprocessing."""
+    """Export a model's network (contract.exportable) with its data module's class names and eval_preprocessing()."""
     offered = eval_preprocessing(datamodule)
     network, hparams = contract.exportable(model), getattr(model, "hparams", {})
     if offered is not None:
@@ -202,15 +194,6 @@ def run_settings(config: Path, trusted: Sequence[str] = ()) -> dict[str, Any]:
     settings["trainer"] = {"accelerator": "cpu", "devices": 1, "logger": False, "enable_progress_bar": False}
     check_stored_config(settings, config, trusted)
     return settings
-
-
-def build_from_run(ckpt_path: Path, config: Path, trusted: Sequence[str] = ()):
-    """The run's model (with the checkpoint's weights: EMA's averaged ones, if any) and data module."""
-    from classifier_engine.cli import cli_main
-
-    cli = cli_main(run_settings(config, trusted), run=False)
-    cli.model.load_state_dict(load_checkpoint(ckpt_path)["state_dict"])
-    return cli.model, cli.datamodule
 
 
 def export_plan(ckpt_path: Path, config: Path, given_config: bool, out_dir: Path, onnx: bool,
@@ -254,5 +237,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier
         print("\n".join(["plan of export (dry: nothing was built, written or downloaded):",
                          *(f"  {line}" for line in plan.lines())]), flush=True)
         return {}
-    model, datamodule = build_from_run(args.ckpt_path, config, trusted)
-    return export_module(model, datamodule, out_dir, onnx=args.onnx)
+    from classifier_engine.cli import cli_main
+
+    cli = cli_main(run_settings(config, trusted), run=False)
+    cli.model.load_state_dict(load_checkpoint(args.ckpt_path)["state_dict"])  # EMA's averaged weights, if any
+    return export_module(cli.model, cli.datamodule, out_dir, onnx=args.onnx)

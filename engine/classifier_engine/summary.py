@@ -19,13 +19,12 @@ from classifier_engine.run.trackers import how_to_look
 def where_the_run_went(trainer: L.Trainer, run_dir: Optional[Path] = None) -> str:
     """The run dir (the plan's; else Lightning's), its checkpoints and how to look at it."""
     last = next((c.path for c in trainer.callbacks if isinstance(c, LastCheckpoint) and c.path), None)
-    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-    score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
-    run_dir = Path(run_dir or trainer.log_dir or trainer.default_root_dir)
+    checkpoint, run_dir = trainer.checkpoint_callback, Path(run_dir or trainer.log_dir or trainer.default_root_dir)
     parts = [f"run dir {relative(run_dir)}"]
-    if best:
-        monitored = f" ({trainer.checkpoint_callback.monitor} {float(score):.4f})" if score is not None else ""
-        parts.append(f"best checkpoint {relative(best)}{monitored}")
+    if checkpoint and checkpoint.best_model_path:
+        score = checkpoint.best_model_score
+        monitored = f" ({checkpoint.monitor} {float(score):.4f})" if score is not None else ""
+        parts.append(f"best checkpoint {relative(checkpoint.best_model_path)}{monitored}")
     if last:
         parts.append(f"last {relative(last)}")
     if looks := how_to_look(trainer.loggers, Path(relative(run_dir))):

@@ -8,6 +8,7 @@ import math
 import os
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -103,30 +104,18 @@ def best_fix(cost: WorkerCost, images_per_sec: float, *, workers: int, cores: in
     return max(fixes, key=fixes.get)
 
 
-def _fix_for(trainer: Any, cost: WorkerCost, images_per_sec: float) -> str:
-    data, workers = trainer.datamodule, trainer.train_dataloader.num_workers
-    cores = len(os.sched_getaffinity(0)) // max(1, trainer.world_size // trainer.num_nodes)
-    image_data = isinstance(data, ImageDataModule)
-    crop = data.hparams.train_crop_size if image_data and not data.hparams.progressive_resizing else None
-    return best_fix(cost, images_per_sec, workers=workers, cores=cores, crop=crop,
-                    gpu=trainer.strategy.root_device.type == "cuda", decoder=data.decoder if image_data else None)
-
-
 class DataVerdict:
     """The waits and step times ThroughputLogger measures, summed per epoch and over the run, judged against
     `threshold` (the share of step time spent waiting above which a run is data-bound)."""
 
     def __init__(self, threshold: float):
         self.threshold = threshold
-        self.epoch = {"wait": 0.0, "busy": 0.0, "images": 0}
-        self.run = dict(self.epoch)
+        self.epoch, self.run = Counter(), Counter()  # "wait", "busy" (seconds) and "images"
         self.cost: Optional[WorkerCost] = None
 
     def add(self, wait: float = 0.0, busy: float = 0.0, images: int = 0) -> None:
         for totals in (self.epoch, self.run):
-            totals["wait"] += wait
-            totals["busy"] += busy
-            totals["images"] += images
+            totals.update(wait=wait, busy=busy, images=images)
 
     def judge(self, trainer: Any, totals: dict[str, float]) -> Optional[tuple[str, dict[str, float]]]:
         """(the line, its perf/* figures) for `totals`; None before any step."""
@@ -148,8 +137,12 @@ class DataVerdict:
             where = f"{workers} workers" if workers else "in the main process: data.num_workers=0"
             line += f"; a worker spends {1e3 * per_image:.3g} ms an image ({cost.parts()}; {where})"
             if bound:
-                line += "; the fix that would help most here: " + _fix_for(trainer, cost,
-                                                                             totals["images"] / totals["busy"])
+                data, image_data = trainer.datamodule, isinstance(trainer.datamodule, ImageDataModule)
+                cores = len(os.sched_getaffinity(0)) // max(1, trainer.world_size // trainer.num_nodes)
+                crop = data.hparams.train_crop_size if image_data and not data.hparams.progressive_resizing else None
+                line += "; the fix that would help most here: " + best_fix(
+                    cost, totals["images"] / totals["busy"], workers=workers, cores=cores, crop=crop,
+                    gpu=trainer.strategy.root_device.type == "cuda", decoder=data.decoder if image_data else None)
         return line, metrics
 
     def epoch_end(self, trainer: Any) -> None:
@@ -162,4 +155,4 @@ class DataVerdict:
                 rank_zero_info(f"epoch {trainer.current_epoch}: {line}")
                 for logger in trainer.loggers:
                     logger.log_metrics(metrics, step=trainer.global_step)
-        self.epoch = dict.fromkeys(self.epoch, 0)
+        self.epoch = Counter()

@@ -26,6 +26,7 @@ from classifier_engine.errors import ConfigError, DiskFullError, UserError, show
 from classifier_engine.storage.files import atomic_write
 
 MAX_NAMED = 5  # unpredicted images named in the warning
+TOP_K = 5  # classes per image in the CSV, from logits
 
 
 def gather_rows(pl_module: L.LightningModule, rows: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -37,8 +38,6 @@ def gather_rows(pl_module: L.LightningModule, rows: torch.Tensor, world_size: in
     padded[: rows.shape[0]] = rows
     gathered = pl_module.all_gather(padded.to(device)).reshape(world_size, *padded.shape).cpu()
     return torch.cat([gathered[rank, : int(count)] for rank, count in enumerate(counts.tolist())])
-
-TOP_K = 5  # classes per image in the CSV, from logits
 
 
 class PredictionCsvWriter(BasePredictionWriter):
@@ -107,7 +106,6 @@ class PredictionCsvWriter(BasePredictionWriter):
             gather_rows(pl_module, torch.cat(rows) if rows else empty, trainer.world_size)
             for rows, empty in ((self._indices, torch.empty(0, dtype=torch.long)), (self._probs, torch.empty(0, k)),
                                 (self._classes, torch.empty(0, k, dtype=torch.long))))
-        output = self._output
         self._reset()
         if not trainer.is_global_zero:
             return
@@ -121,8 +119,8 @@ class PredictionCsvWriter(BasePredictionWriter):
             rank_zero_warn(f"predicted {len(indices)} of {len(dataset.paths)} images; not in the CSV: {named}{more} "
                            "(unreadable with data.on_corrupt=skip, or cut by limit_predict_batches)")
         content = csv_bytes([dataset.paths[i] for i in indices.tolist()], probs, classes, names)
-        self.written = _write_or_rescue(output, content, len(indices))
-        rank_zero_info(f"predictions for {len(indices)} images written to {shown(output)}")
+        self.written = _write_or_rescue(self._output, content, len(indices))
+        rank_zero_info(f"predictions for {len(indices)} images written to {shown(self._output)}")
 
 
 def folder_loader(trainer: L.Trainer, model: L.LightningModule, datamodule: Any) -> Optional[DataLoader]:

@@ -50,7 +50,6 @@ class DataParallelStrategy(ParallelStrategy):
 
     def __init__(self, parallel_devices: Optional[list[torch.device]] = None, **kwargs: Any):
         super().__init__(parallel_devices=parallel_devices, **kwargs)
-        self._data_parallel: Optional[nn.DataParallel] = None
         self.num_nodes = 1  # set by the Trainer from num_nodes; checked in setup_environment
 
     @property
@@ -87,16 +86,15 @@ class DataParallelStrategy(ParallelStrategy):
     def setup(self, trainer: L.Trainer) -> None:
         super().setup(trainer)
         module = self.lightning_module
-        self._data_parallel = _DataParallel(_LightningForward(module), device_ids=self.device_ids or None)
+        wrapper = _DataParallel(_LightningForward(module), device_ids=self.device_ids or None)
         # An instance attribute shadows the class's forward for `module(x)`; set outside nn.Module.__setattr__
         # so the wrapper is not registered as a submodule (state_dict keys stay free of `module.`).
-        object.__setattr__(module, "forward", self._data_parallel)
+        object.__setattr__(module, "forward", wrapper)
 
     def teardown(self) -> None:
         module = self.lightning_module
         if module is not None and "forward" in module.__dict__:
             del module.__dict__["forward"]
-        self._data_parallel = None
         super().teardown()
 
     def reduce(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:

@@ -48,22 +48,17 @@ class GlooSyncBatchNorm(nn.BatchNorm2d):
         return output
 
 
-def _move_state(source: nn.Module, target: nn.Module) -> nn.Module:
-    """Hand the very Parameters and buffers over (as convert_sync_batchnorm does): an earlier optimizer still works."""
-    if source.affine:
-        target.weight, target.bias = source.weight, source.bias
-    if source.track_running_stats:
-        target.running_mean, target.running_var = source.running_mean, source.running_var
-        target.num_batches_tracked = source.num_batches_tracked
-    target.train(source.training)
-    return target
-
-
 def _replace(module: nn.Module, found: type, made: type) -> nn.Module:
     """Every `found` norm layer in module (not already a `made` one) replaced by a `made` one with its state."""
     if isinstance(module, found) and type(module) is not made:
-        options = (module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
-        return _move_state(module, made(*options))
+        norm = made(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
+        # The very Parameters and buffers handed over (as convert_sync_batchnorm does): an earlier optimizer still works
+        if module.affine:
+            norm.weight, norm.bias = module.weight, module.bias
+        if module.track_running_stats:
+            norm.running_mean, norm.running_var = module.running_mean, module.running_var
+            norm.num_batches_tracked = module.num_batches_tracked
+        return norm.train(module.training)
     for name, child in module.named_children():
         module.add_module(name, _replace(child, found, made))
     return module
