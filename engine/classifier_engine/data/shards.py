@@ -146,13 +146,13 @@ class ShardStore:
             found = index.get("format") if isinstance(index, dict) else type(index).__name__
             raise ConfigError(f"{where} is {found!r}, expected {FORMAT}: rewrite it with {WRITER}")
         check_index(index, where, self.cache)
-        # A missing or cut shard now, in one line, not in the first worker that reads it.
-        for shard in [] if self.remote else [shard for shards in index["splits"].values() for shard in shards]:
-            path = self.cache / shard["file"]
-            if (size := path.stat().st_size if path.is_file() else None) != shard["bytes"]:
-                state = "is missing" if size is None else f"has {size} bytes, not {shard['bytes']}"
-                raise ConfigError(f"data.shards: {path} {state}: copy the whole shard set again, or rewrite it with "
-                                  f"{WRITER}")
+        if not self.remote:  # a missing or cut shard now, in one line, not in the first worker that reads it
+            for shard in (shard for shards in index["splits"].values() for shard in shards):
+                path = self.cache / shard["file"]
+                if (size := path.stat().st_size if path.is_file() else None) != shard["bytes"]:
+                    state = "is missing" if size is None else f"has {size} bytes, not {shard['bytes']}"
+                    raise ConfigError(f"data.shards: {path} {state}: copy the whole shard set again, or rewrite it "
+                                      f"with {WRITER}")
         return index
 
     @contextlib.contextmanager

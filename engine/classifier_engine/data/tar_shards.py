@@ -127,7 +127,7 @@ def index_tar(path: Path, where: str) -> dict[str, Any]:
             if files["cls"][1] > 32 or not text.isdigit():
                 raise ConfigError(f"{where}: sample {key!r}: its .cls is {text[:32]!r}, expected a class index (ASCII "
                                   f"digits); {FIX}")
-            for field, value in zip(found, (key, *image, int(text))):
+            for field, value in zip(found, (key, *image, int(text))):  # key, image offset and length, label
                 found[field].append(value)
     return found
 
