@@ -3,13 +3,11 @@ values are what a parse without defaults finds (the start's second parse)."""
 
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Optional
 
-import yaml
 from jsonargparse import ArgumentParser, Namespace, dict_to_namespace
 
-from classifier_engine.errors import config_files
+from classifier_engine.errors import config_files, load_config_file
 
 # Sources of the parse-time links (classifier_engine.cli): a parse without defaults must still see them.
 LINK_SOURCES = ("seed_everything", "data.init_args.batch_size")
@@ -52,10 +50,9 @@ def _set_by(argv: Sequence[str], key: str) -> bool:
     if any(word.split("=")[0] in (f"--{key}", f"--{short}") for word in argv):
         return True
     for name in config_files(list(argv)):
-        found: Any = yaml.safe_load(Path(name).expanduser().read_text()) or {}
+        found = load_config_file(name)
         for part in key.split("."):
-            found = found.get(part, found.get("init_args", {}).get(part) if isinstance(found.get("init_args"), dict)
-                              else None) if isinstance(found, dict) else None
+            found = found.get(part) if isinstance(found, dict) else None
         if found is not None:
             return True
     return False
@@ -66,7 +63,7 @@ def explicit_model_values(model: Namespace, merged: Namespace, explicit: Namespa
     """Edits taking the checkpoint's model values (`merged`: the model section with them parsed in) where they differ
     from `model`'s, except the `model.*` leaves given explicitly (`model.optim.lr`), which stay: those are named."""
     given = explicit.get("model.init_args")  # subclass mode: the model's arguments are its init_args
-    given = set(dict(given.items())) if isinstance(given, Namespace) else set()
+    given = set(given.keys()) if isinstance(given, Namespace) else set()
     now = dict(model.init_args.items()) if isinstance(model.get("init_args"), Namespace) else {}
     edits, kept = [], []
     taken = dict(merged.init_args.items()) if isinstance(merged.get("init_args"), Namespace) else {}
