@@ -13,14 +13,14 @@ class Workaround:
     upstream: str  # issue or PR
     seen: str  # versions it was seen on
     delete_when: str
-    canary: str  # the test in tests/test_compat.py
+    canary: str  # the test in engine/tests/test_compat.py
 
 
 WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="Lightning's pytree flattening calls torch's deprecated LeafSpec(): a FutureWarning in every run's output",
         where="classifier_engine/compat/upstream_noise.py quiet_upstream_noise (the warning filtered by its text)",
-        upstream="Lightning #21326 (closed; still seen with lightning 2.6.6 and torch 2.14)",
+        upstream="Lightning #21326 (closed, still seen)",
         seen="lightning 2.6.6, torch 2.10-2.14.1",
         delete_when="flattening a batch with lightning.pytorch.utilities._pytree warns nothing",
         canary="test_canary_stock_pytree_flatten_warns_leafspec_is_deprecated",
@@ -89,8 +89,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         name="a stateful train loader's state is never restored when configure_optimizers reads "
              "trainer.estimated_stepping_batches (ours does)",
-        where="classifier_engine/data/folder.py state_dict/load_state_dict (the loader position restored before the "
-              "loader is built); classifier_engine/samplers.py ResumableDataLoader iterates lazily",
+        where="classifier_engine/data/image_data.py ImageDataModule state_dict/load_state_dict (the loader position "
+              "restored before the loader is built); classifier_engine/samplers.py ResumableDataLoader iterates lazily",
         upstream="Lightning #20550 (open; fix PRs #21765, #21770)",
         seen="lightning 2.5-2.6.6",
         delete_when="a stock Trainer calls the train loader's load_state_dict on resume despite "
