@@ -1,4 +1,1 @@
-from classifier_engine.callbacks.prediction_writer import PredictionCsvWriter
-from classifier_engine.callbacks.throughput import ThroughputLogger
-
-__all__ = ["PredictionCsvWriter", "ThroughputLogger"]
+"""Callbacks the engine adds to a run's Trainer (classifier_engine/additions.py)."""
