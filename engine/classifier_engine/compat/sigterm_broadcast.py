@@ -7,7 +7,6 @@ def take_over_lightning_sigterm(trainer: L.Trainer) -> bool:
     """Skip the per-step broadcast (this Trainer only); clear Lightning's SIGTERM flag and say whether it was set."""
     if hasattr(trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor"):
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
-    connector = trainer._signal_connector
-    received = bool(getattr(connector, "received_sigterm", False))
-    connector.received_sigterm = False
+    received = trainer.received_sigterm  # (public; clearing it is not)
+    trainer._signal_connector.received_sigterm = False
     return received
