@@ -73,7 +73,7 @@ class ImagePathDataset(DecodedImages):
     def __init__(self, root: str | os.PathLike | list[Path], transform: Callable | None = None, *,
                  decoder: Decoder = "auto", on_corrupt: OnCorrupt = "error"):
         # A folder (every image below it), or the paths themselves (a manifest's, in its order).
-        self.paths = list(root) if isinstance(root, list) else list_images(Path(root).expanduser())
+        self.paths = list(root) if isinstance(root, list) else list_images(root)
         super().__init__([(str(path), index) for index, path in enumerate(self.paths)], transform, decoder=decoder,
                          on_corrupt=on_corrupt)
 
