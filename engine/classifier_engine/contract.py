@@ -85,8 +85,7 @@ def monitor_of(model_class: Any) -> Optional[Monitor]:
 
 def monitor_options(model_class) -> dict[str, object]:
     """The checkpoint group's monitor, mode and file name from a model class's contract Monitor ({} without one)."""
-    monitor = monitor_of(model_class)
-    if monitor is None:
+    if (monitor := monitor_of(model_class)) is None:
         return {}
     return {"checkpoint.monitor": monitor.metric, "checkpoint.mode": monitor.mode,
             "checkpoint.filename": monitor.checkpoint_filename()}

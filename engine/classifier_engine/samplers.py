@@ -143,8 +143,7 @@ class ResumableSampler(DistributedSampler):
         shares. A resume on another world size or per-process batch may leave a rest the ranks do not divide: it is
         padded as DistributedSampler pads an epoch (unequal shares would end the ranks' epochs at different batches),
         and a last batch of one sample is avoided as in __init__."""
-        position = self.resumed_position(epoch)
-        if position is None:
+        if (position := self.resumed_position(epoch)) is None:
             return None
         share = -(-max(self.total_size - position, 0) // self.num_replicas)
         b = self.batch_size
