@@ -4,10 +4,8 @@ Data, known after `__init__`: `num_classes` and `class_names` (label i is class_
 yielding `(images, labels)`. Optional: `class_labels` (human names, in class_names' order), `eval_preprocessing()`
 (for predict and export), `image_sizes()` (the model's size check).
 
-Model (ClassificationModel below): `monitor`, `num_classes` among its saved hyperparameters, what `predict_step`
-returns, and optionally `exportable()` and `weights_option`. Checked before the first step, in one line each: the
-monitor by the run plan (and against what the model logs at its first validation: callbacks/monitor_logged.py), the
-rest once the model is built.
+Model: ClassificationModel below. Checked before the first step, in one line each: the monitor by the run plan (and
+against what the model logs at its first validation: callbacks/monitor_logged.py), the rest once the model is built.
 """
 
 import importlib
@@ -87,8 +85,7 @@ def monitor_of(model_class: Any) -> Optional[Monitor]:
 
 def monitor_options(model_class) -> dict[str, object]:
     """The checkpoint group's monitor, mode and file name from a model class's contract Monitor ({} without one)."""
-    monitor = monitor_of(model_class) if model_class is not None else None
-    if monitor is None:
+    if (monitor := monitor_of(model_class)) is None:
         return {}
     return {"checkpoint.monitor": monitor.metric, "checkpoint.mode": monitor.mode,
             "checkpoint.filename": monitor.checkpoint_filename()}

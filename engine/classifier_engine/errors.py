@@ -238,8 +238,7 @@ def install_extra(extra: str) -> str:
 
 def _note_prefix() -> Optional[str]:
     """Notes of one job share MASTER_ADDR:MASTER_PORT (set for every rank by torchrun, srun and Lightning)."""
-    port = os.environ.get("MASTER_PORT")
-    if not port:
+    if not (port := os.environ.get("MASTER_PORT")):
         return None
     host = os.environ.get("MASTER_ADDR", "").replace("/", "_")
     return os.path.join(tempfile.gettempdir(), f"classifier-engine-error-{host}-{port}-")
@@ -247,8 +246,7 @@ def _note_prefix() -> Optional[str]:
 
 def _notes_of_failed_ranks(wait_s: float = 2.0) -> list[str]:
     """The error lines other ranks of this job left (waiting briefly for one that is still being written)."""
-    prefix = _note_prefix()
-    if prefix is None:
+    if (prefix := _note_prefix()) is None:
         return []
     deadline = time.monotonic() + wait_s
     while True:

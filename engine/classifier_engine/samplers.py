@@ -8,6 +8,7 @@ from typing import Any, Iterator, Optional
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_warn
@@ -142,8 +143,7 @@ class ResumableSampler(DistributedSampler):
         shares. A resume on another world size or per-process batch may leave a rest the ranks do not divide: it is
         padded as DistributedSampler pads an epoch (unequal shares would end the ranks' epochs at different batches),
         and a last batch of one sample is avoided as in __init__."""
-        position = self.resumed_position(epoch)
-        if position is None:
+        if (position := self.resumed_position(epoch)) is None:
             return None
         share = -(-max(self.total_size - position, 0) // self.num_replicas)
         b = self.batch_size
@@ -267,7 +267,6 @@ class ExactLoaders(Callback):
                            "is not the uninterrupted run; draw from torch's, numpy's or random's global generators "
                            "(engine/README.md#resuming-exactly)")
 
-
     def taken_at_its_word(self, loader: Any, name: str, trainer: Any) -> Any:
         """A user's loader, checked before the first step: its batches against the contract, an evaluation that
         would drop images, a train loader of unknown length in a run whose length is counted in epochs."""
@@ -276,7 +275,7 @@ class ExactLoaders(Callback):
             return loader
         if isinstance(self.num_classes, int) and not isinstance(loader.collate_fn, CheckedCollate):
             loader.collate_fn = CheckedCollate(loader.collate_fn, self.num_classes, where)
-        if name == "train_dataloader" and not _sized(loader) and trainer is not None and trainer.max_steps == -1:
+        if name == "train_dataloader" and sized_len(loader) is None and trainer is not None and trainer.max_steps == -1:
             raise ConfigError(f"{where} has no length (an IterableDataset without __len__): the run's length in steps "
                               "is unknown; set --trainer.max_steps")
         if name == "train_dataloader" or not (loader.drop_last or getattr(loader.batch_sampler, "drop_last", False)):
@@ -306,14 +305,6 @@ class _LoaderHook:
 def _plain(loader: Any) -> bool:
     return (type(loader) is DataLoader and loader.batch_size is not None and hasattr(loader.dataset, "__len__")
             and isinstance(loader.sampler, (RandomSampler, SequentialSampler)))
-
-
-def _sized(loader: DataLoader) -> bool:
-    try:
-        len(loader)
-    except TypeError:
-        return False
-    return True
 
 
 def _rebuild(loader: DataLoader, sampler: Any, cls: type[DataLoader] = DataLoader, *,

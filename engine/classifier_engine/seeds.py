@@ -83,7 +83,10 @@ class SeededSamples(Dataset):
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed)
             if self.every_generator:
-                _seed_elsewhere(seed)
+                # numpy's and random's too, and left so: restoring numpy's costs ~0.15 ms a sample, and what draws from
+                # them next (the next sample; with num_workers=0 the step) is then a function of the seed as well.
+                np.random.seed(seed % 2**32)
+                random.seed(seed)
             sample = self.dataset[index]
             if sample is None or self.transform_for_epoch is None:
                 return sample
@@ -94,13 +97,6 @@ class SeededSamples(Dataset):
         """Whether the sample at `key` differs when drawn twice under the same seeds: its data set draws randomness
         from a generator of its own, which these seeds do not reach."""
         return not _equal(self[key], self[key])
-
-
-def _seed_elsewhere(seed: int) -> None:
-    """numpy's and random's global generators seeded too, and left so: restoring numpy's costs ~0.15 ms a sample, and
-    what draws from them next (the next sample; with num_workers=0 the step) is then a function of the seed as well."""
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
 
 
 def _equal(a: Any, b: Any) -> bool:

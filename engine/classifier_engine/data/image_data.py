@@ -262,8 +262,7 @@ class ImageDataModule(L.LightningDataModule):
         self._resume_state = state
 
     def _eval_loader(self, split: str) -> DataLoader:
-        world_size, rank = self._world()
-        return self._loader(split, ExactDistributedSampler(self.datasets[split], num_replicas=world_size, rank=rank))
+        return self._loader(split, ExactDistributedSampler(self.datasets[split], *self._world()))
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("val")

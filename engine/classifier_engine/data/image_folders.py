@@ -54,8 +54,7 @@ class DecodedImages(Dataset):
 
 def collate_readable(batch: list):
     """default_collate over the samples that decoded (DecodedImages returns None for skipped ones)."""
-    readable = [sample for sample in batch if sample is not None]
-    if not readable:
+    if not (readable := [sample for sample in batch if sample is not None]):
         raise UnreadableImageError(f"all {len(batch)} images of a batch were unreadable (see the warnings naming "
                                    "them): the data set is damaged; check it with python -m "
                                    "classifier_engine.data.decoders ROOT")
@@ -73,8 +72,7 @@ class EncodedImages(DecodedImages):
         self.crop = crop
 
     def __getitem__(self, index: int):
-        sample = super().__getitem__(index)
-        if sample is None:
+        if (sample := super().__getitem__(index)) is None:
             return None
         (payload, (height, width)), target = sample
         crop = self.crop.draw(height, width) if self.crop is not None else None

@@ -65,8 +65,7 @@ def check_layout(root: str | os.PathLike) -> list[str]:
 
 def _check_known(split_dir: Path, classes: list[str], train_classes: list[str]) -> None:
     # A split may lack classes (labelled by name, below); a class that train/ lacks has no label at all.
-    unknown = sorted(set(classes) - set(train_classes))
-    if unknown:
+    if unknown := sorted(set(classes) - set(train_classes)):
         raise DataLayoutError(f"{split_dir} holds class folders that {split_dir.parent / 'train'} lacks: "
                               f"{unknown[:20]}; every class needs its train/ folder (a label is its index in train/)")
 

@@ -94,8 +94,7 @@ class ManifestDataModule(ImageDataModule):
         """
         super().__init__(**options)  # the options are checked first: nothing is read before
         given = {"train_manifest": train_manifest, "val_manifest": val_manifest, "test_manifest": test_manifest}
-        missing = [f"data.{name}" for name, value in list(given.items())[:2] if value is None]
-        if missing:
+        if missing := [f"data.{name}" for name, value in list(given.items())[:2] if value is None]:
             raise ConfigError(f"{' and '.join(missing)} not set: pass --{missing[0]} (a CSV with the columns "
                               "path,label)")
         self.class_names, self.manifests = read_manifests(given)

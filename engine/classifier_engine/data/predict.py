@@ -73,7 +73,7 @@ class ImagePathDataset(DecodedImages):
     def __init__(self, root: str | os.PathLike | list[Path], transform: Callable | None = None, *,
                  decoder: Decoder = "auto", on_corrupt: OnCorrupt = "error"):
         # A folder (every image below it), or the paths themselves (a manifest's, in its order).
-        self.paths = list(root) if isinstance(root, list) else list_images(Path(root).expanduser())
+        self.paths = list(root) if isinstance(root, list) else list_images(root)
         super().__init__([(str(path), index) for index, path in enumerate(self.paths)], transform, decoder=decoder,
                          on_corrupt=on_corrupt)
 
@@ -81,7 +81,6 @@ class ImagePathDataset(DecodedImages):
 def eval_transform(datamodule: object) -> v2.Compose:
     """How an image file becomes the network's input: the data module's eval_preprocessing() (resize the short side,
     center-crop, normalize), else the contract's default: RGB pixels scaled to [0, 1], no resize, no normalization."""
-    offered = eval_preprocessing(datamodule)
-    if offered is None:
+    if (offered := eval_preprocessing(datamodule)) is None:
         return v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
     return eval_preset(resize_size=offered.resize, crop_size=offered.crop, mean=offered.mean, std=offered.std)
