@@ -89,26 +89,25 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self._handed = (os.path.realpath(path), checkpoint)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
-        if storage_options is not None or local_path(path) is None:
+        if storage_options is not None or (local := local_path(path)) is None:
             return super().save_checkpoint(checkpoint, path, storage_options)
         try:  # ZipFile reads the central directory, written last: the archive is whole
-            atomic_write(local_path(path), lambda file: torch.save(checkpoint, file),
-                         check=lambda temp: zipfile.ZipFile(temp).close(),
-                         fix="Free space or point --trainer.default_root_dir at a larger disk, then resume with "
-                             "--ckpt_path last")
+            saved = atomic_write(local, lambda file: torch.save(checkpoint, file),
+                                 check=lambda temp: zipfile.ZipFile(temp).close(),
+                                 fix="Free space or point --trainer.default_root_dir at a larger disk, then resume "
+                                     "with --ckpt_path last")
         except DiskFullError as full:
             raise CheckpointError(str(full)) from full.__cause__
         if self.remote is not None:
-            local = Path(local_path(path))
-            uploaded = self.remote.store_checkpoint(local)
-            self.stored[str(path)] = self.remote.url_of(local) if uploaded else str(path)
+            uploaded = self.remote.store_checkpoint(saved)
+            self.stored[str(path)] = self.remote.url_of(saved) if uploaded else str(path)
             if uploaded:
-                self.remote.sync(local.parent.parent)  # the run dir's config.yaml and logs beside it
+                self.remote.sync(saved.parent.parent)  # the run dir's config.yaml and logs beside it
 
     def remove_checkpoint(self, path: Any) -> None:
         super().remove_checkpoint(path)
-        if self.remote is not None and local_path(path) is not None:
-            self.remote.delete(Path(local_path(path)))
+        if self.remote is not None and (local := local_path(path)) is not None:
+            self.remote.delete(Path(local))
 
     def load_checkpoint(self, path: Any, map_location: Optional[Callable] = lambda storage, loc: storage,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:

@@ -35,8 +35,9 @@ class StopSignals(Callback):
     step): the ranks agree every check_every_n_steps and stop there. On its own (enable_checkpointing=false) it saves
     nothing; LastCheckpoint saves last.ckpt there too."""
 
-    every_minutes: Optional[float] = None  # LastCheckpoint's timed and periodic saves
+    every_minutes: Optional[float] = None  # LastCheckpoint's timed and periodic saves, and its last.ckpt
     every_n_steps: Optional[int] = None
+    path: Optional[Path] = None
 
     def __init__(self, check_every_n_steps: int = 10):
         if check_every_n_steps < 1:
@@ -86,7 +87,7 @@ class StopSignals(Callback):
         """Save last.ckpt before `error` ends the fit, and say where in its line (errors.user_message reads `saved`);
         nothing when no step was trained or last.ckpt is off (enable_checkpointing=false). `again`: after a
         validation of a step already saved (its metrics)."""
-        if getattr(self, "path", None) is not None and trainer.global_step > 0:
+        if self.path is not None and trainer.global_step > 0:
             error.saved = (f"saved {self._save(trainer, again)} at global step {trainer.global_step}: the same "
                            "command with --ckpt_path last continues there")
 
@@ -193,7 +194,6 @@ class LastCheckpoint(StopSignals, Checkpoint):
         """
         super().__init__(check_every_n_steps)
         self.every_minutes, self.every_n_steps = every_minutes, every_n_steps
-        self.path: Optional[Path] = None
         self.saved_at_step: Optional[int] = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -35,10 +35,10 @@ class Where:
     def of(cls, subcommand: str, config: Namespace) -> "Where":
         trainer = config.trainer
         root_text = str(trainer.default_root_dir or os.getcwd())
-        if local_path(root_text) is None:
+        if (local := local_path(root_text)) is None:
             raise ConfigError(f"trainer.default_root_dir {root_text}: runs write to a local or mounted filesystem, or "
                               "to s3://bucket/prefix (through a node-local mirror); point it at one of those")
-        root = Path(local_path(root_text))
+        root = Path(local)
         logs = logs_dir(trainer, root)
         group = config.get("checkpoint")
         given = Path(group.dirpath) if group is not None and group.get("dirpath") else None
@@ -66,16 +66,12 @@ def describe_checkpoint(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def checkpoint_files(*directories: Path) -> list[Path]:
-    """The *.ckpt files of these directories (a save in progress writes a .partial: never a candidate)."""
-    return sorted(p for d in directories for p in d.glob("*.ckpt") if p.is_file())
-
-
-def newest_loadable(candidates: list[Path], skipped: list) -> Optional[tuple[Path, dict]]:
-    """By what each checkpoint records, never file times (a copy resets them): the run that saved last, and in it the
-    checkpoint furthest along (last.ckpt on a tie). Those that do not load go to `skipped` with their reason."""
+def newest_loadable(folders: list[Path], skipped: list) -> Optional[tuple[Path, dict]]:
+    """Of the folders' *.ckpt files (a save in progress writes a .partial: never a candidate), by what each records,
+    never file times (a copy resets them): the run that saved last, and in it the checkpoint furthest along (last.ckpt
+    on a tie). Those that do not load go to `skipped` with their reason."""
     loaded = []
-    for path in candidates:
+    for path in sorted(p for folder in folders for p in folder.glob("*.ckpt") if p.is_file()):
         try:
             loaded.append((path, describe_checkpoint(path)))
         except CheckpointError as error:
@@ -126,20 +122,19 @@ def choose_checkpoint(subcommand: str, requested: Optional[str], where: Where) -
     restarted = subcommand == "fit" and (torchelastic_restart() or 0) > 0
     reason = ""
     if where.job_dir is not None and slurm_restart_count() > 0:
-        chosen = newest_loadable(checkpoint_files(where.given_dir or where.job_dir / CHECKPOINTS), skipped)
+        chosen = newest_loadable([where.given_dir or where.job_dir / CHECKPOINTS], skipped)
         if chosen:
             given = f" instead of --ckpt_path {requested}" if requested else ""
             reason = f"Slurm job {slurm_job_id()} (restart {slurm_restart_count()}): resuming from {chosen[0]}{given}"
     elif restarted and requested not in (None, "last"):
         # A restarted attempt has the first one's command line: its own newer checkpoints win over the given one.
         own = run_dir_of(Path(requested).expanduser(), where.logs)
-        chosen = newest_loadable(checkpoint_files(own / CHECKPOINTS), skipped) if own is not None else None
+        chosen = newest_loadable([own / CHECKPOINTS], skipped) if own is not None else None
         if chosen:
             reason = f"torchrun restart {torchelastic_restart()}: resuming from {chosen[0]} (its run's newest)"
     if chosen is None and (requested == "last" or (restarted and requested is None)):
-        folders = (*sorted(where.logs.glob(f"*/{CHECKPOINTS}")), where.root / CHECKPOINTS,
-                   *filter(None, [where.given_dir]))
-        chosen = newest_loadable(checkpoint_files(*folders), skipped)
+        folders = [*where.logs.glob(f"*/{CHECKPOINTS}"), where.root / CHECKPOINTS, *filter(None, [where.given_dir])]
+        chosen = newest_loadable(folders, skipped)
         why = f"torchrun restart {torchelastic_restart()}" if restarted and requested is None else "--ckpt_path last"
         reason = f"{why}: " + (f"resuming from {chosen[0]}" if chosen else
                                f"no loadable checkpoint under {where.logs} yet; starting from scratch")
@@ -150,8 +145,7 @@ def choose_checkpoint(subcommand: str, requested: Optional[str], where: Where) -
         path = Path(requested).expanduser()
         chosen = path, describe_checkpoint(path)
         reason = f"resuming from {path}" if subcommand == "fit" else f"checkpoint {path}"
-    path, checkpoint = chosen or (None, None)
-    return Choice(path, checkpoint, reason + _note(skipped), tuple(skipped))
+    return Choice(*(chosen or (None, None)), reason + _note(skipped), tuple(skipped))
 
 
 def _note(skipped: list[tuple[Path, str]]) -> str:

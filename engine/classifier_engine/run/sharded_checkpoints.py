@@ -47,7 +47,7 @@ def read_sharded(path: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
     folder = path.parent / Path(str(checkpoint.pop(SHARDS))).name
     tensors: dict[str, Any] = {}
     try:
-        if folder.name in (".", "..") or not folder.name.endswith(".shards"):  # a crafted name: nothing outside
+        if not folder.name.endswith(".shards"):  # a crafted name ("..", ""): nothing outside
             raise ValueError(f"{folder.name!r} is not a shard folder's name")
         metadata = read_metadata(folder)
         reader, planner = dcp.FileSystemReader(folder), WeightsOnlyLoadPlanner()
