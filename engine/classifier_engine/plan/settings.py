@@ -112,13 +112,12 @@ def world(given: PlanInput) -> list[Decision]:
     size, how = planned_world(trainer)
     strategy = trainer.get("strategy")
     name = strategy if isinstance(strategy, str) else _class_path(strategy) or type(strategy).__name__
-    strategy = strategy if isinstance(strategy, str) else None
     minutes = given.config.get("ddp_timeout_minutes") or 10.0
-    if strategy in DDP_START_METHODS:
-        what = (f"torch DDP, ranks started by {DDP_START_METHODS[strategy]}, a silent rank ends the job after "
+    if name in DDP_START_METHODS:  # (a class path or a class's name is never one of Lightning's names)
+        what = (f"torch DDP, ranks started by {DDP_START_METHODS[name]}, a silent rank ends the job after "
                 f"{minutes:g} min")
-    elif strategy in ("fsdp2", "fsdp2_sharded"):
-        what = f"torch FSDP2 ({'sharded' if strategy == 'fsdp2_sharded' else 'one-file'} checkpoints)"
+    elif name in ("fsdp2", "fsdp2_sharded"):
+        what = f"torch FSDP2 ({'sharded' if name == 'fsdp2_sharded' else 'one-file'} checkpoints)"
     else:
         what = "Lightning's choice for the devices" if name in (None, "auto") else "trainer.strategy"
     precision = trainer.get("precision") or "32-true"

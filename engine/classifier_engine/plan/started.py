@@ -66,7 +66,7 @@ class Started:
         contract.check_data(datamodule)
         contract.check_model(model, getattr(datamodule, "num_classes", None))
         checkpoint, self.checkpoint, subcommand = self.checkpoint, None, self.plan.subcommand
-        if subcommand and checkpoint is not None and self.ckpt_path is not None:
+        if checkpoint is not None:  # (read by the plan's checkpoint pass: a subcommand's, with its path)
             check_checkpoint_fits(self.ckpt_path, checkpoint, model, datamodule)
             if subcommand == "fit" and not self.plan.fresh:  # before the Trainer first touches its loggers
                 continue_csv_logs(trainer.loggers, checkpoint["global_step"])
