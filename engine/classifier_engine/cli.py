@@ -82,7 +82,7 @@ class EngineCLI(LightningCLI):
             subcommand, config, explicit, argv=words, passes=self.defaults.passes, dry=dry,
             printing=bool(printing), default_classes={"model": self.defaults.model, "data": self.defaults.data},
             parse_model=lambda model: self.parser.parse_object({subcommand: {"model": model}}, self.config)[
-                subcommand].model if subcommand else None)
+                subcommand].model)  # (the checkpoint's values are read only with a subcommand)
         if printing:
             self._print_config(subcommand, printing[-1])
         plan = self.started.plan

@@ -69,7 +69,7 @@ def make_plan(subcommand: Optional[str], config: Namespace, explicit: Namespace,
 def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False) -> Started:
     """The placement stage alone (the checkpoint, the run dir), its edits applied to `config`: for a config that is
     only a `trainer` section and `ckpt_path` (tests, tools); `claim_run_dir` claims the run dir as a start does."""
-    planner = Planner(subcommand, config, Namespace(), argv=None, dry=False, default_classes={}, parse_model=None)
+    planner = Planner(subcommand, config, Namespace())  # (PlanInput's defaults: no command line, no classes)
     return _placement(planner, (), dry=False, claiming=claim_run_dir)
 
 

@@ -75,13 +75,14 @@ def monitor(given: PlanInput) -> list[Decision]:
         value = {"metric": config.checkpoint.monitor, "mode": config.checkpoint.mode}
         return [Decision(MONITOR, value, "--checkpoint.monitor given")]
     path = config.model.get("class_path")
-    found = monitor_of(path)
+    model_class = class_switch.class_of(path)  # (imported once: its Monitor, or what it names instead)
+    found = monitor_of(model_class)
     options = {"monitor": found.metric, "mode": found.mode, "filename": found.checkpoint_filename()} if found else {
         "monitor": None, "mode": "min", "filename": None}
     edits = tuple((f"checkpoint.{key}", value) for key, value in options.items()
                   if explicit.get(f"checkpoint.{key}") is None and config.checkpoint.get(key) != value)
     if found is None:
-        named = getattr(class_switch.class_of(path), "monitor", None)
+        named = getattr(model_class, "monitor", None)
         what = f"{path}.monitor is {named!r}, not a Monitor: ignored" if named is not None else \
             f"{path} names no Monitor"
         return [Decision(MONITOR, None, f"{what}; \"best\" is the latest epoch's checkpoint", edits=edits)]
@@ -171,9 +172,8 @@ def checkpoint_model_values(given: PlanInput) -> list[Decision]:
     model = given.config.get("model")
     if not hparams or given.parse_model is None or not isinstance(model, Namespace):
         return []
-    from pydoc import locate  # the class the config names (imported already by the parse): never the checkpoint's
-
-    taken, dropped = checkpoint_values(locate(model.class_path), hparams, LINKED["model"])
+    # the class the config names (imported already by the parse): never the checkpoint's
+    taken, dropped = checkpoint_values(class_switch.class_of(model.class_path), hparams, LINKED["model"])
     decisions = []
     if dropped:
         left_out = [f"model.{key}" for key in dropped]
