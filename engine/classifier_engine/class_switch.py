@@ -87,7 +87,7 @@ def resets(config: Namespace, explicit: Namespace, args: Sequence[str], defaults
         if lacking:
             notes.append(f"{part}: {', '.join(lacking)} (set for {default_class.__qualname__} in a config file) left "
                          f"out: not options of {section.class_path}")
-        for key, value in dict(section.init_args.items()).items() if section.get("init_args") else ():
+        for key, value in section.init_args.items() if section.get("init_args") else ():
             carried = key in before and value == before[key] and key not in given
             if carried and key in after and after[key] != value and key not in linked.get(part, ()):
                 found.append((f"{part}.init_args.{key}", after[key]))

@@ -25,7 +25,7 @@ from classifier_engine.plan.make import make_plan
 from classifier_engine.plan.started import Started
 from classifier_engine.run.last_checkpoint import stops_reach_spawned_ranks
 from classifier_engine.run.saved_config import KeepingSaveConfigCallback
-from classifier_engine.run_plan import Pass
+from classifier_engine.run_plan import FINISHED, Pass
 from classifier_engine.summary import where_the_run_went
 
 
@@ -82,7 +82,7 @@ class EngineCLI(LightningCLI):
             subcommand, config, explicit, argv=words, passes=self.defaults.passes, dry=dry,
             printing=bool(printing), default_classes={"model": self.defaults.model, "data": self.defaults.data},
             parse_model=lambda model: self.parser.parse_object({subcommand: {"model": model}}, self.config)[
-                subcommand].model if subcommand else None)
+                subcommand].model)  # (the checkpoint's values are read only with a subcommand)
         if printing:
             self._print_config(subcommand, printing[-1])
         plan = self.started.plan
@@ -90,7 +90,7 @@ class EngineCLI(LightningCLI):
             print("\n".join([f"plan of {subcommand} (dry: nothing was built, written or downloaded):",
                              *(f"  {line}" for line in plan.lines(edits=True))]), flush=True)
             sys.exit(0)
-        if plan.value("finished"):  # a complete run: its plan says so and which option continues it (the whole output,
+        if plan.value(FINISHED):  # a complete run: its plan says so and which option continues it (the whole output,
             # printed as --plan's is: no logger is set up for a run that never starts)
             rank_zero_only(print)("\n".join([f"plan of this {subcommand}:", *(f"  {line}" for line in plan.lines())]),
                                   flush=True)

@@ -51,24 +51,12 @@ READ_ONLY = ("the parsed config is read-only outside config_edits.py: return the
              "(classifier_engine.Decision(topic, value, why, edits=((key, value),)))")
 
 
+def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+    raise TypeError(READ_ONLY)
+
+
 class _ReadOnly(Namespace):
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise TypeError(READ_ONLY)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        raise TypeError(READ_ONLY)
-
-    def __delitem__(self, key: str) -> None:
-        raise TypeError(READ_ONLY)
-
-    def __delattr__(self, name: str) -> None:
-        raise TypeError(READ_ONLY)
-
-    def pop(self, key: str, default: Any = None) -> Any:
-        raise TypeError(READ_ONLY)
-
-    def update(self, *args: Any, **kwargs: Any) -> Namespace:
-        raise TypeError(READ_ONLY)
+    __setattr__ = __setitem__ = __delitem__ = __delattr__ = pop = update = _refuse
 
     def clone(self, with_meta: bool = True) -> Namespace:
         return _copy(self, Namespace)  # a writable copy: the caller's own

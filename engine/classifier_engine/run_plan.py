@@ -25,9 +25,9 @@ class Decision:
     text: Optional[str] = None  # how the value reads, if not str(value)
     edits: tuple[tuple[str, Any], ...] = ()
 
-    def line(self, reasons: bool = True) -> str:
+    def line(self) -> str:
         shown = self.text if self.text is not None else _shown(self.value)
-        return f"{self.topic}: {shown}" + (f" ({self.why})" if reasons and self.why else "")
+        return f"{self.topic}: {shown}" + (f" ({self.why})" if self.why else "")
 
 
 def _plain(value: Any) -> Any:

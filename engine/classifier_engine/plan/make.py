@@ -28,7 +28,7 @@ from classifier_engine.plan import placement, settings
 from classifier_engine.plan.started import Started
 from classifier_engine.run.lock import claim, claim_new_version
 from classifier_engine.run.remote_lease import VersionTaken
-from classifier_engine.run.resume import Place, looks_for_checkpoints, proposed
+from classifier_engine.run.resume import Choice, Place, choose_place, looks_for_checkpoints, proposed
 from classifier_engine.run.run_dirs import LOGS, version_of
 from classifier_engine.run_plan import FINISHED, PLAN_FILE, Decision, Pass, PlanInput, RunPlan
 
@@ -49,27 +49,27 @@ class Planner:
             self.plan = self.plan.with_decisions(decisions)
 
 
-def make_plan(subcommand: Optional[str], config: Namespace, explicit: Optional[Namespace] = None, *,
+def make_plan(subcommand: Optional[str], config: Namespace, explicit: Namespace, *,
               argv: Optional[Sequence[str]] = None, passes: Sequence[Pass] = (),
               default_classes: Mapping[str, Optional[type]] = {}, dry: bool = False, printing: bool = False,
-              parse_model: Optional[Callable[[dict], Namespace]] = None, rank: Optional[int] = None) -> Started:
+              parse_model: Optional[Callable[[dict], Namespace]] = None) -> Started:
     """The plan of one start, its edits applied to `config` (the subcommand's); unless dry, carried out by rank 0
     (the others rely on its claims). The caller ends it: Started.close()."""
-    planner = Planner(subcommand, config, explicit if explicit is not None else Namespace(), argv=argv, dry=dry,
-                      default_classes=default_classes, parse_model=parse_model)
+    planner = Planner(subcommand, config, explicit, argv=argv, dry=dry, default_classes=default_classes,
+                      parse_model=parse_model)
     planner.run((settings.classes, settings.subcommand_options, settings.monitor, settings.seed, settings.world,
                  *((settings.batch,) if subcommand == "fit" else ())))
     if printing or subcommand is None:
         planner.run(passes)
         return Started(planner.plan, reads=planner.reads)
     return _placement(planner, (settings.checkpoint_model_values, settings.resumed_epoch, *passes), dry=dry,
-                      claiming=not dry and (env_global_rank() if rank is None else rank) == 0)
+                      claiming=not dry and env_global_rank() == 0)
 
 
 def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False) -> Started:
     """The placement stage alone (the checkpoint, the run dir), its edits applied to `config`: for a config that is
     only a `trainer` section and `ckpt_path` (tests, tools); `claim_run_dir` claims the run dir as a start does."""
-    planner = Planner(subcommand, config, Namespace(), argv=None, dry=False, default_classes={}, parse_model=None)
+    planner = Planner(subcommand, config, Namespace())  # (PlanInput's defaults: no command line, no classes)
     return _placement(planner, (), dry=False, claiming=claim_run_dir)
 
 
@@ -102,7 +102,7 @@ def _place(planner: Planner, started: Started, claiming: bool) -> None:
     reads, fit = planner.reads, planner.subcommand == "fit"
     where = reads["where"]
     if fit:
-        place = reads["place"] = placement.place_of(reads)
+        place = reads["place"] = choose_place(reads.get("choice") or Choice(), where)
         planner.run((placement.credentials, placement.trackers))
     elif placement.evaluation_logs(planner.config.trainer):
         place = Place(None, True, "an evaluation's own version dir")

@@ -11,10 +11,8 @@ from typing import Optional
 from classifier_engine.run.remote_runs import RemoteRoot
 from classifier_engine.run.resume import (
     Choice,
-    Place,
     Where,
     choose_checkpoint,
-    choose_place,
     logger_pins,
     looks_for_checkpoints,
 )
@@ -48,8 +46,6 @@ def run_root(given: PlanInput) -> list[Decision]:
 
 def checkpoint(given: PlanInput) -> list[Decision]:
     """The checkpoint to continue from, loaded once (later stations take it from the plan's reads), and why."""
-    if given.subcommand is None:
-        return []
     requested = given.config.get("ckpt_path")
     where = given.reads["where"] = Where.of(given.subcommand, given.config)
     stored = _stored_choice(given, requested)
@@ -114,15 +110,13 @@ def run_dir(given: PlanInput) -> list[Decision]:
     trainer, path, place = given.config.trainer, given.reads.get("run_dir"), given.reads.get("place")
     if path is None:
         return []
-    path, where = Path(path), given.reads["where"]
-    edits = []
-    if given.subcommand == "fit":
-        edits += tracker_edits(trainer, path, given.reads.get("tracked") or {})
-        if where.given_dir is None:
-            edits += logger_pins(trainer, where.root, logger_version(path.name))
+    path, where, fit = Path(path), given.reads["where"], given.subcommand == "fit"
+    edits = tracker_edits(trainer, path, given.reads.get("tracked") or {}) if fit else []
+    if not fit or where.given_dir is None:
+        edits += logger_pins(trainer, where.root, logger_version(path.name))
+    if fit:
         why = place.why if place is not None else "the run dir"
     else:
-        edits += logger_pins(trainer, where.root, logger_version(path.name))
         why = "an evaluation logs into a version dir of its own, never into a training run's"
     value = {"path": str(path), "new": bool(place.new) if place is not None else True}
     return [Decision(RUN_DIR, value, why, text=f"{path}, {'new' if value['new'] else 'resumed'}",
@@ -134,8 +128,3 @@ def evaluation_logs(trainer) -> bool:
     return trainer.get("logger") is not False and (
         trainer.get("logger") in (None, True) or any(kind_of(e) in ("tensorboard", "csv")
                                                      for _, e in logger_entries(trainer)))
-
-
-def place_of(reads: dict) -> Place:
-    """A fit's place (choose_place), for the start to claim."""
-    return choose_place(reads.get("choice") or Choice(), reads["where"])

@@ -47,14 +47,12 @@ def _class_path(section: Any) -> Optional[str]:
 
 def classes(given: PlanInput) -> list[Decision]:
     """The model and data classes, each starting from its own defaults (class_switch.py)."""
-    config, chosen = given.config, {}
-    edits, notes = class_switch.resets(config, given.explicit, given.argv or (), given.default_classes, LINKED) \
+    config = given.config
+    edits, notes = class_switch.resets(config, given.explicit, given.argv, given.default_classes, LINKED) \
         if given.argv is not None else ([], [])
-    whys = []
-    for part in ("model", "data"):
-        path, default = _class_path(config.get(part)), given.default_classes.get(part)
-        chosen[part] = path
-        named = _class_path(given.explicit.get(part))
+    chosen, whys = {part: _class_path(config.get(part)) for part in class_switch.PARTS}, []
+    for part in chosen:
+        named, default = _class_path(given.explicit.get(part)), given.default_classes.get(part)
         whys.append(f"{part} " + ("given" if named else "the entry point's default" if default else "from the config"))
     resets = [f"{key.replace('.init_args', '')} {value!r}" for key, value in edits]
     why = "; ".join([", ".join(whys), *([f"the switched-to class's own defaults: {', '.join(resets)}"] if resets
@@ -75,13 +73,14 @@ def monitor(given: PlanInput) -> list[Decision]:
         value = {"metric": config.checkpoint.monitor, "mode": config.checkpoint.mode}
         return [Decision(MONITOR, value, "--checkpoint.monitor given")]
     path = config.model.get("class_path")
-    found = monitor_of(path)
+    model_class = class_switch.class_of(path)  # (imported once: its Monitor, or what it names instead)
+    found = monitor_of(model_class)
     options = {"monitor": found.metric, "mode": found.mode, "filename": found.checkpoint_filename()} if found else {
         "monitor": None, "mode": "min", "filename": None}
     edits = tuple((f"checkpoint.{key}", value) for key, value in options.items()
                   if explicit.get(f"checkpoint.{key}") is None and config.checkpoint.get(key) != value)
     if found is None:
-        named = getattr(class_switch.class_of(path), "monitor", None)
+        named = getattr(model_class, "monitor", None)
         what = f"{path}.monitor is {named!r}, not a Monitor: ignored" if named is not None else \
             f"{path} names no Monitor"
         return [Decision(MONITOR, None, f"{what}; \"best\" is the latest epoch's checkpoint", edits=edits)]
@@ -112,13 +111,12 @@ def world(given: PlanInput) -> list[Decision]:
     size, how = planned_world(trainer)
     strategy = trainer.get("strategy")
     name = strategy if isinstance(strategy, str) else _class_path(strategy) or type(strategy).__name__
-    strategy = strategy if isinstance(strategy, str) else None
     minutes = given.config.get("ddp_timeout_minutes") or 10.0
-    if strategy in DDP_START_METHODS:
-        what = (f"torch DDP, ranks started by {DDP_START_METHODS[strategy]}, a silent rank ends the job after "
+    if name in DDP_START_METHODS:  # (a class path or a class's name is never one of Lightning's names)
+        what = (f"torch DDP, ranks started by {DDP_START_METHODS[name]}, a silent rank ends the job after "
                 f"{minutes:g} min")
-    elif strategy in ("fsdp2", "fsdp2_sharded"):
-        what = f"torch FSDP2 ({'sharded' if strategy == 'fsdp2_sharded' else 'one-file'} checkpoints)"
+    elif name in ("fsdp2", "fsdp2_sharded"):
+        what = f"torch FSDP2 ({'sharded' if name == 'fsdp2_sharded' else 'one-file'} checkpoints)"
     else:
         what = "Lightning's choice for the devices" if name in (None, "auto") else "trainer.strategy"
     precision = trainer.get("precision") or "32-true"
@@ -136,33 +134,27 @@ def batch(given: PlanInput) -> list[Decision]:
     data = config.data.get("init_args") if isinstance(config.get("data"), Namespace) else None
     largest = data.get("batch_size") if data is not None else None
     global_batch = config.get("global_batch_size")
-    if global_batch is None:
-        accumulation = config.trainer.get("accumulate_grad_batches") or 1
-        if largest is None:
-            return [Decision(GLOBAL_BATCH, None, "the data module has no batch_size")]
-        value = {"global": largest * size * accumulation, "per_process": largest, "processes": size,
-                 "accumulation": accumulation, "fixed": False}
-        return [Decision(GLOBAL_BATCH, value, "data.batch_size x processes x trainer.accumulate_grad_batches",
-                         text=_batch_text(value))]
+    if largest is None and global_batch is None:
+        return [Decision(GLOBAL_BATCH, None, "the data module has no batch_size")]
     if largest is None:
         raise ConfigError(
             f"{FLAG} sets the data module's per-process batch_size, and {_class_path(config.get('data'))} has none: "
             f"give its __init__ a batch_size argument (used by its train_dataloader), or drop {FLAG}")
-    per_process, accumulation = split_global_batch(global_batch, size, largest)
-    value = {"global": global_batch, "per_process": per_process, "processes": size, "accumulation": accumulation,
-             "fixed": True}
-    given_accumulation = given.explicit.get("trainer.accumulate_grad_batches")
-    replaced = f"; trainer.accumulate_grad_batches {given_accumulation} given, not used" if given_accumulation not in (
-        None, accumulation) else ""
-    edits = (("data.init_args.batch_size", per_process), ("trainer.accumulate_grad_batches", accumulation))
-    return [Decision(GLOBAL_BATCH, value, f"{FLAG} {global_batch}, data.batch_size {largest} at most{replaced}",
-                     text=_batch_text(value), edits=edits)]
-
-
-def _batch_text(value: dict) -> str:
-    processes = f"{value['processes']} process{'es' if value['processes'] > 1 else ''}"
-    return (f"{value['global']} = {value['per_process']} per process x {processes} x {value['accumulation']} "
-            "accumulated")
+    if global_batch is None:
+        per_process, accumulation = largest, config.trainer.get("accumulate_grad_batches") or 1
+        why, edits = "data.batch_size x processes x trainer.accumulate_grad_batches", ()
+    else:
+        per_process, accumulation = split_global_batch(global_batch, size, largest)
+        given_accumulation = given.explicit.get("trainer.accumulate_grad_batches")
+        replaced = f"; trainer.accumulate_grad_batches {given_accumulation} given, not used" if (
+            given_accumulation not in (None, accumulation)) else ""
+        why = f"{FLAG} {global_batch}, data.batch_size {largest} at most{replaced}"
+        edits = (("data.init_args.batch_size", per_process), ("trainer.accumulate_grad_batches", accumulation))
+    value = {"global": per_process * size * accumulation, "per_process": per_process, "processes": size,
+             "accumulation": accumulation, "fixed": global_batch is not None}
+    processes = f"{size} process{'es' if size > 1 else ''}"
+    return [Decision(GLOBAL_BATCH, value, why, edits=edits,
+                     text=f"{value['global']} = {per_process} per process x {processes} x {accumulation} accumulated")]
 
 
 def checkpoint_model_values(given: PlanInput) -> list[Decision]:
@@ -172,9 +164,8 @@ def checkpoint_model_values(given: PlanInput) -> list[Decision]:
     model = given.config.get("model")
     if not hparams or given.parse_model is None or not isinstance(model, Namespace):
         return []
-    from pydoc import locate  # the class the config names (imported already by the parse): never the checkpoint's
-
-    taken, dropped = checkpoint_values(locate(model.class_path), hparams, LINKED["model"])
+    # the class the config names (imported already by the parse): never the checkpoint's
+    taken, dropped = checkpoint_values(class_switch.class_of(model.class_path), hparams, LINKED["model"])
     decisions = []
     if dropped:
         left_out = [f"model.{key}" for key in dropped]

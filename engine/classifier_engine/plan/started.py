@@ -17,6 +17,7 @@ from classifier_engine.errors import env_global_rank, is_peer_failure, user_mess
 from classifier_engine.run.checkpoint_checks import check_checkpoint_fits
 from classifier_engine.run.lock import RunLock
 from classifier_engine.run.remote_runs import RemoteRoot
+from classifier_engine.run.resume import Choice
 from classifier_engine.run.slurm import slurm_job_id, task_line
 from classifier_engine.run.tracker_outage import outlive_outages
 from classifier_engine.run.trackers import continue_csv_logs
@@ -49,13 +50,11 @@ class Started:
     @property
     def reason(self) -> str:
         """Why this checkpoint (or none)."""
-        choice = self.reads.get("choice")
-        return choice.reason if choice is not None else ""
+        return (self.reads.get("choice") or Choice()).reason
 
     @property
     def skipped(self) -> tuple[tuple[Path, str], ...]:
-        choice = self.reads.get("choice")
-        return choice.skipped if choice is not None else ()
+        return (self.reads.get("choice") or Choice()).skipped
 
     def take_over(self, trainer: L.Trainer, model: L.LightningModule, datamodule: Any, checkpoint_io: Any) -> None:
         """Once the classes are built: they checked against the contract, the plan's checkpoint against them, then
@@ -66,7 +65,7 @@ class Started:
         contract.check_data(datamodule)
         contract.check_model(model, getattr(datamodule, "num_classes", None))
         checkpoint, self.checkpoint, subcommand = self.checkpoint, None, self.plan.subcommand
-        if subcommand and checkpoint is not None and self.ckpt_path is not None:
+        if checkpoint is not None:  # (read by the plan's checkpoint pass: a subcommand's, with its path)
             check_checkpoint_fits(self.ckpt_path, checkpoint, model, datamodule)
             if subcommand == "fit" and not self.plan.fresh:  # before the Trainer first touches its loggers
                 continue_csv_logs(trainer.loggers, checkpoint["global_step"])
