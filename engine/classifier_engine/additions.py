@@ -37,7 +37,7 @@ from classifier_engine.run.last_checkpoint import LastCheckpoint, StopSignals
 from classifier_engine.run.launchers import check_process_count
 from classifier_engine.run.slurm import cluster_environment
 from classifier_engine.run.trackers import redact
-from classifier_engine.run_plan import MONITOR, SEED, STRATEGY, RunPlan
+from classifier_engine.run_plan import MONITOR, SEED, RunPlan
 from classifier_engine.samplers import ExactLoaders
 from classifier_engine.strategies.fsdp import FSDPStrategy
 from classifier_engine.strategies.sync_batchnorm import SyncBatchNormAnyBackend
@@ -96,11 +96,11 @@ def additions(trainer: dict[str, Any], groups: dict[str, Any], config: Any, plan
         plugins.append(environment)
     if trainer.get("sync_batchnorm"):  # Lightning's own plugin needs CUDA: torch's SyncBatchNorm or a gloo one
         plugins.append(SyncBatchNormAnyBackend())
-    strategy, planned = trainer.get("strategy"), plan.value(STRATEGY)  # the plan's: a name, a class path, a class name
-    if planned in DDP_START_METHODS:
-        strategy = DDPStrategy(timeout=timeout, start_method=DDP_START_METHODS[planned])
-    elif planned in ("fsdp2", "fsdp2_sharded"):
-        strategy = FSDPStrategy(timeout=timeout, sharded=planned == "fsdp2_sharded")
+    strategy = trainer.get("strategy")  # as the config holds it: a template's pass may have set it after the world's
+    if isinstance(strategy, str) and strategy in DDP_START_METHODS:
+        strategy = DDPStrategy(timeout=timeout, start_method=DDP_START_METHODS[strategy])
+    elif strategy in ("fsdp2", "fsdp2_sharded"):
+        strategy = FSDPStrategy(timeout=timeout, sharded=strategy == "fsdp2_sharded")
     callbacks = list(trainer.get("callbacks") or [])
     if trainer.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
         # Each refresh reads the logged tensors on the host (a GPU sync): only on logging steps.
