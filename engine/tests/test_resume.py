@@ -7,6 +7,7 @@ tests/test_resume.py.)
     python -m pytest engine/tests/test_resume.py --durations=0
 """
 
+import gc
 import signal
 import warnings
 from pathlib import Path
@@ -226,3 +227,19 @@ def test_ddp_spawn_sigterm_to_the_main_process_saves_exits_143_and_the_resume_ke
     # continue_csv_logs under ddp_spawn: one metrics.csv, each step once, the steps TensorBoard holds
     assert_each_step_logged_once(tmp_path, 4)
     assert [step for step, _ in read_scalars(tmp_path / "lightning_logs" / "version_0")["val/acc1"]] == [1, 3]
+
+
+def test_a_resumed_fit_keeps_of_its_checkpoint_only_the_state_the_optimizer_took_over(tiny_root, tmp_path):
+    """The start's checkpoint is memory-mapped and handed to Lightning once: nothing of the start keeps the map (and the
+    disk space of the last.ckpt that the run replaces) alive, only the optimizer's state, which torch adopts as loaded
+    (SGD's momentum buffers on a CPU: Tensor.to without a copy)."""
+    cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=1")])
+    cli = cli_main(["fit", *tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=2"), "--ckpt_path=last"])
+    gc.collect()
+    spans = [[int(end, 16) for end in line.split()[0].split("-")] for line in Path("/proc/self/maps").read_text()
+             .splitlines() if str(tmp_path / LAST) in line]
+    mapped = {id(o) for o in gc.get_objects() if isinstance(o, torch.Tensor)
+              and any(low <= o.untyped_storage().data_ptr() < high for low, high in spans)}
+    adopted = {id(value) for optimizer in cli.trainer.optimizers for state in optimizer.state.values()
+               for value in state.values() if isinstance(value, torch.Tensor)}
+    assert mapped <= adopted, f"{len(mapped - adopted)} tensors of the start's checkpoint are still held"

@@ -4,7 +4,7 @@ an object store's lease), handed over to the built classes, released at the end.
     python -m classifier_engine fit --config CONFIG --ckpt_path last
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -65,6 +65,9 @@ class Started:
         contract.check_data(datamodule)
         contract.check_model(model, getattr(datamodule, "num_classes", None))
         checkpoint, self.checkpoint, subcommand = self.checkpoint, None, self.plan.subcommand
+        self.reads.pop("checkpoint", None)  # the plan's passes read it: the map of a replaced last.ckpt would hold
+        if (choice := self.reads.get("choice")) is not None:  # its disk space until the run ends
+            self.reads["choice"] = replace(choice, checkpoint=None)
         if checkpoint is not None:  # (read by the plan's checkpoint pass: a subcommand's, with its path)
             check_checkpoint_fits(self.ckpt_path, checkpoint, model, datamodule)
             if subcommand == "fit" and not self.plan.fresh:  # before the Trainer first touches its loggers
