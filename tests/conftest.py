@@ -114,11 +114,12 @@ def start_project(args: list[str], *, env: dict | None = None, new_session: bool
                             start_new_session=new_session)
 
 
-# The longest files of the slow part first (.ci/run of 2026-12-06, seconds on 2 cores: bench ~236, sweep ~230, the
-# rename ~175, slurm ~110 with its cluster, fsdp ~125, the README's DDP example ~95, the stored sharded checkpoint ~86):
-# handed out in file order, the rename test last left one worker running it alone for its last ~90 s.
+# The longest files of the slow part first (.ci/run of 2026-12-06, seconds on 2 cores: bench ~236, the rename ~175,
+# slurm ~110 with its cluster, fsdp ~125, the README's DDP example ~95, the stored sharded checkpoint ~86; the sweeps'
+# ~230 moved to engine/tests/test_sweep.py): handed out in file order, the rename test last left one worker running it
+# alone for its last ~90 s.
 SLOWEST_FILES = [
-    "test_bench.py", "test_sweep.py", "test_your_own_project.py", "test_slurm.py", "test_fsdp.py",
+    "test_bench.py", "test_your_own_project.py", "test_slurm.py", "test_fsdp.py",
     "test_readme_snippets.py", "test_remote_sharded_checkpoints.py", "test_notebooks.py", "test_resume.py",
 ]
 

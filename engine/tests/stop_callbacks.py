@@ -64,6 +64,17 @@ class WaitAtTrainStart(L.Callback):
             time.sleep(0.05)
 
 
+class SlowSteps(L.Callback):
+    """Each optimizer step takes `seconds` longer (a sleep before it): a tiny model trains as slowly as a real one, so
+    a signal a test sends once a checkpoint appears reaches the run before the next epoch ends."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        time.sleep(self.seconds)
+
+
 class StopAfterEpoch(L.Callback):
     """Stops fit gracefully after `epoch` (what a run with a shorter max_epochs leaves behind)."""
 
