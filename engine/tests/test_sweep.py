@@ -101,6 +101,8 @@ def test_two_workers_share_a_study_of_4_trials_none_run_twice_values_are_the_log
         assert_value_is_the_logs_best(trial, rows[trial.number])
         assert rows[trial.number]["state"] == trial.state.name
         assert Path(rows[trial.number]["run_dir"], "config.yaml").is_file()
+        if trial.state.name == "COMPLETE":  # its best checkpoint: the model's Monitor maximizes val/acc1
+            assert Path(trial.user_attrs["checkpoint"]).name.endswith(f"val_acc1={trial.value:.4f}.ckpt"), trial
     assert list((tmp_path / "sweeps" / STUDY).glob("*.png"))
 
     best = max((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
@@ -234,8 +236,10 @@ def test_a_metric_the_model_never_logs_stops_the_sweep_after_its_first_validatio
                                                                                               trials_see_the_suite):
     # The engine cannot know what a model logs before it runs: the first trial's first validation tells, and says what
     # it logs. One trial, stopped at its first validation; the sweep ends with exit 2. The worker runs in this process.
+    # No logging step before that validation: else LearningRateMonitor's lr-SGD is in the list when the trial draws
+    # data.batch_size 16 (two steps an epoch, log_every_n_steps 2) and not when it draws 32.
     args = sweep_args(tmp_path / "runs", "--sweep.metric=val/acc2", f"--data.root={tiny_root}",
-                      "--trainer.max_epochs=3", "--trainer.limit_train_batches=2")
+                      "--trainer.max_epochs=3", "--trainer.limit_train_batches=2", "--trainer.log_every_n_steps=50")
     with pytest.raises(SystemExit) as stopped:
         sweep_main(args[1:], cli_main)
     out, err = capsys.readouterr()

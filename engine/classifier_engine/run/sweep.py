@@ -23,6 +23,7 @@ import yaml
 from jsonargparse import ArgumentParser, Namespace, capture_parser
 from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 
+from classifier_engine.compat.ckpt_hparams import explicit_values
 from classifier_engine.compat.subclass_nulls import restored_nulls
 from classifier_engine.config_edits import apply_edits
 from classifier_engine.contract import monitor_options
@@ -106,6 +107,11 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     code = 0
     if not summary_only:
         apply_edits(config, hidden_credentials(config.trainer))  # a URI's password: the trials inherit it
+        # Every dumped option reaches a trial as given: the checkpoint's monitor, mode and file name are the model
+        # class's (as the fit's monitor pass decides them), not the parser's defaults, unless the sweep sets them.
+        explicit = explicit_values(parser, argv, config, None)
+        apply_edits(config, [(key, value) for key, value in monitor_options(config.model.get("class_path")).items()
+                             if explicit.get(key) is None])
         options = parser.dump(config, skip_none=False)  # the fit options every trial starts from
         entry = parser.prog.removeprefix("python -m ").removesuffix(" sweep")  # trials: `python -m ENTRY fit`
         code = Worker(study, storage, study_dir, options, sweep, entry).run()
