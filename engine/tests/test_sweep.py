@@ -368,3 +368,16 @@ def test_a_sweeps_plan_names_its_study_storage_score_and_space_and_opens_nothing
     space = "space: model.lr {'low': 0.01, 'high': 0.5, 'log': True}; model.width {'choices': [8, 16]}; "
     assert any(line.startswith(space) for line in lines), lines
     assert not tmp_path.joinpath("sweeps").exists()
+
+
+def test_a_sweep_file_names_the_fit_config_it_builds_on_in_its_configs(tmp_path, monkeypatch, capsys):
+    # The library's entry has no default model or data: they come from the files sweep.configs names, read first.
+    from conftest import project_in_process
+
+    sweep_file = tmp_path / "lr.yaml"
+    sweep_file.write_text(f"sweep:\n  configs: [{QUICKSTART}]\n  space:\n    model.lr: {{low: 0.01, high: 0.5}}\n")
+    args = ["sweep", "--config", str(sweep_file), f"--trainer.default_root_dir={tmp_path}", "--plan"]
+    code, out, err = project_in_process(args, monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    assert f"study: lr in {tmp_path / 'sweeps' / 'lr'} (sweep.study, else the sweep file's name)" in out
+    assert not tmp_path.joinpath("sweeps").exists()

@@ -81,12 +81,12 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     argv = [a for arg in argv for a in ([arg.split("=")[0] + "=null"] if arg.split("=")[0] in whole else []) + [arg]]
     parser = sweep_parser(cli_main)
     try:
+        # The files the sweep builds on (sweep.configs) go first, under everything else. The parse that finds them is
+        # not validated: a library entry has no default model or data until those files give them.
         given = [arg for arg in argv if not arg.startswith("--print_config")]  # printed with the configs in
-        config = parse(parser, given)
-        if config.sweep.configs or given != argv:  # the files the sweep builds on go first, under everything else
-            argv = [*(f"--config={path}" for path in config.sweep.configs), *argv]
-            check_config_files(argv)
-            config = parse(parser, argv)
+        argv = [*(f"--config={path}" for path in parse(parser, given, validate=False).sweep.configs), *argv]
+        check_config_files(argv)
+        config = parse(parser, argv)
     except SystemExit as stop:  # --help, --print_config: printed, nothing to run
         if stop.code:
             raise
@@ -150,10 +150,10 @@ def sweep_parser(cli_main: Callable[..., Any]) -> ArgumentParser:
     return parser
 
 
-def parse(parser: ArgumentParser, args: list[str]) -> Namespace:
+def parse(parser: ArgumentParser, args: list[str], validate: bool = True) -> Namespace:
     """The command line as the parser reads it; a ConfigError (one line) for what it refuses."""
     try:
-        config = parser.parse_args(args)
+        config = parser.parse_args(args, _skip_validation=not validate)
     except argparse.ArgumentError as error:
         text = readable_parse_error(str(error))
         unknown = re.search(r"(?:arguments: --sweep\.|Group 'sweep' does not accept option ')(\w+)", text)
