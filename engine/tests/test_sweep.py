@@ -205,6 +205,7 @@ BAD = {
     "journal in a missing folder": (["--sweep.storage=/nonexistent/dir/journal.log"],
                                     "its folder /nonexistent/dir does not exist"),
     "unknown fit option": (["--model.lrr=0.1"], "fit options of the sweep: "),
+    "empty space": (["--sweep.space={}"], "sweep.space is empty: name fit options and their ranges, e.g. `model.lr: "),
     "unknown sweep setting": (["--sweep.trials=4"], "sweep.trials is not a sweep setting"),
     "sampler that does not exist": (["--sweep.sampler=TPESampla"],
                                     "sweep.sampler: cannot build optuna.samplers.TPESampla"),

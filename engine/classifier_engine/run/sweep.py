@@ -188,7 +188,7 @@ def check_sweep(sweep: Namespace, config_files: list) -> Optional[optuna.sampler
                           "the grace period must be longer than the interval (a few heartbeats)")
     if not sweep.space:
         raise ConfigError("sweep.space is empty: name fit options and their ranges, e.g. "
-                          "`model.init_args.lr: {low: 0.01, high: 1.0, log: true}`")
+                          "`model.lr: {low: 0.01, high: 1.0, log: true}`")
     for name, spec in sweep.space.items():
         check_range(f"sweep.space.{name}", spec)
     if sweep.pruner is not None:  # each trial's fit builds its own from the spec
