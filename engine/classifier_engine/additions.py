@@ -27,7 +27,7 @@ from classifier_engine.callbacks.throughput import ThroughputLogger
 from classifier_engine.compat.batch_dispatch import LeanBatchDispatch
 from classifier_engine.compat.elastic_store import init_attempt_process_group
 from classifier_engine.compat.log_device_move import skip_same_device_moves
-from classifier_engine.config_edits import PARSE_LINKS
+from classifier_engine.config_edits import PARSE_LINKS, run_seed
 from classifier_engine.errors import record_rank
 from classifier_engine.options import PositiveInt
 from classifier_engine.plan.settings import DDP_START_METHODS
@@ -37,7 +37,7 @@ from classifier_engine.run.last_checkpoint import LastCheckpoint, StopSignals
 from classifier_engine.run.launchers import check_process_count
 from classifier_engine.run.slurm import cluster_environment
 from classifier_engine.run.trackers import redact
-from classifier_engine.run_plan import MONITOR, SEED, RunPlan
+from classifier_engine.run_plan import MONITOR, RunPlan
 from classifier_engine.samplers import ExactLoaders
 from classifier_engine.strategies.fsdp import FSDPStrategy
 from classifier_engine.strategies.sync_batchnorm import SyncBatchNormAnyBackend
@@ -106,7 +106,9 @@ def additions(trainer: dict[str, Any], groups: dict[str, Any], config: Any, plan
         # Each refresh reads the logged tensors on the host (a GPU sync): only on logging steps.
         callbacks.append(StepProgressBar(refresh_rate=trainer.get("log_every_n_steps") or 50))
     # Any data module's plain loaders: exact evaluation and a resumable training order (classifier_engine.samplers).
-    callbacks += [ExactLoaders(datamodule, plan.value(SEED)), CheckpointValues(), PlanFile(plan), LeanBatchDispatch()]
+    # The seed as the config holds it: a template's pass may set seed_everything after the seed's own decision.
+    callbacks += [ExactLoaders(datamodule, run_seed(config.seed_everything)), CheckpointValues(), PlanFile(plan),
+                  LeanBatchDispatch()]
     if plan.global_batch is not None:  # (decided for a fit only)
         callbacks.append(GlobalBatch(plan.global_batch, plan.world_size, bool(trainer.get("sync_batchnorm"))))
     monitor = plan.value(MONITOR)

@@ -470,9 +470,10 @@ def test_canary_stock_torchrun_restart_meets_the_previous_attempts_keys():
     assert verdict == ["fresh"], "the restarted attempt found rank 1's address from the attempt before"
 
 
-def test_the_private_method_compat_ckpt_read_once_overrides_is_still_called_by_lightning_cli():
-    # classifier_engine/compat/ckpt_read_once.py replaces LightningCLI._parse_ckpt_path: renamed or no longer called
-    # from __init__, the override would be dead and the checkpoint read twice (tests/test_cli.py counts the opens too).
+def test_the_private_method_the_cli_turns_off_is_still_called_by_lightning_cli():
+    # classifier_engine/cli.py turns LightningCLI._parse_ckpt_path off (the run plan reads the checkpoint once): renamed
+    # or no longer called from __init__, the override would be dead and the checkpoint read twice (test_cli.py counts
+    # the opens too).
     assert callable(getattr(LightningCLI, "_parse_ckpt_path", None))
     assert "self._parse_ckpt_path()" in inspect.getsource(LightningCLI.__init__)
 

@@ -146,9 +146,9 @@ def wait_for(condition, timeout: float, what: str) -> None:
 @pytest.mark.slow
 def test_preempted_or_killed_workers_leave_their_trial_to_the_next_worker_which_resumes_its_last_ckpt(tmp_path):
     # Top1Net trains an epoch of 6 steps in well under a second: by the time a signal sent on a checkpoint reached the
-    # fit, it had ended the next epoch too. At 0.5 s a step, the signals land inside the epoch after the checkpoint.
+    # fit, it had ended the next epoch too. At 1 s a step, the signals land inside the epoch after the checkpoint.
     args = sweep_args(tmp_path, "--sweep.n_trials=1", "--trainer.limit_train_batches=6", *FAST_HEARTBEAT,
-                      callback("stop_callbacks.SlowSteps", seconds=0.5))
+                      callback("stop_callbacks.SlowSteps", seconds=1.0))
     run_dir = tmp_path / "sweeps" / STUDY / "trial_0"
     last, log = run_dir / "checkpoints" / "last.ckpt", run_dir / "fit.log"
 
@@ -158,6 +158,8 @@ def test_preempted_or_killed_workers_leave_their_trial_to_the_next_worker_which_
     first.send_signal(signal.SIGTERM)
     out, err = first.communicate(timeout=900)
     assert first.returncode == 143, f"{out[-2000:]}\n{err[-3000:]}"
+    # (else the second worker would be killed before its fit starts, and the orphan's stop below never come)
+    assert global_step(last) < 12, f"the first stop came after epoch 1's end (step {global_step(last)}): slower steps"
     assert [t.state.name for t in load_study(tmp_path).trials] == ["FAIL", "WAITING"]
 
     # The next worker continues it; killed with -9 once epoch 1 has ended, mid-trial. Its fit gets SIGTERM from the
@@ -382,3 +384,15 @@ def test_a_sweep_file_names_the_fit_config_it_builds_on_in_its_configs(tmp_path,
     assert code == 0, err[-3000:]
     assert f"study: lr in {tmp_path / 'sweeps' / 'lr'} (sweep.study, else the sweep file's name)" in out
     assert not tmp_path.joinpath("sweeps").exists()
+
+
+@pytest.mark.slow
+def test_a_sweep_that_sets_the_checkpoint_monitor_keeps_its_mode_as_a_fit_would(tiny_root, tmp_path,
+                                                                              trials_see_the_suite):
+    # Without it, a trial's checkpoint follows the model's Monitor (val/acc1, max); with it, mode and file name stay as
+    # configured (the fit's monitor pass): val/loss keeps the default mode min, not the model's max.
+    args = sweep_args(tmp_path, "--sweep.n_trials=1", "--checkpoint.monitor=val/loss", f"--data.root={tiny_root}",
+                      "--trainer.max_epochs=1", "--trainer.limit_train_batches=2")
+    ok(run_project(args))
+    assert "monitor: metric val/loss, mode min (--checkpoint.monitor given)" in (
+        tmp_path / "sweeps" / STUDY / "trial_0" / "fit.log").read_text()

@@ -68,7 +68,7 @@ class Started:
         self.reads.pop("checkpoint", None)  # the plan's passes read it: the map of a replaced last.ckpt would hold
         if (choice := self.reads.get("choice")) is not None:  # its disk space until the run ends
             self.reads["choice"] = replace(choice, checkpoint=None)
-        if checkpoint is not None:  # (read by the plan's checkpoint pass: a subcommand's, with its path)
+        if checkpoint is not None and self.ckpt_path is not None:  # a template's pass may have dropped the path
             check_checkpoint_fits(self.ckpt_path, checkpoint, model, datamodule)
             if subcommand == "fit" and not self.plan.fresh:  # before the Trainer first touches its loggers
                 continue_csv_logs(trainer.loggers, checkpoint["global_step"])

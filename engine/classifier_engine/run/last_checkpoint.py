@@ -35,9 +35,9 @@ class StopSignals(Callback):
     step): the ranks agree every check_every_n_steps and stop there. On its own (enable_checkpointing=false) it saves
     nothing; LastCheckpoint saves last.ckpt there too."""
 
-    every_minutes: Optional[float] = None  # LastCheckpoint's timed and periodic saves, and its last.ckpt
+    every_minutes: Optional[float] = None  # LastCheckpoint's timed and periodic saves
     every_n_steps: Optional[int] = None
-    path: Optional[Path] = None
+    path: Optional[Path] = None  # LastCheckpoint's last.ckpt (None here: StopSignals alone saves nothing)
 
     def __init__(self, check_every_n_steps: int = 10):
         if check_every_n_steps < 1:

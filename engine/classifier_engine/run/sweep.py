@@ -108,10 +108,12 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     if not summary_only:
         apply_edits(config, hidden_credentials(config.trainer))  # a URI's password: the trials inherit it
         # Every dumped option reaches a trial as given: the checkpoint's monitor, mode and file name are the model
-        # class's (as the fit's monitor pass decides them), not the parser's defaults, unless the sweep sets them.
+        # class's, not the parser's defaults, as the fit's monitor pass decides them (all as set when the sweep sets
+        # checkpoint.monitor; else the model's, except a mode or file name the sweep sets).
         explicit = explicit_values(parser, argv, config, None)
-        apply_edits(config, [(key, value) for key, value in monitor_options(config.model.get("class_path")).items()
-                             if explicit.get(key) is None])
+        if explicit.get("checkpoint.monitor") is None:
+            apply_edits(config, [(key, value) for key, value in monitor_options(config.model.get("class_path")).items()
+                                 if explicit.get(key) is None])
         options = parser.dump(config, skip_none=False)  # the fit options every trial starts from
         entry = parser.prog.removeprefix("python -m ").removesuffix(" sweep")  # trials: `python -m ENTRY fit`
         code = Worker(study, storage, study_dir, options, sweep, entry).run()
