@@ -3,6 +3,7 @@
 
 import argparse
 import contextlib
+import errno
 import glob
 import os
 import pickle
@@ -89,6 +90,9 @@ def user_message(error: BaseException) -> Optional[str]:
     if isinstance(error, (UserError, UnreadableImageError)):
         saved = getattr(error, "saved", None)  # last.ckpt saved first (LastCheckpoint.keep_the_step)
         return (raised_in_worker(error) or str(error)) + (f"; {saved}" if saved else "")
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT) and isinstance(
+            error.__context__, UserError):  # the full disk that stopped the run failed Lightning's clean-up too (a
+        return user_message(error.__context__)  # logger's flush, in _interrupt): the line is the run's
     if type(error).__name__ == "MisconfigurationException":  # Lightning's word for a setting that cannot work
         return " ".join(str(error).split())
     if isinstance(error, KeyboardInterrupt):
