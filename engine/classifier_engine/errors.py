@@ -91,8 +91,8 @@ def user_message(error: BaseException) -> Optional[str]:
         saved = getattr(error, "saved", None)  # last.ckpt saved first (LastCheckpoint.keep_the_step)
         return (raised_in_worker(error) or str(error)) + (f"; {saved}" if saved else "")
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT) and isinstance(
-            error.__context__, UserError):  # the full disk that stopped the run failed Lightning's clean-up too (a
-        return user_message(error.__context__)  # logger's flush, in _interrupt): the line is the run's
+            error.__context__, UserError):  # the full disk that stopped the run failed a logger's finalize in
+        return user_message(error.__context__)  # Lightning's clean-up too (compat: "a fit that fails calls each ...")
     if type(error).__name__ == "MisconfigurationException":  # Lightning's word for a setting that cannot work
         return " ".join(str(error).split())
     if isinstance(error, KeyboardInterrupt):

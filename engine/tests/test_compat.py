@@ -114,6 +114,23 @@ def test_canary_stock_parse_of_a_grid_makes_its_integers_floats():
     assert all(isinstance(value, int) for value in config.sampler.init_args.search_space["x"])
 
 
+@canary("test_canary_stock_fit_raises_a_loggers_finalize_error_instead_of_its_own")
+def test_canary_stock_fit_raises_a_loggers_finalize_error_instead_of_its_own(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    class FullDiskLogger(CSVLogger):  # as TensorBoard's flush raises once its writer thread met the full disk
+        def finalize(self, status: str) -> None:
+            raise OSError(28, "No space left on device")
+
+    class Fails(Tiny):
+        def training_step(self, batch, batch_idx):
+            raise ValueError("the run's own error")
+
+    with pytest.raises(Exception) as raised:
+        trainer(tmp_path, max_steps=1, logger=FullDiskLogger(tmp_path)).fit(Fails())
+    assert isinstance(raised.value, ValueError), repr(raised.value)
+
+
 @canary("test_canary_stock_cli_replaces_an_explicit_model_value_with_the_checkpoints")
 def test_canary_stock_cli_replaces_an_explicit_model_value_with_the_checkpoints(tmp_path):
     run = trainer(tmp_path, max_steps=1, limit_val_batches=0)

@@ -193,6 +193,16 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         canary="test_canary_stock_csv_logger_deletes_metrics_csv_when_it_starts_again",
     ),
     Workaround(
+        name="a fit that fails calls each logger's finalize(\"failed\") unguarded: a logger that fails there too "
+             "(TensorBoard's flush after its writer thread hit the same full disk) replaces the run's own error",
+        where="classifier_engine/errors.py user_message (an ENOSPC/EDQUOT raised while handling a user error is "
+              "that error's line)",
+        upstream="none found (searched 2026-12-07); lightning/pytorch/trainer/call.py _interrupt",
+        seen="lightning 2.6.6",
+        delete_when="a stock fit that fails raises its own error when a logger's finalize fails too",
+        canary="test_canary_stock_fit_raises_a_loggers_finalize_error_instead_of_its_own",
+    ),
+    Workaround(
         name="LearningRateMonitor raises without a logger",
         where="classifier_engine/additions.py adds it only when the Trainer has a logger",
         upstream="Lightning #17159 (open, intended behaviour)",
