@@ -8,6 +8,7 @@ import functools
 import importlib.util
 import os
 import re
+import signal
 import sys
 from multiprocessing import Pool
 from pathlib import Path
@@ -167,7 +168,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     decoder = DEVICE_DECODERS.get(decoder, decoder)
     paths = sorted(str(Path(d) / f) for d, _, files in os.walk(args.root) for f in files
                    if f.lower().endswith(IMG_EXTENSIONS) and all(map(is_data, Path(d, f).relative_to(args.root).parts)))
-    with Pool(args.workers) as pool:
+    # A forked worker inherits the caller's SIGTERM handler (a notebook's or a test's): Pool.terminate's SIGTERM would
+    # then leave a worker waiting on the task queue's lock, and the exit wait for it forever (seen once in CI).
+    with Pool(args.workers, initializer=signal.signal, initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
         checked = pool.imap(functools.partial(_check, decode=LOADERS[decoder]), paths, chunksize=64)
         failures = [reason for reason in checked if reason]
     for reason in failures:
