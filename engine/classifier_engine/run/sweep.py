@@ -106,22 +106,26 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     study = open_study(sweep, storage, study_dir, sampler, create=not summary_only)
     code = 0
     if not summary_only:
-        apply_edits(config, hidden_credentials(config.trainer))  # a URI's password: the trials inherit it
-        # Every dumped option reaches a trial as given: the checkpoint's monitor, mode and file name are the model
-        # class's, not the parser's defaults, as the fit's monitor pass decides them (all as set when the sweep sets
-        # checkpoint.monitor; else the model's, except a mode or file name the sweep sets).
-        explicit = explicit_values(parser, argv, config, None)
-        if explicit.get("checkpoint.monitor") is None:
-            apply_edits(config, [(key, value) for key, value in monitor_options(config.model.get("class_path")).items()
-                                 if explicit.get(key) is None])
-        options = parser.dump(config, skip_none=False)  # the fit options every trial starts from
         entry = parser.prog.removeprefix("python -m ").removesuffix(" sweep")  # trials: `python -m ENTRY fit`
-        code = Worker(study, storage, study_dir, options, sweep, entry).run()
+        code = Worker(study, storage, study_dir, trial_options(parser, argv, config), sweep, entry).run()
         if code == 2:  # a trial's bad input: its error stays the last line
             sys.exit(code)
     print(summarize(study, study_dir, sweep), flush=True)
     if code:
         sys.exit(code)
+
+
+def trial_options(parser: ArgumentParser, argv: list[str], config: Namespace) -> str:
+    """The fit options every trial starts from (YAML), each of which reaches the trial as given: a URI's password moved
+    into the environment the trials inherit; the checkpoint's monitor, mode and file name the model class's, not the
+    parser's defaults, as the fit's monitor pass decides them (all as set when the sweep sets checkpoint.monitor; else
+    the model's, except a mode or file name the sweep sets)."""
+    apply_edits(config, hidden_credentials(config.trainer))
+    explicit = explicit_values(parser, argv, config, None)
+    if explicit.get("checkpoint.monitor") is None:
+        apply_edits(config, [(key, value) for key, value in monitor_options(config.model.get("class_path")).items()
+                             if explicit.get(key) is None])
+    return parser.dump(config, skip_none=False)
 
 
 def sweep_plan(sweep: Namespace, study_dir: Path, storage: str) -> RunPlan:
