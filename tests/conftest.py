@@ -23,6 +23,14 @@ QUICKSTART = CONFIGS / "quickstart.yaml"
 DELETABLE = ("bench", "notebooks", "slurm", "docs/benchmarks.md", "tools/prepare_imagenet.py", "configs/dp_8gpu.yaml")
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # `import lightning` adds a console handler on the sys.stderr of that moment: imported here, the session's, not
+    # the captured stream of the test that imports it first, closed after that test (a later test's log line then
+    # fails on it: a file run alone). Not at this file's import either: pytest's log capture is not on the root logger
+    # yet, and lightning.pytorch then stops its records from reaching it (caplog).
+    import lightning.pytorch  # noqa: F401
+
+
 def skip_if_deleted(part: str) -> None:
     """Skip the calling test module when `part` (one of DELETABLE) is gone from the checkout."""
     if not (REPO / part).exists():
