@@ -445,6 +445,32 @@ def test_a_password_in_the_tracking_uri_reaches_no_console_log_saved_config_or_t
 
 
 
+
+def test_a_password_moved_for_one_server_is_not_sent_to_another_by_a_later_start_in_the_process(monkeypatch):
+    # A notebook's second run tracking at another server: MLflow's client sends MLFLOW_TRACKING_USERNAME/_PASSWORD to
+    # whatever server it talks to, so the first run's moved password would reach the second's server.
+    from jsonargparse import Namespace
+
+    from classifier_engine.run.trackers import hidden_credentials
+
+    def start(uri: str) -> list:
+        return hidden_credentials(Namespace(logger=Namespace(class_path="lightning.pytorch.loggers.MLFlowLogger",
+                                                             init_args=Namespace(tracking_uri=uri))))
+
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.delenv(key, raising=False)
+    start("http://ann:s3cret@127.0.0.1:5001")
+    assert start("http://127.0.0.1:5001/") == [] and os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret"  # its own
+    assert start("http://ann:***@127.0.0.1:5001") == [("trainer.logger.init_args.tracking_uri", "http://127.0.0.1:5001")]
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret"  # a resumed run's redacted config: the same server
+    assert start("http://127.0.0.1:5002") == []
+    assert "MLFLOW_TRACKING_USERNAME" not in os.environ and "MLFLOW_TRACKING_PASSWORD" not in os.environ
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "the user's own")  # set by the user: theirs to keep
+    start("http://bob:pw@127.0.0.1:5003")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "set since")
+    start("http://127.0.0.1:5004")
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "set since" and "MLFLOW_TRACKING_USERNAME" not in os.environ
+
 # -- a tracking server that stops answering: the training goes on, its tracked run continues (issue 39, item 1) -------
 
 def test_a_tracking_server_killed_mid_run_costs_no_training_and_its_run_continues_at_the_next_start(tiny_root,

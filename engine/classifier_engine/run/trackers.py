@@ -26,6 +26,7 @@ from classifier_engine.errors import ConfigError, install_extra
 from classifier_engine.storage.files import atomic_write
 
 TRACKERS_FILE = "trackers.json"
+CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 PENDING = "mlflow-pending.jsonl"  # in the run dir: one write MLflow did not take per line, in order (tracker_outage.py)
 _KINDS = {"TensorBoardLogger": "tensorboard", "CSVLogger": "csv", "MLFlowLogger": "mlflow", "WandbLogger": "wandb"}
 
@@ -75,18 +76,29 @@ def bare(uri: str) -> str:
     return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl() if "@" in parts.netloc else uri
 
 
+_moved: dict[str, str] = {}  # the server whose user:password this process moved into MLflow's variables, and them
+
+
 def hidden_credentials(trainer: Namespace) -> list[tuple[str, str]]:
     """Move a user:password in MLflow's tracking URIs (trainer.logger's, $MLFLOW_TRACKING_URI) into
     MLFLOW_TRACKING_USERNAME/_PASSWORD, which ranks and trials inherit (a redacted `***` is not taken), so that no URI
-    MLflow prints, config.yaml keeps or a tracker receives holds the password; the edits."""
+    MLflow prints, config.yaml keeps or a tracker receives holds the password; the edits. Moved ones are dropped when
+    a later start in this process (a notebook) tracks at another server: MLflow's client would send them there."""
     def take(uri: str) -> str:
         parts = urllib.parse.urlsplit(uri)
-        if parts.password is None or not uri.startswith(("http://", "https://")):
+        if not uri.startswith(("http://", "https://")):
             return uri
-        if parts.password != "***":
+        server = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+        if parts.password not in (None, "***"):
             os.environ["MLFLOW_TRACKING_USERNAME"] = urllib.parse.unquote(parts.username or "")
             os.environ["MLFLOW_TRACKING_PASSWORD"] = urllib.parse.unquote(parts.password)
-        return bare(uri)
+            _moved.update(server=server, **{key: os.environ[key] for key in CREDENTIALS})
+        elif _moved and _moved["server"] != server:
+            for key in CREDENTIALS:
+                if os.environ.get(key) == _moved[key]:  # (not a value the user set since)
+                    del os.environ[key]
+            _moved.clear()
+        return bare(uri) if parts.password is not None else uri
 
     if os.environ.get("MLFLOW_TRACKING_URI"):
         os.environ["MLFLOW_TRACKING_URI"] = take(os.environ["MLFLOW_TRACKING_URI"])
