@@ -463,6 +463,10 @@ def test_a_password_moved_for_one_server_is_not_sent_to_another_by_a_later_start
     assert start("http://127.0.0.1:5001/") == [] and os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret"  # its own
     assert start("http://ann:***@127.0.0.1:5001") == [("trainer.logger.init_args.tracking_uri", "http://127.0.0.1:5001")]
     assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret"  # a resumed run's redacted config: the same server
+    assert hidden_credentials(Namespace(logger=True)) == [] and os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5009")  # the logger's own URI is where it tracks
+    assert start("http://127.0.0.1:5001") == [] and os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert start("http://127.0.0.1:5002") == []
     assert "MLFLOW_TRACKING_USERNAME" not in os.environ and "MLFLOW_TRACKING_PASSWORD" not in os.environ
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "the user's own")  # set by the user: theirs to keep

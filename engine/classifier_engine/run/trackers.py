@@ -83,27 +83,35 @@ def hidden_credentials(trainer: Namespace) -> list[tuple[str, str]]:
     """Move a user:password in MLflow's tracking URIs (trainer.logger's, $MLFLOW_TRACKING_URI) into
     MLFLOW_TRACKING_USERNAME/_PASSWORD, which ranks and trials inherit (a redacted `***` is not taken), so that no URI
     MLflow prints, config.yaml keeps or a tracker receives holds the password; the edits. Moved ones are dropped when
-    a later start in this process (a notebook) tracks at another server: MLflow's client would send them there."""
+    a later start in this process (a notebook) tracks at other servers only: MLflow's client would send them there."""
     def take(uri: str) -> str:
         parts = urllib.parse.urlsplit(uri)
-        if not uri.startswith(("http://", "https://")):
+        if parts.password is None or not uri.startswith(("http://", "https://")):
             return uri
-        server = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
-        if parts.password not in (None, "***"):
+        if parts.password != "***":
             os.environ["MLFLOW_TRACKING_USERNAME"] = urllib.parse.unquote(parts.username or "")
             os.environ["MLFLOW_TRACKING_PASSWORD"] = urllib.parse.unquote(parts.password)
-            _moved.update(server=server, **{key: os.environ[key] for key in CREDENTIALS})
-        elif _moved and _moved["server"] != server:
-            for key in CREDENTIALS:
-                if os.environ.get(key) == _moved[key]:  # (not a value the user set since)
-                    del os.environ[key]
-            _moved.clear()
-        return bare(uri) if parts.password is not None else uri
+            _moved.update(server=server_of(uri), **{key: os.environ[key] for key in CREDENTIALS})
+        return bare(uri)
 
     if os.environ.get("MLFLOW_TRACKING_URI"):
         os.environ["MLFLOW_TRACKING_URI"] = take(os.environ["MLFLOW_TRACKING_URI"])
-    return [(f"{key}.init_args.tracking_uri", take(uri)) for key, entry in logger_entries(trainer)
-            if kind_of(entry) == "mlflow" and (uri := options(entry).get("tracking_uri")) and take(uri) != uri]
+    uris = {key: options(entry).get("tracking_uri") for key, entry in logger_entries(trainer)
+            if kind_of(entry) == "mlflow"}
+    edits = [(f"{key}.init_args.tracking_uri", take(uri)) for key, uri in uris.items() if uri and take(uri) != uri]
+    servers = {server_of(uri or os.environ.get("MLFLOW_TRACKING_URI", "")) for uri in uris.values()}
+    if _moved and servers and _moved["server"] not in servers:
+        for key in CREDENTIALS:
+            if os.environ.get(key) == _moved[key]:  # (not a value the user set since)
+                del os.environ[key]
+        _moved.clear()
+    return edits
+
+
+def server_of(uri: str) -> str:
+    """scheme://host:port of a URI, without its user:password."""
+    parts = urllib.parse.urlsplit(uri)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
 def _check_wandb(entry: Namespace) -> None:
