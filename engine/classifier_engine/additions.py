@@ -27,7 +27,6 @@ from classifier_engine.callbacks.throughput import ThroughputLogger
 from classifier_engine.compat.batch_dispatch import LeanBatchDispatch
 from classifier_engine.compat.elastic_store import init_attempt_process_group
 from classifier_engine.compat.log_device_move import skip_same_device_moves
-from classifier_engine.compat.spawned_exit import CloseSpawnedGroupAtExit
 from classifier_engine.config_edits import PARSE_LINKS, run_seed
 from classifier_engine.errors import record_rank
 from classifier_engine.options import PositiveInt
@@ -109,7 +108,7 @@ def additions(trainer: dict[str, Any], groups: dict[str, Any], config: Any, plan
     # Any data module's plain loaders: exact evaluation and a resumable training order (classifier_engine.samplers).
     # The seed as the config holds it: a template's pass may set seed_everything after the seed's own decision.
     callbacks += [ExactLoaders(datamodule, run_seed(config.seed_everything)), CheckpointValues(), PlanFile(plan),
-                  LeanBatchDispatch(), CloseSpawnedGroupAtExit()]
+                  LeanBatchDispatch()]
     if plan.global_batch is not None:  # (decided for a fit only)
         callbacks.append(GlobalBatch(plan.global_batch, plan.world_size, bool(trainer.get("sync_batchnorm"))))
     monitor = plan.value(MONITOR)

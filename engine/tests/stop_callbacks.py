@@ -6,7 +6,6 @@ Importable by `python -m classifier_engine` (or a template's) subprocesses when 
 (run_project does that).
 """
 
-import atexit
 import os
 import signal
 import time
@@ -135,19 +134,3 @@ class TakeOverLeaseAtStep(L.Callback):
             body = json.dumps({"holder": "pid 4242 on node7", "renewed": time.time()}).encode()
             boto3.session.Session().client("s3").put_object(Bucket="runs", Key=self.key, Body=body)
             time.sleep(self.stall)
-
-
-class GroupStateAtExit(L.Callback):
-    """Each rank writes `<folder>/rank<R>` as its interpreter exits: "open" if its process group was still open after
-    the exit handlers registered later than this one's (the library's callbacks come after a config's) had run."""
-
-    def __init__(self, folder: str):
-        self.folder = folder
-
-    def setup(self, trainer, pl_module, stage):
-        atexit.register(self._write, trainer.global_rank)
-
-    def _write(self, rank: int) -> None:
-        import torch.distributed as dist
-
-        Path(self.folder, f"rank{rank}").write_text("open" if dist.is_initialized() else "closed")

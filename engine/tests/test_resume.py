@@ -209,8 +209,7 @@ def test_ddp_spawn_sigterm_to_the_main_process_saves_exits_143_and_the_resume_ke
     spawn = [*CPU_DDP, "--trainer.strategy=ddp_spawn"]
     args = [*tiny_args(tiny_root, tmp_path, "--trainer.max_epochs=2", with_csv(tmp_path)), *spawn]
     marker = tmp_path / "holding"
-    job = start_project(["fit", *args, callback("stop_callbacks.HoldUntilSignalled", step=1, marker=str(marker)),
-                         callback("stop_callbacks.GroupStateAtExit", folder=str(tmp_path))])
+    job = start_project(["fit", *args, callback("stop_callbacks.HoldUntilSignalled", step=1, marker=str(marker))])
     deadline = time.monotonic() + 900
     while not marker.exists() and job.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -219,8 +218,6 @@ def test_ddp_spawn_sigterm_to_the_main_process_saves_exits_143_and_the_resume_ke
     assert job.returncode == 143, err[-3000:]
     assert f"stopped by SIGTERM at epoch 0, global step 2; last checkpoint: {tmp_path / LAST}" in out + err, err[-3000:]
     assert "Traceback" not in err
-    # Each spawned rank closed its gloo group before its interpreter's teardown (where gloo's threads could abort it)
-    assert [(tmp_path / f"rank{rank}").read_text() for rank in (0, 1)] == ["closed", "closed"]
     ok(run_project(["fit", *args, "--ckpt_path=last"]))
     # One run from the spawned ranks: one version, one config.yaml, 2 epochs of 2 steps (2 ranks x 2 full batches of
     # 8 of their 20 images, the last one dropped), each validated once.

@@ -271,17 +271,6 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         canary="test_canary_stock_torchrun_restart_meets_the_previous_attempts_keys",
     ),
     Workaround(
-        name="a gloo rank that ddp_spawn started leaves its process group to the interpreter's teardown, where gloo's "
-             "threads now and then abort it (SIGABRT): a run stopped by SIGTERM exits 1, not 143",
-        where="classifier_engine/compat/spawned_exit.py CloseSpawnedGroupAtExit (a callback classifier_engine/"
-              "additions.py adds: an exit handler that destroys the group)",
-        upstream="pytorch#190489 (open); PR #179291 (an exit handler in init_process_group, abandoned); Lightning "
-                 "registers one for NCCL only",
-        seen="torch 2.14.1, lightning 2.6.6 (CI, 2026-12-07)",
-        delete_when="a process group that Lightning initialised with gloo is destroyed before the exit handlers end",
-        canary="test_canary_stock_gloo_process_group_is_left_open_at_exit",
-    ),
-    Workaround(
         name="ModelParallelStrategy ignores sync_batchnorm=True: BatchNorm keeps per-process statistics, unannounced",
         where="classifier_engine/strategies/fsdp.py FSDPStrategy.setup_environment (refused in one line)",
         upstream="no upstream issue found (Lightning's issues searched 2026-12-03): its setup never calls "
