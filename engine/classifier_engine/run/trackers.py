@@ -110,8 +110,8 @@ def hidden_credentials(trainer: Namespace) -> list[tuple[str, str]]:
 
 def server_of(uri: str) -> str:
     """scheme://host:port of a URI, without its user:password."""
-    parts = urllib.parse.urlsplit(uri)
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    parts = urllib.parse.urlsplit(bare(uri))
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def _check_wandb(entry: Namespace) -> None:
