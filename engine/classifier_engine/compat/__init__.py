@@ -143,6 +143,18 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         canary="test_canary_stock_trainer_exits_0_on_sigterm",
     ),
     Workaround(
+        name="a gloo worker thread that releases a finished collective's tensor while its process finalizes takes "
+             "the GIL there and aborts it (std::terminate, SIGABRT): a ddp_spawn rank stopped by SIGTERM exits 1, "
+             "not 143, now and then",
+        where="classifier_engine/compat/gloo_exit.py (a spawned rank that stops leaves with os._exit after the exit "
+              "handlers; called from classifier_engine/run/last_checkpoint.py)",
+        upstream="torch #190489 (open: PyInterpreter.cpp's decref guards on Py_IsInitialized only); PR #179291 "
+                 "(abandoned)",
+        seen="torch 2.14.1 with gloo, Python 3.11.7",
+        delete_when="a gloo worker's release of a tensor during finalization leaves the process's exit code alone",
+        canary="test_canary_stock_gloo_worker_aborts_a_process_that_exits_while_it_releases_a_tensor",
+    ),
+    Workaround(
         name="Lightning broadcasts a SIGTERM flag and reads it on the host at every DDP step",
         where="classifier_engine/compat/sigterm_broadcast.py (skipped; our ranks agree every check_every_n_steps)",
         upstream="Lightning PR #20825 (2.5.2); cost: #21487; PR #21640 (open) would make it every n steps",

@@ -6,3 +6,8 @@ from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcess
 
 def trains_in_this_process(trainer: L.Trainer) -> bool:
     return not isinstance(trainer.strategy.launcher, _MultiProcessingLauncher)
+
+
+def spawned_by_lightning(trainer: L.Trainer) -> bool:
+    """In a training hook: is this a rank ddp_spawn started (its trainer came pickled, with the spawning launcher)?"""
+    return isinstance(trainer.strategy.launcher, _MultiProcessingLauncher)

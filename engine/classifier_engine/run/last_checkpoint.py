@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import lightning as L
 import torch
@@ -16,8 +16,9 @@ from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint, T
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.multiprocessing import ProcessExitedException
 
+from classifier_engine.compat.gloo_exit import leave_at_exit
 from classifier_engine.compat.sigterm_broadcast import take_over_lightning_sigterm
-from classifier_engine.compat.spawn import trains_in_this_process
+from classifier_engine.compat.spawn import spawned_by_lightning, trains_in_this_process
 from classifier_engine.errors import CheckpointError, ConfigError, DataUnavailable, UserError
 from classifier_engine.run.run_dirs import CHECKPOINTS, LAST
 from classifier_engine.run.signals import STOP_SIGNALS, StopRequests, as_requested
@@ -95,7 +96,7 @@ class StopSignals(Callback):
                              batch_idx: int) -> None:
         # Lightning logs a step's metrics after its on_train_batch_end: a stop raised there lost the step's train/loss.
         if self._stopping is not None:
-            raise self._stopping
+            self._raise(trainer, self._stopping)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -122,7 +123,7 @@ class StopSignals(Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After the epoch's validation and ModelCheckpoint's save (Checkpoint callbacks run last, in list order).
         if self._stopping is not None:  # the stop step was the epoch's last
-            raise self._stopping
+            self._raise(trainer, self._stopping)
         if self._stops is None:
             return
         # The epoch's sync_dist metrics are reduced by their first reader (rank 0's progress bar; the others have
@@ -131,7 +132,13 @@ class StopSignals(Callback):
         self._save(trainer, again=self._cut_at != trainer.global_step)
         signum, _ = self._agree(trainer, trainer.world_size > 1)  # one that came in the last steps or the validation
         if signum:
-            raise self._stop(trainer, signum)
+            self._raise(trainer, self._stop(trainer, signum))
+
+    @staticmethod
+    def _raise(trainer: L.Trainer, stop: RunStopped) -> NoReturn:
+        if spawned_by_lightning(trainer):  # its gloo threads must not abort its exit (compat/gloo_exit.py)
+            leave_at_exit(stop.code)
+        raise stop
 
     def _agree(self, trainer: L.Trainer, distributed: bool) -> tuple[int, bool]:
         """(stop signal any rank got, 0 if none; rank 0's clock says a timed save is due), the same on all ranks."""
