@@ -438,7 +438,7 @@ def test_a_password_in_the_tracking_uri_reaches_no_console_log_saved_config_or_t
     monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
     trainer = Namespace(logger=[Namespace(class_path="lightning.pytorch.loggers.MLFlowLogger",
                                           init_args=Namespace(tracking_uri=with_password))])
-    assert hidden_credentials(trainer) == [("trainer.logger.0.init_args.tracking_uri", uri)]
+    assert hidden_credentials(trainer) == ([("trainer.logger.0.init_args.tracking_uri", uri)], None)
     assert uri == os.environ["MLFLOW_TRACKING_URI"]
     credentials = MlflowClient(uri)._tracking_client.store.get_host_creds()
     assert (credentials.username, credentials.password) == ("ann", "s3cret")
@@ -451,23 +451,31 @@ def test_a_password_moved_for_one_server_is_not_sent_to_another_by_a_later_start
     # whatever server it talks to, so the first run's moved password would reach the second's server.
     from jsonargparse import Namespace
 
+    from classifier_engine.config_edits import read_only
+    from classifier_engine.plan.placement import credentials
     from classifier_engine.run.trackers import hidden_credentials
+    from classifier_engine.run_plan import PlanInput, RunPlan
 
-    def start(uri: str) -> list:
-        return hidden_credentials(Namespace(logger=Namespace(class_path="lightning.pytorch.loggers.MLFlowLogger",
-                                                             init_args=Namespace(tracking_uri=uri))))
+    def start(uri: str) -> dict:
+        """The run plan's credentials pass for a fit tracking at `uri`: {topic: its edits, else its value}."""
+        config = Namespace(trainer=Namespace(logger=Namespace(class_path="lightning.pytorch.loggers.MLFlowLogger",
+                                                              init_args=Namespace(tracking_uri=uri))))
+        decisions = credentials(PlanInput("fit", read_only(config), Namespace(), RunPlan("fit")))
+        return {decision.topic: decision.edits or decision.value for decision in decisions}
 
     for key in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.delenv(key, raising=False)
     start("http://ann:s3cret@127.0.0.1:5001")
-    assert start("http://127.0.0.1:5001/") == [] and os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret"  # its own
-    assert start("http://ann:***@127.0.0.1:5001") == [("trainer.logger.init_args.tracking_uri", "http://127.0.0.1:5001")]
+    assert start("http://127.0.0.1:5001/") == {} and os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret"  # its own
+    assert start("http://ann:***@127.0.0.1:5001") == {
+        "tracking credentials": (("trainer.logger.init_args.tracking_uri", "http://127.0.0.1:5001"),)}
     assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret"  # a resumed run's redacted config: the same server
-    assert hidden_credentials(Namespace(logger=True)) == [] and os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret"
+    assert hidden_credentials(Namespace(logger=True)) == ([], None)
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5009")  # the logger's own URI is where it tracks
-    assert start("http://127.0.0.1:5001") == [] and os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret"
+    assert start("http://127.0.0.1:5001") == {} and os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret"
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
-    assert start("http://127.0.0.1:5002") == []
+    assert start("http://127.0.0.1:5002") == {"tracking credentials dropped": "http://127.0.0.1:5001"}  # in the plan
     assert "MLFLOW_TRACKING_USERNAME" not in os.environ and "MLFLOW_TRACKING_PASSWORD" not in os.environ
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "the user's own")  # set by the user: theirs to keep
     start("http://bob:pw@127.0.0.1:5003")

@@ -83,9 +83,16 @@ def _stored_choice(given: PlanInput, requested: Optional[str]) -> Optional[Decis
 def credentials(given: PlanInput) -> list[Decision]:
     """fit: a password in a tracking URI moved out of the config (into MLflow's own variables), before anything
     prints, saves or sends the URI."""
-    edits = hidden_credentials(given.config.trainer)
-    return [Decision("tracking credentials", "moved into MLFLOW_TRACKING_USERNAME and _PASSWORD", "a tracking URI held "
-                     "a password", edits=tuple(edits))] if edits else []
+    edits, dropped = hidden_credentials(given.config.trainer)
+    decisions = []
+    if dropped:
+        decisions.append(Decision("tracking credentials dropped", dropped, "an earlier start in this process moved "
+                                  "them into MLFLOW_TRACKING_USERNAME and _PASSWORD for that server; this one "
+                                  "tracks at others only"))
+    if edits:
+        decisions.append(Decision("tracking credentials", "moved into MLFLOW_TRACKING_USERNAME and _PASSWORD",
+                                  "a tracking URI held a password", edits=tuple(edits)))
+    return decisions
 
 
 def trackers(given: PlanInput) -> list[Decision]:

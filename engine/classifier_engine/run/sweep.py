@@ -120,7 +120,7 @@ def trial_options(parser: ArgumentParser, argv: list[str], config: Namespace) ->
     into the environment the trials inherit; the checkpoint's monitor, mode and file name the model class's, not the
     parser's defaults, as the fit's monitor pass decides them (all as set when the sweep sets checkpoint.monitor; else
     the model's, except a mode or file name the sweep sets)."""
-    apply_edits(config, hidden_credentials(config.trainer))
+    apply_edits(config, hidden_credentials(config.trainer)[0])
     explicit = explicit_values(parser, argv, config, None)
     if explicit.get("checkpoint.monitor") is None:
         apply_edits(config, [(key, value) for key, value in monitor_options(config.model.get("class_path")).items()

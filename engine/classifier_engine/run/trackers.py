@@ -79,11 +79,12 @@ def bare(uri: str) -> str:
 _moved: dict[str, str] = {}  # the server whose user:password this process moved into MLflow's variables, and them
 
 
-def hidden_credentials(trainer: Namespace) -> list[tuple[str, str]]:
+def hidden_credentials(trainer: Namespace) -> tuple[list[tuple[str, str]], Optional[str]]:
     """Move a user:password in MLflow's tracking URIs (trainer.logger's, $MLFLOW_TRACKING_URI) into
     MLFLOW_TRACKING_USERNAME/_PASSWORD, which ranks and trials inherit (a redacted `***` is not taken), so that no URI
-    MLflow prints, config.yaml keeps or a tracker receives holds the password; the edits. Moved ones are dropped when
-    a later start in this process (a notebook) tracks at other servers only: MLflow's client would send them there."""
+    MLflow prints, config.yaml keeps or a tracker receives holds the password. Moved ones are dropped when a later
+    start in this process (a notebook) tracks at other servers only: MLflow's client would send them there.
+    (the edits, the server whose moved credentials were dropped or None)"""
     def take(uri: str) -> str:
         parts = urllib.parse.urlsplit(uri)
         if parts.password is None or not uri.startswith(("http://", "https://")):
@@ -100,12 +101,14 @@ def hidden_credentials(trainer: Namespace) -> list[tuple[str, str]]:
             if kind_of(entry) == "mlflow"}
     edits = [(f"{key}.init_args.tracking_uri", take(uri)) for key, uri in uris.items() if uri and take(uri) != uri]
     servers = {server_of(uri or os.environ.get("MLFLOW_TRACKING_URI", "")) for uri in uris.values()}
-    if _moved and servers and _moved["server"] not in servers:
-        for key in CREDENTIALS:
-            if os.environ.get(key) == _moved[key]:  # (not a value the user set since)
-                del os.environ[key]
-        _moved.clear()
-    return edits
+    if not (_moved and servers and _moved["server"] not in servers):
+        return edits, None
+    for key in CREDENTIALS:
+        if os.environ.get(key) == _moved[key]:  # (not a value the user set since)
+            del os.environ[key]
+    dropped = _moved["server"]
+    _moved.clear()
+    return edits, dropped
 
 
 def server_of(uri: str) -> str:
