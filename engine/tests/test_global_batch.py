@@ -66,6 +66,9 @@ def test_under_torchrun_the_world_size_is_the_launchers(monkeypatch):
                         "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "1"}.items():
         monkeypatch.setenv(name, value)
     assert planned_world(Namespace(devices=4)) == (8, "torchrun: WORLD_SIZE")
+    monkeypatch.delenv("WORLD_SIZE")  # set by hand, not by torchrun: one line, not a KeyError
+    with pytest.raises(ConfigError, match="a torchrun environment .* without a WORLD_SIZE .*set WORLD_SIZE"):
+        planned_world(Namespace(devices=4))
 
 
 def train_steps(world_size: int, steps: int, state: dict | None = None, *, global_batch: int = 12,
