@@ -18,7 +18,7 @@ rank, port, marker, leave = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sy
 if leave:
     from classifier_engine.compat import gloo_exit  # registers its handler first: it runs after the two below
 if rank == 0:
-    atexit.register(sum, range(60_000_000))  # ~0.8 s in C, holding the GIL, the last of the stock handlers
+    atexit.register(sum, range(120_000_000))  # ~1.6 s in C, holding the GIL, the last of the stock handlers
     atexit.register(marker.touch)  # runs first: rank 1 joins now
 
 
@@ -40,6 +40,6 @@ if rank == 0:
     sys.exit(0)
 while not marker.exists():
     time.sleep(0.01)
-time.sleep(0.3)
+time.sleep(0.2)
 dist.all_reduce(torch.ones(8))
 os._exit(0)  # rank 1 is not the case under test: its own exit skips the same window
