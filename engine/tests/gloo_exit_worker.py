@@ -4,8 +4,8 @@ an all_reduce? (torch #190489; classifier_engine/compat/gloo_exit.py)
 Rank 0 starts an all_reduce that rank 1 joins only once rank 0 is in its last exit handler, which holds the GIL in C
 (no bytecode, so no switch): the worker's release of the tensor, whose Python object it owns since rank 0 dropped it,
 waits for the GIL into finalization, where Python ends the thread with pthread_exit (std::terminate: SIGABRT). With
-`leave`, classifier_engine's handler runs after those and leaves with os._exit. Run with -S: a site's own exit handler
-(some sites register one) would run bytecode last and hand the GIL over in time.
+`leave`, classifier_engine's handler runs after those and leaves with os._exit(3). Run with -S: a site's own exit
+handler (some sites register one) would run bytecode last and hand the GIL over in time.
 """
 
 import atexit
@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 rank, port, marker, leave = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4:] == ["leave"]
+finalized = marker.with_name(f"{marker.name}.finalized")
 if leave:
     from classifier_engine.compat import gloo_exit  # registers its handler first: it runs after the two below
 if rank == 0:
@@ -24,6 +25,7 @@ if rank == 0:
 
 class Yields:
     def __del__(self):  # in finalization (module teardown): the main thread lets the waiting worker take the GIL
+        finalized.touch()
         time.sleep(0.05)
 
 
@@ -36,7 +38,7 @@ dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank
 if rank == 0:
     dist.all_reduce(torch.ones(8), async_op=True)  # neither the tensor nor the work kept: the worker holds the last
     if leave:
-        gloo_exit.leave_at_exit(0)
+        gloo_exit.leave_at_exit(3)  # the code the process ends with, whatever SystemExit says
     sys.exit(0)
 while not marker.exists():
     time.sleep(0.01)

@@ -66,7 +66,13 @@ def test_under_torchrun_the_world_size_is_the_launchers(monkeypatch):
                         "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "1"}.items():
         monkeypatch.setenv(name, value)
     assert planned_world(Namespace(devices=4)) == (8, "torchrun: WORLD_SIZE")
-    monkeypatch.delenv("WORLD_SIZE")  # set by hand, not by torchrun: one line, not a KeyError
+
+
+@pytest.mark.parametrize("world_size", [None, "0", "eight"])
+def test_a_torchrun_environment_set_by_hand_without_a_world_size_is_one_line(monkeypatch, world_size):
+    for name, value in {"RANK": "0", "GROUP_RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4",
+                        "TORCHELASTIC_RUN_ID": "1", "WORLD_SIZE": world_size}.items():
+        monkeypatch.setenv(name, value) if value is not None else monkeypatch.delenv(name, raising=False)
     with pytest.raises(ConfigError, match="a torchrun environment .* without a WORLD_SIZE .*set WORLD_SIZE"):
         planned_world(Namespace(devices=4))
 

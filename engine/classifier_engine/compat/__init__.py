@@ -147,7 +147,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
              "the GIL there and aborts it (std::terminate, SIGABRT): a ddp_spawn rank stopped by SIGTERM exits 1, "
              "not 143, now and then",
         where="classifier_engine/compat/gloo_exit.py (a spawned rank that stops leaves with os._exit after the exit "
-              "handlers; called from classifier_engine/run/last_checkpoint.py)",
+              "handlers registered since the library's import; armed in classifier_engine/run/last_checkpoint.py)",
         upstream="torch #190489 (open: PyInterpreter.cpp's decref guards on Py_IsInitialized only); PR #179291 "
                  "(abandoned)",
         seen="torch 2.14.1 with gloo, Python 3.11.7",

@@ -3,7 +3,8 @@
 After its last collective, a gloo worker thread may release the work, and with it a tensor whose Python object it
 owns, only once the rank is exiting. Taking the GIL for that during interpreter finalization ends the thread with
 pthread_exit inside a noexcept destructor: std::terminate, SIGABRT, exit 1 instead of 143 (3 of 9 CI runs).
-So the rank leaves with os._exit once the exit handlers have run: finalization, the only window, never starts.
+So the rank leaves with os._exit once the exit handlers registered after this module's import have run:
+finalization, the only window, never starts.
 """
 
 import atexit
@@ -16,7 +17,7 @@ _code: Optional[int] = None
 
 
 def leave_at_exit(code: int) -> None:
-    """This process ends with `code` (the SystemExit being raised): after the exit handlers, skip finalization."""
+    """This process ends with `code` (the SystemExit being raised), whatever ends it later: skip finalization."""
     global _code
     _code = code
 
@@ -24,13 +25,16 @@ def leave_at_exit(code: int) -> None:
 def _leave() -> None:
     if _code is None:
         return
-    # The handlers registered before this one (at the import of logging, torch, PIL) are skipped: logging's, the one
-    # that writes, runs here; the others clear caches. So are weakref.finalize's (a TemporaryDirectory's removal).
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        if stream is not None:
-            stream.flush()
-    os._exit(_code)
+    # The handlers registered before this one are skipped: logging's, the one that writes, runs here; torch's, PIL's,
+    # matplotlib's clear caches or flags; multiprocessing's ran already (its process end); weakref.finalize's
+    # (a TemporaryDirectory's removal).
+    try:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    finally:  # a stream closed under it (SIGHUP's terminal) must not reopen the window
+        os._exit(_code)
 
 
 # Registered at import, before the trackers' and W&B's (which register at their start): exit handlers run last

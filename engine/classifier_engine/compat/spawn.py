@@ -1,13 +1,10 @@
-"""Does this process train, or only spawn those that do (ddp_spawn)? The one use of a private launcher class."""
+"""ddp_spawn's launcher: the one use of a private launcher class."""
 
 import lightning as L
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 
 
-def trains_in_this_process(trainer: L.Trainer) -> bool:
-    return not isinstance(trainer.strategy.launcher, _MultiProcessingLauncher)
-
-
-def spawned_by_lightning(trainer: L.Trainer) -> bool:
-    """In a training hook: is this a rank ddp_spawn started (its trainer came pickled, with the spawning launcher)?"""
+def spawns_ranks(trainer: L.Trainer) -> bool:
+    """The trainer's launcher is ddp_spawn's: in the main process, it only spawns the ranks that train; in a training
+    hook, this process is one of them (its trainer came pickled, with that launcher)."""
     return isinstance(trainer.strategy.launcher, _MultiProcessingLauncher)

@@ -12,7 +12,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from classifier_engine import contract
-from classifier_engine.compat.spawn import trains_in_this_process
+from classifier_engine.compat.spawn import spawns_ranks
 from classifier_engine.errors import env_global_rank, is_peer_failure, user_message
 from classifier_engine.run.checkpoint_checks import check_checkpoint_fits
 from classifier_engine.run.lock import RunLock
@@ -89,7 +89,7 @@ class Started:
         if error is not None and not failed and not (isinstance(error, SystemExit) and not error.code):
             bad_input = user_message(error) is not None or is_peer_failure(error)
             failed = trainer is None or (trainer.global_step == 0 and bad_input and not isinstance(
-                error, KeyboardInterrupt) and trains_in_this_process(trainer))
+                error, KeyboardInterrupt) and not spawns_ranks(trainer))
         if self.lock is not None:
             if failed:
                 self.lock.remove_failed_start()

@@ -27,8 +27,8 @@ def planned_world(trainer: Namespace) -> tuple[int, str]:
     if slurm_job_id() is not None:  # Lightning's own detection, in its order
         return int(os.environ["SLURM_NTASKS"]), f"srun: SLURM_NTASKS of job {slurm_job_id()}"
     if TorchElasticEnvironment.detect():
-        if not os.environ.get("WORLD_SIZE", "").isdigit():
-            raise ConfigError(f"a torchrun environment (RANK, LOCAL_RANK, ...) without a WORLD_SIZE (got "
+        if not os.environ.get("WORLD_SIZE", "").isdigit() or int(os.environ["WORLD_SIZE"]) < 1:
+            raise ConfigError(f"a torchrun environment (TORCHELASTIC_RUN_ID, RANK, ...) without a WORLD_SIZE (got "
                               f"{os.environ.get('WORLD_SIZE')!r}): start the ranks with torchrun, or set WORLD_SIZE")
         return int(os.environ["WORLD_SIZE"]), "torchrun: WORLD_SIZE"
     devices, nodes = trainer.get("devices", "auto"), int(trainer.get("num_nodes") or 1)

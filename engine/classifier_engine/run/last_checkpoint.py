@@ -18,7 +18,7 @@ from torch.multiprocessing import ProcessExitedException
 
 from classifier_engine.compat.gloo_exit import leave_at_exit
 from classifier_engine.compat.sigterm_broadcast import take_over_lightning_sigterm
-from classifier_engine.compat.spawn import spawned_by_lightning, trains_in_this_process
+from classifier_engine.compat.spawn import spawns_ranks
 from classifier_engine.errors import CheckpointError, ConfigError, DataUnavailable, UserError
 from classifier_engine.run.run_dirs import CHECKPOINTS, LAST
 from classifier_engine.run.signals import STOP_SIGNALS, StopRequests, as_requested
@@ -136,7 +136,9 @@ class StopSignals(Callback):
 
     @staticmethod
     def _raise(trainer: L.Trainer, stop: RunStopped) -> NoReturn:
-        if spawned_by_lightning(trainer):  # its gloo threads must not abort its exit (compat/gloo_exit.py)
+        # A rank ddp_spawn started (in a training hook): its gloo threads must not abort its exit (compat/gloo_exit.py).
+        # Not for a requeue's exit 0: an error after it would exit 0 too, and the parent ignores a rank's error then.
+        if spawns_ranks(trainer) and stop.code:
             leave_at_exit(stop.code)
         raise stop
 
@@ -232,7 +234,7 @@ class LastCheckpoint(StopSignals, Checkpoint):
 def stops_reach_spawned_ranks(trainer: L.Trainer) -> Iterator[None]:
     """Around trainer.fit: under ddp_spawn this process only waits for the ranks it spawned, so a stop signal sent to
     it (docker stop, kill PID) is passed on to them (they save and stop as above) and it exits with their code."""
-    if trains_in_this_process(trainer):
+    if not spawns_ranks(trainer):
         yield
         return
     stops = StopRequests(STOP_SIGNALS, forward=trainer.strategy.launcher.kill)

@@ -103,12 +103,12 @@ def hidden_credentials(trainer: Namespace) -> tuple[list[tuple[str, str]], Optio
     servers = {server_of(uri or os.environ.get("MLFLOW_TRACKING_URI", "")) for uri in uris.values()}
     if not (_moved and servers and _moved["server"] not in servers):
         return edits, None
-    for key in CREDENTIALS:
-        if os.environ.get(key) == _moved[key]:  # (not a value the user set since)
-            del os.environ[key]
-    dropped = _moved["server"]
+    mine = [key for key in CREDENTIALS if os.environ.get(key) == _moved[key]]  # (not a value the user set since)
+    for key in mine:
+        del os.environ[key]
+    server = _moved.pop("server")
     _moved.clear()
-    return edits, dropped
+    return edits, server if mine else None
 
 
 def server_of(uri: str) -> str:
