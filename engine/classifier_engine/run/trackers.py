@@ -99,14 +99,15 @@ def hidden_credentials(trainer: Namespace) -> tuple[list[tuple[str, str]], Optio
         os.environ["MLFLOW_TRACKING_URI"] = take(os.environ["MLFLOW_TRACKING_URI"])
     uris = {key: options(entry).get("tracking_uri") for key, entry in logger_entries(trainer)
             if kind_of(entry) == "mlflow"}
-    edits = [(f"{key}.init_args.tracking_uri", take(uri)) for key, uri in uris.items() if uri and take(uri) != uri]
+    edits = [(f"{key}.init_args.tracking_uri", taken) for key, uri in uris.items()
+             if uri and (taken := take(uri)) != uri]
     servers = {server_of(uri or os.environ.get("MLFLOW_TRACKING_URI", "")) for uri in uris.values()}
     if not (_moved and servers and _moved["server"] not in servers):
         return edits, None
     mine = [key for key in CREDENTIALS if os.environ.get(key) == _moved[key]]  # (not a value the user set since)
     for key in mine:
         del os.environ[key]
-    server = _moved.pop("server")
+    server = _moved["server"]
     _moved.clear()
     return edits, server if mine else None
 
