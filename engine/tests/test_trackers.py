@@ -483,6 +483,28 @@ def test_a_password_moved_for_one_server_is_not_sent_to_another_by_a_later_start
     start("http://127.0.0.1:5004")
     assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "set since" and "MLFLOW_TRACKING_USERNAME" not in os.environ
 
+def test_a_dry_plan_moves_no_tracking_credentials_of_the_process(tiny_root, tmp_path, mlflow_server, capsys,
+                                                                 monkeypatch):
+    # --plan reads only: a notebook's next start finds MLflow's variables (and the moved record) as they were.
+    from classifier_engine.entry import main
+    from classifier_engine.run import trackers
+
+    for key in ("MLFLOW_TRACKING_URI", *trackers.CREDENTIALS):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.replace("http://", "http://eve:env-pw@"))
+    uri = mlflow_server.replace("http://", "http://ann:s3cret@")
+    monkeypatch.setattr(sys, "argv", ["classifier_engine", "fit", "--plan",
+                                      *tiny_args(tiny_root, tmp_path, _loggers(_mlflow(uri, "dry")))])
+    with pytest.raises(SystemExit) as exit:
+        main()
+    out, err = capsys.readouterr()
+    assert exit.value.code == 0 and "tracking credentials: moved into" in out, out + err
+    assert "s3cret" not in out + err and "env-pw" not in out + err
+    assert os.environ["MLFLOW_TRACKING_URI"] == mlflow_server.replace("http://", "http://eve:env-pw@")
+    assert not any(key in os.environ for key in trackers.CREDENTIALS) and trackers._moved == {}
+    assert not (tmp_path / "lightning_logs").exists()
+
+
 # -- a tracking server that stops answering: the training goes on, its tracked run continues (issue 39, item 1) -------
 
 def test_a_tracking_server_killed_mid_run_costs_no_training_and_its_run_continues_at_the_next_start(tiny_root,

@@ -14,6 +14,7 @@ downloaded). config_edits.py writes each pass's edits into the config; nothing e
     python -m classifier_engine fit --config CONFIG --plan
 """
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -30,6 +31,7 @@ from classifier_engine.run.lock import claim, claim_new_version
 from classifier_engine.run.remote_lease import VersionTaken
 from classifier_engine.run.resume import Choice, Place, choose_place, looks_for_checkpoints, proposed
 from classifier_engine.run.run_dirs import LOGS, version_of
+from classifier_engine.run.trackers import credentials_put_back
 from classifier_engine.run_plan import FINISHED, PLAN_FILE, Decision, Pass, PlanInput, RunPlan
 
 
@@ -62,8 +64,9 @@ def make_plan(subcommand: Optional[str], config: Namespace, explicit: Namespace,
     if printing or subcommand is None:
         planner.run(passes)
         return Started(planner.plan, reads=planner.reads)
-    return _placement(planner, (settings.checkpoint_model_values, settings.resumed_epoch, *passes), dry=dry,
-                      claiming=not dry and env_global_rank() == 0)
+    with credentials_put_back() if dry else contextlib.nullcontext():
+        return _placement(planner, (settings.checkpoint_model_values, settings.resumed_epoch, *passes), dry=dry,
+                          claiming=not dry and env_global_rank() == 0)
 
 
 def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False) -> Started:

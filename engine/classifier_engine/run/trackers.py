@@ -4,6 +4,7 @@
 """
 
 import base64
+import contextlib
 import csv
 import importlib
 import json
@@ -110,6 +111,23 @@ def hidden_credentials(trainer: Namespace) -> tuple[list[tuple[str, str]], Optio
     server = _moved["server"]
     _moved.clear()
     return edits, server if mine else None
+
+
+@contextlib.contextmanager
+def credentials_put_back():
+    """A dry start (--plan) moves credentials as a real one does (its checks send them), then puts them back: printing
+    a plan changes nothing in the process (a notebook's next start)."""
+    saved, moved = {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_URI", *CREDENTIALS)}, dict(_moved)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _moved.clear()
+        _moved.update(moved)
 
 
 def server_of(uri: str) -> str:
