@@ -249,8 +249,7 @@ class ShardImages(Dataset):
                  on_corrupt: str = "error", window: int = 4, partial: bool = False):
         self.store, self.shards, self.transform, self.partial = store, shards, transform, partial  # as DecodedImages
         self.decoder, self.on_corrupt, self.window = decoder, on_corrupt, window  # window: read by ShardOrderSampler
-        self.sizes = [len(shard["labels"]) for shard in shards]
-        self.starts = [0, *itertools.accumulate(self.sizes)]
+        self.starts = [0, *itertools.accumulate(len(shard["labels"]) for shard in shards)]
         # Each image's first byte: given for a tar's members, back to back in our shards.
         self.offsets = [shard["offsets"] if "offsets" in shard else [0, *itertools.accumulate(shard["lengths"][:-1])]
                         for shard in shards]
@@ -294,7 +293,7 @@ class ShardOrderSampler(ResumableSampler):
 
     def permutation(self, generator: torch.Generator) -> list[int]:
         images = self.dataset.dataset if isinstance(self.dataset, SeededSamples) else self.dataset
-        shards = torch.randperm(len(images.sizes), generator=generator).tolist()
+        shards = torch.randperm(len(images.shards), generator=generator).tolist()
         order = []
         for first in range(0, len(shards), images.window):
             members = torch.cat([torch.arange(images.starts[s], images.starts[s + 1])
