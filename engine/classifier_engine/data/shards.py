@@ -25,7 +25,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, get_worker_info
 
-from classifier_engine.data.decoders import DEVICE_DECODERS
+from classifier_engine.data.decoders import DEVICE_DECODERS, ImageReadMode, decode_image
 from classifier_engine.data.image_data import ImageDataModule
 from classifier_engine.data.listed_paths import inside
 from classifier_engine.data.partial_decode import encoded_jpeg, nvimgcodec_decode
@@ -233,9 +233,8 @@ def decode_bytes(data: bytes, decoder: str, where: str, partial: bool = False):
             return nvimgcodec_decode(data)
         tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         if decoder == "torchcodec":
-            from torchcodec.decoders import decode_image
-            return decode_image(tensor, mode="RGB")
-        from torchvision.io import ImageReadMode, decode_image
+            from torchcodec.decoders import decode_image as torchcodec_decode
+            return torchcodec_decode(tensor, mode="RGB")
         return decode_image(tensor, mode=ImageReadMode.RGB)
     except (OSError, RuntimeError, ValueError) as error:
         raise UnreadableImageError(f"cannot decode {where} ({str(error).strip()[:200]}); rewrite the shard set with "
