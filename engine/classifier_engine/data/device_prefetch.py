@@ -34,11 +34,9 @@ class Prefetcher:
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
-            try:
+            with contextlib.suppress(queue.Full):
                 self._queue.put(item, timeout=0.1)
                 return True
-            except queue.Full:
-                pass
         return False
 
     def _run(self, batches: Iterator, prepare: Callable[[Any], Any]) -> None:

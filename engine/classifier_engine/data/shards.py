@@ -25,7 +25,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, get_worker_info
 
-from classifier_engine.data.decoders import DEVICE_DECODERS
+from classifier_engine.data.decoders import DEVICE_DECODERS, ImageReadMode, decode_image
 from classifier_engine.data.image_data import ImageDataModule
 from classifier_engine.data.listed_paths import inside
 from classifier_engine.data.partial_decode import encoded_jpeg, nvimgcodec_decode
@@ -233,9 +233,8 @@ def decode_bytes(data: bytes, decoder: str, where: str, partial: bool = False):
             return nvimgcodec_decode(data)
         tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         if decoder == "torchcodec":
-            from torchcodec.decoders import decode_image
-            return decode_image(tensor, mode="RGB")
-        from torchvision.io import ImageReadMode, decode_image
+            from torchcodec.decoders import decode_image as torchcodec_decode
+            return torchcodec_decode(tensor, mode="RGB")
         return decode_image(tensor, mode=ImageReadMode.RGB)
     except (OSError, RuntimeError, ValueError) as error:
         raise UnreadableImageError(f"cannot decode {where} ({str(error).strip()[:200]}); rewrite the shard set with "
@@ -249,8 +248,7 @@ class ShardImages(Dataset):
                  on_corrupt: str = "error", window: int = 4, partial: bool = False):
         self.store, self.shards, self.transform, self.partial = store, shards, transform, partial  # as DecodedImages
         self.decoder, self.on_corrupt, self.window = decoder, on_corrupt, window  # window: read by ShardOrderSampler
-        self.sizes = [len(shard["labels"]) for shard in shards]
-        self.starts = [0, *itertools.accumulate(self.sizes)]
+        self.starts = [0, *itertools.accumulate(len(shard["labels"]) for shard in shards)]
         # Each image's first byte: given for a tar's members, back to back in our shards.
         self.offsets = [shard["offsets"] if "offsets" in shard else [0, *itertools.accumulate(shard["lengths"][:-1])]
                         for shard in shards]
@@ -294,7 +292,7 @@ class ShardOrderSampler(ResumableSampler):
 
     def permutation(self, generator: torch.Generator) -> list[int]:
         images = self.dataset.dataset if isinstance(self.dataset, SeededSamples) else self.dataset
-        shards = torch.randperm(len(images.sizes), generator=generator).tolist()
+        shards = torch.randperm(len(images.shards), generator=generator).tolist()
         order = []
         for first in range(0, len(shards), images.window):
             members = torch.cat([torch.arange(images.starts[s], images.starts[s + 1])
