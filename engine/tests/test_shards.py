@@ -7,6 +7,7 @@ half-valid, a chunk-aware order drawn from the seed, exact resume and exact eval
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,6 +79,21 @@ def test_a_rerun_keeps_finished_shards_and_the_index_is_written_last(tiny_root, 
     assert "starting over" in capsys.readouterr().out
     image = ShardDataModule(shards=str(out), decoder="pil")._images("val", None)[0][0]
     assert min(image.size) == 16  # 32 px images, short side at most 16
+
+
+def test_a_rerun_over_damaged_records_writes_them_again(tiny_root, shards, tmp_path, capsys):
+    # A record or index cut short (a full disk, a kill in another tool's copy) is not one: that shard, and the index,
+    # are written again, not a traceback.
+    out = tmp_path / "out"
+    shutil.copytree(shards, out)
+    (out / "train-00001.shard.json").write_bytes(b'{"file": "train-00001.sh')
+    (out / "train-00002.shard.json").write_text("[1, 2]")
+    (out / "index.json").write_bytes(b"\xff\xfe not an index")
+    capsys.readouterr()
+    assert make_shards(["--source", str(tiny_root), "--out", str(out), *SMALL]) == 0
+    said = capsys.readouterr().out
+    assert "starting over" in said and "2 shards written, 6 kept from an earlier run" in said, said
+    assert json.loads((out / "index.json").read_text()) == json.loads((shards / "index.json").read_text())
 
 
 def test_conversion_errors_are_one_line_with_the_fix(tiny_root, tmp_path, tmpfs, capsys):

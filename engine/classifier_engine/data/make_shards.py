@@ -142,11 +142,21 @@ def tar_bytes(images: list[bytes], samples: list[tuple[str, int]], first: int) -
     return out.getvalue()
 
 
+def as_record(data: Optional[bytes]) -> Optional[dict]:
+    """A record or index as a conversion wrote it; None when there is none or it is not one (cut short by a full disk,
+    damaged, another tool's file): then it is written again."""
+    try:
+        value = json.loads(data) if data is not None else None
+    except ValueError:  # (not JSON, not UTF-8)
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def write_shard(job: tuple[Output, Options, str, str, list[tuple[str, int]], str, int]) -> tuple[bool, dict]:
     """(written, record) of one shard: written, then its record, unless a record with its fingerprint is there."""
     output, options, _, name, samples, print_, first = job
-    if (old := output.read(f"{name}.json")) is not None and json.loads(old)["fingerprint"] == print_:
-        return False, json.loads(old)
+    if (old := as_record(output.read(f"{name}.json"))) is not None and old.get("fingerprint") == print_:
+        return False, old
     encoded = [encode(path, options) for path, _ in samples]
     images, changed = [data for data, _ in encoded], [what for _, what in encoded if what]
     data = tar_bytes(images, samples, first) if name.endswith(".tar") else b"".join(images)
@@ -201,10 +211,10 @@ def convert(source: str, out: str, options: Options, *, val_source: Optional[str
                           "s3:// URL") from None
     whole = hashlib.sha256("".join(job[3] for job in jobs).encode()).hexdigest()[:16]
     last = INFO if webdataset else INDEX  # the file that makes the set whole, written last
-    if (old := output.read(last)) is not None:
-        if json.loads(old).get("fingerprint") == whole:
+    if (found := output.read(last)) is not None:
+        if (old := as_record(found) or {}).get("fingerprint") == whole:
             log(f"{out} is complete already ({len(jobs)} shards): nothing to do")
-            return json.loads(old)
+            return old
         log(f"{out} holds another shard set (other images or options): starting over, shards rewritten")
         output.remove(last)  # never an index naming shards that are being rewritten
     started, tasks = time.time(), [(output, options, *job) for job in jobs]
