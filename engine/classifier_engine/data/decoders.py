@@ -161,7 +161,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m classifier_engine.data.decoders",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("root", type=Path, help="folder to check (all image files below it)")
-    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="decoding processes")
+    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
+                        help="decoding processes (default: the cores this process may use)")
     parser.add_argument("--decoder", default="auto", help="as data.decoder (a device decoder checks with its CPU one)")
     args = parser.parse_args(argv)
     decoder = resolve_decoder(args.decoder)
