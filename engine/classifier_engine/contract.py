@@ -8,7 +8,6 @@ Model: ClassificationModel below. Checked before the first step, in one line eac
 against what the model logs at its first validation: callbacks/monitor_logged.py), the rest once the model is built.
 """
 
-import importlib
 import inspect
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -16,6 +15,7 @@ from typing import Any, ClassVar, Literal, Optional, Protocol, runtime_checkable
 
 import torch
 
+from classifier_engine.class_switch import class_of
 from classifier_engine.errors import ConfigError
 
 
@@ -74,11 +74,7 @@ class ClassificationModel(Protocol):
 def monitor_of(model_class: Any) -> Optional[Monitor]:
     """A model class's (or its dotted class path's) Monitor, None when it names none."""
     if isinstance(model_class, str):
-        module, _, name = model_class.rpartition(".")
-        try:
-            model_class = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError):
-            return None  # the CLI says what is wrong with the class path when it builds it
+        model_class = class_of(model_class)  # None: the CLI says what is wrong with the class path when it builds it
     monitor = getattr(model_class, "monitor", None)
     return monitor if isinstance(monitor, Monitor) else None
 
