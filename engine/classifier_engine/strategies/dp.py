@@ -5,6 +5,7 @@
 What runs where: docs/how-it-works.md#what-stays-the-same-whichever-strategy-you-pick.
 """
 
+from contextlib import nullcontext
 from typing import Any, Optional
 
 import lightning as L
@@ -25,9 +26,7 @@ class _LightningForward(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         module = self.lightning_module
-        if self.autocast is None:
-            return type(module).forward(module, *args, **kwargs)
-        with torch.autocast(self.autocast[0], dtype=self.autocast[1]):
+        with torch.autocast(self.autocast[0], dtype=self.autocast[1]) if self.autocast else nullcontext():
             return type(module).forward(module, *args, **kwargs)
 
 
