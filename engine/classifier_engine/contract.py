@@ -96,7 +96,6 @@ def exportable(model: Any) -> Any:
 def check_model(model: Any, num_classes: Optional[int] = None) -> None:
     """The model, checked against the contract (ConfigError naming what is missing and the fix)."""
     name = type(model).__qualname__
-    hparams = getattr(model, "hparams", {})
     taken = inspect.signature(type(model).__init__).parameters.values()
     if not any(p.name == "num_classes" or p.kind is p.VAR_KEYWORD for p in taken):
         # The CLI's link would still write the data's count into its hyperparameters: a checkpoint saying N classes
@@ -104,7 +103,7 @@ def check_model(model: Any, num_classes: Optional[int] = None) -> None:
         raise ConfigError(f"model {name} takes no num_classes: its head cannot follow the data's {num_classes} "
                           "classes; take `num_classes: int` in its __init__, build the head with it and call "
                           "self.save_hyperparameters() (see engine/README.md)")
-    if "num_classes" not in hparams:
+    if "num_classes" not in getattr(model, "hparams", {}):
         raise ConfigError(f"model {name} records no num_classes: take `num_classes: int` in its __init__ and call "
                           "self.save_hyperparameters() (the CLI links it from the data; see engine/README.md)")
 
