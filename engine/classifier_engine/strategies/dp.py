@@ -91,9 +91,8 @@ class DataParallelStrategy(ParallelStrategy):
         object.__setattr__(module, "forward", wrapper)
 
     def teardown(self) -> None:
-        module = self.lightning_module
-        if module is not None and "forward" in module.__dict__:
-            del module.__dict__["forward"]
+        if self.lightning_module is not None:  # the class's forward again (setup shadowed it on the instance)
+            self.lightning_module.__dict__.pop("forward", None)
         super().teardown()
 
     def reduce(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:
