@@ -123,14 +123,10 @@ def additions(trainer: dict[str, Any], groups: dict[str, Any], config: Any, plan
         every = groups["last_checkpoint"].check_every_n_steps
         replaced = {"checkpoint": Callback(), "last_checkpoint": StopSignals(every)}
     patches = (skip_same_device_moves,  # self.log without Lightning's no-op move (compat/log_device_move.py)
-               partial(_process_group, timeout=timeout),  # a torchrun restart's own keys (compat/elastic_store.py)
+               partial(init_attempt_process_group, timeout=timeout),  # compat/elastic_store.py: torchrun restarts
                _checked)
     return Additions({"plugins": plugins, "strategy": strategy, "callbacks": callbacks}, replaced, checkpoint_io,
                      patches)
-
-
-def _process_group(trainer: L.Trainer, timeout: timedelta) -> None:
-    init_attempt_process_group(trainer.strategy, timeout)
 
 
 def _checked(trainer: L.Trainer) -> None:

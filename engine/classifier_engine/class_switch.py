@@ -5,9 +5,7 @@
 On a class switch jsonargparse keeps every `init_args` value of the previous class that the new class also takes,
 its defaults included (seen in jsonargparse 4.30-4.53, documented behaviour): a data module's `batch_size: int = 64`
 trained at the template's 256. Here a value the previous class had only by default is reset to the new class's
-default (an edit of the run plan's "classes" decision); a value someone set (a config file, a flag) is kept where the
-new class takes it; a flag given for the previous class that the new one does not take is refused in one line, one
-from a config file is named in the decision's reason.
+(`resets`: edits of the run plan's "classes" decision; engine/README.md says what happens to values someone set).
 """
 
 import importlib

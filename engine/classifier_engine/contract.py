@@ -8,7 +8,6 @@ Model: ClassificationModel below. Checked before the first step, in one line eac
 against what the model logs at its first validation: callbacks/monitor_logged.py), the rest once the model is built.
 """
 
-import importlib
 import inspect
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -16,6 +15,7 @@ from typing import Any, ClassVar, Literal, Optional, Protocol, runtime_checkable
 
 import torch
 
+from classifier_engine.class_switch import class_of
 from classifier_engine.errors import ConfigError
 
 
@@ -74,11 +74,7 @@ class ClassificationModel(Protocol):
 def monitor_of(model_class: Any) -> Optional[Monitor]:
     """A model class's (or its dotted class path's) Monitor, None when it names none."""
     if isinstance(model_class, str):
-        module, _, name = model_class.rpartition(".")
-        try:
-            model_class = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError):
-            return None  # the CLI says what is wrong with the class path when it builds it
+        model_class = class_of(model_class)  # None: the CLI says what is wrong with the class path when it builds it
     monitor = getattr(model_class, "monitor", None)
     return monitor if isinstance(monitor, Monitor) else None
 
@@ -100,7 +96,6 @@ def exportable(model: Any) -> Any:
 def check_model(model: Any, num_classes: Optional[int] = None) -> None:
     """The model, checked against the contract (ConfigError naming what is missing and the fix)."""
     name = type(model).__qualname__
-    hparams = getattr(model, "hparams", {})
     taken = inspect.signature(type(model).__init__).parameters.values()
     if not any(p.name == "num_classes" or p.kind is p.VAR_KEYWORD for p in taken):
         # The CLI's link would still write the data's count into its hyperparameters: a checkpoint saying N classes
@@ -108,7 +103,7 @@ def check_model(model: Any, num_classes: Optional[int] = None) -> None:
         raise ConfigError(f"model {name} takes no num_classes: its head cannot follow the data's {num_classes} "
                           "classes; take `num_classes: int` in its __init__, build the head with it and call "
                           "self.save_hyperparameters() (see engine/README.md)")
-    if "num_classes" not in hparams:
+    if "num_classes" not in getattr(model, "hparams", {}):
         raise ConfigError(f"model {name} records no num_classes: take `num_classes: int` in its __init__ and call "
                           "self.save_hyperparameters() (the CLI links it from the data; see engine/README.md)")
 

@@ -3,6 +3,7 @@
     python -m classifier_engine fit --config CONFIG --data.batch_size=-1
 """
 
+import contextlib
 import dataclasses
 import inspect
 import math
@@ -24,10 +25,8 @@ def number_type(name: str, base: type, expected: str, fits: Callable[[Any], bool
     def check(given: Any) -> Any:
         value = given
         if isinstance(given, str):  # a command-line value reaches a registered type unparsed
-            try:
+            with contextlib.suppress(ValueError):
                 value = float(given) if base is float else int(given)
-            except ValueError:
-                pass
         number = isinstance(value, numbers.Real) and not isinstance(value, bool)
         whole = number and (base is float or float(value).is_integer())
         if not (number and whole and fits(value)):

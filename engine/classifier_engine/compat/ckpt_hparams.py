@@ -24,8 +24,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def explicit_values(parser: ArgumentParser, args: Any, config: Namespace, subcommand: Optional[str],
-                    link_sources: Sequence[str] = LINK_SOURCES) -> Namespace:
+def explicit_values(parser: ArgumentParser, args: Any, config: Namespace, subcommand: Optional[str]) -> Namespace:
     """What the command line and its config files set, without the defaults (the subcommand's part, if any). A parse
     without defaults must see the link sources (a missing one fails it): they are given to it, then left out again
     unless a flag or a config file sets them."""
@@ -34,7 +33,7 @@ def explicit_values(parser: ArgumentParser, args: Any, config: Namespace, subcom
         return given.get(subcommand, given) if subcommand else given
     argv = list(sys.argv[1:] if args is None else args)
     part = config[subcommand] if subcommand else config
-    sources = [key for key in link_sources if part.get(key) is not None]
+    sources = [key for key in LINK_SOURCES if part.get(key) is not None]
     parsed = parser.parse_args([*argv, *(f"--{key}={part[key]}" for key in sources)], defaults=False,
                                _skip_validation=True)  # checked by the real parse
     explicit = parsed[subcommand] if subcommand else parsed

@@ -6,15 +6,16 @@
 import os
 from datetime import timedelta
 
+import lightning as L
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 
 
-def init_attempt_process_group(strategy: object, timeout: timedelta) -> bool:
+def init_attempt_process_group(trainer: L.Trainer, timeout: timedelta) -> bool:
     """Create the default process group in this torchrun attempt's namespace; False where nothing needs doing."""
-    env = os.environ
+    env, strategy = os.environ, trainer.strategy
     if (not isinstance(strategy, DDPStrategy) or not isinstance(strategy.cluster_environment, TorchElasticEnvironment)
             or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not dist.is_available() or dist.is_initialized()):
         return False

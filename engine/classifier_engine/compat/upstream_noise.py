@@ -15,9 +15,8 @@ LEAF_SPEC = r"`isinstance\(treespec, LeafSpec\)` is deprecated"  # Lightning #21
 NOT_EMPTY = r"Checkpoint directory .* exists and is not empty"  # ModelCheckpoint.setup, on every resume into a run dir
 
 
-class _NoTips(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip:")
+def _no_tips(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("💡 Tip:")
 
 
 def one_line(message: Any, category: type, filename: str, lineno: int, line: Any = None) -> str:
@@ -28,9 +27,7 @@ def quiet_upstream_noise(debugging: bool = False) -> None:
     """Once a process (the entry point, cli_main): repeated calls change nothing."""
     warnings.filterwarnings("ignore", message=LEAF_SPEC, category=FutureWarning)
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _NoTips) for f in logger.filters):
-            logger.addFilter(_NoTips())
+        logging.getLogger(name).addFilter(_no_tips)  # (a filter it holds already is not added again)
     if not debugging:
         warnings.formatwarning = one_line
 

@@ -1,15 +1,9 @@
-"""How a start makes its run plan, in this order (each pass reads the config as the passes before it left it):
-
-1. settings: the classes (a switched-to class's own defaults, nulls), the monitor, the seed, the world (size, strategy,
-   precision) and, for fit, the global batch;
-2. placement: the run root (an object store's mirror: prepared here, unless dry: its stored checkpoints downloaded,
-   then the chosen one's run dir), the checkpoint (which, why; read once) and the model's values from it;
-3. the entry point's own passes (a template's: its network and recipe);
-4. fit: the trackers (checked); then the run dir is claimed (a lock; in an object store, a lease created only where
-   none is: a new version another node's start took at the same moment is left to it) and the loggers are pinned to it.
-
-`--print_config` stops after 1 and 3; `--plan` runs it all reading only (a run dir proposed, not claimed; nothing
-downloaded). config_edits.py writes each pass's edits into the config; nothing else does.
+"""How a start makes its run plan: the settings, the placement (the run root, the checkpoint, read once), the entry
+point's own passes, then for a fit the trackers and the run dir, claimed (a lock; in an object store, a lease created
+only where none is: a new version another node's start took at the same moment is left to it). Each pass reads the
+config as the passes before it left it (docs/how-it-works.md#the-run-plan); config_edits.py alone writes their edits.
+`--print_config` stops after the settings and the entry point's passes; `--plan` runs it all reading only (a run dir
+proposed, not claimed; nothing downloaded).
 
     python -m classifier_engine fit --config CONFIG --plan
 """

@@ -9,13 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from classifier_engine.run.remote_runs import RemoteRoot
-from classifier_engine.run.resume import (
-    Choice,
-    Where,
-    choose_checkpoint,
-    logger_pins,
-    looks_for_checkpoints,
-)
+from classifier_engine.run.resume import Choice, Where, choose_checkpoint, logger_pins, looks_for_checkpoints
 from classifier_engine.run.run_dirs import LOGS, logger_version
 from classifier_engine.run.trackers import (
     check_trackers,

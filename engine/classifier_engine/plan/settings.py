@@ -17,7 +17,7 @@ from classifier_engine.compat.ckpt_hparams import explicit_model_values
 from classifier_engine.compat.ckpt_read_once import checkpoint_values
 from classifier_engine.compat.subclass_nulls import restored_nulls
 from classifier_engine.config_edits import PARSE_LINKS, run_seed
-from classifier_engine.contract import monitor_of
+from classifier_engine.contract import monitor_of, monitor_options
 from classifier_engine.errors import ConfigError
 from classifier_engine.run.global_batch import FLAG, planned_world, split_global_batch
 from classifier_engine.run.launchers import check_devices
@@ -75,10 +75,10 @@ def monitor(given: PlanInput) -> list[Decision]:
     path = config.model.get("class_path")
     model_class = class_switch.class_of(path)  # (imported once: its Monitor, or what it names instead)
     found = monitor_of(model_class)
-    options = {"monitor": found.metric, "mode": found.mode, "filename": found.checkpoint_filename()} if found else {
-        "monitor": None, "mode": "min", "filename": None}
-    edits = tuple((f"checkpoint.{key}", value) for key, value in options.items()
-                  if explicit.get(f"checkpoint.{key}") is None and config.checkpoint.get(key) != value)
+    options = monitor_options(model_class) or {"checkpoint.monitor": None, "checkpoint.mode": "min",
+                                               "checkpoint.filename": None}
+    edits = tuple((key, value) for key, value in options.items()
+                  if explicit.get(key) is None and config.get(key) != value)
     if found is None:
         named = getattr(model_class, "monitor", None)
         what = f"{path}.monitor is {named!r}, not a Monitor: ignored" if named is not None else \

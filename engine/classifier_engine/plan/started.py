@@ -26,8 +26,7 @@ from classifier_engine.run_plan import RunPlan
 
 @dataclass
 class Started:
-    """A plan carried out: the plan, the checkpoint it read (handed to Lightning once), and what the start holds until
-    close(): the run dir's lock, an object store's lease."""
+    """The plan, the checkpoint it read (handed to Lightning once), and what the start holds until close()."""
 
     plan: RunPlan
     checkpoint: Optional[dict[str, Any]] = None

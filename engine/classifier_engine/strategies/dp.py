@@ -5,6 +5,7 @@
 What runs where: docs/how-it-works.md#what-stays-the-same-whichever-strategy-you-pick.
 """
 
+from contextlib import nullcontext
 from typing import Any, Optional
 
 import lightning as L
@@ -25,9 +26,7 @@ class _LightningForward(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         module = self.lightning_module
-        if self.autocast is None:
-            return type(module).forward(module, *args, **kwargs)
-        with torch.autocast(self.autocast[0], dtype=self.autocast[1]):
+        with torch.autocast(self.autocast[0], dtype=self.autocast[1]) if self.autocast else nullcontext():
             return type(module).forward(module, *args, **kwargs)
 
 
@@ -92,9 +91,8 @@ class DataParallelStrategy(ParallelStrategy):
         object.__setattr__(module, "forward", wrapper)
 
     def teardown(self) -> None:
-        module = self.lightning_module
-        if module is not None and "forward" in module.__dict__:
-            del module.__dict__["forward"]
+        if self.lightning_module is not None:  # the class's forward again (setup shadowed it on the instance)
+            self.lightning_module.__dict__.pop("forward", None)
         super().teardown()
 
     def reduce(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:
