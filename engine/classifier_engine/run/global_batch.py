@@ -20,8 +20,7 @@ FLAG = "--global_batch_size"
 
 
 def planned_world(trainer: Namespace) -> tuple[int, str]:
-    """(the processes the Trainer will run, how that was found): the launcher's (srun, torchrun), else devices x
-    num_nodes; dp is one."""
+    """(processes the Trainer runs, how found): the launcher's (srun, torchrun), else devices x num_nodes; dp is one."""
     if trainer.get("strategy") == "dp":
         return 1, "strategy dp: one process drives every device"
     if slurm_job_id() is not None:  # Lightning's own detection, in its order
