@@ -1,7 +1,6 @@
 """--global_batch_size N: every optimizer step takes the same N samples at any world size, so a run stopped on 8 GPUs
-continues exactly on 4 or 16 (docs/reliability.md#resuming-on-another-number-of-gpus): the world size a start plans
-for and the split of N into per-process batch x accumulation (the run plan's decisions; callbacks/global_batch.py
-checks them at train start).
+continues exactly on 4 or 16 (docs/reliability.md#resuming-on-another-number-of-gpus): the planned world size and N's
+split into per-process batch x accumulation (the run plan decides; callbacks/global_batch.py checks at train start).
 
     python -m classifier_engine fit --config CONFIG --global_batch_size 1024 --ckpt_path last
 """
@@ -20,8 +19,7 @@ FLAG = "--global_batch_size"
 
 
 def planned_world(trainer: Namespace) -> tuple[int, str]:
-    """(the processes the Trainer will run, how that was found): the launcher's (srun, torchrun), else devices x
-    num_nodes; dp is one."""
+    """(processes the Trainer runs, how found): the launcher's (srun, torchrun), else devices x num_nodes; dp is one."""
     if trainer.get("strategy") == "dp":
         return 1, "strategy dp: one process drives every device"
     if slurm_job_id() is not None:  # Lightning's own detection, in its order

@@ -27,8 +27,7 @@ from classifier_engine.run.training_steps import after_optimizer_step, validatio
 
 
 class RunStopped(SystemExit):
-    """The run stopped on a signal (after saving last.ckpt, if it saves); exit code 143 (SIGTERM, SIGHUP) or 130
-    (SIGINT)."""
+    """The run stopped on a signal (after saving last.ckpt, if it saves); exit 143 (SIGTERM, SIGHUP) or 130 (SIGINT)."""
 
 
 class StopSignals(Callback):

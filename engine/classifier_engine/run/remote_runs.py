@@ -119,8 +119,7 @@ class RemoteRoot:
             except ValueError:
                 values = ()
             found[name] = values if len(values) == 4 and all(map(math.isfinite, values)) else (0.0,) * 4
-        best = max(found, key=found.__getitem__, default=None)
-        return (best, found[best]) if best is not None else None
+        return max(found.items(), key=lambda item: item[1], default=None)
 
     def prepare(self, logs_name: str, resume: bool) -> Stored:
         """The listing, a mirror folder per stored run dir and, when resuming, every stored checkpoint downloaded."""

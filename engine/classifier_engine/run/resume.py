@@ -23,8 +23,7 @@ from classifier_engine.storage.files import local_path
 
 @dataclass(frozen=True)
 class Where:
-    """The places a start reads and writes: the root, its version dirs' folder, a given checkpoint folder, a Slurm
-    job's own run dir."""
+    """Where a start reads and writes: the root, its version dirs' folder, checkpoint.dirpath, a Slurm job's run dir."""
 
     root: Path
     logs: Path
@@ -48,8 +47,7 @@ class Where:
 
 @dataclass(frozen=True)
 class Choice:
-    """The checkpoint a start continues from (loaded, memory-mapped), why that one, and the candidates that did not
-    load."""
+    """The checkpoint a start continues from (loaded, memory-mapped), why, and the candidates that did not load."""
 
     path: Optional[Path] = None
     checkpoint: Optional[dict[str, Any]] = None

@@ -75,8 +75,7 @@ def read_metadata(folder: Path) -> Any:
 
 
 def missing_shards(folder: Path) -> list[str]:
-    """The files a shard folder lacks: its .metadata, else the shards that names (none for a damaged .metadata: its
-    load says why)."""
+    """Files a shard folder lacks: its .metadata, else the shards it names (none if that is damaged: load says why)."""
     try:
         metadata = read_metadata(folder)
     except FileNotFoundError:

@@ -33,12 +33,12 @@ from optuna.trial import TrialState
 from classifier_engine.errors import DiskFullError, RunDirInUse
 from classifier_engine.run.lock import claim
 from classifier_engine.run.slurm import slurm_job_id
+from classifier_engine.run.trackers import kind_of
 
 # Trial attributes in the storage: the run dir, who runs it, and what the fit said about itself.
 RUN_DIR, WORKER, HEARTBEAT = "run_dir", "worker", "heartbeat"
 PRUNED_AT, FINISHED, CHECKPOINT, BEST, DIVERGED = "pruned_at_step", "finished_at_step", "checkpoint", "best", "diverged"
 LOGGED = "metrics_logged"  # what a trial's fit logged at validation when the sweep's metric was not among them
-LOGGERS_IN_RUN_DIR = ("TensorBoardLogger", "CSVLogger")
 
 
 def open_storage(storage: str):
@@ -351,7 +351,7 @@ def pin_loggers(loggers: Any, run_dir: Path) -> Any:
     if loggers in (None, True):
         return {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": here}
     items = loggers if isinstance(loggers, list) else [loggers]
-    ours = [isinstance(i, dict) and i.get("class_path", "").rsplit(".", 1)[-1] in LOGGERS_IN_RUN_DIR for i in items]
+    ours = [isinstance(i, dict) and kind_of(i) in ("tensorboard", "csv") for i in items]
     if not any(ours):
         return None
     pinned = [{**i, "init_args": {**(i.get("init_args") or {}), **here}} if o else i for i, o in zip(items, ours)]

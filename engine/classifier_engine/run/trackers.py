@@ -159,10 +159,10 @@ def _check_wandb(entry: Namespace) -> None:
 
 
 def health_request(uri: str) -> urllib.request.Request:
-    """A request for an MLflow server's /health, with MLflow's basic auth (hide_credentials put a URI's there): a proxy
-    in front of the server may guard /health too."""
+    """A request for an MLflow server's /health, with MLflow's basic auth (hidden_credentials put a URI's there): a
+    proxy in front of the server may guard /health too."""
     request = urllib.request.Request(bare(uri).rstrip("/") + "/health")
-    user, password = (os.environ.get(f"MLFLOW_TRACKING_{key}") for key in ("USERNAME", "PASSWORD"))
+    user, password = (os.environ.get(key) for key in CREDENTIALS)
     if user and password:
         request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
     return request
