@@ -205,8 +205,8 @@ class Worker:
                     return code
             return 0 if self.signal in (0, signal.SIGUSR1) else 128 + self.signal
         finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+            for signum, handler in previous.items():  # (None: one installed from C, which Python cannot put back)
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
     def _take_next(self):
         """Under the study's lock: the next trial (a retry first), False while running ones fill it, None once done."""
