@@ -127,3 +127,12 @@ def test_a_batch_limit_of_1_is_one_batch_and_1_0_all_of_them(tiny_root, tmp_path
                              "--trainer.limit_val_batches=0.5"),
                    run=False)
     assert (cli.trainer.limit_train_batches, cli.trainer.limit_val_batches) == (1.0, 0.5)
+
+
+def test_an_empty_argument_list_is_the_command_line_not_sys_argv(monkeypatch, capsys):
+    # cli_main([]) from a notebook: the kernel's own sys.argv is no command line of the run.
+    monkeypatch.setattr(sys, "argv", ["ipykernel_launcher.py", "--trainer.max_epochs=not-a-number"])
+    with pytest.raises((SystemExit, ValueError)) as raised:  # (in-process, a bad value is jsonargparse's ValueError)
+        cli_main([], model=model_class(), data=ImageFolderDataModule, run=False)
+    said = f"{raised.value}\n{capsys.readouterr().err}"
+    assert "data.root is not set" in said and "max_epochs" not in said, said[-2000:]
