@@ -17,7 +17,7 @@ from typing import Any, Optional
 import yaml
 from jsonargparse import ArgumentParser, Namespace
 
-from classifier_engine.errors import ConfigError
+from classifier_engine.errors import ConfigError, config_files
 
 PARTS = ("model", "data")
 
@@ -51,13 +51,12 @@ def _before_switch(args: Sequence[str], part: str) -> tuple[set[str], set[str]]:
     the last `--part.class_path` / `--part X`: what was set for the class before it."""
     switch = max((i for i, word in enumerate(args) if word in (f"--{part}", f"--{part}.class_path")
                   or word.startswith((f"--{part}=", f"--{part}.class_path="))), default=-1)
-    flags, files = set(), set()
-    for i, word in enumerate(args[:max(switch, 0)]):
+    flags, files, before = set(), set(), list(args[:max(switch, 0)])
+    for word in before:
         if word.startswith(f"--{part}.") and not word.startswith(f"--{part}.class_path"):
             flags.add(word[len(part) + 3:].partition("=")[0].removeprefix("init_args."))
-        path = args[i + 1] if word == "--config" and i + 1 < len(args) else word.partition("=")[2] \
-            if word.startswith("--config=") else None
-        if path and os.path.isfile(path):  # config files are trusted input (README)
+    for path in config_files(before):
+        if os.path.isfile(path):  # config files are trusted input (README)
             section = (yaml.safe_load(Path(path).read_text()) or {}).get(part)
             if isinstance(section, dict):
                 files |= {key for key in (section.get("init_args") or section) if key not in ("class_path",)}

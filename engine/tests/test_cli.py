@@ -136,3 +136,18 @@ def test_an_empty_argument_list_is_the_command_line_not_sys_argv(monkeypatch, ca
         cli_main([], model=model_class(), data=ImageFolderDataModule, run=False)
     said = f"{raised.value}\n{capsys.readouterr().err}"
     assert "data.root is not set" in said and "max_epochs" not in said, said[-2000:]
+
+
+@pytest.mark.parametrize("given", [["--config", "{file}"], ["-c", "{file}"], ["--config={file}"], ["-c={file}"]])
+def test_options_a_config_file_set_for_the_class_switched_from_are_named_however_the_file_was_given(given, tmp_path,
+                                                                                                     capsys):
+    file = tmp_path / "folders.yaml"
+    file.write_text(yaml.safe_dump({"data": {"root": str(tmp_path / "images"), "batch_size": 8}}))
+    with pytest.raises(SystemExit) as done:
+        cli_main(["fit", *(word.format(file=file) for word in given), "--data.class_path",
+                  "classifier_engine.data.ShardDataModule", f"--data.init_args.shards={tmp_path / 'shards'}",
+                  f"--trainer.default_root_dir={tmp_path / 'runs'}", "--plan"],
+                 model=model_class(), data=ImageFolderDataModule)
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "data: root (set for ImageFolderDataModule in a config file) left out: not " \
+        "options of classifier_engine.data.ShardDataModule" in out, out
