@@ -696,6 +696,17 @@ def test_null_given_for_a_dataclass_field_of_the_model_is_none_in_our_cli():
     assert cli.config.model.init_args.pretrained.weights is None and cli.model.pretrained.weights is None
 
 
+def test_a_null_given_by_its_full_key_is_restored_by_one_edit():
+    # --model.init_args.x=null names the same key both ways: the plan's "nulls" line names it once.
+    from jsonargparse import Namespace
+
+    from classifier_engine.compat.subclass_nulls import restored_nulls
+
+    config = Namespace(model=Namespace(init_args=Namespace(pretrained=Namespace(weights="None"))), ckpt_path="None")
+    assert restored_nulls(config, ["--model.init_args.pretrained.weights=null", "--ckpt_path", "null"]) == [
+        ("model.init_args.pretrained.weights", None), ("ckpt_path", None)]
+
+
 class BatchNormNet(L.LightningModule):
     """A BatchNorm layer behind a linear one, sharded by FSDP2 in configure_model (what ModelParallelStrategy needs)."""
 

@@ -16,7 +16,8 @@ def restored_nulls(config: Namespace, argv: Sequence[str]) -> list[tuple[str, An
         if not arg.startswith("--") or value not in ("null", "None"):
             continue
         head, _, rest = key.partition(".")
-        for candidate in (key, f"{head}.init_args.{rest}" if rest and not rest.startswith("init_args.") else key):
+        nested = f"{head}.init_args.{rest}" if rest and not rest.startswith("init_args.") else key
+        for candidate in dict.fromkeys((key, nested)):  # (once where they are the same key)
             if config.get(candidate) == "None":
                 edits.append((candidate, None))
     return edits
