@@ -4,7 +4,6 @@ start), written by global rank 0 once the run runs; a resume keeps the previous 
     python -m classifier_engine fit --config CONFIG      # then: cat <run dir>/plan.yaml
 """
 
-import itertools
 import math
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
 from classifier_engine.run_plan import PLAN_FILE, STEPS, Decision, RunPlan
-from classifier_engine.storage.files import atomic_write
+from classifier_engine.storage.files import atomic_write, keep_aside
 
 
 class PlanFile(Callback):
@@ -41,9 +40,7 @@ class PlanFile(Callback):
         if self.written or not trainer.is_global_zero or self.plan.run_dir is None:
             return
         path = Path(self.plan.run_dir) / PLAN_FILE
-        if path.is_file():  # a previous start's: kept as plan.<n>.yaml, the first n free
-            n = next(n for n in itertools.count(1) if not path.with_name(f"plan.{n}.yaml").exists())
-            path.rename(path.with_name(f"plan.{n}.yaml"))
+        keep_aside(path)  # a previous start's, as plan.<n>.yaml
         text = yaml.safe_dump(self.plan.as_dict(), sort_keys=False, width=120)
         atomic_write(path, lambda file: file.write(text), mode="w")
         self.written = True

@@ -3,7 +3,6 @@
     python -m classifier_engine fit --config <run dir>/config.yaml      # the latest settings of that run
 """
 
-import itertools
 import os
 from pathlib import Path
 from typing import Optional
@@ -15,7 +14,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from classifier_engine.config_edits import apply_edits
 from classifier_engine.run.run_dirs import CHECKPOINTS
 from classifier_engine.run.trackers import kind_of, log_config, logger_entries, record_tracked_runs
-from classifier_engine.storage.files import atomic_write
+from classifier_engine.storage.files import atomic_write, keep_aside
 
 
 class KeepingSaveConfigCallback(SaveConfigCallback):
@@ -46,9 +45,7 @@ class KeepingSaveConfigCallback(SaveConfigCallback):
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
         path = self.run_dir / self.config_filename
-        if path.is_file():  # a previous start's: kept as config.<n>.yaml, the first n free
-            n = next(n for n in itertools.count(1) if not path.with_name(f"{path.stem}.{n}{path.suffix}").exists())
-            path.rename(path.with_name(f"{path.stem}.{n}{path.suffix}"))
+        keep_aside(path)  # a previous start's, as config.<n>.yaml
         config = self.config.clone()
         # The tracked run's identity (trackers.json keeps it for a resume), not a setting: a new run from this
         # config.yaml must not continue this run's MLflow or W&B run, nor write into its dir.

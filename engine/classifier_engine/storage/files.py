@@ -5,6 +5,7 @@
 
 import contextlib
 import errno
+import itertools
 import os
 import socket
 from pathlib import Path
@@ -43,6 +44,13 @@ def alive(pid: int) -> bool:
     except PermissionError:  # alive, under another user
         pass
     return True
+
+
+def keep_aside(path: Path) -> None:
+    """A previous start's file, if there is one, kept as <stem>.<n><suffix>, the first n free (config.1.yaml)."""
+    if path.is_file():
+        n = next(n for n in itertools.count(1) if not path.with_name(f"{path.stem}.{n}{path.suffix}").exists())
+        path.rename(path.with_name(f"{path.stem}.{n}{path.suffix}"))
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO], object], *, mode: str = "wb",
