@@ -8,7 +8,6 @@ trained at the template's 256. Here a value the previous class had only by defau
 (`resets`: edits of the run plan's "classes" decision; engine/README.md says what happens to values someone set).
 """
 
-import importlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Optional
 import yaml
 from jsonargparse import ArgumentParser, Namespace
 
+from classifier_engine.contract import class_of
 from classifier_engine.errors import ConfigError, config_files
 
 PARTS = ("model", "data")
@@ -27,15 +27,6 @@ def class_defaults(cls: type) -> dict[str, Any]:
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(cls, fail_untyped=False, sub_configs=True)
     return dict(parser.get_defaults().items())
-
-
-def class_of(path: str) -> Optional[type]:
-    """The class a class_path names (imported by the parse already), or None."""
-    module, _, name = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        return None  # the parse has said what is wrong with it already
 
 
 def _given_keys(explicit: Any) -> set[str]:

@@ -8,6 +8,7 @@ Model: ClassificationModel below. Checked before the first step, in one line eac
 against what the model logs at its first validation: callbacks/monitor_logged.py), the rest once the model is built.
 """
 
+import importlib
 import inspect
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -15,7 +16,6 @@ from typing import Any, ClassVar, Literal, Optional, Protocol, runtime_checkable
 
 import torch
 
-from classifier_engine.class_switch import class_of
 from classifier_engine.errors import ConfigError
 
 
@@ -69,6 +69,15 @@ class ClassificationModel(Protocol):
     """
 
     monitor: ClassVar[Monitor]
+
+
+def class_of(path: str) -> Optional[type]:
+    """The class a class_path names (imported by the parse already), or None."""
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None  # the parse has said what is wrong with it already
 
 
 def monitor_of(model_class: Any) -> Optional[Monitor]:

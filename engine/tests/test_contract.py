@@ -320,3 +320,26 @@ def test_a_model_that_takes_no_num_classes_is_refused_in_one_line(code, tmp_path
                                          "data's 10 classes; take `num_classes: int` in its __init__, build the head "
                                          "with it and call self.save_hyperparameters() (see engine/README.md)")
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_the_contract_imports_without_the_cli_s_parser():
+    # A model module imports Monitor where only torch and Lightning are installed (the GPU machine has no jsonargparse).
+    import subprocess
+
+    from conftest import project_env
+
+    script = """if True:
+        import sys
+
+        class NoParser:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "jsonargparse":
+                    raise ImportError(f"no {name} here")
+
+        sys.meta_path.insert(0, NoParser())
+        from classifier_engine.contract import ClassificationModel, Monitor, monitor_of
+        print(monitor_of("plain_model.TinyNet").metric)
+    """
+    done = subprocess.run([sys.executable, "-c", script], env=project_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "val/accuracy", done.stderr[-2000:]

@@ -17,7 +17,7 @@ from classifier_engine.compat.ckpt_hparams import explicit_model_values
 from classifier_engine.compat.ckpt_read_once import checkpoint_values
 from classifier_engine.compat.subclass_nulls import restored_nulls
 from classifier_engine.config_edits import PARSE_LINKS, run_seed
-from classifier_engine.contract import monitor_of, monitor_options
+from classifier_engine.contract import class_of, monitor_of, monitor_options
 from classifier_engine.errors import ConfigError
 from classifier_engine.run.global_batch import FLAG, planned_world, split_global_batch
 from classifier_engine.run.launchers import check_devices
@@ -73,7 +73,7 @@ def monitor(given: PlanInput) -> list[Decision]:
         value = {"metric": config.checkpoint.monitor, "mode": config.checkpoint.mode}
         return [Decision(MONITOR, value, "--checkpoint.monitor given")]
     path = config.model.get("class_path")
-    model_class = class_switch.class_of(path)  # (imported once: its Monitor, or what it names instead)
+    model_class = class_of(path)  # (imported once: its Monitor, or what it names instead)
     found = monitor_of(model_class)
     options = monitor_options(model_class) or {"checkpoint.monitor": None, "checkpoint.mode": "min",
                                                "checkpoint.filename": None}
@@ -165,7 +165,7 @@ def checkpoint_model_values(given: PlanInput) -> list[Decision]:
     if not hparams or given.parse_model is None or not isinstance(model, Namespace):
         return []
     # the class the config names (imported already by the parse): never the checkpoint's
-    taken, dropped = checkpoint_values(class_switch.class_of(model.class_path), hparams, LINKED["model"])
+    taken, dropped = checkpoint_values(class_of(model.class_path), hparams, LINKED["model"])
     decisions = []
     if dropped:
         left_out = [f"model.{key}" for key in dropped]
@@ -233,7 +233,7 @@ def subcommand_options(given: PlanInput) -> list[Decision]:
                               "give one")
         return [Decision("predict set", images, f"--predictions.images, read by {data.class_path}'s own predict path",
                          edits=(("data.init_args.predict_root", images),))]
-    module = class_switch.class_of(data.class_path)
+    module = class_of(data.class_path)
     if module is not None and is_overridden("predict_dataloader", module, L.LightningDataModule):
         raise ConfigError(f"--predictions.images {images}: data module {data.class_path} makes its own predict set "
                           "(predict_dataloader) and takes no predict_root; drop --predictions.images")
