@@ -4,7 +4,7 @@
 
 On a class switch jsonargparse keeps every `init_args` value of the previous class that the new class also takes,
 its defaults included (seen in jsonargparse 4.30-4.53, documented behaviour): a data module's `batch_size: int = 64`
-trained at the template's 256. Here a value the previous class had only by default is reset to the new class's
+trained at the template's 256. Here a value the previous class had only by default is reset to the new class's default
 (`resets`: edits of the run plan's "classes" decision; engine/README.md says what happens to values someone set).
 """
 

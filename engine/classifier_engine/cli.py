@@ -72,9 +72,9 @@ class EngineCLI(LightningCLI):
         # --print_config prints after the plan's settings (what will be built); --plan prints the plan: both exit.
         printing = [word.partition("=")[2] for word in given or () if word.split("=")[0] == "--print_config"]
         dry = "--plan" in (given or ())
-        words = [w for w in given if w != "--plan" and w.split("=")[0] != "--print_config"] if given is not None \
-            else None  # ([] is a command line without arguments, not sys.argv's)
-        # (LightningCLI's own parse_arguments, without its warning about args beside sys.argv: `words` are sys.argv's)
+        words = None if given is None else [w for w in given if w != "--plan" and w.split("=")[0] != "--print_config"]
+        # (LightningCLI's own parse_arguments, without its warning about args beside sys.argv: `words` are sys.argv's,
+        # or the list given: [] is a command line without arguments)
         self.config = parser.parse_object(args) if given is None else parser.parse_args(words)
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config

@@ -483,6 +483,7 @@ def test_a_password_moved_for_one_server_is_not_sent_to_another_by_a_later_start
     start("http://127.0.0.1:5004")
     assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "set since" and "MLFLOW_TRACKING_USERNAME" not in os.environ
 
+
 def test_a_dry_plan_moves_no_tracking_credentials_of_the_process(tiny_root, tmp_path, mlflow_server, capsys,
                                                                  monkeypatch):
     # --plan reads only: a notebook's next start finds MLflow's variables (and the moved record) as they were.
@@ -491,6 +492,7 @@ def test_a_dry_plan_moves_no_tracking_credentials_of_the_process(tiny_root, tmp_
 
     for key in ("MLFLOW_TRACKING_URI", *trackers.CREDENTIALS):
         monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(trackers, "_moved", {})  # (as a new process has it: earlier tests' starts moved some)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.replace("http://", "http://eve:env-pw@"))
     uri = mlflow_server.replace("http://", "http://ann:s3cret@")
     monkeypatch.setattr(sys, "argv", ["classifier_engine", "fit", "--plan",

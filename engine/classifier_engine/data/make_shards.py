@@ -147,7 +147,7 @@ def as_record(data: Optional[bytes]) -> Optional[dict]:
     damaged, another tool's file): then it is written again."""
     try:
         value = json.loads(data) if data is not None else None
-    except ValueError:  # (not JSON, not UTF-8)
+    except (ValueError, RecursionError):  # (not JSON, not UTF-8, nested past Python's stack)
         return None
     return value if isinstance(value, dict) else None
 
@@ -212,10 +212,12 @@ def convert(source: str, out: str, options: Options, *, val_source: Optional[str
     whole = hashlib.sha256("".join(job[3] for job in jobs).encode()).hexdigest()[:16]
     last = INFO if webdataset else INDEX  # the file that makes the set whole, written last
     if (found := output.read(last)) is not None:
-        if (old := as_record(found) or {}).get("fingerprint") == whole:
+        if (old := as_record(found)) is not None and old.get("fingerprint") == whole:
             log(f"{out} is complete already ({len(jobs)} shards): nothing to do")
             return old
-        log(f"{out} holds another shard set (other images or options): starting over, shards rewritten")
+        log(f"{out}/{last} is not an index (cut short or damaged): written again, after the shards its records do "
+            "not match" if old is None else f"{out} holds another shard set (other images or options): starting "
+            "over, shards rewritten")
         output.remove(last)  # never an index naming shards that are being rewritten
     started, tasks = time.time(), [(output, options, *job) for job in jobs]
     with Pool(workers) if workers > 1 else nullcontext() as pool:  # one worker: this process, no fork

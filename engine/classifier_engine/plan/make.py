@@ -71,7 +71,7 @@ def plan_run(subcommand: str, config: Namespace, *, claim_run_dir: bool = False)
 
 
 def _placement(planner: Planner, passes: Sequence[Pass], dry: bool, claiming: bool) -> Started:
-    """Stages 2 to 4: the run root, the checkpoint, the given passes, then the run dir claimed (or proposed)."""
+    """The placement: the run root, the checkpoint, the given passes, then the run dir claimed (or proposed)."""
     subcommand, config = planner.subcommand, planner.config
     planner.run((placement.run_root,))
     remote, resume = planner.reads.get("remote"), looks_for_checkpoints(subcommand, config.get("ckpt_path"))
