@@ -109,7 +109,7 @@ def _place(planner: Planner, started: Started, claiming: bool) -> None:
         while True:
             started.lock = claim(place.run_dir) if place.run_dir is not None else claim_new_version(where.logs)
             try:
-                if fit and started.remote is not None:
+                if started.remote is not None:  # (an evaluation's version dir too: two at once would share one)
                     started.remote.claim(started.lock.run_dir, new=place.run_dir is None)
                 break
             except VersionTaken:  # another node's start created its lease first: that version is the other run's
