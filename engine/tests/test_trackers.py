@@ -319,7 +319,7 @@ def test_a_new_fit_into_a_deleted_mlflow_experiment_is_one_line_and_writes_nothi
 
 def test_a_moved_run_dir_continues_its_tracked_runs_said_in_a_line(tmp_path, mlflow_server, monkeypatch):
     said = []  # (Lightning's info logger keeps the stream it found when first imported: capsys may not see it)
-    monkeypatch.setattr("classifier_engine.run.trackers.rank_zero_info", said.append)
+    monkeypatch.setattr("classifier_engine.run.tracked_runs.rank_zero_info", said.append)
     client = mlflow.tracking.MlflowClient(mlflow_server)
     run_id = client.create_run(client.create_experiment("moved")).info.run_id
     plan, args = _resume_plan(tmp_path, mlflow_server, "moved", {"mlflow": run_id, "mlflow_tracking_uri": mlflow_server,
@@ -384,7 +384,7 @@ def test_wandb_online_without_an_api_key_is_one_line_at_once(tiny_root, tmp_path
 def test_an_explicit_wandb_save_dir_is_said_to_move_into_the_run_dir(tmp_path):
     from jsonargparse import Namespace
 
-    from classifier_engine.run.trackers import tracker_edits
+    from classifier_engine.run.tracked_runs import tracker_edits
 
     entry = Namespace(class_path="lightning.pytorch.loggers.WandbLogger",
                       init_args=Namespace(project="x", save_dir=str(tmp_path / "mine")))

@@ -11,14 +11,8 @@ from typing import Optional
 from classifier_engine.run.remote_runs import RemoteRoot
 from classifier_engine.run.resume import Choice, Where, choose_checkpoint, logger_pins, looks_for_checkpoints
 from classifier_engine.run.run_dirs import LOGS, logger_version
-from classifier_engine.run.trackers import (
-    check_trackers,
-    hidden_credentials,
-    kind_of,
-    logger_entries,
-    tracked_runs_to_continue,
-    tracker_edits,
-)
+from classifier_engine.run.tracked_runs import tracked_runs_to_continue, tracker_edits
+from classifier_engine.run.trackers import check_trackers, hidden_credentials, kind_of, logger_entries
 from classifier_engine.run_plan import CHECKPOINT, RUN_DIR, TRACKERS, Decision, PlanInput
 
 

@@ -13,7 +13,8 @@ from lightning.pytorch.cli import SaveConfigCallback
 
 from classifier_engine.config_edits import apply_edits
 from classifier_engine.run.run_dirs import CHECKPOINTS
-from classifier_engine.run.trackers import kind_of, log_config, logger_entries, record_tracked_runs
+from classifier_engine.run.tracked_runs import record_tracked_runs
+from classifier_engine.run.trackers import kind_of, log_config, logger_entries
 from classifier_engine.storage.files import atomic_write, keep_aside
 
 
