@@ -169,16 +169,17 @@ def test_two_evaluations_started_at_once_into_one_root_log_into_two_versions(tin
     cli_main(fit_args(tiny_root, str(tmp_path / "local")))
     checkpoint = tmp_path / "local" / RUN / "checkpoints" / "last.ckpt"
     with FaultyProxy(store["AWS_ENDPOINT_URL"], fault="together", match="/.lease", times=2) as proxy:
-        jobs = [start_project(["validate", *tiny_args(tiny_root, "s3://runs/e"), f"--ckpt_path={checkpoint}"], env={
-            **store, "AWS_ENDPOINT_URL": proxy.url, "CLASSIFIER_ENGINE_RUN_MIRROR": str(tmp_path / node)})
-            for node in ("node1", "node2")]
+        args = ["validate", *tiny_args(tiny_root, "s3://runs/evaluations"), f"--ckpt_path={checkpoint}"]
+        jobs = [start_project(args, env={**store, "AWS_ENDPOINT_URL": proxy.url,
+                                         "CLASSIFIER_ENGINE_RUN_MIRROR": str(tmp_path / node)})
+                for node in ("node1", "node2")]
         outputs = ["".join(job.communicate(timeout=600)) for job in jobs]
     assert [job.returncode for job in jobs] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
-    files = stored(s3, "e")
+    files = stored(s3, "evaluations")
     for version in ("version_0", "version_1"):  # each evaluation's own logs
         assert sum(name.startswith(f"lightning_logs/{version}/events.out.tfevents") for name in files) == 1, files
     assert not any(name.endswith(".lease") for name in files)  # released
-    lost = [text for text in outputs if f"run dir s3://runs/e/{RUN} was claimed by pid " in text]
+    lost = [text for text in outputs if f"run dir s3://runs/evaluations/{RUN} was claimed by pid " in text]
     assert len(lost) == 1 and "at the same moment: taking the next version" in lost[0]
 
 
