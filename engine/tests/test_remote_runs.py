@@ -82,6 +82,38 @@ def test_a_fit_stores_its_run_and_another_node_resumes_it_by_listing(tiny_root, 
     assert stored_checkpoint(s3, f"a/{RUN}/checkpoints/last.ckpt", tmp_path)["global_step"] == 15
 
 
+def test_a_requeued_job_on_a_new_node_downloads_only_its_own_run_dirs_checkpoints(s3, tmp_path, monkeypatch):
+    # Two Slurm jobs' runs in one root; job 101 requeued onto an empty mirror chooses in its own run dir only, so only
+    # that run's checkpoint is downloaded (not every run's last.ckpt and best ones); --ckpt_path last reads them all.
+    from jsonargparse import Namespace
+
+    from classifier_engine.plan.make import plan_run
+
+    for name in [name for name in os.environ if name.startswith("SLURM_")]:
+        monkeypatch.delenv(name)  # the test itself may run inside a Slurm job
+    for job, step, saved_at in (("101", 4, 1.0), ("202", 9, 2.0)):
+        torch.save({"state_dict": {"w": torch.full((2,), float(step))}, "epoch": 0, "global_step": step,
+                    "saved_at": saved_at}, tmp_path / "saved.ckpt")
+        s3.upload_file(str(tmp_path / "saved.ckpt"), "runs", f"sq/lightning_logs/slurm-{job}/checkpoints/last.ckpt")
+    mirror = tmp_path / "node2"
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(mirror))
+
+    def plan(ckpt_path=None):
+        config = Namespace(trainer=Namespace(default_root_dir="s3://runs/sq", logger=None), ckpt_path=ckpt_path)
+        return plan_run("fit", config)
+
+    for name, value in {"SLURM_JOB_ID": "101", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train",
+                        "SLURM_RESTART_COUNT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    own = mirror / "runs" / "sq" / "lightning_logs" / "slurm-101" / "checkpoints" / "last.ckpt"
+    assert plan().ckpt_path == own
+    assert sorted(mirror.rglob("*.ckpt")) == [own]  # job 202's never downloaded
+    for name in ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_JOB_NAME", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(name)
+    assert plan("last").ckpt_path == mirror / "runs" / "sq" / "lightning_logs" / "slurm-202" / "checkpoints" / \
+        "last.ckpt"  # the run that saved last, read from its own records
+
+
 @pytest.mark.slow
 def test_the_checkpoint_resumed_is_the_furthest_by_its_own_records_whatever_the_metadata_beside_it(
         tiny_root, s3, tmp_path, monkeypatch):

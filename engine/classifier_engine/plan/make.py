@@ -9,6 +9,7 @@ proposed, not claimed; nothing downloaded).
 """
 
 import contextlib
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -76,6 +77,8 @@ def _placement(planner: Planner, passes: Sequence[Pass], dry: bool, claiming: bo
     planner.run((placement.run_root,))
     remote, resume = planner.reads.get("remote"), looks_for_checkpoints(subcommand, config.get("ckpt_path"))
     stored = remote.prepare(LOGS, resume) if remote is not None and not dry else None
+    if stored is not None and resume:  # only the checkpoints the choice reads (a requeue: its own run dir's)
+        planner.reads["fetch_checkpoints"] = functools.partial(remote.fetch_checkpoints, stored, LOGS)
     planner.run((placement.checkpoint, *passes, settings.finished))
     started = Started(planner.plan, planner.reads.get("checkpoint"), remote=remote, reads=planner.reads)
     if started.plan.value(FINISHED) and remote is None:

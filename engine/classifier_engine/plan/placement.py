@@ -39,7 +39,7 @@ def checkpoint(given: PlanInput) -> list[Decision]:
     stored = _stored_choice(given, requested)
     if stored is not None:
         return [stored]
-    choice = choose_checkpoint(given.subcommand, requested, where)
+    choice = choose_checkpoint(given.subcommand, requested, where, given.reads.get("fetch_checkpoints"))
     given.reads["choice"], given.reads["checkpoint"] = choice, choice.checkpoint
     if choice.path is None:
         why = choice.reason or "no --ckpt_path: a new run"

@@ -122,7 +122,8 @@ class RemoteRoot:
         return max(found.items(), key=lambda item: item[1], default=None)
 
     def prepare(self, logs_name: str, resume: bool) -> Stored:
-        """The listing, a mirror folder per stored run dir and, when resuming, every stored checkpoint downloaded."""
+        """The listing and a mirror folder per stored run dir; when resuming, the mirror's checkpoints since removed
+        from the store are dropped (the resume fetches those it chooses among: fetch_checkpoints)."""
         stored = self.listing()
         for version in self.stored_versions(stored, logs_name):
             (self.mirror / logs_name / version).mkdir(parents=True, exist_ok=True)
@@ -130,9 +131,14 @@ class RemoteRoot:
         for path in self.mirror.glob(f"{logs_name}/*/{CHECKPOINTS}/*.ckpt") if resume else ():
             if _as_recorded(path) and self.name(path) not in stored:
                 path.unlink()  # as it was stored, and removed there since (by its run, or by hand): not a candidate
-        for name in self.stored_checkpoints(stored, logs_name) if resume else ():
-            self.fetch_checkpoint(name, stored)
         return stored
+
+    def fetch_checkpoints(self, stored: Stored, logs_name: str, folder: Optional[Path]) -> None:
+        """The stored checkpoints a resume chooses among, into the mirror: those of one checkpoints `folder` (a Slurm
+        requeue's or torchrun restart's own run), or (None) every run dir's."""
+        for name in self.stored_checkpoints(stored, logs_name):
+            if folder is None or (self.mirror / name).parent.resolve() == Path(folder).resolve():
+                self.fetch_checkpoint(name, stored)
 
     def fetch_checkpoint(self, name: str, stored: Stored) -> None:
         """A stored checkpoint into the mirror with its shard folder (CheckpointError when incomplete); one this node

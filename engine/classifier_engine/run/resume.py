@@ -7,7 +7,7 @@ read-only choices, for the run plan's placement passes; claiming the run dir is 
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from jsonargparse import Namespace
 
@@ -113,24 +113,31 @@ def looks_for_checkpoints(subcommand: str, requested: Optional[str]) -> bool:
     return requested == "last" or (subcommand == "fit" and restarted)
 
 
-def choose_checkpoint(subcommand: str, requested: Optional[str], where: Where) -> Choice:
-    """The checkpoint to continue from (the table in docs/reliability.md), loaded, with the reason."""
+def choose_checkpoint(subcommand: str, requested: Optional[str], where: Where,
+                      fetch: Optional[Callable[[Optional[Path]], None]] = None) -> Choice:
+    """The checkpoint to continue from (the table in docs/reliability.md), loaded, with the reason. `fetch` brings an
+    object store's checkpoints into the mirror before they are read: of one checkpoints folder, or (None) all."""
+    fetch = fetch or (lambda folder: None)
     chosen: Optional[tuple[Path, dict]] = None
     skipped: list[tuple[Path, str]] = []
     restarted = subcommand == "fit" and (torchelastic_restart() or 0) > 0
     reason = ""
     if where.job_dir is not None and slurm_restart_count() > 0:
-        chosen = newest_loadable([where.given_dir or where.job_dir / CHECKPOINTS], skipped)
+        fetch(folder := where.given_dir or where.job_dir / CHECKPOINTS)  # a requeue chooses in its own run dir only
+        chosen = newest_loadable([folder], skipped)
         if chosen:
             given = f" instead of --ckpt_path {requested}" if requested else ""
             reason = f"Slurm job {slurm_job_id()} (restart {slurm_restart_count()}): resuming from {chosen[0]}{given}"
     elif restarted and requested not in (None, "last"):
         # A restarted attempt has the first one's command line: its own newer checkpoints win over the given one.
         own = run_dir_of(Path(requested).expanduser(), where.logs)
+        if own is not None:
+            fetch(own / CHECKPOINTS)
         chosen = newest_loadable([own / CHECKPOINTS], skipped) if own is not None else None
         if chosen:
             reason = f"torchrun restart {torchelastic_restart()}: resuming from {chosen[0]} (its run's newest)"
     if chosen is None and (requested == "last" or (restarted and requested is None)):
+        fetch(None)  # chosen by what each records (never the store's metadata): every one is read
         folders = [*where.logs.glob(f"*/{CHECKPOINTS}"), where.root / CHECKPOINTS, *filter(None, [where.given_dir])]
         chosen = newest_loadable(folders, skipped)
         why = f"torchrun restart {torchelastic_restart()}" if restarted and requested is None else "--ckpt_path last"
