@@ -108,6 +108,12 @@ def test_a_requeued_job_on_a_new_node_downloads_only_its_own_run_dirs_checkpoint
     own = mirror / "runs" / "sq" / "lightning_logs" / "slurm-101" / "checkpoints" / "last.ckpt"
     assert plan().ckpt_path == own
     assert sorted(mirror.rglob("*.ckpt")) == [own]  # job 202's never downloaded
+    # Job 303 requeued with nothing of its own yet, given job 202's checkpoint by its mirror path (a new node): fetched.
+    monkeypatch.setenv("SLURM_JOB_ID", "303")
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node3"))
+    given = tmp_path / "node3" / "runs" / "sq" / "lightning_logs" / "slurm-202" / "checkpoints" / "last.ckpt"
+    assert plan(str(given)).ckpt_path == given and given.is_file()
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(mirror))
     for name in ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_JOB_NAME", "SLURM_RESTART_COUNT"):
         monkeypatch.delenv(name)
     assert plan("last").ckpt_path == mirror / "runs" / "sq" / "lightning_logs" / "slurm-202" / "checkpoints" / \

@@ -52,7 +52,7 @@ def checkpoint(given: PlanInput) -> list[Decision]:
 
 def _stored_choice(given: PlanInput, requested: Optional[str]) -> Optional[Decision]:
     """Dry, in an object store: the stored checkpoint a start would likely continue from, by its upload record (a
-    start reads every stored checkpoint's own records; the mirror may hold one further along not uploaded yet)."""
+    start reads the checkpoints' own records, a requeue only its run dir's; the mirror may hold one further along)."""
     remote, stored = given.reads.get("remote"), given.reads.get("stored")
     if remote is None or stored is None or not looks_for_checkpoints(given.subcommand, requested):
         return None
@@ -63,9 +63,8 @@ def _stored_choice(given: PlanInput, requested: Optional[str]) -> Optional[Decis
     value = {"path": str(remote.mirror / name), "url": f"{remote.url}/{name}", "step": int(progress[1])}
     given.reads["choice"] = Choice(Path(value["path"]), None, "stored")
     return Decision(CHECKPOINT, value, "--ckpt_path last: the stored checkpoint furthest along by its upload record; "
-                    "a start downloads them all and chooses by their own records", text=f"{value['url']} (step "
-                    f"{value['step']})",
-                    edits=(("ckpt_path", value["path"]),))
+                    "a start chooses by their own records (a Slurm requeue: in its own run dir)",
+                    text=f"{value['url']} (step {value['step']})", edits=(("ckpt_path", value["path"]),))
 
 
 def credentials(given: PlanInput) -> list[Decision]:

@@ -148,6 +148,7 @@ def choose_checkpoint(subcommand: str, requested: Optional[str], where: Where,
                                   "pass the checkpoint's path instead")
     elif chosen is None and requested:
         path = Path(requested).expanduser()
+        fetch(path.parent)  # a stored run's checkpoint, named by its mirror path (a requeue whose own dir has none)
         chosen = path, describe_checkpoint(path)
         reason = f"resuming from {path}" if subcommand == "fit" else f"checkpoint {path}"
     return Choice(*(chosen or (None, None)), reason + _note(skipped), tuple(skipped))
