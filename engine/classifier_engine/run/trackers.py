@@ -1,4 +1,4 @@
-"""Experiment trackers: the config's logger entries, checked at start-up, their credentials, what each is told
+"""Experiment trackers: the config's logger entries, checked at start-up, their credentials, the config each is sent
 (docs/reliability.md#trackers); a resume continues their tracked runs (tracked_runs.py).
 
     python -m classifier_engine fit --config CONFIG --config MLFLOW.yaml --ckpt_path last
