@@ -133,7 +133,7 @@ def choose_checkpoint(subcommand: str, requested: Optional[str], where: Where,
         own = run_dir_of(Path(requested).expanduser(), where.logs)
         if own is not None:
             fetch(own / CHECKPOINTS)
-        chosen = newest_loadable([own / CHECKPOINTS], skipped) if own is not None else None
+            chosen = newest_loadable([own / CHECKPOINTS], skipped)
         if chosen:
             reason = f"torchrun restart {torchelastic_restart()}: resuming from {chosen[0]} (its run's newest)"
     if chosen is None and (requested == "last" or (restarted and requested is None)):
