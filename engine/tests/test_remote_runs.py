@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import boto3
 import pytest
@@ -118,6 +119,43 @@ def test_a_requeued_job_on_a_new_node_downloads_only_its_own_run_dirs_checkpoint
         monkeypatch.delenv(name)
     assert plan("last").ckpt_path == mirror / "runs" / "sq" / "lightning_logs" / "slurm-202" / "checkpoints" / \
         "last.ckpt"  # the run that saved last, read from its own records
+
+
+def test_ckpt_path_last_downloads_the_checkpoint_its_metadata_ranks_first_and_those_without_metadata(
+        s3, tmp_path, monkeypatch):
+    # Three runs in one root, as the library stores them (each checkpoint's records as its metadata), and one copied
+    # in without metadata: --ckpt_path last on an empty mirror reads the first by the claims (its own records agree)
+    # and the one that claims nothing, not every run's checkpoints. A claim its file does not bear out reads on.
+    from jsonargparse import Namespace
+
+    from classifier_engine.plan.make import plan_run
+
+    for name in [name for name in os.environ if name.startswith(("SLURM_", "TORCHELASTIC_"))]:
+        monkeypatch.delenv(name)  # the test itself may run inside a Slurm job
+    runs = {"version_0": (4, 1.0, "4"), "version_1": (9, 3.0, "9"), "version_2": (7, 2.0, "7"), "copied": (1, 0.5, "")}
+    for run, (step, saved_at, claim) in runs.items():
+        torch.save({"state_dict": {}, "epoch": 0, "global_step": step, "saved_at": saved_at}, tmp_path / "saved.ckpt")
+        extra = {"Metadata": {"progress": f"{saved_at} {claim} 0 0"}} if claim else {}
+        s3.upload_file(str(tmp_path / "saved.ckpt"), "runs", f"cl/lightning_logs/{run}/checkpoints/last.ckpt",
+                       ExtraArgs=extra)
+    logs = tmp_path / "node1" / "runs" / "cl" / "lightning_logs"
+
+    def last_on_an_empty_mirror(node: str) -> tuple[Path, list[Path]]:
+        monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / node))
+        config = Namespace(trainer=Namespace(default_root_dir="s3://runs/cl", logger=None), ckpt_path="last")
+        chosen = plan_run("fit", config).ckpt_path
+        return chosen.relative_to(tmp_path / node), sorted(p.relative_to(tmp_path / node)
+                                                           for p in (tmp_path / node).rglob("*.ckpt"))
+
+    def at(run: str) -> Path:
+        return (logs / run / "checkpoints" / "last.ckpt").relative_to(tmp_path / "node1")
+
+    assert last_on_an_empty_mirror("node1") == (at("version_1"), [at("copied"), at("version_1")])
+    # version_0's metadata edited to claim it saved last, further along: read, found otherwise, and read on.
+    key = "cl/lightning_logs/version_0/checkpoints/last.ckpt"
+    s3.copy_object(Bucket="runs", Key=key, CopySource={"Bucket": "runs", "Key": key}, MetadataDirective="REPLACE",
+                   Metadata={"progress": "9.0 99 0 0"})
+    assert last_on_an_empty_mirror("node2") == (at("version_1"), [at("copied"), at("version_0"), at("version_1")])
 
 
 @pytest.mark.slow

@@ -56,11 +56,11 @@ def _stored_choice(given: PlanInput, requested: Optional[str]) -> Optional[Decis
     remote, stored = given.reads.get("remote"), given.reads.get("stored")
     if remote is None or stored is None or not looks_for_checkpoints(given.subcommand, requested):
         return None
-    found = remote.stored_resume(stored, LOGS)
-    if found is None:
+    order = remote.claimed_order(stored, LOGS)
+    if not order:
         return None
-    name, progress = found
-    value = {"path": str(remote.mirror / name), "url": f"{remote.url}/{name}", "step": int(progress[1])}
+    name, claim = order[0]
+    value = {"path": str(remote.mirror / name), "url": f"{remote.url}/{name}", "step": int((claim or (0, 0))[1])}
     given.reads["choice"] = Choice(Path(value["path"]), None, "stored")
     return Decision(CHECKPOINT, value, "--ckpt_path last: the stored checkpoint furthest along by its upload record; "
                     "a start chooses by their own records (a Slurm requeue: in its own run dir)",

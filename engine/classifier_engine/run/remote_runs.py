@@ -18,12 +18,12 @@ from classifier_engine.errors import CheckpointError, ConfigError, RunDirInUse
 from classifier_engine.run.checkpoint_checks import SAVED_AT
 from classifier_engine.run.checkpoint_io import load_checkpoint, progress
 from classifier_engine.run.remote_lease import LEASE_TTL_S, Lease, take_lease
-from classifier_engine.run.run_dirs import CHECKPOINTS, SHARDS
+from classifier_engine.run.run_dirs import CHECKPOINTS, LAST, SHARDS
 from classifier_engine.storage.cache import cache_dir
 from classifier_engine.storage.files import atomic_write
 from classifier_engine.storage.object_store import BUCKET, passing_failure, plain_key, s3_client
 
-PROGRESS = "progress"  # metadata of an uploaded checkpoint, "saved_at global_step epoch batches": a dry plan's guess
+PROGRESS = "progress"  # metadata of an uploaded checkpoint, "saved_at global_step epoch batches": what to read first
 JOURNAL = ".uploaded.json"  # in the mirror: (size, mtime, URL, a checkpoint's ETag) of each file as uploaded/downloaded
 Stored = dict[str, tuple[int, str]]  # a listing: {key relative to the root: (bytes, ETag)}
 
@@ -105,21 +105,27 @@ class RemoteRoot:
         return [name for name in stored if name.endswith(".ckpt") and (name.split("/")[:-1] == [CHECKPOINTS] or (
             name.count("/") == 3 and name.split("/")[::2] == [logs_name, CHECKPOINTS]))]
 
-    def stored_resume(self, stored: Stored, logs_name: str) -> Optional[tuple[str, tuple[float, ...]]]:
-        """(key, progress) of the stored checkpoint furthest along by its upload metadata: a dry plan's guess (a start
-        reads every checkpoint's own records)."""
-        found = {}
+    def claimed_order(self, stored: Stored, logs_name: str) -> list[tuple[str, tuple[float, ...]]]:
+        """The stored checkpoints with what their upload metadata claims (saved_at, then progress(); () when none), in
+        the order a resume would choose them if the claims hold: the run that saved last, then the furthest along. An
+        order to read them in and a dry plan's guess only: metadata is untrusted (a start reads their own records)."""
+        claims = {}
         for name in self.stored_checkpoints(stored, logs_name):
             try:
                 head = self.client().head_object(Bucket=self.bucket, Key=f"{self.prefix}/{name}".lstrip("/"))
             except Exception as error:  # noqa: BLE001
                 raise self.store_error(error, f"reading {name}") from None
-            try:  # (metadata is untrusted: a value that is not 4 numbers counts as nothing)
+            try:  # (a value that is not 4 finite numbers claims nothing)
                 values = tuple(float(part) for part in head.get("Metadata", {}).get(PROGRESS, "").split())
             except ValueError:
                 values = ()
-            found[name] = values if len(values) == 4 and all(map(math.isfinite, values)) else (0.0,) * 4
-        return max(found.items(), key=lambda item: item[1], default=None)
+            claims[name] = values if len(values) == 4 and all(map(math.isfinite, values)) else ()
+        runs: dict[str, float] = {}
+        for name, claim in claims.items():
+            run = name.rpartition("/")[0]
+            runs[run] = max(runs.get(run, 0.0), claim[0] if claim else 0.0)
+        return sorted(claims.items(), reverse=True, key=lambda item: (
+            runs[item[0].rpartition("/")[0]], *(item[1] or (0.0,) * 4)[1:], item[0].endswith(f"/{LAST}")))
 
     def prepare(self, logs_name: str, resume: bool) -> Stored:
         """The listing and a mirror folder per stored run dir; when resuming, the mirror's checkpoints since removed
@@ -135,10 +141,21 @@ class RemoteRoot:
 
     def fetch_checkpoints(self, stored: Stored, logs_name: str, folder: Optional[Path]) -> None:
         """The stored checkpoints a resume chooses among, into the mirror: those of one checkpoints `folder` (a Slurm
-        requeue's or torchrun restart's own run), or (None) every run dir's."""
-        for name in self.stored_checkpoints(stored, logs_name):
-            if folder is None or (self.mirror / name).parent.resolve() == Path(folder).resolve():
-                self.fetch_checkpoint(name, stored)
+        requeue's or torchrun restart's own run), or (None) of every run dir, read in their claimed order until one's
+        own records are what its metadata claims (no checkpoint after it claims to be further along), and every one
+        that claims nothing (copied without its metadata)."""
+        if folder is not None:
+            for name in self.stored_checkpoints(stored, logs_name):
+                if (self.mirror / name).parent.resolve() == Path(folder).resolve():
+                    self.fetch_checkpoint(name, stored)
+            return
+        order = self.claimed_order(stored, logs_name)
+        for name in [name for name, claim in order if not claim]:
+            self.fetch_checkpoint(name, stored)
+        for name, claim in [(name, claim) for name, claim in order if claim]:
+            self.fetch_checkpoint(name, stored)
+            if _records(_contents(self.mirror / name)) == claim:
+                break
 
     def fetch_checkpoint(self, name: str, stored: Stored) -> None:
         """A stored checkpoint into the mirror with its shard folder (CheckpointError when incomplete); one this node
