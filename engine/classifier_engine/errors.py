@@ -210,7 +210,7 @@ def exit_on_user_error(run: Callable[[], object]) -> None:
             if rank_label():  # the others print the line last, and fail their pending collectives now, not at timeout
                 if (prefix := _note_prefix()) is not None:
                     with contextlib.suppress(OSError):  # the line was printed already; the note only repeats it
-                        Path(f"{prefix}{os.getpid()}").write_text(line + "\n")
+                        _write_new(f"{prefix}{os.getpid()}", line + "\n")
                 if dist.is_available() and dist.is_initialized():
                     with contextlib.suppress(Exception):  # closing a broken group may fail too
                         dist.destroy_process_group()
@@ -246,6 +246,15 @@ def _note_prefix() -> Optional[str]:
         return None
     host = os.environ.get("MASTER_ADDR", "").replace("/", "_")
     return os.path.join(tempfile.gettempdir(), f"classifier-engine-error-{host}-{port}-")
+
+
+def _write_new(path: str, text: str) -> None:
+    """Write a new file only this user reads, never through a link or into a file someone else put there (the temp
+    folder is everyone's: a link planted at the name would have the line overwrite the file it points to)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # an earlier note of ours with this pid and port (or a link: removed, not followed)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as note:
+        note.write(text)
 
 
 def _notes_of_failed_ranks(wait_s: float = 2.0) -> list[str]:

@@ -99,6 +99,33 @@ def test_a_disk_that_fills_during_a_save_keeps_the_previous_checkpoint(tiny_root
     assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"]
 
 
+def test_a_ranks_error_note_in_the_temp_folder_never_writes_through_a_link_planted_at_its_name(tmp_path, monkeypatch,
+                                                                                                 capsys):
+    # Rank 1 of 2 fails with a user error; its note for the others goes to <tmp>/classifier-engine-error-<addr>-<port>-
+    # <pid>, a name anyone on the host can guess: a link planted there must not make the line overwrite its target.
+    import tempfile
+
+    from classifier_engine.errors import ConfigError, _notes_of_failed_ranks
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for name, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT="29411", WORLD_SIZE="2", RANK="1").items():
+        monkeypatch.setenv(name, value)
+    victim = tmp_path / "victim"
+    victim.write_text("the user's file\n")
+    note = tmp_path / f"classifier-engine-error-127.0.0.1-29411-{os.getpid()}"
+    note.symlink_to(victim)
+
+    def fails() -> None:
+        raise ConfigError("data.batch_size must be >= 1, got 0")
+
+    with pytest.raises(SystemExit) as exited:
+        exit_on_user_error(fails)
+    assert exited.value.code == 2 and victim.read_text() == "the user's file\n"
+    assert not note.is_symlink() and note.stat().st_mode & 0o777 == 0o600  # a new file, for this user only
+    assert _notes_of_failed_ranks(wait_s=0) == ["error (rank 1): data.batch_size must be >= 1, got 0"]
+    assert capsys.readouterr().err.strip() == "error (rank 1): data.batch_size must be >= 1, got 0"
+
+
 def test_a_full_disk_that_also_fails_lightnings_clean_up_is_still_the_runs_one_line():
     # The chain Lightning's _interrupt makes when a logger's flush fails on the same full disk after our error.
     with pytest.raises(OSError) as raised:
