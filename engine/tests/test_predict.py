@@ -284,6 +284,12 @@ def test_predictions_that_find_the_disk_full_are_written_to_tmpdir_and_the_error
     monkeypatch.setenv("TMPDIR", str(rescue_dir))
     monkeypatch.setattr(tempfile, "tempdir", None)
     assert tempfile.gettempdir() == str(rescue_dir)
+    # A link planted at the rescue's temp name (guessable in a shared $TMPDIR): not written through.
+    from classifier_engine.storage.files import partial_path
+
+    victim = tmp_path / "victim"
+    victim.write_text("the user's file")
+    partial_path(rescue_dir / f"predictions.{os.getpid()}.csv").symlink_to(victim)
     code, _, stderr = project_in_process(["predict", *tiny_args(tiny_root, tmp_path / "run"),
                                           f"--ckpt_path={checkpoint}",
                                           f"--data.predict_root={image_folder}", f"--predictions.output={out}"],
@@ -296,6 +302,7 @@ def test_predictions_that_find_the_disk_full_are_written_to_tmpdir_and_the_error
                     "again)")
     assert [row[0] for row in read_csv(rescued)[1:]] == [str(path) for path in list_images(image_folder)]
     assert not out.exists() and sorted(p.name for p in disk.iterdir()) == ["filler"]
+    assert victim.read_text() == "the user's file" and sorted(p.name for p in rescue_dir.iterdir()) == [rescued.name]
 
 
 def test_predictions_images_with_an_image_folder_module_predicts_that_folder(tiny_root, checkpoint, tmp_path):

@@ -105,10 +105,12 @@ def test_a_ranks_error_note_in_the_temp_folder_never_writes_through_a_link_plant
     # <pid>, a name anyone on the host can guess: a link planted there must not make the line overwrite its target.
     import tempfile
 
+    from classifier_engine import errors
     from classifier_engine.errors import ConfigError, _notes_of_failed_ranks
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    for name, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT="29411", WORLD_SIZE="2", RANK="1").items():
+    monkeypatch.setattr(errors, "_rank", (1, 2))  # as record_rank(1, 2) in rank 1's start (an earlier test's, else)
+    for name, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT="29411").items():
         monkeypatch.setenv(name, value)
     victim = tmp_path / "victim"
     victim.write_text("the user's file\n")

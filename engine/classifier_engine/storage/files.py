@@ -64,7 +64,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], object], *, mode
     temp = partial_path(path)
     text = {"encoding": "utf-8", "newline": ""} if "b" not in mode else {}
     try:
-        with open(temp, mode, **text) as file:
+        temp.unlink(missing_ok=True)  # a killed writer's of this pid, or a link (in $TMPDIR): never written through
+        with open(temp, mode.replace("w", "x"), **text) as file:
             write(file)
             file.flush()
             if fsync:
