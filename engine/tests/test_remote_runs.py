@@ -156,6 +156,27 @@ def test_ckpt_path_last_downloads_the_checkpoint_its_metadata_ranks_first_and_th
     s3.copy_object(Bucket="runs", Key=key, CopySource={"Bucket": "runs", "Key": key}, MetadataDirective="REPLACE",
                    Metadata={"progress": "9.0 99 0 0"})
     assert last_on_an_empty_mirror("node2") == (at("version_1"), [at("copied"), at("version_0"), at("version_1")])
+    # Runs of several checkpoints: version_0 continued from an early one (its last.ckpt saved last, step 8 furthest);
+    # version_3's last.ckpt claims a later save than it made, which would make its run the one that saved last;
+    # version_2's claims the latest, and does not load. Each claim the choice rests on is read: not version_1's.
+    for name, (step, saved_at, claim) in {"version_0/checkpoints/last.ckpt": (3, 5.0, "5.0 3"),
+                                          "version_0/checkpoints/epoch=0-step=8.ckpt": (8, 2.0, "2.0 8"),
+                                          "version_1/checkpoints/last.ckpt": (5, 3.0, "3.0 5"),
+                                          "version_3/checkpoints/a.ckpt": (20, 1.5, "1.5 20"),
+                                          "version_3/checkpoints/last.ckpt": (1, 1.0, "7.0 1")}.items():
+        torch.save({"state_dict": {}, "epoch": 0, "global_step": step, "saved_at": saved_at}, tmp_path / "saved.ckpt")
+        s3.upload_file(str(tmp_path / "saved.ckpt"), "runs", f"cm/lightning_logs/{name}",
+                       ExtraArgs={"Metadata": {"progress": f"{claim} 0 0"}})
+    s3.put_object(Bucket="runs", Key="cm/lightning_logs/version_2/checkpoints/last.ckpt", Body=b"not a checkpoint",
+                  Metadata={"progress": "6.0 9 0 0"})
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node3"))
+    config = Namespace(trainer=Namespace(default_root_dir="s3://runs/cm", logger=None), ckpt_path="last")
+    logs = tmp_path / "node3" / "runs" / "cm" / "lightning_logs"
+    with pytest.warns(UserWarning, match="skipped checkpoint .*version_2/checkpoints/last.ckpt"):
+        assert plan_run("fit", config).ckpt_path == logs / "version_0" / "checkpoints" / "epoch=0-step=8.ckpt"
+    assert sorted(str(p.relative_to(logs)) for p in logs.rglob("*.ckpt")) == [
+        "version_0/checkpoints/epoch=0-step=8.ckpt", "version_0/checkpoints/last.ckpt",
+        "version_2/checkpoints/last.ckpt", "version_3/checkpoints/a.ckpt", "version_3/checkpoints/last.ckpt"]
 
 
 @pytest.mark.slow

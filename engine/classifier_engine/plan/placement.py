@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from classifier_engine.run.remote_runs import RemoteRoot
-from classifier_engine.run.resume import Choice, Where, choose_checkpoint, logger_pins, looks_for_checkpoints
+from classifier_engine.run.resume import Choice, Where, choose_checkpoint, furthest, logger_pins, looks_for_checkpoints
 from classifier_engine.run.run_dirs import LOGS, logger_version
 from classifier_engine.run.tracked_runs import tracked_runs_to_continue, tracker_edits
 from classifier_engine.run.trackers import check_trackers, hidden_credentials, kind_of, logger_entries
@@ -56,11 +56,11 @@ def _stored_choice(given: PlanInput, requested: Optional[str]) -> Optional[Decis
     remote, stored = given.reads.get("remote"), given.reads.get("stored")
     if remote is None or stored is None or not looks_for_checkpoints(given.subcommand, requested):
         return None
-    order = remote.claimed_order(stored, LOGS)
-    if not order:
+    claims = {remote.mirror / name: claim or (0.0,) * 4 for name, claim in remote.claims(stored, LOGS).items()}
+    if (path := furthest(claims)) is None:
         return None
-    name, claim = order[0]
-    value = {"path": str(remote.mirror / name), "url": f"{remote.url}/{name}", "step": int((claim or (0, 0))[1])}
+    name = remote.name(path)
+    value = {"path": str(path), "url": f"{remote.url}/{name}", "step": int(claims[path][1])}
     given.reads["choice"] = Choice(Path(value["path"]), None, "stored")
     return Decision(CHECKPOINT, value, "--ckpt_path last: the stored checkpoint furthest along by its upload record; "
                     "a start chooses by their own records (a Slurm requeue: in its own run dir)",

@@ -1,5 +1,6 @@
 """Run dirs on object storage, worked on in a node-local mirror: each checkpoint uploaded whole as it is saved, the
-logs with it; --ckpt_path last downloads them and continues from the furthest along (docs/reliability.md).
+logs with it; --ckpt_path last downloads what its choice needs and continues from the furthest along
+(docs/reliability.md).
 
     AWS_ENDPOINT_URL=http://127.0.0.1:9000 python -m classifier_engine fit --config CONFIG \\
         --trainer.default_root_dir s3://bucket/runs --ckpt_path last
@@ -18,7 +19,7 @@ from classifier_engine.errors import CheckpointError, ConfigError, RunDirInUse
 from classifier_engine.run.checkpoint_checks import SAVED_AT
 from classifier_engine.run.checkpoint_io import load_checkpoint, progress
 from classifier_engine.run.remote_lease import LEASE_TTL_S, Lease, take_lease
-from classifier_engine.run.run_dirs import CHECKPOINTS, LAST, SHARDS
+from classifier_engine.run.run_dirs import CHECKPOINTS, SHARDS
 from classifier_engine.storage.cache import cache_dir
 from classifier_engine.storage.files import atomic_write
 from classifier_engine.storage.object_store import BUCKET, passing_failure, plain_key, s3_client
@@ -105,27 +106,21 @@ class RemoteRoot:
         return [name for name in stored if name.endswith(".ckpt") and (name.split("/")[:-1] == [CHECKPOINTS] or (
             name.count("/") == 3 and name.split("/")[::2] == [logs_name, CHECKPOINTS]))]
 
-    def claimed_order(self, stored: Stored, logs_name: str) -> list[tuple[str, tuple[float, ...]]]:
-        """The stored checkpoints with what their upload metadata claims (saved_at, then progress(); () when none), in
-        the order a resume would choose them if the claims hold: the run that saved last, then the furthest along. An
-        order to read them in and a dry plan's guess only: metadata is untrusted (a start reads their own records)."""
+    def claims(self, stored: Stored, logs_name: str) -> dict[str, tuple[float, ...]]:
+        """What each stored checkpoint's upload metadata claims of it: (saved_at, *progress()), () when nothing (copied
+        without it, or not 4 finite numbers). Untrusted: an order to read them in, and a dry plan's guess."""
         claims = {}
         for name in self.stored_checkpoints(stored, logs_name):
             try:
                 head = self.client().head_object(Bucket=self.bucket, Key=f"{self.prefix}/{name}".lstrip("/"))
             except Exception as error:  # noqa: BLE001
                 raise self.store_error(error, f"reading {name}") from None
-            try:  # (a value that is not 4 finite numbers claims nothing)
+            try:
                 values = tuple(float(part) for part in head.get("Metadata", {}).get(PROGRESS, "").split())
             except ValueError:
                 values = ()
             claims[name] = values if len(values) == 4 and all(map(math.isfinite, values)) else ()
-        runs: dict[str, float] = {}
-        for name, claim in claims.items():
-            run = name.rpartition("/")[0]
-            runs[run] = max(runs.get(run, 0.0), claim[0] if claim else 0.0)
-        return sorted(claims.items(), reverse=True, key=lambda item: (
-            runs[item[0].rpartition("/")[0]], *(item[1] or (0.0,) * 4)[1:], item[0].endswith(f"/{LAST}")))
+        return claims
 
     def prepare(self, logs_name: str, resume: bool) -> Stored:
         """The listing and a mirror folder per stored run dir; when resuming, the mirror's checkpoints since removed
@@ -139,23 +134,25 @@ class RemoteRoot:
                 path.unlink()  # as it was stored, and removed there since (by its run, or by hand): not a candidate
         return stored
 
-    def fetch_checkpoints(self, stored: Stored, logs_name: str, folder: Optional[Path]) -> None:
-        """The stored checkpoints a resume chooses among, into the mirror: those of one checkpoints `folder` (a Slurm
-        requeue's or torchrun restart's own run), or (None) of every run dir, read in their claimed order until one's
-        own records are what its metadata claims (no checkpoint after it claims to be further along), and every one
-        that claims nothing (copied without its metadata)."""
-        if folder is not None:
+    def fetch_checkpoints(self, stored: Stored, logs_name: str, which: Optional[Path]) -> dict[Path, tuple]:
+        """Stored checkpoints a resume reads, into the mirror: one (its mirror path), those of one checkpoints folder
+        (a Slurm requeue's or torchrun restart's own run), or (None) those whose metadata claims nothing, returning
+        the claims of the others whose mirror copy is not that object ({mirror path: claim}): the choice fetches each
+        of those only if its claim would win (resume.newest_loadable), then goes by its own records."""
+        if which is not None:
             for name in self.stored_checkpoints(stored, logs_name):
-                if (self.mirror / name).parent.resolve() == Path(folder).resolve():
+                if Path(which).resolve() in ((self.mirror / name).resolve(), (self.mirror / name).parent.resolve()):
                     self.fetch_checkpoint(name, stored)
-            return
-        order = self.claimed_order(stored, logs_name)
-        for name in [name for name, claim in order if not claim]:
-            self.fetch_checkpoint(name, stored)
-        for name, claim in [(name, claim) for name, claim in order if claim]:
-            self.fetch_checkpoint(name, stored)
-            if _records(_contents(self.mirror / name)) == claim:
-                break
+            return {}
+        claimed = {}
+        for name, claim in self.claims(stored, logs_name).items():
+            target = self.mirror / name
+            if not claim:
+                self.fetch_checkpoint(name, stored)
+            elif not target.is_file() or not (_as_recorded(target, stored[name][1]) or (
+                    not _as_recorded(target) and _records(_contents(target)) >= claim)):
+                claimed[target] = claim  # (one this node saved and could not upload yet is read as it is, if ahead)
+        return claimed
 
     def fetch_checkpoint(self, name: str, stored: Stored) -> None:
         """A stored checkpoint into the mirror with its shard folder (CheckpointError when incomplete); one this node

@@ -64,20 +64,45 @@ def describe_checkpoint(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def newest_loadable(folders: list[Path], skipped: list) -> Optional[tuple[Path, dict]]:
+def newest_loadable(folders: list[Path], skipped: list, claims: Optional[dict[Path, tuple]] = None,
+                    fetch: Callable[[Path], Any] = lambda path: None) -> Optional[tuple[Path, dict]]:
     """Of the folders' *.ckpt files (a save in progress writes a .partial: never a candidate), by what each records,
     never file times (a copy resets them): the run that saved last, and in it the checkpoint furthest along (last.ckpt
-    on a tie). Those that do not load go to `skipped` with their reason."""
-    loaded = []
-    for path in sorted(p for folder in folders for p in folder.glob("*.ckpt") if p.is_file()):
+    on a tie). Those that do not load go to `skipped` with their reason. `claims`: stored checkpoints not read yet,
+    with the records their upload metadata claims; each is fetched and read only when the choice would rest on its
+    claim (a claim further than its file: one more download; one short of it hides that checkpoint, as deleting it
+    would)."""
+    named = {folder.resolve(): folder for folder in folders}  # each run's files under one name: a run is a folder
+    claims = {named.get(path.parent.resolve(), path.parent) / path.name: c for path, c in (claims or {}).items()}
+    loaded, records = {}, {}
+
+    def read(path: Path) -> None:
         try:
-            loaded.append((path, describe_checkpoint(path)))
+            loaded[path] = describe_checkpoint(path)
+            records[path] = (float(loaded[path].get(SAVED_AT) or 0.0), *progress(loaded[path]))
         except CheckpointError as error:
             skipped.append((path, str(error)))
-    saved: dict[Path, float] = {}
-    for path, checkpoint in loaded:
-        saved[path.parent] = max(saved.get(path.parent, 0.0), float(checkpoint.get(SAVED_AT) or 0.0))
-    return max(loaded, default=None, key=lambda c: (saved[c[0].parent], *progress(c[1]), c[0].name == LAST))
+
+    for path in sorted(p for folder in folders for p in folder.glob("*.ckpt") if p.is_file() and p not in claims):
+        read(path)
+    while (best := furthest(known := {**records, **claims})) is not None:
+        # Its run's time must be read too, not claimed: the checkpoint of its run that saved last (a read one on a tie).
+        stamp = max((path for path in known if path.parent == best.parent), key=lambda p: (known[p][0], p in records))
+        if (unread := best if best in claims else stamp if stamp in claims else None) is None:
+            return best, loaded[best]
+        del claims[unread]
+        fetch(unread)
+        read(unread)
+    return None
+
+
+def furthest(records: dict[Path, tuple]) -> Optional[Path]:
+    """The checkpoint a resume continues from, of their (saved_at, *progress()) records: the run (folder) that saved
+    last, then the furthest along in it, last.ckpt on a tie."""
+    runs: dict[Path, float] = {}
+    for path, (saved_at, *_) in records.items():
+        runs[path.parent] = max(runs.get(path.parent, 0.0), saved_at)
+    return max(records, default=None, key=lambda path: (runs[path.parent], *records[path][1:], path.name == LAST))
 
 
 def file_loggers(trainer: Namespace) -> list[tuple[str, Namespace]]:
@@ -114,10 +139,11 @@ def looks_for_checkpoints(subcommand: str, requested: Optional[str]) -> bool:
 
 
 def choose_checkpoint(subcommand: str, requested: Optional[str], where: Where,
-                      fetch: Optional[Callable[[Optional[Path]], None]] = None) -> Choice:
+                      fetch: Optional[Callable[[Optional[Path]], dict]] = None) -> Choice:
     """The checkpoint to continue from (the table in docs/reliability.md), loaded, with the reason. `fetch` brings an
-    object store's checkpoints into the mirror before they are read: of one checkpoints folder, or (None) all."""
-    fetch = fetch or (lambda folder: None)
+    object store's checkpoints into the mirror before they are read: one, those of one checkpoints folder, or (None)
+    those whose metadata claims nothing, returning the others' claims (RemoteRoot.fetch_checkpoints)."""
+    fetch = fetch or (lambda which: {})
     chosen: Optional[tuple[Path, dict]] = None
     skipped: list[tuple[Path, str]] = []
     restarted = subcommand == "fit" and (torchelastic_restart() or 0) > 0
@@ -137,9 +163,9 @@ def choose_checkpoint(subcommand: str, requested: Optional[str], where: Where,
         if chosen:
             reason = f"torchrun restart {torchelastic_restart()}: resuming from {chosen[0]} (its run's newest)"
     if chosen is None and (requested == "last" or (restarted and requested is None)):
-        fetch(None)  # chosen by what each records (never the store's metadata): every one is read
+        claims = fetch(None)  # a stored checkpoint is downloaded when its claim would win, then read
         folders = [*where.logs.glob(f"*/{CHECKPOINTS}"), where.root / CHECKPOINTS, *filter(None, [where.given_dir])]
-        chosen = newest_loadable(folders, skipped)
+        chosen = newest_loadable(folders, skipped, claims, fetch)
         why = f"torchrun restart {torchelastic_restart()}" if restarted and requested is None else "--ckpt_path last"
         reason = f"{why}: " + (f"resuming from {chosen[0]}" if chosen else
                                f"no loadable checkpoint under {where.logs} yet; starting from scratch")
@@ -148,7 +174,7 @@ def choose_checkpoint(subcommand: str, requested: Optional[str], where: Where,
                                   "pass the checkpoint's path instead")
     elif chosen is None and requested:
         path = Path(requested).expanduser()
-        fetch(path.parent)  # a stored run's checkpoint, named by its mirror path (a requeue whose own dir has none)
+        fetch(path)  # a stored run's checkpoint, named by its mirror path (a requeue whose own dir has none)
         chosen = path, describe_checkpoint(path)
         reason = f"resuming from {path}" if subcommand == "fit" else f"checkpoint {path}"
     return Choice(*(chosen or (None, None)), reason + _note(skipped), tuple(skipped))
