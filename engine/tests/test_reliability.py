@@ -128,6 +128,20 @@ def test_a_ranks_error_note_in_the_temp_folder_never_writes_through_a_link_plant
     assert capsys.readouterr().err.strip() == "error (rank 1): data.batch_size must be >= 1, got 0"
 
 
+def test_a_file_written_whole_is_never_written_through_a_link_planted_at_its_temp_files_name(tmp_path):
+    # atomic_write's temp file beside the target, .<name>.<host>-<pid>.partial, is a guessable name (in a shared
+    # $TMPDIR: predictions rescued there); a link planted at it must not take the content.
+    from classifier_engine.storage.files import atomic_write, partial_path
+
+    victim = tmp_path / "victim"
+    victim.write_text("the user's file")
+    target = tmp_path / "predictions.csv"
+    partial_path(target).symlink_to(victim)
+    atomic_write(target, lambda file: file.write(b"path,class_1\n"))
+    assert victim.read_text() == "the user's file" and target.read_bytes() == b"path,class_1\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["predictions.csv", "victim"]
+
+
 def test_a_full_disk_that_also_fails_lightnings_clean_up_is_still_the_runs_one_line():
     # The chain Lightning's _interrupt makes when a logger's flush fails on the same full disk after our error.
     with pytest.raises(OSError) as raised:

@@ -173,10 +173,19 @@ def test_ckpt_path_last_downloads_the_checkpoint_its_metadata_ranks_first_and_th
     config = Namespace(trainer=Namespace(default_root_dir="s3://runs/cm", logger=None), ckpt_path="last")
     logs = tmp_path / "node3" / "runs" / "cm" / "lightning_logs"
     with pytest.warns(UserWarning, match="skipped checkpoint .*version_2/checkpoints/last.ckpt"):
-        assert plan_run("fit", config).ckpt_path == logs / "version_0" / "checkpoints" / "epoch=0-step=8.ckpt"
+        assert plan_run("fit", config.clone()).ckpt_path == logs / "version_0" / "checkpoints" / "epoch=0-step=8.ckpt"
     assert sorted(str(p.relative_to(logs)) for p in logs.rglob("*.ckpt")) == [
         "version_0/checkpoints/epoch=0-step=8.ckpt", "version_0/checkpoints/last.ckpt",
         "version_2/checkpoints/last.ckpt", "version_3/checkpoints/a.ckpt", "version_3/checkpoints/last.ckpt"]
+    # A tie (the same step, one in the mirror already, one saved later only in the store): the first by name, as
+    # when all are read; and a logger of another name looks in its own folder only (nothing there: a new run).
+    torch.save({"state_dict": {}, "epoch": 0, "global_step": 8, "saved_at": 9.0}, tmp_path / "saved.ckpt")
+    s3.upload_file(str(tmp_path / "saved.ckpt"), "runs", "cm/lightning_logs/version_0/checkpoints/epoch=0-step=8-v1"
+                   ".ckpt", ExtraArgs={"Metadata": {"progress": "9.0 8 0 0"}})
+    assert plan_run("fit", config.clone()).ckpt_path == logs / "version_0" / "checkpoints" / "epoch=0-step=8-v1.ckpt"
+    named = Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger", init_args=Namespace(name="exp"))
+    assert plan_run("fit", Namespace(trainer=Namespace(default_root_dir="s3://runs/cm", logger=named),
+                                     ckpt_path="last")).ckpt_path is None
 
 
 @pytest.mark.slow
@@ -519,3 +528,37 @@ def test_a_sharded_checkpoint_whose_folder_lacks_a_shard_here_is_not_uploaded(s3
                                          "by ranks of other nodes into their own mirrors\\): not uploaded"):
         assert not root.store_checkpoint(folder / "last.ckpt")
     assert stored(s3, "u") == {}
+
+
+def test_a_sharded_checkpoint_whose_download_was_cut_short_is_completed_by_the_next_resume(s3, tmp_path, monkeypatch):
+    # A download cut short leaves the checkpoint file (recorded as that object) and part of its shard folder: the next
+    # --ckpt_path last fetches the rest and continues from it, not from the one before it.
+    import torch.distributed.checkpoint as dcp
+    from jsonargparse import Namespace
+
+    from classifier_engine.plan.make import plan_run
+    from classifier_engine.run.remote_runs import RemoteRoot
+
+    for name in [name for name in os.environ if name.startswith(("SLURM_", "TORCHELASTIC_"))]:
+        monkeypatch.delenv(name)  # the test itself may run inside a Slurm job
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node1"))
+    root = RemoteRoot("s3://runs/cut")
+    folder = root.mirror / RUN / "checkpoints"
+    folder.mkdir(parents=True)
+    torch.save({"state_dict": {}, "epoch": 0, "global_step": 3, "saved_at": 1.0}, folder / "epoch=0-step=3.ckpt")
+    shards = folder / ".last.ckpt.1.shards"
+    dcp.save({"state_dict": {"w": torch.zeros(4)}}, storage_writer=dcp.FileSystemWriter(shards))
+    torch.save({"state_dict": {}, "epoch": 0, "global_step": 9, "saved_at": 2.0, "shards": shards.name},
+               folder / "last.ckpt")
+    assert root.store_checkpoint(folder / "epoch=0-step=3.ckpt") and root.store_checkpoint(folder / "last.ckpt")
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node2"))
+    last = tmp_path / "node2" / "runs" / "cut" / RUN / "checkpoints" / "last.ckpt"
+
+    def resumes_from() -> Path:
+        config = Namespace(trainer=Namespace(default_root_dir="s3://runs/cut", logger=None), ckpt_path="last")
+        return plan_run("fit", config).ckpt_path
+
+    assert resumes_from() == last
+    (part,) = (last.parent / shards.name).glob("*.distcp")
+    part.unlink()  # as the cut download left it
+    assert resumes_from() == last and part.is_file()

@@ -149,10 +149,24 @@ class RemoteRoot:
             target = self.mirror / name
             if not claim:
                 self.fetch_checkpoint(name, stored)
-            elif not target.is_file() or not (_as_recorded(target, stored[name][1]) or (
-                    not _as_recorded(target) and _records(_contents(target)) >= claim)):
-                claimed[target] = claim  # (one this node saved and could not upload yet is read as it is, if ahead)
+            elif not target.is_file() or not (self._as_stored(name, stored) if _as_recorded(target) else (
+                    _records(_contents(target)) >= claim)):  # (one this node could not upload yet: read, if ahead)
+                claimed[target] = claim
         return claimed
+
+    def _as_stored(self, name: str, stored: Stored) -> bool:
+        """Whether the mirror holds stored checkpoint `name` as that object, with every file of its shard folder (a
+        download cut short leaves a recorded file and part of its folder)."""
+        target = self.mirror / name
+        return _as_recorded(target, stored[name][1]) and all(
+            (self.mirror / part).is_file() for part in self._shard_parts(name, stored, _contents(target)))
+
+    def _shard_parts(self, name: str, stored: Stored, checkpoint: dict[str, Any]) -> list[str]:
+        """The stored files of a sharded checkpoint's folder ([] for a one-file checkpoint)."""
+        if SHARDS not in checkpoint:
+            return []
+        start = f"{name.rpartition('/')[0]}/{Path(str(checkpoint[SHARDS])).name}/".lstrip("/")
+        return [part for part in stored if part.startswith(start)]
 
     def fetch_checkpoint(self, name: str, stored: Stored) -> None:
         """A stored checkpoint into the mirror with its shard folder (CheckpointError when incomplete); one this node
@@ -170,8 +184,7 @@ class RemoteRoot:
         if SHARDS not in checkpoint:
             return  # a one-file checkpoint, or one that does not load: the choice skips it, in one line
         folder = target.parent / Path(str(checkpoint[SHARDS])).name
-        start = f"{name.rpartition('/')[0]}/{folder.name}/".lstrip("/")
-        for part in [part for part in stored if part.startswith(start)]:
+        for part in self._shard_parts(name, stored, checkpoint):
             self.download(part, stored)
         from classifier_engine.run.sharded_checkpoints import missing_shards  # (torch.distributed.checkpoint: on use)
 

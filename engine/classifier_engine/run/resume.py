@@ -70,10 +70,11 @@ def newest_loadable(folders: list[Path], skipped: list, claims: Optional[dict[Pa
     never file times (a copy resets them): the run that saved last, and in it the checkpoint furthest along (last.ckpt
     on a tie). Those that do not load go to `skipped` with their reason. `claims`: stored checkpoints not read yet,
     with the records their upload metadata claims; each is fetched and read only when the choice would rest on its
-    claim (a claim further than its file: one more download; one short of it hides that checkpoint, as deleting it
-    would)."""
+    claim (a claim further than its file: one more download; one of an earlier save or less progress than its file
+    hides that checkpoint, as deleting it would)."""
     named = {folder.resolve(): folder for folder in folders}  # each run's files under one name: a run is a folder
-    claims = {named.get(path.parent.resolve(), path.parent) / path.name: c for path, c in (claims or {}).items()}
+    claims = {named[path.parent.resolve()] / path.name: c for path, c in (claims or {}).items()
+              if path.parent.resolve() in named}  # (not those of folders the choice does not look in)
     loaded, records = {}, {}
 
     def read(path: Path) -> None:
@@ -83,8 +84,9 @@ def newest_loadable(folders: list[Path], skipped: list, claims: Optional[dict[Pa
         except CheckpointError as error:
             skipped.append((path, str(error)))
 
-    for path in sorted(p for folder in folders for p in folder.glob("*.ckpt") if p.is_file() and p not in claims):
-        read(path)
+    for path in sorted(p for folder in named.values() for p in folder.glob("*.ckpt") if p.is_file()):
+        if path not in claims:
+            read(path)
     while (best := furthest(known := {**records, **claims})) is not None:
         # Its run's time must be read too, not claimed: the checkpoint of its run that saved last (a read one on a tie).
         stamp = max((path for path in known if path.parent == best.parent), key=lambda p: (known[p][0], p in records))
@@ -102,7 +104,8 @@ def furthest(records: dict[Path, tuple]) -> Optional[Path]:
     runs: dict[Path, float] = {}
     for path, (saved_at, *_) in records.items():
         runs[path.parent] = max(runs.get(path.parent, 0.0), saved_at)
-    return max(records, default=None, key=lambda path: (runs[path.parent], *records[path][1:], path.name == LAST))
+    return max(sorted(records), default=None,  # (on a tie, the first by name)
+               key=lambda path: (runs[path.parent], *records[path][1:], path.name == LAST))
 
 
 def file_loggers(trainer: Namespace) -> list[tuple[str, Namespace]]:
@@ -164,7 +167,9 @@ def choose_checkpoint(subcommand: str, requested: Optional[str], where: Where,
             reason = f"torchrun restart {torchelastic_restart()}: resuming from {chosen[0]} (its run's newest)"
     if chosen is None and (requested == "last" or (restarted and requested is None)):
         claims = fetch(None)  # a stored checkpoint is downloaded when its claim would win, then read
-        folders = [*where.logs.glob(f"*/{CHECKPOINTS}"), where.root / CHECKPOINTS, *filter(None, [where.given_dir])]
+        runs = [path.parent for path in claims if path.parent.parent.parent.resolve() == where.logs.resolve()]
+        folders = [*where.logs.glob(f"*/{CHECKPOINTS}"), *runs, where.root / CHECKPOINTS,
+                   *filter(None, [where.given_dir])]  # (runs only in the store have no folder in the mirror yet)
         chosen = newest_loadable(folders, skipped, claims, fetch)
         why = f"torchrun restart {torchelastic_restart()}" if restarted and requested is None else "--ckpt_path last"
         reason = f"{why}: " + (f"resuming from {chosen[0]}" if chosen else
