@@ -562,3 +562,32 @@ def test_a_sharded_checkpoint_whose_download_was_cut_short_is_completed_by_the_n
     (part,) = (last.parent / shards.name).glob("*.distcp")
     part.unlink()  # as the cut download left it
     assert resumes_from() == last and part.is_file()
+
+
+def test_a_logger_of_another_name_gets_its_stored_runs_resumed_and_a_new_run_a_version_of_its_own(s3, tmp_path,
+                                                                                                  monkeypatch):
+    # TensorBoardLogger(name="exp"): its runs are stored under exp/, not lightning_logs/. A new run on another node took
+    # exp/version_0 again (its uploads over the stored run's files), and --ckpt_path last found nothing to resume.
+    from jsonargparse import Namespace
+
+    from classifier_engine.plan.make import plan_run
+
+    for name in [name for name in os.environ if name.startswith(("SLURM_", "TORCHELASTIC_"))]:
+        monkeypatch.delenv(name)  # the test itself may run inside a Slurm job
+    torch.save({"state_dict": {}, "epoch": 0, "global_step": 9, "saved_at": 1.0}, tmp_path / "saved.ckpt")
+    s3.upload_file(str(tmp_path / "saved.ckpt"), "runs", "ln/exp/version_0/checkpoints/last.ckpt",
+                   ExtraArgs={"Metadata": {"progress": "1.0 9 0 0"}})
+    s3.put_object(Bucket="runs", Key="ln/exp/version_0/config.yaml", Body=b"seed_everything: 1\n")
+    logs = tmp_path / "node2" / "runs" / "ln" / "exp"
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node2"))
+
+    def plan(ckpt_path):
+        logger = Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger", init_args=Namespace(name="exp"))
+        started = plan_run("fit", Namespace(trainer=Namespace(default_root_dir="s3://runs/ln", logger=logger),
+                                            ckpt_path=ckpt_path))
+        started.close()
+        return started
+
+    assert plan(None).plan.value("run dir")["path"] == str(logs / "version_1")
+    assert plan("last").ckpt_path == logs / "version_0" / "checkpoints" / "last.ckpt"
+    assert stored(s3, "ln")["exp/version_0/config.yaml"] == len(b"seed_everything: 1\n")

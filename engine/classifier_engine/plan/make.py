@@ -24,7 +24,7 @@ from classifier_engine.plan import placement, settings
 from classifier_engine.plan.started import Started
 from classifier_engine.run.lock import claim, claim_new_version
 from classifier_engine.run.remote_lease import VersionTaken
-from classifier_engine.run.resume import Choice, Place, choose_place, looks_for_checkpoints, proposed
+from classifier_engine.run.resume import Choice, Place, Where, choose_place, looks_for_checkpoints, proposed
 from classifier_engine.run.run_dirs import LOGS, version_of
 from classifier_engine.run.trackers import credentials_put_back
 from classifier_engine.run_plan import FINISHED, PLAN_FILE, Decision, Pass, PlanInput, RunPlan
@@ -76,9 +76,12 @@ def _placement(planner: Planner, passes: Sequence[Pass], dry: bool, claiming: bo
     subcommand, config = planner.subcommand, planner.config
     planner.run((placement.run_root,))
     remote, resume = planner.reads.get("remote"), looks_for_checkpoints(subcommand, config.get("ckpt_path"))
-    stored = remote.prepare(LOGS, resume) if remote is not None and not dry else None
+    # The store's folder of version dirs is the loggers' (under another logger name than lightning_logs: other runs)
+    logs_name = remote.logs_name(Where.of(subcommand, config).logs) if remote is not None else LOGS
+    planner.reads["logs_name"] = logs_name
+    stored = remote.prepare(logs_name, resume) if remote is not None and not dry else None
     if stored is not None and resume:  # only the checkpoints the choice reads (a requeue: its own run dir's)
-        planner.reads["fetch_checkpoints"] = functools.partial(remote.fetch_checkpoints, stored, LOGS)
+        planner.reads["fetch_checkpoints"] = functools.partial(remote.fetch_checkpoints, stored, logs_name)
     planner.run((placement.checkpoint, *passes, settings.finished))
     started = Started(planner.plan, planner.reads.get("checkpoint"), remote=remote, reads=planner.reads)
     if started.plan.value(FINISHED) and remote is None:
@@ -121,7 +124,8 @@ def _place(planner: Planner, started: Started, claiming: bool) -> None:
         reads["run_dir"] = started.lock.run_dir
     else:
         remote, stored = reads.get("remote"), reads.get("stored") or {}
-        taken = [version_of(name) for name in remote.stored_versions(stored, LOGS)] if remote is not None else []
+        taken = [version_of(name) for name in remote.stored_versions(stored, reads["logs_name"])] if (
+            remote is not None) else []
         reads["run_dir"] = proposed(place, where, tuple(n for n in taken if n is not None))
     planner.run((placement.run_dir, *((_changes,) if fit else ())))
     started.plan = planner.plan

@@ -10,7 +10,7 @@ from typing import Optional
 
 from classifier_engine.run.remote_runs import RemoteRoot
 from classifier_engine.run.resume import Choice, Where, choose_checkpoint, furthest, logger_pins, looks_for_checkpoints
-from classifier_engine.run.run_dirs import LOGS, logger_version
+from classifier_engine.run.run_dirs import logger_version
 from classifier_engine.run.tracked_runs import tracked_runs_to_continue, tracker_edits
 from classifier_engine.run.trackers import check_trackers, hidden_credentials, kind_of, logger_entries
 from classifier_engine.run_plan import CHECKPOINT, RUN_DIR, TRACKERS, Decision, PlanInput
@@ -56,7 +56,8 @@ def _stored_choice(given: PlanInput, requested: Optional[str]) -> Optional[Decis
     remote, stored = given.reads.get("remote"), given.reads.get("stored")
     if remote is None or stored is None or not looks_for_checkpoints(given.subcommand, requested):
         return None
-    claims = {remote.mirror / name: claim or (0.0,) * 4 for name, claim in remote.claims(stored, LOGS).items()}
+    claims = {remote.mirror / name: claim or (0.0,) * 4
+              for name, claim in remote.claims(stored, given.reads["logs_name"]).items()}
     if (path := furthest(claims)) is None:
         return None
     name = remote.name(path)

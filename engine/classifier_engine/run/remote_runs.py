@@ -19,7 +19,7 @@ from classifier_engine.errors import CheckpointError, ConfigError, RunDirInUse
 from classifier_engine.run.checkpoint_checks import SAVED_AT
 from classifier_engine.run.checkpoint_io import load_checkpoint, progress
 from classifier_engine.run.remote_lease import LEASE_TTL_S, Lease, take_lease
-from classifier_engine.run.run_dirs import CHECKPOINTS, SHARDS
+from classifier_engine.run.run_dirs import CHECKPOINTS, LOGS, SHARDS
 from classifier_engine.storage.cache import cache_dir
 from classifier_engine.storage.files import atomic_write
 from classifier_engine.storage.object_store import BUCKET, passing_failure, plain_key, s3_client
@@ -96,15 +96,23 @@ class RemoteRoot:
         return {name: value for name, value in found.items() if name not in unsafe}
 
     # -- at start: the mirror made to know what the store holds ----------------------------------------------------
+    def logs_name(self, logs: Path) -> str:
+        """The store's name of the folder of version dirs: a file logger's save_dir/name in the mirror (lightning_logs
+        by default; "" for the root itself), lightning_logs for one outside it."""
+        try:
+            name = Path(logs).resolve().relative_to(self.mirror.resolve()).as_posix()
+        except ValueError:
+            return LOGS
+        return "" if name == "." else name
+
     def stored_versions(self, stored: Stored, logs_name: str) -> tuple[str, ...]:
         """The run dirs the store holds under `logs_name` (version_N, slurm-<id>)."""
-        return tuple(sorted({name.split("/")[1] for name in stored
-                             if name.count("/") >= 2 and name.split("/")[0] == logs_name}))
+        return tuple(sorted({parts[0] for name in stored if len(parts := _below(name, logs_name)) >= 2}))
 
     def stored_checkpoints(self, stored: Stored, logs_name: str) -> list[str]:
         """The stored checkpoints a resume chooses from: <logs>/*/checkpoints/*.ckpt and checkpoints/*.ckpt."""
         return [name for name in stored if name.endswith(".ckpt") and (name.split("/")[:-1] == [CHECKPOINTS] or (
-            name.count("/") == 3 and name.split("/")[::2] == [logs_name, CHECKPOINTS]))]
+            len(parts := _below(name, logs_name)) == 3 and parts[1] == CHECKPOINTS))]
 
     def claims(self, stored: Stored, logs_name: str) -> dict[str, tuple[float, ...]]:
         """What each stored checkpoint's upload metadata claims of it: (saved_at, *progress()), () when nothing (copied
@@ -129,7 +137,7 @@ class RemoteRoot:
         for version in self.stored_versions(stored, logs_name):
             (self.mirror / logs_name / version).mkdir(parents=True, exist_ok=True)
         self.mirror.mkdir(parents=True, exist_ok=True)
-        for path in self.mirror.glob(f"{logs_name}/*/{CHECKPOINTS}/*.ckpt") if resume else ():
+        for path in self.mirror.glob(f"{logs_name}/*/{CHECKPOINTS}/*.ckpt".lstrip("/")) if resume else ():
             if _as_recorded(path) and self.name(path) not in stored:
                 path.unlink()  # as it was stored, and removed there since (by its run, or by hand): not a candidate
         return stored
@@ -316,6 +324,11 @@ class RemoteRoot:
         if self._lease is not None:
             self._lease, lease = None, self._lease
             lease.release()
+
+
+def _below(name: str, folder: str) -> list[str]:
+    """The parts of key `name` below `folder` ("": the root), [] when it is not under it."""
+    return name.split("/") if not folder else name[len(folder) + 1:].split("/") if name.startswith(f"{folder}/") else []
 
 
 def _journal(folder: Path) -> dict[str, list]:
