@@ -591,3 +591,12 @@ def test_a_logger_of_another_name_gets_its_stored_runs_resumed_and_a_new_run_a_v
     assert plan(None).plan.value("run dir")["path"] == str(logs / "version_1")
     assert plan("last").ckpt_path == logs / "version_0" / "checkpoints" / "last.ckpt"
     assert stored(s3, "ln")["exp/version_0/config.yaml"] == len(b"seed_everything: 1\n")
+    # One writing its run dirs outside the root: refused in one line (it ended in a ValueError when claiming one).
+    from classifier_engine.errors import ConfigError
+
+    elsewhere = Namespace(class_path="lightning.pytorch.loggers.CSVLogger", init_args=Namespace(
+        save_dir=str(tmp_path / "local")))
+    with pytest.raises(ConfigError, match=r"s3://runs/ln: the logger writes its run dirs in .*local/lightning_logs, "
+                                          "outside the root \\(its mirror\\), where nothing is stored"):
+        plan_run("fit", Namespace(trainer=Namespace(default_root_dir="s3://runs/ln", logger=elsewhere), ckpt_path=None))
+    assert not (tmp_path / "local").exists()

@@ -19,7 +19,7 @@ from classifier_engine.errors import CheckpointError, ConfigError, RunDirInUse
 from classifier_engine.run.checkpoint_checks import SAVED_AT
 from classifier_engine.run.checkpoint_io import load_checkpoint, progress
 from classifier_engine.run.remote_lease import LEASE_TTL_S, Lease, take_lease
-from classifier_engine.run.run_dirs import CHECKPOINTS, LOGS, SHARDS
+from classifier_engine.run.run_dirs import CHECKPOINTS, SHARDS
 from classifier_engine.storage.cache import cache_dir
 from classifier_engine.storage.files import atomic_write
 from classifier_engine.storage.object_store import BUCKET, passing_failure, plain_key, s3_client
@@ -97,12 +97,14 @@ class RemoteRoot:
 
     # -- at start: the mirror made to know what the store holds ----------------------------------------------------
     def logs_name(self, logs: Path) -> str:
-        """The store's name of the folder of version dirs: a file logger's save_dir/name in the mirror (lightning_logs
-        by default; "" for the root itself), lightning_logs for one outside it."""
+        """The store's name of the folder of version dirs: the first file logger's save_dir/name in the mirror
+        (lightning_logs by default; "" for the root itself)."""
         try:
             name = Path(logs).resolve().relative_to(self.mirror.resolve()).as_posix()
         except ValueError:
-            return LOGS
+            raise ConfigError(f"trainer.default_root_dir {self.url}: the logger writes its run dirs in {logs}, outside "
+                              "the root (its mirror), where nothing is stored; leave the logger's save_dir unset") \
+                from None
         return "" if name == "." else name
 
     def stored_versions(self, stored: Stored, logs_name: str) -> tuple[str, ...]:
