@@ -6,11 +6,13 @@ writer, and the store failing mid-upload.
 """
 
 import contextlib
+import io
 import os
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import boto3
 import pytest
@@ -51,6 +53,31 @@ def fit_args(tiny_root, url: str, *extra: str) -> list[str]:
     return ["fit", *tiny_args(tiny_root, url, *extra)]
 
 
+@pytest.fixture
+def no_launcher(monkeypatch) -> None:
+    """Starts as from a shell: the test itself may run inside a Slurm job or under torchrun."""
+    for name in [name for name in os.environ if name.startswith(("SLURM_", "TORCHELASTIC_"))]:
+        monkeypatch.delenv(name)
+
+
+def put_checkpoint(s3, key: str, step: int, saved_at: float, claim: Optional[str] = None, **more) -> None:
+    """A checkpoint object at bucket `key`, with the upload metadata `claim` ("saved_at step epoch batches"; None:
+    none, as `aws s3 cp` copies one)."""
+    body = io.BytesIO()
+    torch.save({"state_dict": {"w": torch.full((2,), float(step))}, "epoch": 0, "global_step": step,
+                "saved_at": saved_at, **more}, body)
+    s3.put_object(Bucket="runs", Key=key, Body=body.getvalue(), **({"Metadata": {"progress": claim}} if claim else {}))
+
+
+def plan_fit(url: str, ckpt_path: Optional[str] = "last", logger=None):
+    """The placement of a fit into `url` (the plan's passes that read the store), as a start makes it."""
+    from jsonargparse import Namespace
+
+    from classifier_engine.plan.make import plan_run
+
+    return plan_run("fit", Namespace(trainer=Namespace(default_root_dir=url, logger=logger), ckpt_path=ckpt_path))
+
+
 @pytest.mark.slow
 def test_a_fit_stores_its_run_and_another_node_resumes_it_by_listing(tiny_root, s3, tmp_path, monkeypatch):
     monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node1"))
@@ -83,25 +110,17 @@ def test_a_fit_stores_its_run_and_another_node_resumes_it_by_listing(tiny_root, 
     assert stored_checkpoint(s3, f"a/{RUN}/checkpoints/last.ckpt", tmp_path)["global_step"] == 15
 
 
-def test_a_requeued_job_on_a_new_node_downloads_only_its_own_run_dirs_checkpoints(s3, tmp_path, monkeypatch):
+def test_a_requeued_job_on_a_new_node_downloads_only_its_own_run_dirs_checkpoints(s3, tmp_path, monkeypatch,
+                                                                                   no_launcher):
     # Two Slurm jobs' runs in one root; job 101 requeued onto an empty mirror chooses in its own run dir only, so only
     # that run's checkpoint is downloaded (not every run's last.ckpt and best ones); --ckpt_path last reads them all.
-    from jsonargparse import Namespace
-
-    from classifier_engine.plan.make import plan_run
-
-    for name in [name for name in os.environ if name.startswith("SLURM_")]:
-        monkeypatch.delenv(name)  # the test itself may run inside a Slurm job
     for job, step, saved_at in (("101", 4, 1.0), ("202", 9, 2.0)):
-        torch.save({"state_dict": {"w": torch.full((2,), float(step))}, "epoch": 0, "global_step": step,
-                    "saved_at": saved_at}, tmp_path / "saved.ckpt")
-        s3.upload_file(str(tmp_path / "saved.ckpt"), "runs", f"sq/lightning_logs/slurm-{job}/checkpoints/last.ckpt")
+        put_checkpoint(s3, f"sq/lightning_logs/slurm-{job}/checkpoints/last.ckpt", step, saved_at)
     mirror = tmp_path / "node2"
     monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(mirror))
 
     def plan(ckpt_path=None):
-        config = Namespace(trainer=Namespace(default_root_dir="s3://runs/sq", logger=None), ckpt_path=ckpt_path)
-        return plan_run("fit", config)
+        return plan_fit("s3://runs/sq", ckpt_path)
 
     for name, value in {"SLURM_JOB_ID": "101", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train",
                         "SLURM_RESTART_COUNT": "1"}.items():
@@ -122,28 +141,21 @@ def test_a_requeued_job_on_a_new_node_downloads_only_its_own_run_dirs_checkpoint
 
 
 def test_ckpt_path_last_downloads_the_checkpoint_its_metadata_ranks_first_and_those_without_metadata(
-        s3, tmp_path, monkeypatch):
+        s3, tmp_path, monkeypatch, no_launcher):
     # Three runs in one root, as the library stores them (each checkpoint's records as its metadata), and one copied
     # in without metadata: --ckpt_path last on an empty mirror reads the first by the claims (its own records agree)
     # and the one that claims nothing, not every run's checkpoints. A claim its file does not bear out reads on.
     from jsonargparse import Namespace
 
-    from classifier_engine.plan.make import plan_run
-
-    for name in [name for name in os.environ if name.startswith(("SLURM_", "TORCHELASTIC_"))]:
-        monkeypatch.delenv(name)  # the test itself may run inside a Slurm job
     runs = {"version_0": (4, 1.0, "4"), "version_1": (9, 3.0, "9"), "version_2": (7, 2.0, "7"), "copied": (1, 0.5, "")}
     for run, (step, saved_at, claim) in runs.items():
-        torch.save({"state_dict": {}, "epoch": 0, "global_step": step, "saved_at": saved_at}, tmp_path / "saved.ckpt")
-        extra = {"Metadata": {"progress": f"{saved_at} {claim} 0 0"}} if claim else {}
-        s3.upload_file(str(tmp_path / "saved.ckpt"), "runs", f"cl/lightning_logs/{run}/checkpoints/last.ckpt",
-                       ExtraArgs=extra)
+        put_checkpoint(s3, f"cl/lightning_logs/{run}/checkpoints/last.ckpt", step, saved_at,
+                       f"{saved_at} {claim} 0 0" if claim else None)
     logs = tmp_path / "node1" / "runs" / "cl" / "lightning_logs"
 
     def last_on_an_empty_mirror(node: str) -> tuple[Path, list[Path]]:
         monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / node))
-        config = Namespace(trainer=Namespace(default_root_dir="s3://runs/cl", logger=None), ckpt_path="last")
-        chosen = plan_run("fit", config).ckpt_path
+        chosen = plan_fit("s3://runs/cl").ckpt_path
         return chosen.relative_to(tmp_path / node), sorted(p.relative_to(tmp_path / node)
                                                            for p in (tmp_path / node).rglob("*.ckpt"))
 
@@ -164,28 +176,22 @@ def test_ckpt_path_last_downloads_the_checkpoint_its_metadata_ranks_first_and_th
                                           "version_1/checkpoints/last.ckpt": (5, 3.0, "3.0 5"),
                                           "version_3/checkpoints/a.ckpt": (20, 1.5, "1.5 20"),
                                           "version_3/checkpoints/last.ckpt": (1, 1.0, "7.0 1")}.items():
-        torch.save({"state_dict": {}, "epoch": 0, "global_step": step, "saved_at": saved_at}, tmp_path / "saved.ckpt")
-        s3.upload_file(str(tmp_path / "saved.ckpt"), "runs", f"cm/lightning_logs/{name}",
-                       ExtraArgs={"Metadata": {"progress": f"{claim} 0 0"}})
+        put_checkpoint(s3, f"cm/lightning_logs/{name}", step, saved_at, f"{claim} 0 0")
     s3.put_object(Bucket="runs", Key="cm/lightning_logs/version_2/checkpoints/last.ckpt", Body=b"not a checkpoint",
                   Metadata={"progress": "6.0 9 0 0"})
     monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node3"))
-    config = Namespace(trainer=Namespace(default_root_dir="s3://runs/cm", logger=None), ckpt_path="last")
     logs = tmp_path / "node3" / "runs" / "cm" / "lightning_logs"
     with pytest.warns(UserWarning, match="skipped checkpoint .*version_2/checkpoints/last.ckpt"):
-        assert plan_run("fit", config.clone()).ckpt_path == logs / "version_0" / "checkpoints" / "epoch=0-step=8.ckpt"
+        assert plan_fit("s3://runs/cm").ckpt_path == logs / "version_0" / "checkpoints" / "epoch=0-step=8.ckpt"
     assert sorted(str(p.relative_to(logs)) for p in logs.rglob("*.ckpt")) == [
         "version_0/checkpoints/epoch=0-step=8.ckpt", "version_0/checkpoints/last.ckpt",
         "version_2/checkpoints/last.ckpt", "version_3/checkpoints/a.ckpt", "version_3/checkpoints/last.ckpt"]
     # A tie (the same step, one in the mirror already, one saved later only in the store): the first by name, as
     # when all are read; and a logger of another name looks in its own folder only (nothing there: a new run).
-    torch.save({"state_dict": {}, "epoch": 0, "global_step": 8, "saved_at": 9.0}, tmp_path / "saved.ckpt")
-    s3.upload_file(str(tmp_path / "saved.ckpt"), "runs", "cm/lightning_logs/version_0/checkpoints/epoch=0-step=8-v1"
-                   ".ckpt", ExtraArgs={"Metadata": {"progress": "9.0 8 0 0"}})
-    assert plan_run("fit", config.clone()).ckpt_path == logs / "version_0" / "checkpoints" / "epoch=0-step=8-v1.ckpt"
+    put_checkpoint(s3, "cm/lightning_logs/version_0/checkpoints/epoch=0-step=8-v1.ckpt", 8, 9.0, "9.0 8 0 0")
+    assert plan_fit("s3://runs/cm").ckpt_path == logs / "version_0" / "checkpoints" / "epoch=0-step=8-v1.ckpt"
     named = Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger", init_args=Namespace(name="exp"))
-    assert plan_run("fit", Namespace(trainer=Namespace(default_root_dir="s3://runs/cm", logger=named),
-                                     ckpt_path="last")).ckpt_path is None
+    assert plan_fit("s3://runs/cm", logger=named).ckpt_path is None
 
 
 @pytest.mark.slow
@@ -530,17 +536,14 @@ def test_a_sharded_checkpoint_whose_folder_lacks_a_shard_here_is_not_uploaded(s3
     assert stored(s3, "u") == {}
 
 
-def test_a_sharded_checkpoint_whose_download_was_cut_short_is_completed_by_the_next_resume(s3, tmp_path, monkeypatch):
+def test_a_sharded_checkpoint_whose_download_was_cut_short_is_completed_by_the_next_resume(s3, tmp_path, monkeypatch,
+                                                                                             no_launcher):
     # A download cut short leaves the checkpoint file (recorded as that object) and part of its shard folder: the next
     # --ckpt_path last fetches the rest and continues from it, not from the one before it.
     import torch.distributed.checkpoint as dcp
-    from jsonargparse import Namespace
 
-    from classifier_engine.plan.make import plan_run
     from classifier_engine.run.remote_runs import RemoteRoot
 
-    for name in [name for name in os.environ if name.startswith(("SLURM_", "TORCHELASTIC_"))]:
-        monkeypatch.delenv(name)  # the test itself may run inside a Slurm job
     monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node1"))
     root = RemoteRoot("s3://runs/cut")
     folder = root.mirror / RUN / "checkpoints"
@@ -554,37 +557,27 @@ def test_a_sharded_checkpoint_whose_download_was_cut_short_is_completed_by_the_n
     monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node2"))
     last = tmp_path / "node2" / "runs" / "cut" / RUN / "checkpoints" / "last.ckpt"
 
-    def resumes_from() -> Path:
-        config = Namespace(trainer=Namespace(default_root_dir="s3://runs/cut", logger=None), ckpt_path="last")
-        return plan_run("fit", config).ckpt_path
-
-    assert resumes_from() == last
+    assert plan_fit("s3://runs/cut").ckpt_path == last
     (part,) = (last.parent / shards.name).glob("*.distcp")
     part.unlink()  # as the cut download left it
-    assert resumes_from() == last and part.is_file()
+    assert plan_fit("s3://runs/cut").ckpt_path == last and part.is_file()
 
 
 def test_a_logger_of_another_name_gets_its_stored_runs_resumed_and_a_new_run_a_version_of_its_own(s3, tmp_path,
-                                                                                                  monkeypatch):
+                                                                                                  monkeypatch,
+                                                                                                  no_launcher):
     # TensorBoardLogger(name="exp"): its runs are stored under exp/, not lightning_logs/. A new run on another node took
     # exp/version_0 again (its uploads over the stored run's files), and --ckpt_path last found nothing to resume.
     from jsonargparse import Namespace
 
-    from classifier_engine.plan.make import plan_run
-
-    for name in [name for name in os.environ if name.startswith(("SLURM_", "TORCHELASTIC_"))]:
-        monkeypatch.delenv(name)  # the test itself may run inside a Slurm job
-    torch.save({"state_dict": {}, "epoch": 0, "global_step": 9, "saved_at": 1.0}, tmp_path / "saved.ckpt")
-    s3.upload_file(str(tmp_path / "saved.ckpt"), "runs", "ln/exp/version_0/checkpoints/last.ckpt",
-                   ExtraArgs={"Metadata": {"progress": "1.0 9 0 0"}})
+    put_checkpoint(s3, "ln/exp/version_0/checkpoints/last.ckpt", 9, 1.0, "1.0 9 0 0")
     s3.put_object(Bucket="runs", Key="ln/exp/version_0/config.yaml", Body=b"seed_everything: 1\n")
     logs = tmp_path / "node2" / "runs" / "ln" / "exp"
     monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / "node2"))
 
     def plan(ckpt_path):
         logger = Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger", init_args=Namespace(name="exp"))
-        started = plan_run("fit", Namespace(trainer=Namespace(default_root_dir="s3://runs/ln", logger=logger),
-                                            ckpt_path=ckpt_path))
+        started = plan_fit("s3://runs/ln", ckpt_path, logger)
         started.close()
         return started
 
@@ -598,5 +591,5 @@ def test_a_logger_of_another_name_gets_its_stored_runs_resumed_and_a_new_run_a_v
         save_dir=str(tmp_path / "local")))
     with pytest.raises(ConfigError, match=r"s3://runs/ln: the logger writes its run dirs in .*local/lightning_logs, "
                                           "outside the root \\(its mirror\\), where nothing is stored"):
-        plan_run("fit", Namespace(trainer=Namespace(default_root_dir="s3://runs/ln", logger=elsewhere), ckpt_path=None))
+        plan_fit("s3://runs/ln", None, elsewhere)
     assert not (tmp_path / "local").exists()
