@@ -18,6 +18,7 @@ import boto3
 import pytest
 import torch
 
+from classifier_engine.errors import CheckpointError, ConfigError
 from conftest import callback, cli_main, start_project, tiny_args
 from local_services import FaultyProxy, s3_server
 
@@ -138,6 +139,34 @@ def test_a_requeued_job_on_a_new_node_downloads_only_its_own_run_dirs_checkpoint
         monkeypatch.delenv(name)
     assert plan("last").ckpt_path == mirror / "runs" / "sq" / "lightning_logs" / "slurm-202" / "checkpoints" / \
         "last.ckpt"  # the run that saved last, read from its own records
+
+
+def test_a_stored_checkpoint_given_by_its_url_or_mirror_path_is_downloaded_alone_with_its_run_dir(
+        s3, tmp_path, monkeypatch, no_launcher):
+    # Another node (an empty mirror) names one stored checkpoint: that one is downloaded (not the run's last.ckpt, nor
+    # another run's), with its run dir's other files for a fit to continue there; the start reads it in the mirror.
+    for name, step in (("version_0/checkpoints/epoch=0.ckpt", 3), ("version_0/checkpoints/last.ckpt", 5),
+                       ("version_1/checkpoints/last.ckpt", 9)):
+        put_checkpoint(s3, f"ex/lightning_logs/{name}", step, float(step), f"{step} {step} 0 {step}")
+    s3.put_object(Bucket="runs", Key="ex/lightning_logs/version_0/config.yaml", Body=b"seed_everything: 1\n")
+    for node, given in (("node1", "s3://runs/ex/lightning_logs/version_0/checkpoints/epoch=0.ckpt"),
+                        ("node2", "{mirror}/lightning_logs/version_0/checkpoints/epoch=0.ckpt")):
+        monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path / node))
+        mirror = tmp_path / node / "runs" / "ex"
+        started = plan_fit("s3://runs/ex", given.format(mirror=mirror))
+        run = mirror / "lightning_logs" / "version_0"
+        assert started.ckpt_path == run / "checkpoints" / "epoch=0.ckpt"
+        assert started.plan.value("checkpoint")["step"] == 3 and started.plan.value("run dir")["path"] == str(run)
+        assert sorted(p.relative_to(run) for p in mirror.rglob("*") if p.is_file() and not p.name.startswith(".")) \
+            == [Path("checkpoints/epoch=0.ckpt"), Path("config.yaml")]
+        started.close()
+    # One the store lacks, and one under another root: one line each, naming it and what to pass instead.
+    with pytest.raises(CheckpointError, match=r"^checkpoint s3://runs/ex/lightning_logs/version_0/checkpoints/"
+                       r"epoch=9.ckpt is not in the store: name a stored one \(aws s3 ls s3://runs/ex/ --recursive\)"):
+        plan_fit("s3://runs/ex", "s3://runs/ex/lightning_logs/version_0/checkpoints/epoch=9.ckpt")
+    with pytest.raises(ConfigError, match=r"^--ckpt_path s3://runs/other/a.ckpt: a stored checkpoint is read through "
+                       r"the run root it is under: pass --trainer.default_root_dir"):
+        plan_fit("s3://runs/ex", "s3://runs/other/a.ckpt")
 
 
 def test_ckpt_path_last_downloads_the_checkpoint_its_metadata_ranks_first_and_those_without_metadata(

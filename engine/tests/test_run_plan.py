@@ -98,6 +98,15 @@ def test_the_plan_of_an_s3_root_lists_the_store_and_writes_neither_there_nor_in_
         lines = dry(["fit", *tiny_args(tiny_root, "s3://runs/p")], monkeypatch, capsys)  # a new run: the next version
         assert decision(lines, "run dir").startswith(f"run dir: {mirror / 'lightning_logs' / 'version_1'}, new")
         assert stored_objects(s3) == stored and not (tmp_path / "node2").exists()
+        # A stored checkpoint named by its URL: the plan names it; the start downloads it alone and validates it.
+        given = f"s3://runs/p/{RUN}/checkpoints/last.ckpt"
+        lines = dry(["validate", *tiny_args(tiny_root, "s3://runs/p"), f"--ckpt_path={given}"], monkeypatch, capsys)
+        assert decision(lines, "checkpoint") == (f"checkpoint: {given} (--ckpt_path: a stored checkpoint, which a "
+                                                 "start downloads into the mirror)")
+        assert stored_objects(s3) == stored and not (tmp_path / "node2").exists()
+        cli = cli_main(["validate", *tiny_args(tiny_root, "s3://runs/p"), f"--ckpt_path={given}"])
+        assert cli.started.ckpt_path == mirror / RUN / "checkpoints" / "last.ckpt"
+        assert [p.name for p in mirror.rglob("*.ckpt")] == ["last.ckpt"] and "val/acc1" in cli.trainer.callback_metrics
 
 
 @pytest.mark.slow

@@ -76,6 +76,7 @@ def _placement(planner: Planner, passes: Sequence[Pass], dry: bool, claiming: bo
     subcommand, config = planner.subcommand, planner.config
     planner.run((placement.run_root,))
     remote, resume = planner.reads.get("remote"), looks_for_checkpoints(subcommand, config.get("ckpt_path"))
+    resume = resume or (remote is not None and remote.named(config.get("ckpt_path")) is not None)  # a stored one
     # The store's folder of version dirs is the loggers' (under another logger name than lightning_logs: other runs)
     logs_name = remote.logs_name(Where.of(subcommand, config).logs) if remote is not None else LOGS
     planner.reads["logs_name"] = logs_name

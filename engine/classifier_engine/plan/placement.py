@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from classifier_engine.errors import ConfigError
 from classifier_engine.run.remote_runs import RemoteRoot
 from classifier_engine.run.resume import Choice, Where, choose_checkpoint, furthest, logger_pins, looks_for_checkpoints
 from classifier_engine.run.run_dirs import logger_version
@@ -34,7 +35,12 @@ def run_root(given: PlanInput) -> list[Decision]:
 
 def checkpoint(given: PlanInput) -> list[Decision]:
     """The checkpoint to continue from, loaded once (later stations take it from the plan's reads), and why."""
-    requested = given.config.get("ckpt_path")
+    requested, remote = given.config.get("ckpt_path"), given.reads.get("remote")
+    if isinstance(requested, str) and requested.startswith("s3://"):  # a stored run's checkpoint, read in the mirror
+        if remote is None or (name := remote.named(requested)) is None:
+            raise ConfigError(f"--ckpt_path {requested}: a stored checkpoint is read through the run root it is under: "
+                              "pass --trainer.default_root_dir s3://bucket/prefix of its run (or download it first)")
+        requested = str(remote.mirror / name)
     where = given.reads["where"] = Where.of(given.subcommand, given.config)
     stored = _stored_choice(given, requested)
     if stored is not None:
@@ -54,8 +60,17 @@ def _stored_choice(given: PlanInput, requested: Optional[str]) -> Optional[Decis
     """Dry, in an object store: the stored checkpoint a start would likely continue from, by its upload record (a
     start reads the checkpoints' own records, a requeue only its run dir's; the mirror may hold one further along)."""
     remote, stored = given.reads.get("remote"), given.reads.get("stored")
-    if remote is None or stored is None or not looks_for_checkpoints(given.subcommand, requested):
+    if remote is None or stored is None:
         return None
+    if not looks_for_checkpoints(given.subcommand, requested):  # one given: the stored object, if the mirror lacks it
+        if (name := remote.named(requested)) is None or not name.endswith(".ckpt") or Path(requested).exists():
+            return None
+        if name not in stored:
+            raise remote.not_stored(name)
+        given.reads["choice"] = Choice(Path(requested), None, "stored")
+        return Decision(CHECKPOINT, {"path": requested, "url": f"{remote.url}/{name}"}, "--ckpt_path: a stored "
+                        "checkpoint, which a start downloads into the mirror", text=f"{remote.url}/{name}",
+                        edits=(("ckpt_path", requested),))
     claims = {remote.mirror / name: claim or (0.0,) * 4
               for name, claim in remote.claims(stored, given.reads["logs_name"]).items()}
     if (path := furthest(claims)) is None:

@@ -68,6 +68,22 @@ class RemoteRoot:
     def url_of(self, local: Path) -> str:
         return f"s3://{self.bucket}/{self.key(local)}"
 
+    def named(self, given: Optional[str]) -> Optional[str]:
+        """The root's name of a file given as its URL under the root or as its mirror path (--ckpt_path), else None."""
+        if given is None or given == "last":
+            return None
+        if given.startswith("s3://"):
+            name = given[len(self.url) + 1:] if given.startswith(f"{self.url}/") else ""
+            return name if name and plain_key(name) else None
+        try:
+            return self.name(Path(given).expanduser())
+        except ValueError:
+            return None
+
+    def not_stored(self, name: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {self.url}/{name} is not in the store: name a stored one (aws s3 ls "
+                               f"{self.url}/ --recursive), or pass --ckpt_path last for the newest")
+
     def store_error(self, error: Exception, doing: str) -> ConfigError:
         why = passing_failure(error) or (str(error).splitlines() or [type(error).__name__])[0][:200]
         return ConfigError(f"trainer.default_root_dir {self.url}: {doing} failed ({why}): check the bucket, "
@@ -145,14 +161,18 @@ class RemoteRoot:
         return stored
 
     def fetch_checkpoints(self, stored: Stored, logs_name: str, which: Optional[Path]) -> dict[Path, tuple]:
-        """Stored checkpoints a resume reads, into the mirror: one (its mirror path), those of one checkpoints folder
-        (a Slurm requeue's or torchrun restart's own run), or (None) those whose metadata claims nothing, returning
-        the claims of the others whose mirror copy is not that object ({mirror path: claim}): the choice fetches each
-        of those only if its claim would win (resume.newest_loadable), then goes by its own records."""
+        """Stored checkpoints a start reads, into the mirror: one (its mirror path: CheckpointError when neither holds
+        it), those of one checkpoints folder (a Slurm requeue's or torchrun restart's own run), or (None) those whose
+        metadata claims nothing, returning the claims of the others whose mirror copy is not that object ({mirror
+        path: claim}): the choice fetches each of those only if its claim would win (resume.newest_loadable), then
+        goes by its own records."""
         if which is not None:
-            for name in self.stored_checkpoints(stored, logs_name):
-                if Path(which).resolve() in ((self.mirror / name).resolve(), (self.mirror / name).parent.resolve()):
+            for name in stored:
+                if name.endswith(".ckpt") and Path(which).resolve() in (
+                        (self.mirror / name).resolve(), (self.mirror / name).parent.resolve()):
                     self.fetch_checkpoint(name, stored)
+            if (name := self.named(str(which))) is not None and name.endswith(".ckpt") and not Path(which).exists():
+                raise self.not_stored(name)
             return {}
         claimed = {}
         for name, claim in self.claims(stored, logs_name).items():
