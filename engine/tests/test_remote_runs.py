@@ -160,13 +160,23 @@ def test_a_stored_checkpoint_given_by_its_url_or_mirror_path_is_downloaded_alone
         assert sorted(p.relative_to(run) for p in mirror.rglob("*") if p.is_file() and not p.name.startswith(".")) \
             == [Path("checkpoints/epoch=0.ckpt"), Path("config.yaml")]
         started.close()
-    # One the store lacks, and one under another root: one line each, naming it and what to pass instead.
+    # A mirror that holds it reads it as it is: the run dir's rows not uploaded yet stay, and so does the checkpoint
+    # once removed from the store (the choice of `--ckpt_path last` drops such copies; one given is the user's).
+    (run / "metrics.csv").write_text("step\n1\n")
+    s3.delete_object(Bucket="runs", Key="ex/lightning_logs/version_0/checkpoints/epoch=0.ckpt")
+    plan_fit("s3://runs/ex", str(run / "checkpoints" / "epoch=0.ckpt")).close()
+    assert (run / "metrics.csv").read_text() == "step\n1\n" and (run / "checkpoints" / "epoch=0.ckpt").is_file()
+    # One the store lacks, a URL naming no checkpoint, and one under another root: one line each, and what to pass.
     with pytest.raises(CheckpointError, match=r"^checkpoint s3://runs/ex/lightning_logs/version_0/checkpoints/"
                        r"epoch=9.ckpt is not in the store: name a stored one \(aws s3 ls s3://runs/ex/ --recursive\)"):
         plan_fit("s3://runs/ex", "s3://runs/ex/lightning_logs/version_0/checkpoints/epoch=9.ckpt")
+    with pytest.raises(ConfigError, match=r"^--ckpt_path s3://runs/ex/lightning_logs/version_1/checkpoints: names no "
+                       r"checkpoint file of the run root; pass a stored .ckpt"):
+        plan_fit("s3://runs/ex", "s3://runs/ex/lightning_logs/version_1/checkpoints")
     with pytest.raises(ConfigError, match=r"^--ckpt_path s3://runs/other/a.ckpt: a stored checkpoint is read through "
                        r"the run root it is under: pass --trainer.default_root_dir"):
         plan_fit("s3://runs/ex", "s3://runs/other/a.ckpt")
+    assert not (tmp_path / "node2" / "runs" / "ex" / "lightning_logs" / "version_1" / "checkpoints").exists()
 
 
 def test_ckpt_path_last_downloads_the_checkpoint_its_metadata_ranks_first_and_those_without_metadata(

@@ -76,19 +76,20 @@ def _placement(planner: Planner, passes: Sequence[Pass], dry: bool, claiming: bo
     subcommand, config = planner.subcommand, planner.config
     planner.run((placement.run_root,))
     remote, resume = planner.reads.get("remote"), looks_for_checkpoints(subcommand, config.get("ckpt_path"))
-    resume = resume or (remote is not None and remote.named(config.get("ckpt_path")) is not None)  # a stored one
     # The store's folder of version dirs is the loggers' (under another logger name than lightning_logs: other runs)
     logs_name = remote.logs_name(Where.of(subcommand, config).logs) if remote is not None else LOGS
     planner.reads["logs_name"] = logs_name
     stored = remote.prepare(logs_name, resume) if remote is not None and not dry else None
-    if stored is not None and resume:  # only the checkpoints the choice reads (a requeue: its own run dir's)
+    named = remote.named(config.get("ckpt_path")) if stored is not None else None  # one given (URL or mirror path)
+    fetching = stored is not None and (resume or (named is not None and remote.outdated(named, stored)))
+    if fetching:  # only the checkpoints the choice reads (a requeue: its own run dir's)
         planner.reads["fetch_checkpoints"] = functools.partial(remote.fetch_checkpoints, stored, logs_name)
     planner.run((placement.checkpoint, *passes, settings.finished))
     started = Started(planner.plan, planner.reads.get("checkpoint"), remote=remote, reads=planner.reads)
     if started.plan.value(FINISHED) and remote is None:
         return started  # nothing to train: no run dir to claim (in a store: claimed, so that close() sends what its
         # mirror holds and the store lacks, a save that could not be uploaded)
-    if stored is not None and resume and started.ckpt_path is not None:
+    if fetching and started.ckpt_path is not None:
         remote.fetch_run_dir(started.ckpt_path, stored)
     for path, why in started.skipped if not dry else ():
         rank_zero_warn(f"skipped checkpoint {path}: {why}")

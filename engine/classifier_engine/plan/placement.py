@@ -37,9 +37,12 @@ def checkpoint(given: PlanInput) -> list[Decision]:
     """The checkpoint to continue from, loaded once (later stations take it from the plan's reads), and why."""
     requested, remote = given.config.get("ckpt_path"), given.reads.get("remote")
     if isinstance(requested, str) and requested.startswith("s3://"):  # a stored run's checkpoint, read in the mirror
-        if remote is None or (name := remote.named(requested)) is None:
+        if remote is None or not f"{requested.rstrip('/')}/".startswith(f"{remote.url}/"):
             raise ConfigError(f"--ckpt_path {requested}: a stored checkpoint is read through the run root it is under: "
                               "pass --trainer.default_root_dir s3://bucket/prefix of its run (or download it first)")
+        if (name := remote.named(requested)) is None or not name.endswith(".ckpt"):
+            raise ConfigError(f"--ckpt_path {requested}: names no checkpoint file of the run root; pass a stored .ckpt "
+                              f"(e.g. {remote.url}/lightning_logs/version_0/checkpoints/last.ckpt)")
         requested = str(remote.mirror / name)
     where = given.reads["where"] = Where.of(given.subcommand, given.config)
     stored = _stored_choice(given, requested)
@@ -63,7 +66,7 @@ def _stored_choice(given: PlanInput, requested: Optional[str]) -> Optional[Decis
     if remote is None or stored is None:
         return None
     if not looks_for_checkpoints(given.subcommand, requested):  # one given: the stored object, if the mirror lacks it
-        if (name := remote.named(requested)) is None or not name.endswith(".ckpt") or Path(requested).exists():
+        if (name := remote.named(requested)) is None or not remote.outdated(name, stored):
             return None
         if name not in stored:
             raise remote.not_stored(name)

@@ -6,7 +6,6 @@ logs with it; --ckpt_path last downloads what its choice needs and continues fro
         --trainer.default_root_dir s3://bucket/runs --ckpt_path last
 """
 
-import json
 import math
 import os
 import time
@@ -18,14 +17,13 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from classifier_engine.errors import CheckpointError, ConfigError, RunDirInUse
 from classifier_engine.run.checkpoint_checks import SAVED_AT
 from classifier_engine.run.checkpoint_io import load_checkpoint, progress
+from classifier_engine.run.mirror_journal import as_recorded, mirrored, record
 from classifier_engine.run.remote_lease import LEASE_TTL_S, Lease, take_lease
 from classifier_engine.run.run_dirs import CHECKPOINTS, SHARDS
 from classifier_engine.storage.cache import cache_dir
-from classifier_engine.storage.files import atomic_write
 from classifier_engine.storage.object_store import BUCKET, passing_failure, plain_key, s3_client
 
 PROGRESS = "progress"  # metadata of an uploaded checkpoint, "saved_at global_step epoch batches": what to read first
-JOURNAL = ".uploaded.json"  # in the mirror: (size, mtime, URL, a checkpoint's ETag) of each file as uploaded/downloaded
 Stored = dict[str, tuple[int, str]]  # a listing: {key relative to the root: (bytes, ETag)}
 
 
@@ -79,6 +77,13 @@ class RemoteRoot:
             return self.name(Path(given).expanduser())
         except ValueError:
             return None
+
+    def outdated(self, name: str, stored: Stored) -> bool:
+        """Whether a start given stored checkpoint `name` downloads it: the mirror lacks it, or holds a copy of another
+        object (the store's replaced since); one written here is read as it is."""
+        target = self.mirror / name
+        return name.endswith(".ckpt") and (not target.exists() or (
+            name in stored and as_recorded(target) and not self._as_stored(name, stored)))
 
     def not_stored(self, name: str) -> CheckpointError:
         return CheckpointError(f"checkpoint {self.url}/{name} is not in the store: name a stored one (aws s3 ls "
@@ -156,7 +161,7 @@ class RemoteRoot:
             (self.mirror / logs_name / version).mkdir(parents=True, exist_ok=True)
         self.mirror.mkdir(parents=True, exist_ok=True)
         for path in self.mirror.glob(f"{logs_name}/*/{CHECKPOINTS}/*.ckpt".lstrip("/")) if resume else ():
-            if _as_recorded(path) and self.name(path) not in stored:
+            if as_recorded(path) and self.name(path) not in stored:
                 path.unlink()  # as it was stored, and removed there since (by its run, or by hand): not a candidate
         return stored
 
@@ -167,9 +172,10 @@ class RemoteRoot:
         path: claim}): the choice fetches each of those only if its claim would win (resume.newest_loadable), then
         goes by its own records."""
         if which is not None:
+            wanted, folder = Path(which).resolve(), not Path(which).name.endswith(".ckpt")
             for name in stored:
-                if name.endswith(".ckpt") and Path(which).resolve() in (
-                        (self.mirror / name).resolve(), (self.mirror / name).parent.resolve()):
+                if name.endswith(".ckpt") and wanted in ((path := (self.mirror / name).resolve()),
+                                                         *([path.parent] if folder else [])):
                     self.fetch_checkpoint(name, stored)
             if (name := self.named(str(which))) is not None and name.endswith(".ckpt") and not Path(which).exists():
                 raise self.not_stored(name)
@@ -179,7 +185,7 @@ class RemoteRoot:
             target = self.mirror / name
             if not claim:
                 self.fetch_checkpoint(name, stored)
-            elif not target.is_file() or not (self._as_stored(name, stored) if _as_recorded(target) else (
+            elif not target.is_file() or not (self._as_stored(name, stored) if as_recorded(target) else (
                     _records(_contents(target)) >= claim)):  # (one this node could not upload yet: read, if ahead)
                 claimed[target] = claim
         return claimed
@@ -188,7 +194,7 @@ class RemoteRoot:
         """Whether the mirror holds stored checkpoint `name` as that object, with every file of its shard folder (a
         download cut short leaves a recorded file and part of its folder)."""
         target = self.mirror / name
-        return _as_recorded(target, stored[name][1]) and all(
+        return as_recorded(target, stored[name][1]) and all(
             (self.mirror / part).is_file() for part in self._shard_parts(name, stored, _contents(target)))
 
     def _shard_parts(self, name: str, stored: Stored, checkpoint: dict[str, Any]) -> list[str]:
@@ -202,11 +208,11 @@ class RemoteRoot:
         """A stored checkpoint into the mirror with its shard folder (CheckpointError when incomplete); one this node
         saved and could not upload yet is kept when as far along by its own records: nothing it trained is lost."""
         target = self.mirror / name
-        if target.is_file() and not _as_recorded(target):
+        if target.is_file() and not as_recorded(target):
             theirs = self.download(name, stored, to=target.with_name(f".{target.name}.stored"))
             if _records(_contents(theirs)) > _records(_contents(target)):
                 os.replace(theirs, target)
-                self._record(target, stored[name][1])
+                record(target, self.url_of(target), stored[name][1])
             theirs.unlink(missing_ok=True)
         else:
             self.download(name, stored)
@@ -232,7 +238,7 @@ class RemoteRoot:
             return
         run_dir = self.name(checkpoint).rpartition(f"/{CHECKPOINTS}/")[0]
         for name in stored:
-            if run_dir and name.startswith(f"{run_dir}/") and not name.endswith(".ckpt") and _mirrored(Path(name)) \
+            if run_dir and name.startswith(f"{run_dir}/") and not name.endswith(".ckpt") and mirrored(Path(name)) \
                     and ".shards/" not in name:
                 self.download(name, stored)
 
@@ -242,7 +248,7 @@ class RemoteRoot:
         if not plain_key(name) or self.mirror.resolve() not in target.resolve().parents:
             raise ConfigError(f"trainer.default_root_dir {self.url}: the object {name[:100]!r} would land outside the "
                               "run's mirror: not downloaded")
-        if to is None and target.is_file() and target.stat().st_size == size and _as_recorded(
+        if to is None and target.is_file() and target.stat().st_size == size and as_recorded(
                 target, etag if name.endswith(".ckpt") else None):
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -254,7 +260,7 @@ class RemoteRoot:
             partial.unlink(missing_ok=True)
             raise self.store_error(error, f"downloading {name}") from None
         if to is None:
-            self._record(target, etag)
+            record(target, self.url_of(target), etag)
         if name.endswith(".ckpt"):
             rank_zero_info(f"downloaded {self.url}/{name} ({size / 2**20:.1f} MiB) into {to or target}")
         return to or target
@@ -273,7 +279,7 @@ class RemoteRoot:
         except Exception as error:  # noqa: BLE001
             rank_zero_warn(f"{self.store_error(error, f'uploading {local.name}')}; kept in {local} meanwhile")
             return None
-        self._record(local, etag)
+        record(local, self.url_of(local), etag)
         return time.monotonic() - started
 
     def store_checkpoint(self, local: Path) -> bool:
@@ -288,7 +294,7 @@ class RemoteRoot:
                            "written by ranks of other nodes into their own mirrors): not uploaded; point "
                            "$CLASSIFIER_ENGINE_RUN_MIRROR at a folder every node shares, or use strategy fsdp2")
             return False
-        parts = sorted(p for p in folder.iterdir() if _mirrored(p) and not _as_recorded(p)) if folder else []
+        parts = sorted(p for p in folder.iterdir() if mirrored(p) and not as_recorded(p)) if folder else []
         if not all(self.upload(part) is not None for part in parts) or self.upload(local, _records(checkpoint)) is None:
             return False
         if folder is not None:
@@ -300,8 +306,8 @@ class RemoteRoot:
         if self.taken_over():
             rank_zero_warn(self.taken_over())
             return
-        for path in sorted(p for p in Path(run_dir).rglob("*") if p.is_file() and _mirrored(p)):
-            if not _as_recorded(path) and not (self.store_checkpoint(path) if path.suffix == ".ckpt" and
+        for path in sorted(p for p in Path(run_dir).rglob("*") if p.is_file() and mirrored(p)):
+            if not as_recorded(path) and not (self.store_checkpoint(path) if path.suffix == ".ckpt" and
                                                path.parent.name == CHECKPOINTS else self.upload(path) is not None):
                 return  # the store is away: the rest waits for the next sync
 
@@ -324,11 +330,6 @@ class RemoteRoot:
                     self.client().delete_object(Bucket=self.bucket, Key=key)
         except Exception as error:  # noqa: BLE001  costs space only
             rank_zero_warn(f"{self.store_error(error, f'deleting the earlier shards of {local.name}')}")
-
-    def _record(self, path: Path, etag: Optional[str] = None) -> None:
-        journal = _journal(path.parent)
-        journal[path.name] = [*_stamp(path), self.url_of(path), *([etag] if etag else [])]
-        atomic_write(path.parent / JOURNAL, lambda file: file.write(json.dumps(journal)), mode="w", fsync=False)
 
     # -- one writer per run dir (remote_lease.py) --------------------------------------------------------------------
     def taken_over(self) -> Optional[str]:
@@ -353,20 +354,6 @@ def _below(name: str, folder: str) -> list[str]:
     return name.split("/") if not folder else name[len(folder) + 1:].split("/") if name.startswith(f"{folder}/") else []
 
 
-def _journal(folder: Path) -> dict[str, list]:
-    try:
-        journal = json.loads((folder / JOURNAL).read_text())
-    except (OSError, ValueError):
-        return {}
-    return journal if isinstance(journal, dict) else {}
-
-
-def _as_recorded(path: Path, etag: Optional[str] = None) -> bool:
-    """Whether `path` is as last uploaded or downloaded (else: pending, or written since), as object `etag` if given."""
-    entry = _journal(path.parent).get(path.name)
-    return isinstance(entry, list) and entry[:2] == _stamp(path) and (etag is None or entry[3:4] == [etag])
-
-
 def _contents(path: Path) -> dict[str, Any]:
     """A checkpoint file's own contents, memory-mapped (a sharded one's folder not read); {} when it does not load."""
     try:
@@ -381,25 +368,3 @@ def _records(checkpoint: dict[str, Any]) -> tuple[float, ...]:
         return (float(checkpoint.get(SAVED_AT) or 0.0), *progress(checkpoint))
     except (KeyError, TypeError, ValueError):
         return (-1.0,)
-
-
-def stored_origin(path: Path) -> Optional[str]:
-    """The URL of a file of an object store's mirror (a folder with a journal: untrusted, as anyone with write access
-    to the bucket may have put it there); None for any other."""
-    path = Path(path)
-    journal = _journal(path.parent)  # (each entry's URL is its folder's, then its name)
-    urls = [str(entry[2]) for entry in journal.values() if isinstance(entry, list) and len(entry) > 2]
-    if not journal:
-        return None
-    return f"{urls[0].rpartition('/')[0]}/{path.name}" if urls else f"the object store mirrored in {path.parent}"
-
-
-def _stamp(path: Path) -> list[int]:
-    stat = path.stat()
-    return [stat.st_size, stat.st_mtime_ns]
-
-
-def _mirrored(path: Path) -> bool:
-    """The run's own files (a shard folder's .metadata too): not the journal, lock, lease, partial save or download."""
-    return (path.parent.name.endswith(".shards") or not path.name.startswith(".")) and not path.name.startswith(
-        JOURNAL) and not path.name.endswith((".partial", ".download"))

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from classifier_engine.errors import ConfigError, config_files, load_config_file
-from classifier_engine.run.remote_runs import stored_origin
+from classifier_engine.run.mirror_journal import stored_origin
 
 DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 # What the engine itself writes into a run's config.yaml: the default logger, pinned to the run dir (resume.py).
