@@ -356,6 +356,31 @@ def test_a_run_whose_lease_was_taken_over_writes_nothing_more_and_stops_in_one_l
     assert list((tmp_path / "node1").rglob("*.ckpt"))  # kept here
 
 
+def test_a_connection_cut_during_lease_renewals_misses_those_renewals_only(store, s3, tmp_path, monkeypatch):
+    # botocore's ConnectionClosedError carries response=None: reading its code raised in the renewal thread, which died
+    # with a traceback, so the lease was never renewed again and another start took the run dir over while it trained.
+    from classifier_engine.run import remote_lease
+    from classifier_engine.run.remote_runs import RemoteRoot
+
+    monkeypatch.setattr(remote_lease, "LEASE_RENEW_S", 0.2)
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path))
+    errors = []
+    monkeypatch.setattr("threading.excepthook", errors.append)
+    with FaultyProxy(store["AWS_ENDPOINT_URL"], match="/.lease", times=3) as proxy:  # one renewal's 3 tries
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        remote = RemoteRoot("s3://runs/cut")
+        remote.claim(remote.mirror / RUN, new=True)
+        proxy.fault, deadline = "refuse", time.monotonic() + 60
+        while proxy.faults < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cut = s3.get_object(Bucket="runs", Key=f"cut/{RUN}/.lease")["ETag"]
+        while s3.get_object(Bucket="runs", Key=f"cut/{RUN}/.lease")["ETag"] == cut and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert s3.get_object(Bucket="runs", Key=f"cut/{RUN}/.lease")["ETag"] != cut, errors  # renewed again
+        assert proxy.faults == 3 and not errors and remote.taken_over() is None
+        remote.release()
+
+
 @pytest.mark.parametrize("lease", [b"[1, 2]", b'{"renewed": 0}'])
 def test_a_lease_of_another_shape_is_one_line_naming_it_and_how_to_clear_it(lease, tiny_root, s3, tmp_path,
                                                                            monkeypatch, capsys):

@@ -85,7 +85,9 @@ def take_lease(remote, run_dir: Path, new: bool) -> Lease:
         while not lease.stop.wait(LEASE_RENEW_S):
             renewed = _put(remote, key, me, {"IfMatch": etag} if etag else {}, quiet=True)
             if renewed is None:
-                theirs = _read(remote, key, url) if not lease.stop.is_set() else None
+                theirs = None
+                with contextlib.suppress(Exception):  # (who holds it is for the line: the store may fail again)
+                    theirs = _read(remote, key, url) if not lease.stop.is_set() else None
                 lease.lost = theirs[0] if theirs is not None else "another run"
                 return
             etag = renewed or etag
@@ -136,4 +138,5 @@ def _put(remote, key: str, holder: str, condition: dict[str, str], quiet: bool =
 
 
 def _code(error: Exception) -> str:
-    return str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
+    """The store's error code; "" for none (botocore's connection errors carry response=None)."""
+    return str((getattr(error, "response", None) or {}).get("Error", {}).get("Code", ""))
