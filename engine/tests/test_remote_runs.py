@@ -582,6 +582,28 @@ def test_the_mirror_follows_the_store_a_removed_checkpoint_leaves_it_one_not_sen
     assert sorted(path.name for path in folder.glob("*.ckpt")) == ["pending.ckpt"]
 
 
+def test_a_resume_from_this_nodes_own_checkpoint_keeps_the_run_dirs_files_it_has_not_sent_yet(
+        s3, tmp_path, monkeypatch, no_launcher):
+    # The store went away mid-run: this node saved a checkpoint and logged rows it could not send. The next start here
+    # continues from that checkpoint, and used to replace those rows with the store's older file; a run another node
+    # continued since (its checkpoint further along) still brings the store's files.
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path))
+    put_checkpoint(s3, f"own/{RUN}/checkpoints/last.ckpt", 5, 5.0, "5 5 0 5")
+    s3.put_object(Bucket="runs", Key=f"own/{RUN}/metrics.csv", Body=b"step\n5\n")
+    plan_fit("s3://runs/own").close()
+    run = tmp_path / "runs" / "own" / RUN
+    torch.save({"state_dict": {}, "epoch": 0, "global_step": 8, "saved_at": 8.0}, run / "checkpoints" / "last.ckpt")
+    (run / "metrics.csv").write_text("step\n5\n8\n")  # neither sent (then sent by its close())
+    started = plan_fit("s3://runs/own")
+    assert started.plan.value("checkpoint")["step"] == 8 and (run / "metrics.csv").read_text() == "step\n5\n8\n"
+    started.close()
+    put_checkpoint(s3, f"own/{RUN}/checkpoints/last.ckpt", 9, 9.0, "9 9 0 9")  # another node's, further along
+    s3.put_object(Bucket="runs", Key=f"own/{RUN}/metrics.csv", Body=b"step\n5\n6\n9\n")
+    started = plan_fit("s3://runs/own")
+    assert started.plan.value("checkpoint")["step"] == 9 and (run / "metrics.csv").read_text() == "step\n5\n6\n9\n"
+    started.close()
+
+
 def test_a_sharded_checkpoint_whose_folder_lacks_a_shard_here_is_not_uploaded(s3, tmp_path, monkeypatch):
     import torch.distributed.checkpoint as dcp
 

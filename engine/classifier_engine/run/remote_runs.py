@@ -47,6 +47,7 @@ class RemoteRoot:
         self.mirror = base / self.bucket / self.prefix
         self._client = None
         self._lease: Optional[Lease] = None
+        self._fetched: set[Path] = set()  # the files this start downloaded into the mirror
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the checkpoint IO: each process its own client
         return {**self.__dict__, "_client": None, "_lease": None}
@@ -212,6 +213,7 @@ class RemoteRoot:
             theirs = self.download(name, stored, to=target.with_name(f".{target.name}.stored"))
             if _records(_contents(theirs)) > _records(_contents(target)):
                 os.replace(theirs, target)
+                self._fetched.add(target.resolve())
                 record(target, self.url_of(target), stored[name][1])
             theirs.unlink(missing_ok=True)
         else:
@@ -233,13 +235,16 @@ class RemoteRoot:
                 "one before it")
 
     def fetch_run_dir(self, checkpoint: Path, stored: Stored) -> None:
-        """The resumed checkpoint's run dir's other files (config.yaml, logs...), which the resumed run extends."""
+        """The resumed checkpoint's run dir's other files (config.yaml, logs...), which the resumed run extends. One
+        this node wrote and has not sent yet stays when the checkpoint is this node's too (not downloaded now)."""
         if self.mirror.resolve() not in Path(checkpoint).resolve().parents:
             return
-        run_dir = self.name(checkpoint).rpartition(f"/{CHECKPOINTS}/")[0]
+        run_dir, ours = self.name(checkpoint).rpartition(f"/{CHECKPOINTS}/")[0], Path(checkpoint).resolve() not in \
+            self._fetched
         for name in stored:
             if run_dir and name.startswith(f"{run_dir}/") and not name.endswith(".ckpt") and mirrored(Path(name)) \
-                    and ".shards/" not in name:
+                    and ".shards/" not in name and not (ours and (local := self.mirror / name).is_file() and
+                                                        not as_recorded(local)):
                 self.download(name, stored)
 
     def download(self, name: str, stored: Stored, to: Optional[Path] = None) -> Path:
@@ -261,6 +266,7 @@ class RemoteRoot:
             raise self.store_error(error, f"downloading {name}") from None
         if to is None:
             record(target, self.url_of(target), etag)
+            self._fetched.add(target.resolve())
         if name.endswith(".ckpt"):
             rank_zero_info(f"downloaded {self.url}/{name} ({size / 2**20:.1f} MiB) into {to or target}")
         return to or target
