@@ -18,7 +18,7 @@ import boto3
 import pytest
 import torch
 
-from classifier_engine.errors import CheckpointError, ConfigError
+from classifier_engine.errors import CheckpointError, ConfigError, RunDirInUse
 from conftest import callback, cli_main, start_project, tiny_args
 from local_services import FaultyProxy, s3_server
 
@@ -379,6 +379,41 @@ def test_a_connection_cut_during_lease_renewals_misses_those_renewals_only(store
         assert s3.get_object(Bucket="runs", Key=f"cut/{RUN}/.lease")["ETag"] != cut, errors  # renewed again
         assert proxy.faults == 3 and not errors and remote.taken_over() is None
         remote.release()
+
+
+def test_a_resume_that_waited_for_a_lease_is_refused_when_that_run_saved_meanwhile(s3, tmp_path, monkeypatch,
+                                                                                    no_launcher):
+    # A resume chose the stored step-5 checkpoint, then waited for another node's live run to end: that run saved step
+    # 8 and released its lease, and the resume went on from step 5, writing over the further checkpoint.
+    import threading
+
+    from classifier_engine.plan.make import plan_run
+    from jsonargparse import Namespace
+
+    monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path))
+    put_checkpoint(s3, f"w/{RUN}/checkpoints/last.ckpt", 5, 5.0, "5 5 0 5")
+    lease = {"Bucket": "runs", "Key": f"w/{RUN}/.lease"}
+    s3.put_object(**lease, Body=b'{"holder": "pid 4242 on node7", "renewed": 0}')
+
+    def other_run_saves_and_ends():
+        time.sleep(1.5)
+        put_checkpoint(s3, f"w/{RUN}/checkpoints/last.ckpt", 8, 8.0, "8 8 0 8")
+        s3.delete_object(**lease)
+
+    def resume():
+        return plan_run("fit", Namespace(trainer=Namespace(default_root_dir="s3://runs/w", logger=None),
+                                         ckpt_path="last"), claim_run_dir=True)
+
+    threading.Thread(target=other_run_saves_and_ends).start()
+    with pytest.raises(RunDirInUse, match=r"^run dir s3://runs/w/lightning_logs/version_0: the run whose lease this "
+                       r"start waited for saved a checkpoint meanwhile, after this start chose its own; rerun"):
+        resume()
+    assert "Contents" not in s3.list_objects_v2(Bucket="runs", Prefix=lease["Key"])  # its lease taken back
+    s3.put_object(**lease, Body=b'{"holder": "pid 4242 on node7", "renewed": 0}')  # one that lapses: nothing saved
+    monkeypatch.setattr("classifier_engine.run.remote_lease.LEASE_TTL_S", 2.0)
+    started = resume()
+    assert started.plan.value("checkpoint")["step"] == 8
+    started.close()
 
 
 @pytest.mark.parametrize("lease", [b"[1, 2]", b'{"renewed": 0}'])

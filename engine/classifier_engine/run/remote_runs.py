@@ -48,6 +48,7 @@ class RemoteRoot:
         self._client = None
         self._lease: Optional[Lease] = None
         self._fetched: set[Path] = set()  # the files this start downloaded into the mirror
+        self._listed: Optional[Stored] = None  # the store as prepare() listed it: what this start chose from
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the checkpoint IO: each process its own client
         return {**self.__dict__, "_client": None, "_lease": None}
@@ -157,7 +158,7 @@ class RemoteRoot:
     def prepare(self, logs_name: str, resume: bool) -> Stored:
         """The listing and a mirror folder per stored run dir; when resuming, the mirror's checkpoints since removed
         from the store are dropped (the resume fetches those it chooses among: fetch_checkpoints)."""
-        stored = self.listing()
+        stored = self._listed = self.listing()
         for version in self.stored_versions(stored, logs_name):
             (self.mirror / logs_name / version).mkdir(parents=True, exist_ok=True)
         self.mirror.mkdir(parents=True, exist_ok=True)
@@ -346,8 +347,23 @@ class RemoteRoot:
             f"{LEASE_TTL_S:.0f} s: a stalled node?); stopped, storing nothing more: its files stay in {self.mirror}")
 
     def claim(self, run_dir: Path, new: bool) -> None:
-        """Take the run dir's lease until release(); VersionTaken when `new` and another start created it first."""
+        """Take the run dir's lease until release(); VersionTaken when `new` and another start created it first,
+        RunDirInUse when the run it waited for saved a checkpoint meanwhile (this start chose before that save)."""
         self._lease = take_lease(self, run_dir, new)
+        if self._lease.waited and not new and self._listed is not None:
+            folder, key = f"{self.name(run_dir)}/{CHECKPOINTS}/", f"{self.key(run_dir)}/{CHECKPOINTS}/"
+            try:
+                now = {name[len(key):]: tag for name, tag in self._list(key).items()}
+            except Exception as error:  # noqa: BLE001  botocore's
+                self.release()
+                raise self.store_error(error, "listing the run's checkpoints") from None
+            before = {name[len(folder):]: tag for name, tag in self._listed.items() if name.startswith(folder)}
+            if {n: t for n, t in now.items() if n.endswith(".ckpt") and "/" not in n} != {
+                    n: t for n, t in before.items() if n.endswith(".ckpt") and "/" not in n}:
+                self.release()
+                raise RunDirInUse(f"run dir {self.url_of(run_dir)}: the run whose lease this start waited for saved "
+                                  "a checkpoint meanwhile, after this start chose its own; rerun: --ckpt_path last "
+                                  "continues from the newest")
 
     def release(self) -> None:
         if self._lease is not None:
