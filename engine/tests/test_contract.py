@@ -23,6 +23,7 @@ from PIL import Image
 import classifier_engine
 import warm_python
 from classifier_engine import Monitor
+from classifier_engine.errors import UserError
 from conftest import TESTS, callback
 from plain_model import TinyNet
 
@@ -218,6 +219,17 @@ def test_it_predicts_a_folder_to_a_csv_with_its_class_names_and_exports(referenc
     rows = list(csv.reader(out.open()))
     assert len(rows) == 6 and rows[1][0].endswith("sub0/0.png")
     assert {rows[r][c] for r in range(1, 6) for c in (1, 3, 5)} <= set(MY_DATA_NAMES)
+    # Another size beside them: this module offers no eval_preprocessing() (no resize), so they make no batch.
+    Image.new("RGB", (20, 12), (0, 0, 0)).save(images / "wide.png")
+    versions = sorted(run_dir.glob("lightning_logs/*"))
+    with pytest.raises(UserError, match=r"^--predictions.images: .*sub0/0.png is 16x16 pixels, .*wide.png 12x20: a "
+                       r"batch holds images of one size, .* or pass --predictions.batch_size 1$"):
+        engine("predict", *args(run_dir), f"--ckpt_path={run_dir / LAST}", f"--predictions.images={images}",
+               f"--predictions.output={out}")
+    assert len(list(csv.reader(out.open()))) == 6 and sorted(run_dir.glob("lightning_logs/*")) == versions
+    engine("predict", *args(run_dir), f"--ckpt_path={run_dir / LAST}", f"--predictions.images={images}",
+           f"--predictions.output={out}", "--predictions.batch_size=1")
+    assert len(list(csv.reader(out.open()))) == 7
     from classifier_engine.export import main as export_main
 
     config = run_dir / "lightning_logs" / "version_0" / "config.yaml"

@@ -387,8 +387,9 @@ def test_a_resume_that_waited_for_a_lease_is_refused_when_that_run_saved_meanwhi
     # 8 and released its lease, and the resume went on from step 5, writing over the further checkpoint.
     import threading
 
-    from classifier_engine.plan.make import plan_run
     from jsonargparse import Namespace
+
+    from classifier_engine.plan.make import plan_run
 
     monkeypatch.setenv("CLASSIFIER_ENGINE_RUN_MIRROR", str(tmp_path))
     put_checkpoint(s3, f"w/{RUN}/checkpoints/last.ckpt", 5, 5.0, "5 5 0 5")

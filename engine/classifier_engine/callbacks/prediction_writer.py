@@ -5,6 +5,7 @@
 """
 
 import csv
+import functools
 import io
 import os
 import tempfile
@@ -18,7 +19,7 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 from classifier_engine.contract import display_names
 from classifier_engine.data.predict import ImagePathDataset, eval_transform
@@ -134,7 +135,22 @@ def folder_loader(trainer: L.Trainer, model: L.LightningModule, datamodule: Any)
                           "--predictions.images DIR (a folder of images, read with its eval_preprocessing())")
     writer.class_names = display_names(datamodule, model.hparams.get("num_classes"))
     dataset = ImagePathDataset(writer.images, transform=eval_transform(datamodule))
-    return DataLoader(dataset, batch_size=writer.batch_size)
+    return DataLoader(dataset, batch_size=writer.batch_size, collate_fn=functools.partial(_one_size, dataset.paths))
+
+
+def _one_size(paths: list, items: list) -> Any:
+    """default_collate, or one line when the images differ in size (a module without eval_preprocessing(): no
+    resize), naming two of them."""
+    sizes: dict[tuple, int] = {}
+    for image, index in items:
+        sizes.setdefault(tuple(image.shape[-2:]), int(index))
+    if len(sizes) > 1:
+        (a, i), (b, j) = list(sizes.items())[:2]
+        raise UserError(f"--predictions.images: {shown(paths[i])} is {a[0]}x{a[1]} pixels, {shown(paths[j])} "
+                        f"{b[0]}x{b[1]}: a batch holds images of one size, and the data module offers no "
+                        "eval_preprocessing() to resize them (the contract); add it, or pass "
+                        "--predictions.batch_size 1")
+    return default_collate(items)
 
 
 def _check_writable(output: Path) -> None:
