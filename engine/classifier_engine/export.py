@@ -215,10 +215,15 @@ def export_plan(ckpt_path: Path, config: Path, given_config: bool, out_dir: Path
             text=", ".join(files))))
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise ConfigError(f"export: {message} (see {self.prog} --help)")  # one line, not argparse's usage block
+
+
 def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier_engine",
          trusted: Sequence[str] = ()) -> dict[str, Path]:
     """`PROG export`: export a run's checkpoint next to it (RUN/export/ by default)."""
-    parser = argparse.ArgumentParser(prog=f"{prog} export", description=__doc__.splitlines()[0])
+    parser = _Parser(prog=f"{prog} export", description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt_path", type=Path, required=True, help="RUN/checkpoints/best.ckpt or last.ckpt")
     parser.add_argument("--config", type=Path, help="the run's config.yaml (default: RUN/config.yaml)")
     parser.add_argument("--out_dir", type=Path, help="where to write (default: RUN/export)")
@@ -226,12 +231,14 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier
     parser.add_argument("--plan", action="store_true", help="print what it would read, build and write, and exit")
     args = parser.parse_args(argv)
     if not args.ckpt_path.is_file():
-        parser.error(f"--ckpt_path {args.ckpt_path} is not a file")
+        parser.error(f"--ckpt_path {args.ckpt_path} is not a file: pass a run's checkpoint, RUN/checkpoints/last.ckpt")
     run_dir = args.ckpt_path.resolve().parent.parent  # RUN/checkpoints/x.ckpt
     config = args.config or run_dir / "config.yaml"
     if not config.is_file():
         parser.error(f"no config at {config}: pass --config RUN/config.yaml, the config the run saved")
     out_dir = args.out_dir or run_dir / "export"
+    if out_dir.exists() and not out_dir.is_dir():
+        parser.error(f"--out_dir {out_dir} is a file: pass a folder (new, or one to write the files into)")
     if args.plan:
         plan = export_plan(args.ckpt_path, config, args.config is not None, out_dir, args.onnx, trusted)
         print("\n".join(["plan of export (dry: nothing was built, written or downloaded):",

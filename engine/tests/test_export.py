@@ -18,6 +18,7 @@ from torch import nn
 from torchvision import models
 
 from classifier_engine.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from classifier_engine.errors import ConfigError
 from classifier_engine.export import ExportCheckError, export_network, main, onnx_available
 from conftest import tiny_args
 
@@ -228,6 +229,16 @@ def test_main_exports_a_trained_run_from_its_checkpoint_and_config(tiny_root, tm
         run = tmp_path / "lightning_logs" / "version_0"
         files = main(["--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--no-onnx"])
     assert files["pt2"] == run / "export" / "model.pt2"
+    # Bad arguments: one line each before anything is built (argparse printed its usage block; a file as --out_dir
+    # failed after the network was built and checked, with a traceback).
+    (tmp_path / "a_file").write_text("")
+    last = str(run / "checkpoints" / "last.ckpt")
+    for argv, said in ((["--ckpt_path", "last"], "--ckpt_path last is not a file: pass a run's checkpoint, "),
+                       (["--ckpt_path", last, "--out_dir", str(tmp_path / "a_file")],
+                        f"--out_dir {tmp_path / 'a_file'} is a file: pass a folder"),
+                       (["--ckpt_path", last, "--nope"], "unrecognized arguments: --nope (see ")):
+        with pytest.raises(ConfigError, match=f"^export: {re.escape(said)}"):
+            main(argv)
     exported, meta = read_export(run / "export")
     assert meta["class_names"] == ["cat", "dog", "fox"] and meta["module"] == "torch.nn.modules.container.Sequential"
     assert (meta["preprocessing"]["resize"], meta["preprocessing"]["crop"]) == (32, 32)  # the quickstart's eval sizes
