@@ -190,6 +190,7 @@ def test_a_pass_that_assigns_into_the_config_is_told_to_return_an_edit(tiny_root
     (["fit", "--predictions.output=x.csv"], "--predictions.output is predict's: fit does not use it; drop it"),
     (["test", "--last_checkpoint.every_n_steps=2"], "--last_checkpoint.every_n_steps is fit's: test does not use it; "
                                                     "drop it"),
+    (["validate", "--global_batch", "8"], "--global_batch is fit's: validate does not use it; drop it"),  # a prefix
 ])
 def test_an_option_the_subcommand_does_not_use_is_refused_in_one_line(args, line, tiny_root, tmp_path, monkeypatch,
                                                                       capsys):

@@ -219,7 +219,9 @@ def subcommand_options(given: PlanInput) -> list[Decision]:
     an image data module's own predict path (its predict_root), or refused beside a data module's own predict set."""
     for word in given.argv or ():
         key = word.split("=")[0].removeprefix("--")
-        owner = OWNERS.get(key.split(".")[0]) if word.startswith("--") else None
+        first = key.split(".")[0]  # (argparse takes a prefix of an option's name: --global_batch is one)
+        owner = next((owner for name, owner in OWNERS.items() if name == first or "." not in key and name.startswith(
+            first)), None) if word.startswith("--") and first else None
         if owner is not None and given.subcommand not in (owner, None):
             raise ConfigError(f"--{key} is {owner}'s: {given.subcommand} does not use it; drop it")
     images = given.config.get("predictions.images") if given.subcommand == "predict" else None
