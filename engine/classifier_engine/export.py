@@ -221,11 +221,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier_engine",
-         trusted: Sequence[str] = ()) -> dict[str, Path]:
-    """`PROG export`: export a run's checkpoint next to it (RUN/export/ by default)."""
+         trusted: Sequence[str] = (), **defaults: Any) -> dict[str, Path]:
+    """`PROG export`: export a run's checkpoint next to it (RUN/export/ by default); `defaults` as cli_main takes them
+    (the entry point's model and data: a config that names no class builds those)."""
     parser = _Parser(prog=f"{prog} export", description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt_path", type=Path, required=True, help="RUN/checkpoints/best.ckpt or last.ckpt")
-    parser.add_argument("--config", type=Path, help="the run's config.yaml (default: RUN/config.yaml)")
+    parser.add_argument("--config", type=Path, action="append", help="the run's config.yaml (default: RUN/config.yaml)")
     parser.add_argument("--out_dir", type=Path, help="where to write (default: RUN/export)")
     parser.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True, help="also write model.onnx")
     parser.add_argument("--plan", action="store_true", help="print what it would read, build and write, and exit")
@@ -233,7 +234,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier
     if not args.ckpt_path.is_file():
         parser.error(f"--ckpt_path {args.ckpt_path} is not a file: pass a run's checkpoint, RUN/checkpoints/last.ckpt")
     run_dir = args.ckpt_path.resolve().parent.parent  # RUN/checkpoints/x.ckpt
-    config = args.config or run_dir / "config.yaml"
+    if len(args.config or ()) > 1:
+        parser.error(f"--config given {len(args.config)} times: export reads one, the run's saved config.yaml (what "
+                     "its configs composed); pass that one")
+    config = args.config[0] if args.config else run_dir / "config.yaml"
     if not config.is_file():
         parser.error(f"no config at {config}: pass --config RUN/config.yaml, the config the run saved")
     out_dir = args.out_dir or run_dir / "export"
@@ -246,6 +250,6 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier
         return {}
     from classifier_engine.cli import cli_main
 
-    cli = cli_main(run_settings(config, trusted), run=False)
+    cli = cli_main(run_settings(config, trusted), run=False, **defaults)
     cli.model.load_state_dict(load_checkpoint(args.ckpt_path)["state_dict"])  # EMA's averaged weights, if any
     return export_module(cli.model, cli.datamodule, out_dir, onnx=args.onnx)

@@ -14,6 +14,7 @@ from unittest import mock
 
 import pytest
 import torch
+import yaml
 from torch import nn
 from torchvision import models
 
@@ -222,7 +223,7 @@ def test_a_failed_check_ends_the_process_with_one_line_naming_the_file_and_the_d
 
 @pytest.mark.slow  # a real fit first: 3-15 s on 2 shared cores
 def test_main_exports_a_trained_run_from_its_checkpoint_and_config(tiny_root, tmp_path):
-    from conftest import NETWORK, cli_main, new_model
+    from conftest import NETWORK, cli_main, model_class, new_model
 
     with mock.patch.dict(os.environ):  # the CLI seeds and sets PL_GLOBAL_SEED: keep it out of later tests
         cli_main(["fit", *tiny_args(tiny_root, tmp_path)])
@@ -236,9 +237,19 @@ def test_main_exports_a_trained_run_from_its_checkpoint_and_config(tiny_root, tm
     for argv, said in ((["--ckpt_path", "last"], "--ckpt_path last is not a file: pass a run's checkpoint, "),
                        (["--ckpt_path", last, "--out_dir", str(tmp_path / "a_file")],
                         f"--out_dir {tmp_path / 'a_file'} is a file: pass a folder"),
-                       (["--ckpt_path", last, "--nope"], "unrecognized arguments: --nope (see ")):
+                       (["--ckpt_path", last, "--nope"], "unrecognized arguments: --nope (see "),
+                       (["--ckpt_path", last, "--config", "a.yaml", "--config", "b.yaml"],
+                        "--config given 2 times: export reads one, the run's saved config.yaml")):
         with pytest.raises(ConfigError, match=f"^export: {re.escape(said)}"):
             main(argv)
+    # A config that names no model class builds the entry point's default, as fit does (it was "unrecognized
+    # arguments: --model.width", an option never given).
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    (tmp_path / "no_class.yaml").write_text(yaml.safe_dump({**saved, "model": saved["model"]["init_args"]}))
+    with mock.patch.dict(os.environ):
+        files = main(["--ckpt_path", last, "--config", str(tmp_path / "no_class.yaml"), "--out_dir",
+                      str(tmp_path / "default_class"), "--no-onnx"], model=model_class())
+    assert files["pt2"] == tmp_path / "default_class" / "model.pt2"
     exported, meta = read_export(run / "export")
     assert meta["class_names"] == ["cat", "dog", "fox"] and meta["module"] == "torch.nn.modules.container.Sequential"
     assert (meta["preprocessing"]["resize"], meta["preprocessing"]["crop"]) == (32, 32)  # the quickstart's eval sizes
