@@ -67,6 +67,8 @@ CASES = {
                                  "has 10 classes, the data has 3"),
     "predict folder missing": ("predict", ["--data.predict_root=/nowhere/photos"], "tiny",
                                "predict root /nowhere/photos is not a folder"),
+    "predictions.images missing": ("predict", ["--predictions.images=/nowhere/photos"], "tiny",
+                                   "--predictions.images /nowhere/photos is not a folder: pass a folder of images"),
     "truncated JPEG": ("fit", [], "{truncated_jpeg}", "cannot decode {victim}"),
 }
 

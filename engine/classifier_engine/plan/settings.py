@@ -6,6 +6,7 @@ model's values from a checkpoint. Each reads the config and returns its decision
 
 import os
 import random
+from pathlib import Path
 from typing import Any, Optional
 
 import lightning as L
@@ -225,6 +226,8 @@ def subcommand_options(given: PlanInput) -> list[Decision]:
         if owner is not None and given.subcommand not in (owner, None):
             raise ConfigError(f"--{key} is {owner}'s: {given.subcommand} does not use it; drop it")
     images = given.config.get("predictions.images") if given.subcommand == "predict" else None
+    if images is not None and not Path(images).expanduser().is_dir():  # (--plan too: before a run dir is made)
+        raise ConfigError(f"--predictions.images {images} is not a folder: pass a folder of images (any depth)")
     data = given.config.get("data")
     if images is None or not isinstance(data, Namespace):
         return []
