@@ -176,6 +176,8 @@ def test_a_stored_checkpoint_given_by_its_url_or_mirror_path_is_downloaded_alone
     with pytest.raises(ConfigError, match=r"^--ckpt_path s3://runs/other/a.ckpt: a stored checkpoint is read through "
                        r"the run root it is under: pass --trainer.default_root_dir"):
         plan_fit("s3://runs/ex", "s3://runs/other/a.ckpt")
+    with pytest.raises(ConfigError, match=r"^--ckpt_path S3://runs/ex/a.ckpt looks like a mistyped object-store URL"):
+        plan_fit("s3://runs/ex", "S3://runs/ex/a.ckpt")
     assert not (tmp_path / "node2" / "runs" / "ex" / "lightning_logs" / "version_1" / "checkpoints").exists()
 
 

@@ -36,6 +36,9 @@ def run_root(given: PlanInput) -> list[Decision]:
 def checkpoint(given: PlanInput) -> list[Decision]:
     """The checkpoint to continue from, loaded once (later stations take it from the plan's reads), and why."""
     requested, remote = given.config.get("ckpt_path"), given.reads.get("remote")
+    if isinstance(requested, str) and re.match(r"s3:|s3//", requested, re.IGNORECASE) and requested[:5] != "s3://":
+        raise ConfigError(f"--ckpt_path {requested} looks like a mistyped object-store URL: write s3://bucket/key.ckpt "
+                          "(lowercase s3, a colon, two slashes)")
     if isinstance(requested, str) and requested.startswith("s3://"):  # a stored run's checkpoint, read in the mirror
         if remote is None or not f"{requested.rstrip('/')}/".startswith(f"{remote.url}/"):
             raise ConfigError(f"--ckpt_path {requested}: a stored checkpoint is read through the run root it is under: "
