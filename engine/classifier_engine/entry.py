@@ -31,7 +31,8 @@ def main(argv: Optional[list[str]] = None, **defaults) -> None:
     if argv[:1] == ["export"]:
         from classifier_engine.export import main as export_main
 
-        exit_on_user_error(lambda: export_main(argv[1:], prog=f"python -m {prog}", trusted=entry_classes, **defaults))
+        exit_on_user_error(lambda: export_main(argv[1:], prog=f"python -m {prog}", trusted=entry_classes,
+                                               model=defaults.get("model"), data=defaults.get("data")))
         return
     if argv[:1] == ["sweep"]:
         exit_on_user_error(lambda: sweep(argv[1:], partial(cli_main, **defaults)))

@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import lightning as L
 import torch
@@ -197,11 +197,12 @@ def run_settings(config: Path, trusted: Sequence[str] = ()) -> dict[str, Any]:
 
 
 def export_plan(ckpt_path: Path, config: Path, given_config: bool, out_dir: Path, onnx: bool,
-                trusted: Sequence[str]) -> RunPlan:
+                trusted: Sequence[str], defaults: Mapping[str, Optional[type]] = {}) -> RunPlan:
     """What an export would read, build and write (--plan): read only."""
     checkpoint = load_checkpoint(ckpt_path, mmap=True)
     settings = run_settings(config, trusted)
-    classes = {part: (settings.get(part) or {}).get("class_path") for part in ("model", "data")}
+    classes = {part: (settings.get(part) or {}).get("class_path") or (f"{cls.__module__}.{cls.__qualname__}" if (
+        cls := defaults.get(part)) else None) for part in ("model", "data")}
     files = [*EXPORT_FILES.values()][: 3 if onnx and onnx_available() else 1] + ["model.json"]
     present = [name for name in files if (out_dir / name).exists()]
     return RunPlan("export", (
@@ -221,9 +222,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier_engine",
-         trusted: Sequence[str] = (), **defaults: Any) -> dict[str, Path]:
-    """`PROG export`: export a run's checkpoint next to it (RUN/export/ by default); `defaults` as cli_main takes them
-    (the entry point's model and data: a config that names no class builds those)."""
+         trusted: Sequence[str] = (), model: Optional[type] = None, data: Optional[type] = None) -> dict[str, Path]:
+    """`PROG export`: export a run's checkpoint next to it (RUN/export/ by default); `model`, `data`: the entry point's
+    classes, built for a config that names none (not its passes: a run's saved config holds what they decided)."""
     parser = _Parser(prog=f"{prog} export", description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt_path", type=Path, required=True, help="RUN/checkpoints/best.ckpt or last.ckpt")
     parser.add_argument("--config", type=Path, action="append", help="the run's config.yaml (default: RUN/config.yaml)")
@@ -244,12 +245,13 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier
     if out_dir.exists() and not out_dir.is_dir():
         parser.error(f"--out_dir {out_dir} is a file: pass a folder (new, or one to write the files into)")
     if args.plan:
-        plan = export_plan(args.ckpt_path, config, args.config is not None, out_dir, args.onnx, trusted)
+        plan = export_plan(args.ckpt_path, config, args.config is not None, out_dir, args.onnx, trusted,
+                           {"model": model, "data": data})
         print("\n".join(["plan of export (dry: nothing was built, written or downloaded):",
                          *(f"  {line}" for line in plan.lines())]), flush=True)
         return {}
     from classifier_engine.cli import cli_main
 
-    cli = cli_main(run_settings(config, trusted), run=False, **defaults)
+    cli = cli_main(run_settings(config, trusted), run=False, model=model, data=data)
     cli.model.load_state_dict(load_checkpoint(args.ckpt_path)["state_dict"])  # EMA's averaged weights, if any
     return export_module(cli.model, cli.datamodule, out_dir, onnx=args.onnx)

@@ -67,7 +67,8 @@ def s3_server(bucket: str, authenticated: bool = True) -> Iterator[dict[str, str
 class FaultyProxy:
     """An HTTP proxy on 127.0.0.1 in front of a local server (`target`, http://host:port) that misbehaves on request,
     as object stores and trackers do: `fault` is None (pass through), "refuse" (close the connection at once), "500"
-    (answer 500 Internal Server Error), "cut" (send the answer's headers and half its body, then close), "stall"
+    (answer 500 Internal Server Error), "cut" (send the answer's headers and half its body, then close), "lose" (pass
+    the request on, then close without its answer), "stall"
     (take the request, never answer) or "together" (hold each request until `times` of them, 2 if None, have come, up
     to TOGETHER_S, then pass them on at once: two clients' reads meet, as two nodes starting in the same second do,
     however loaded the machine); only for requests whose path holds `match`, after `after` of them passed, and
@@ -118,6 +119,9 @@ class FaultyProxy:
                 upstream.close()
                 kept = [(k, v) for k, v in answer.getheaders()
                         if k.lower() not in ("transfer-encoding", "connection", "content-length")]
+                if fault == "lose":  # done there, the answer lost: the client tries again
+                    self.close_connection = True
+                    return
                 if fault == "cut":
                     self.answer(answer.status, kept, payload, cut=True)
                 else:

@@ -222,7 +222,7 @@ def test_it_predicts_a_folder_to_a_csv_with_its_class_names_and_exports(referenc
     # Another size beside them: this module offers no eval_preprocessing() (no resize), so they make no batch.
     Image.new("RGB", (20, 12), (0, 0, 0)).save(images / "wide.png")
     versions = sorted(run_dir.glob("lightning_logs/*"))
-    with pytest.raises(UserError, match=r"^--predictions.images: .*sub0/0.png is 16x16 pixels, .*wide.png 12x20: a "
+    with pytest.raises(UserError, match=r"^--predictions.images: .*sub0/0.png is 16x16 pixels, .*wide.png 20x12: a "
                        r"batch holds images of one size, .* or pass --predictions.batch_size 1$"):
         engine("predict", *args(run_dir), f"--ckpt_path={run_dir / LAST}", f"--predictions.images={images}",
                f"--predictions.output={out}")

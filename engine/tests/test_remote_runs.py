@@ -381,12 +381,24 @@ def test_a_connection_cut_during_lease_renewals_misses_those_renewals_only(store
         assert s3.get_object(Bucket="runs", Key=f"cut/{RUN}/.lease")["ETag"] != cut, errors  # renewed again
         assert proxy.faults == 3 and not errors and remote.taken_over() is None
         remote.release()
+    # A renewal done in the store whose answer was lost: its retry's condition fails on the run's own renewal, which
+    # is not another run taking the lease over.
+    with FaultyProxy(store["AWS_ENDPOINT_URL"], match="/.lease", times=1) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        remote = RemoteRoot("s3://runs/lost")
+        remote.claim(remote.mirror / RUN, new=True)
+        proxy.fault, deadline = "lose", time.monotonic() + 60
+        while proxy.faults < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # the retry, then renewals
+        assert proxy.faults == 1 and not errors and remote.taken_over() is None
+        remote.release()
 
 
-def test_a_resume_that_waited_for_a_lease_is_refused_when_that_run_saved_meanwhile(s3, tmp_path, monkeypatch,
-                                                                                    no_launcher):
+def test_a_resume_is_refused_when_another_run_saved_into_its_run_dir_after_it_listed_the_store(
+        s3, tmp_path, monkeypatch, no_launcher):
     # A resume chose the stored step-5 checkpoint, then waited for another node's live run to end: that run saved step
-    # 8 and released its lease, and the resume went on from step 5, writing over the further checkpoint.
+    # 8 and released its lease, and the resume went on from step 5, writing over the further checkpoint (a probe's).
     import threading
 
     from jsonargparse import Namespace
@@ -408,8 +420,8 @@ def test_a_resume_that_waited_for_a_lease_is_refused_when_that_run_saved_meanwhi
                                          ckpt_path="last"), claim_run_dir=True)
 
     threading.Thread(target=other_run_saves_and_ends).start()
-    with pytest.raises(RunDirInUse, match=r"^run dir s3://runs/w/lightning_logs/version_0: the run whose lease this "
-                       r"start waited for saved a checkpoint meanwhile, after this start chose its own; rerun"):
+    with pytest.raises(RunDirInUse, match=r"^run dir s3://runs/w/lightning_logs/version_0: another run saved a "
+                       r"checkpoint there after this start listed the store \(a run ending while this one started\)"):
         resume()
     assert "Contents" not in s3.list_objects_v2(Bucket="runs", Prefix=lease["Key"])  # its lease taken back
     s3.put_object(**lease, Body=b'{"holder": "pid 4242 on node7", "renewed": 0}')  # one that lapses: nothing saved
@@ -417,6 +429,16 @@ def test_a_resume_that_waited_for_a_lease_is_refused_when_that_run_saved_meanwhi
     started = resume()
     assert started.plan.value("checkpoint")["step"] == 8
     started.close()
+    # No lease to wait for: a run that saved and ended while this start listed and chose (before it took the lease).
+    from classifier_engine.run import remote_runs
+
+    def saved_meanwhile(*args, take=remote_runs.take_lease):
+        put_checkpoint(s3, f"w/{RUN}/checkpoints/last.ckpt", 11, 11.0, "11 11 0 11")
+        return take(*args)
+
+    monkeypatch.setattr(remote_runs, "take_lease", saved_meanwhile)
+    with pytest.raises(RunDirInUse, match="another run saved a checkpoint there after this start listed the store"):
+        resume()
 
 
 @pytest.mark.parametrize("lease", [b"[1, 2]", b'{"renewed": 0}'])

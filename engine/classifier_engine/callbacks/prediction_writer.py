@@ -146,8 +146,8 @@ def _one_size(paths: list, items: list) -> Any:
         sizes.setdefault(tuple(image.shape[-2:]), int(index))
     if len(sizes) > 1:
         (a, i), (b, j) = list(sizes.items())[:2]
-        raise UserError(f"--predictions.images: {shown(paths[i])} is {a[0]}x{a[1]} pixels, {shown(paths[j])} "
-                        f"{b[0]}x{b[1]}: a batch holds images of one size, and the data module offers no "
+        raise UserError(f"--predictions.images: {shown(paths[i])} is {a[1]}x{a[0]} pixels, {shown(paths[j])} "
+                        f"{b[1]}x{b[0]}: a batch holds images of one size, and the data module offers no "
                         "eval_preprocessing() to resize them (the contract); add it, or pass "
                         "--predictions.batch_size 1")
     return default_collate(items)

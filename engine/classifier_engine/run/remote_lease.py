@@ -36,7 +36,6 @@ class Lease:
     key: str
     stop: threading.Event = field(default_factory=threading.Event)
     lost: Optional[str] = None  # who took it over, once a renewal found the lease replaced
-    waited: bool = False  # for another writer's lease to lapse or be released (that run may have saved meanwhile)
 
     def release(self) -> None:
         self.stop.set()
@@ -56,8 +55,7 @@ def take_lease(remote, run_dir: Path, new: bool) -> Lease:
         raise _taken(url, held[0])  # written since this start listed the store: another start's new run
     pid, _, host = (held[0] if held else "").removeprefix("pid ").partition(" on ")
     lapsed = host == socket.gethostname() and pid.isdigit() and not alive(int(pid))  # a dead process of this host
-    waited = held is not None and held[0] != me and not lapsed
-    if waited:
+    if held is not None and held[0] != me and not lapsed:
         rank_zero_info(f"run dir {url} has a lease from {held[0]}: waiting up to {LEASE_TTL_S:.0f} s for it to be "
                        "renewed (a live run) or to lapse (a killed one)")
         deadline = time.monotonic() + LEASE_TTL_S
@@ -79,7 +77,7 @@ def take_lease(remote, run_dir: Path, new: bool) -> Lease:
                 raise _taken(url, holder)
             raise RunDirInUse(f"run dir {url} was claimed by {holder} at the same moment; wait for that run to end, "
                               "or write elsewhere with --trainer.default_root_dir")
-    lease = Lease(remote, key, waited=waited)
+    lease = Lease(remote, key)
 
     def renew(etag: str) -> None:
         # Each renewal only over this run's own last write: a run that stalled past LEASE_TTL_S (a frozen node) and
@@ -90,6 +88,9 @@ def take_lease(remote, run_dir: Path, new: bool) -> Lease:
                 theirs = None
                 with contextlib.suppress(Exception):  # (who holds it is for the line: the store may fail again)
                     theirs = _read(remote, key, url) if not lease.stop.is_set() else None
+                if theirs is not None and theirs[0] == me:  # its own renewal, whose answer was lost, then retried
+                    etag = theirs[1]
+                    continue
                 lease.lost = theirs[0] if theirs is not None else "another run"
                 return
             etag = renewed or etag

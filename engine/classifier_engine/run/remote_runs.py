@@ -51,7 +51,7 @@ class RemoteRoot:
         self._listed: Optional[Stored] = None  # the store as prepare() listed it: what this start chose from
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the checkpoint IO: each process its own client
-        return {**self.__dict__, "_client": None, "_lease": None}
+        return {**self.__dict__, "_client": None, "_lease": None, "_listed": None, "_fetched": set()}  # (the start's)
 
     def client(self):
         if self._client is None:
@@ -348,9 +348,9 @@ class RemoteRoot:
 
     def claim(self, run_dir: Path, new: bool) -> None:
         """Take the run dir's lease until release(); VersionTaken when `new` and another start created it first,
-        RunDirInUse when the run it waited for saved a checkpoint meanwhile (this start chose before that save)."""
+        RunDirInUse when a run saved a checkpoint there since this start listed the store (it chose before that)."""
         self._lease = take_lease(self, run_dir, new)
-        if self._lease.waited and not new and self._listed is not None:
+        if not new and self._listed is not None:
             folder, key = f"{self.name(run_dir)}/{CHECKPOINTS}/", f"{self.key(run_dir)}/{CHECKPOINTS}/"
             try:
                 now = {name[len(key):]: tag for name, tag in self._list(key).items()}
@@ -361,9 +361,9 @@ class RemoteRoot:
             if {n: t for n, t in now.items() if n.endswith(".ckpt") and "/" not in n} != {
                     n: t for n, t in before.items() if n.endswith(".ckpt") and "/" not in n}:
                 self.release()
-                raise RunDirInUse(f"run dir {self.url_of(run_dir)}: the run whose lease this start waited for saved "
-                                  "a checkpoint meanwhile, after this start chose its own; rerun: --ckpt_path last "
-                                  "continues from the newest")
+                raise RunDirInUse(f"run dir {self.url_of(run_dir)}: another run saved a checkpoint there after this "
+                                  "start listed the store (a run ending while this one started); rerun: --ckpt_path "
+                                  "last continues from the newest")
 
     def release(self) -> None:
         if self._lease is not None:
