@@ -89,7 +89,7 @@ def _placement(planner: Planner, passes: Sequence[Pass], dry: bool, claiming: bo
     if started.plan.value(FINISHED) and remote is None:
         return started  # nothing to train: no run dir to claim (in a store: claimed, so that close() sends what its
         # mirror holds and the store lacks, a save that could not be uploaded)
-    if fetching and started.ckpt_path is not None and subcommand == "fit":  # (an evaluation logs into a dir of its own)
+    if fetching and started.ckpt_path is not None:  # (an evaluation's too: export reads the config.yaml beside it)
         remote.fetch_run_dir(started.ckpt_path, stored)
     for path, why in started.skipped if not dry else ():
         rank_zero_warn(f"skipped checkpoint {path}: {why}")
