@@ -187,9 +187,8 @@ class RemoteRoot:
             target = self.mirror / name
             if not claim:
                 self.fetch_checkpoint(name, stored)
-            elif not target.is_file() or not (self._as_stored(name, stored) if as_recorded(target) else (
-                    _records(_contents(target)) >= claim)):  # (one this node could not upload yet: read, if ahead)
-                claimed[target] = claim
+            elif self.outdated(name, stored) or not as_recorded(target) and _records(_contents(target)) < claim:
+                claimed[target] = claim  # (one this node could not upload yet: read, if ahead of the claim)
         return claimed
 
     def _as_stored(self, name: str, stored: Stored) -> bool:
