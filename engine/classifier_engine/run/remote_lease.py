@@ -56,18 +56,7 @@ def take_lease(remote, run_dir: Path, new: bool) -> Lease:
     pid, _, host = (held[0] if held else "").removeprefix("pid ").partition(" on ")
     lapsed = host == socket.gethostname() and pid.isdigit() and not alive(int(pid))  # a dead process of this host
     if held is not None and held[0] != me and not lapsed:
-        rank_zero_info(f"run dir {url} has a lease from {held[0]}: waiting up to {LEASE_TTL_S:.0f} s for it to be "
-                       "renewed (a live run) or to lapse (a killed one)")
-        deadline = time.monotonic() + LEASE_TTL_S
-        while time.monotonic() < deadline:
-            time.sleep(1.0)
-            now = _read(remote, key, url)
-            if now is not None and now[1] != held[1]:  # each renewal is another object
-                raise RunDirInUse(f"run dir {url} is in use by {now[0]} (its lease is renewed); wait for that run to "
-                                  "end, or write elsewhere with --trainer.default_root_dir")
-            if now is None:  # released
-                held = None
-                break
+        held = _wait_for(remote, key, url, held)
     etag = _put(remote, key, me, {"IfMatch": held[1]} if held is not None else {"IfNoneMatch": "*"})
     if etag is None:
         theirs = _read(remote, key, url)
@@ -97,6 +86,23 @@ def take_lease(remote, run_dir: Path, new: bool) -> Lease:
 
     threading.Thread(target=renew, args=(etag,), name="run-lease", daemon=True).start()
     return lease
+
+
+def _wait_for(remote, key: str, url: str, held: tuple[str, str]) -> Optional[tuple[str, str]]:
+    """Another writer's lease, watched for LEASE_TTL_S: renewed, RunDirInUse; released, None; else as it was
+    (lapsed)."""
+    rank_zero_info(f"run dir {url} has a lease from {held[0]}: waiting up to {LEASE_TTL_S:.0f} s for it to be "
+                   "renewed (a live run) or to lapse (a killed one)")
+    deadline = time.monotonic() + LEASE_TTL_S
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = _read(remote, key, url)
+        if now is None:  # released
+            return None
+        if now[1] != held[1]:  # each renewal is another object
+            raise RunDirInUse(f"run dir {url} is in use by {now[0]} (its lease is renewed); wait for that run to end, "
+                              "or write elsewhere with --trainer.default_root_dir")
+    return held
 
 
 def _taken(url: str, holder: str) -> VersionTaken:
