@@ -1,4 +1,5 @@
-"""Value types of the options: a bad value is refused in one line naming the option (docs/how-it-works.md).
+"""Value types of the options: a bad value is refused in one line naming the option (docs/how-it-works.md); and which
+subcommand uses an option: given to another, it is refused.
 
     python -m classifier_engine fit --config CONFIG --data.batch_size=-1
 """
@@ -11,7 +12,7 @@ import numbers
 import os
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, Union
 
 from jsonargparse.typing import register_type
@@ -125,3 +126,18 @@ def check_arguments(function: Callable, values: Mapping[str, Any], where: str) -
         except ValueError as error:
             raise ConfigError(f"{where}.{name}: {error}") from None
     return checked
+
+
+# Options only one subcommand uses: given to another, they would be ignored without a word.
+OWNERS = {"global_batch_size": "fit", "last_checkpoint": "fit", "throughput": "fit", "predictions": "predict"}
+
+
+def refuse_others_options(argv: Iterable[str], subcommand: str, runs: str) -> None:
+    """ConfigError for a flag that `subcommand` (running `runs`: a sweep's trials are fits) does not use."""
+    for word in argv:
+        key = word.split("=")[0].removeprefix("--")
+        first = key.split(".")[0]  # (argparse takes a prefix of an option's name: --global_batch is one)
+        owner = next((owner for name, owner in OWNERS.items() if name == first or "." not in key and name.startswith(
+            first)), None) if word.startswith("--") and first else None
+        if owner is not None and owner != runs:
+            raise ConfigError(f"--{key} is {owner}'s: {subcommand} does not use it; drop it")

@@ -216,6 +216,9 @@ BAD = {
                               "a log range needs low > 0 and no step"),
     "validation on a batch-size-dependent subset": (["--trainer.limit_val_batches=4"],
                                                     "trainer.limit_val_batches 4: trials would score on the first"),
+    "an option only predict uses": (["--predictions.images=/tmp"],
+                                     "--predictions.images is predict's: sweep does not use it; drop it"),
+    "a prefix of one": (["--predictions=/tmp/x.csv"], "--predictions is predict's: sweep does not use it; drop it"),
     "grid that misses a parameter": (["--sweep.sampler={class_path: GridSampler, init_args: {search_space: "
                                       "{model.lr: [0.1, 0.2]}}}"], "the GridSampler's grid names"),
 }

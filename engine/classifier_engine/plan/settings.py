@@ -20,6 +20,7 @@ from classifier_engine.compat.subclass_nulls import restored_nulls
 from classifier_engine.config_edits import PARSE_LINKS, run_seed
 from classifier_engine.contract import class_of, monitor_of, monitor_options
 from classifier_engine.errors import ConfigError
+from classifier_engine.options import refuse_others_options
 from classifier_engine.run.global_batch import FLAG, planned_world, split_global_batch
 from classifier_engine.run.launchers import check_devices
 from classifier_engine.run_plan import (
@@ -211,20 +212,11 @@ def resumed_epoch(given: PlanInput) -> list[Decision]:
                      f"{state['position']} samples")]
 
 
-# Options only one subcommand uses: given to another, they would be ignored without a word.
-OWNERS = {"global_batch_size": "fit", "last_checkpoint": "fit", "throughput": "fit", "predictions": "predict"}
-
-
 def subcommand_options(given: PlanInput) -> list[Decision]:
     """A flag the subcommand does not use is refused in one line; predict's folder (--predictions.images) is read by
     an image data module's own predict path (its predict_root), or refused beside a data module's own predict set."""
-    for word in given.argv or ():
-        key = word.split("=")[0].removeprefix("--")
-        first = key.split(".")[0]  # (argparse takes a prefix of an option's name: --global_batch is one)
-        owner = next((owner for name, owner in OWNERS.items() if name == first or "." not in key and name.startswith(
-            first)), None) if word.startswith("--") and first else None
-        if owner is not None and given.subcommand not in (owner, None):
-            raise ConfigError(f"--{key} is {owner}'s: {given.subcommand} does not use it; drop it")
+    if given.subcommand is not None:
+        refuse_others_options(given.argv or (), given.subcommand, given.subcommand)
     images = given.config.get("predictions.images") if given.subcommand == "predict" else None
     if images is not None and not Path(images).expanduser().is_dir():  # (--plan too: before a run dir is made)
         raise ConfigError(f"--predictions.images {images} is not a folder: pass a folder of images (any depth)")

@@ -28,6 +28,7 @@ from classifier_engine.compat.subclass_nulls import restored_nulls
 from classifier_engine.config_edits import apply_edits
 from classifier_engine.contract import monitor_options
 from classifier_engine.errors import ConfigError, check_config_files, readable_parse_error
+from classifier_engine.options import refuse_others_options
 from classifier_engine.run.sweep_trials import BEST, CHECKPOINT, RUN_DIR, Worker, int_range, open_storage, param_flags
 from classifier_engine.run.trackers import hidden_credentials
 from classifier_engine.run_plan import Decision, RunPlan
@@ -74,6 +75,7 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
     """`python -m <package> sweep ARGV`: check everything, run this worker's share of the study, print the summary.
     `cli_main`: classifier_engine.cli's with the entry point's defaults (the run wing does not import the CLI)."""
     check_config_files(argv)
+    refuse_others_options(argv, "sweep", "fit")  # (its trials are fits)
     dry, argv = "--plan" in argv, [arg for arg in argv if arg != "--plan"]
     # jsonargparse carries the init_args a new class_path accepts over from the previous class (a MedianPruner's
     # n_warmup_steps into a ThresholdPruner): a sampler or pruner on the command line is given whole.
