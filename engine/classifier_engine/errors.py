@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from stat import S_ISREG
 from typing import Callable, Optional
 
 import yaml
@@ -211,6 +212,7 @@ def exit_on_user_error(run: Callable[[], object]) -> None:
                 if (prefix := _note_prefix()) is not None:
                     with contextlib.suppress(OSError):  # the line was printed already; the note only repeats it
                         _write_new(f"{prefix}{os.getpid()}", line + "\n")
+                    _remove_stale_notes()
                 if dist.is_available() and dist.is_initialized():
                     with contextlib.suppress(Exception):  # closing a broken group may fail too
                         dist.destroy_process_group()
@@ -255,6 +257,16 @@ def _write_new(path: str, text: str) -> None:
         os.unlink(path)  # an earlier note of ours with this pid and port (or a link: removed, not followed)
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as note:
         note.write(text)
+
+
+def _remove_stale_notes(age_s: float = 86400) -> None:
+    """This user's notes of jobs a day gone (their ranks read them within seconds), so that failed jobs do not pile
+    notes up in the temp folder; another user's files, and anything not a plain file, are left as they are."""
+    for note in glob.glob(os.path.join(glob.escape(tempfile.gettempdir()), "classifier-engine-error-*")):
+        with contextlib.suppress(OSError):
+            stat = os.lstat(note)
+            if S_ISREG(stat.st_mode) and stat.st_uid == os.getuid() and stat.st_mtime < time.time() - age_s:
+                os.unlink(note)
 
 
 def _notes_of_failed_ranks(wait_s: float = 2.0) -> list[str]:

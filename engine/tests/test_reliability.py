@@ -128,6 +128,34 @@ def test_a_ranks_error_note_in_the_temp_folder_never_writes_through_a_link_plant
     assert capsys.readouterr().err.strip() == "error (rank 1): data.batch_size must be >= 1, got 0"
 
 
+def test_a_ranks_error_note_removes_this_users_notes_a_day_old_and_keeps_the_others(tmp_path, monkeypatch, capsys):
+    # Each failed ddp job left its ranks' notes in the temp folder for good (43 on this machine's /tmp).
+    import tempfile
+
+    from classifier_engine import errors
+    from classifier_engine.errors import ConfigError
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(errors, "_rank", (1, 2))
+    for name, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT="29412").items():
+        monkeypatch.setenv(name, value)
+    old, recent, other = (tmp_path / f"classifier-engine-error-127.0.0.1-{port}-7" for port in (29413, 29414, 29415))
+    for note in (old, recent):
+        note.write_text("error (rank 0): a line\n")
+    other.mkdir()  # not a note of ours: left as it is
+    for path in (old, other):
+        os.utime(path, (time.time() - 2 * 86400,) * 2)
+
+    def fails() -> None:
+        raise ConfigError("data.batch_size must be >= 1, got 0")
+
+    with pytest.raises(SystemExit):
+        exit_on_user_error(fails)
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([recent.name, other.name,
+                                                                 f"classifier-engine-error-127.0.0.1-29412-{os.getpid()}"])
+
+
 def test_a_file_written_whole_is_never_written_through_a_link_planted_at_its_temp_files_name(tmp_path):
     # atomic_write's temp file beside the target, .<name>.<host>-<pid>.partial, is a guessable name (in a shared
     # $TMPDIR: predictions rescued there); a link planted at it must not take the content.
