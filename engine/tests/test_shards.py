@@ -5,6 +5,7 @@ half-valid, a chunk-aware order drawn from the seed, exact resume and exact eval
     python -m pytest tests/test_shards.py --durations=0
 """
 
+import io
 import json
 import re
 import shutil
@@ -456,3 +457,42 @@ def test_the_writer_says_what_it_re_encodes_and_names_a_kept_file_that_is_not_an
     assert make_shards(["--source", str(root), "--out", str(tmp_path / "kept"), *SMALL, "--keep-original"]) == 2
     broken = root / "train" / "a" / "broken.jpg"
     assert capsys.readouterr().err.strip().startswith(f"make_shards: cannot decode {broken}")
+
+
+def test_a_rerun_rewrites_the_shards_of_changed_images_and_shards_gone_missing(tiny_root, tmp_path, capsys):
+    # A rerun said "complete already: nothing to do" over a replaced image (the fix its own error line asks for) and
+    # over a deleted shard, whose error line says to rewrite it.
+    source, out = tmp_path / "source", tmp_path / "out"
+    shutil.copytree(tiny_root, source)
+    assert make_shards(["--source", str(source), "--out", str(out), *SMALL]) == 0
+    first = sorted(source.glob("val/*/*.jpg"))[0]
+    Image.new("RGB", (32, 32), (250, 0, 0)).save(first)  # the same name, other pixels
+    (out / "train-00001.shard").unlink()
+    capsys.readouterr()
+    assert make_shards(["--source", str(source), "--out", str(out), *SMALL]) == 0
+    assert "2 shards written, 6 kept from an earlier run" in capsys.readouterr().out
+    module = ShardDataModule(shards=str(out), decoder="pil")
+    assert module._images("val", None)[0][0].getpixel((16, 16))[0] > 200
+    assert len(module._images("train", None)) == 40
+    (out / "val-00002.shard").unlink()  # the index says complete; its shard is not there
+    assert make_shards(["--source", str(source), "--out", str(out), *SMALL]) == 0
+    assert "1 shards written, 7 kept from an earlier run" in capsys.readouterr().out
+
+
+def test_re_encoded_images_keep_16_bit_gray_and_the_exif_orientation_as_the_folder_decoders_read_them(tmp_path):
+    import numpy as np
+
+    from classifier_engine.data.decoders import decode_pil
+    from classifier_engine.data.make_shards import Options
+
+    gray = tmp_path / "gray16.png"  # Pillow's convert("RGB") clips 16-bit values at 255: all but white
+    Image.fromarray(np.full((32, 32), 32768, dtype=np.uint16)).save(gray)
+    stored = Image.open(io.BytesIO(encode(str(gray), Options(max_short_side=16))[0]))
+    assert abs(np.asarray(stored).mean() - np.asarray(decode_pil(str(gray))).mean()) < 3
+    rotated, exif = tmp_path / "rotated.jpg", Image.Exif()
+    exif[0x0112] = 6  # 90 degrees: the pixels' rows are the image's columns
+    pixels = np.zeros((40, 60, 3), np.uint8)
+    pixels[:, :30] = 255  # white on the left, so white on top once turned
+    Image.fromarray(pixels).save(rotated, exif=exif)
+    stored = np.asarray(Image.open(io.BytesIO(encode(str(rotated), Options(max_short_side=20))[0])))
+    assert stored.shape[:2] == (30, 20) and stored[:10].mean() > 200 and stored[-10:].mean() < 50

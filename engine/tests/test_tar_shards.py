@@ -19,7 +19,7 @@ import torch
 from classifier_engine import ShardDataModule
 from classifier_engine.data.layout import check_layout, folder_samples
 from classifier_engine.data.make_shards import main as make_shards
-from classifier_engine.errors import UnreadableImageError
+from classifier_engine.errors import ConfigError, UnreadableImageError
 from conftest import QUICKSTART, SHRINK, cli_main, project_in_process
 from local_services import s3_server
 
@@ -204,3 +204,23 @@ def test_tars_on_an_object_store_read_as_the_local_ones_through_the_shard_cache(
     assert downloaded == sorted(p.name for p in tars.glob("*.tar"))  # each tar once, into the cache, then indexed
     val = [module._images("val", None) for module in (remote, local)]
     assert all(torch.equal(val[0][i][0], val[1][i][0]) and val[0][i][1] == val[1][i][1] for i in range(17))
+
+
+def test_a_rerun_over_fewer_images_leaves_no_tar_of_the_old_set_and_an_unlisted_tar_is_refused(tiny_root, tmp_path,
+                                                                                               capsys):
+    # A rerun that wrote fewer tars left the old set's last ones: validation counted images deleted from the source.
+    source, out = tmp_path / "source", tmp_path / "wds"
+    shutil.copytree(tiny_root, source)
+    assert make_shards(["--source", str(source), "--out", str(out), *SMALL, "--format", "webdataset"]) == 0
+    for split, keep in (("val", 2), ("train", 6)):  # 6 val images in 1 tar, 18 train in 3 (the old set: 3 and 5)
+        for folder in (source / split).iterdir():
+            for path in sorted(folder.iterdir())[keep:]:
+                path.unlink()
+    assert make_shards(["--source", str(source), "--out", str(out), *SMALL, "--format", "webdataset"]) == 0
+    tars = sorted(p.name for p in out.glob("*.tar"))
+    assert tars == ["train-0000.tar", "train-0001.tar", "train-0002.tar", "validation-0000.tar"]
+    assert len(data(out, tmp_path / "cache")._images("val", None)) == 6
+    shutil.copy(out / "validation-0000.tar", out / "validation-0001.tar")  # a tar _info.json does not list
+    with pytest.raises(ConfigError, match=r"validation-0001.tar is not one of the tars _info.json lists for "
+                                          r"validation: .* remove it, or rewrite the set"):
+        data(out, tmp_path / "cache")._images("val", None)

@@ -55,11 +55,16 @@ def decode_pil(path: str, failed_before: str = "") -> Image.Image:
     """The stock torchvision loader (PIL, RGB), with an error that names the file (and what failed before PIL)."""
     try:
         with Image.open(path) as image:
-            if image.mode.startswith("I;16"):  # convert() clips 16-bit gray at 255 (all white): scale it to 8 bits
-                return image.convert("I").point(lambda value: value / 257).convert("RGB")
-            return image.convert("RGB")  # convert() decodes the pixels, so truncation raises here and not later
+            return as_rgb(image)  # convert() decodes the pixels, so truncation raises here and not later
     except (OSError, ValueError, Image.DecompressionBombError) as error:
         raise _unreadable(path, f"{failed_before}PIL: {error}") from error
+
+
+def as_rgb(image: Image.Image) -> Image.Image:
+    """The image in RGB; 16-bit gray scaled to 8 bits (convert() clips it at 255: all white)."""
+    if image.mode.startswith("I;16"):
+        return image.convert("I").point(lambda value: value / 257).convert("RGB")
+    return image.convert("RGB")
 
 
 def _read(path: str) -> bytes:

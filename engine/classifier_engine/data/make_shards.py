@@ -22,8 +22,9 @@ from multiprocessing import Pool
 from pathlib import Path
 from typing import Optional
 
-from PIL import Image
+from PIL import Image, ImageOps
 
+from classifier_engine.data.decoders import as_rgb
 from classifier_engine.data.layout import check_layout, folder_samples, read_class_labels
 from classifier_engine.data.manifest import read_manifests
 from classifier_engine.data.shards import FORMAT, INDEX, s3_error
@@ -58,15 +59,15 @@ class Output:
         return {**self.__dict__, "_client": None}  # a client does not pickle: one per worker
 
     def s3(self, method: str, name: str, **args):
-        """The object store's answer to `method` on the object `name` (a get: its bytes, None when there is no such
-        key); a failure, the body's transfer included, as one line."""
+        """The object store's answer to `method` on the object `name` (a get: its bytes; None when there is no such
+        key to get or head); a failure, the body's transfer included, as one line."""
         bucket, prefix = split_url(self.location)
         self._client = self._client or s3_client()
         try:
             answer = getattr(self._client, method)(Bucket=bucket, Key=f"{prefix}/{name}".lstrip("/"), **args)
             return answer["Body"].read() if method == "get_object" else answer
         except Exception as error:
-            if method == "get_object" and "NoSuchKey" in str(error):
+            if method in ("get_object", "head_object") and ("NoSuchKey" in str(error) or "(404)" in str(error)):
                 return None
             raise s3_error(error, self.location) from None
 
@@ -82,6 +83,13 @@ class Output:
         else:
             atomic_write(Path(self.location) / name, lambda file: file.write(data),
                          fix="Free space or pass another --out, then rerun: finished shards are kept")
+
+    def size(self, name: str) -> Optional[int]:
+        """The file's size in bytes; None when there is none."""
+        if self.remote:
+            return (self.s3("head_object", name) or {}).get("ContentLength")
+        path = Path(self.location) / name
+        return path.stat().st_size if path.is_file() else None
 
     def remove(self, name: str) -> None:
         if self.remote:
@@ -103,7 +111,8 @@ def encode(path: str, options: Options) -> tuple[bytes, Optional[str]]:
                 return data, None  # small enough already: no second lossy encoding
             changed = [f"{image.format} as JPEG" if image.format != "JPEG" else "",
                        f"{image.mode} as RGB" if image.mode != "RGB" else ""]
-            image = image.convert("RGB")
+            # The pixels auto's decoders read (a JPEG kept as it is keeps its orientation tag for them)
+            image = as_rgb(ImageOps.exif_transpose(image))
             if scale < 1:
                 image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
                                      Image.Resampling.BILINEAR, reducing_gap=3.0)
@@ -155,7 +164,8 @@ def as_record(data: Optional[bytes]) -> Optional[dict]:
 def write_shard(job: tuple[Output, Options, str, str, list[tuple[str, int]], str, int]) -> tuple[bool, dict]:
     """(written, record) of one shard: written, then its record, unless a record with its fingerprint is there."""
     output, options, _, name, samples, print_, first = job
-    if (old := as_record(output.read(f"{name}.json"))) is not None and old.get("fingerprint") == print_:
+    old = as_record(output.read(f"{name}.json"))
+    if old is not None and old.get("fingerprint") == print_ and output.size(name) == old.get("bytes"):
         return False, old
     encoded = [encode(path, options) for path, _ in samples]
     images, changed = [data for data, _ in encoded], [what for _, what in encoded if what]
@@ -187,13 +197,15 @@ def read_source(source: str, val_source: Optional[str]) -> tuple[list[str], list
 
 
 def plan(splits: dict[str, list], options: Options, webdataset: bool = False) -> list[tuple[str, str, list, str, int]]:
-    """(split, name, samples, fingerprint, first sample's number) of every shard, a split's samples in order."""
+    """(split, name, samples, fingerprint, first sample's number) of every shard, a split's samples in order; the
+    fingerprint is of the options and of each image's path, label, size and modification time."""
     jobs = []
     for split, samples in splits.items():
         for k, first in enumerate(range(0, len(samples), options.shard_size)):
             chunk = [(str(path), int(label)) for path, label in samples[first:first + options.shard_size]]
             name = f"{split}-{k:05d}.shard" if not webdataset else f"{WEBDATASET_SPLITS[split]}-{k:04d}.tar"
-            print_ = hashlib.sha256(json.dumps([asdict(options), chunk]).encode()).hexdigest()[:16]
+            files = [(os.stat(path).st_size, os.stat(path).st_mtime_ns) for path, _ in chunk]  # an image replaced
+            print_ = hashlib.sha256(json.dumps([asdict(options), chunk, files]).encode()).hexdigest()[:16]
             jobs.append((split, name, chunk, print_, first))
     return jobs
 
@@ -211,18 +223,26 @@ def convert(source: str, out: str, options: Options, *, val_source: Optional[str
                           "s3:// URL") from None
     whole = hashlib.sha256("".join(job[3] for job in jobs).encode()).hexdigest()[:16]
     last = INFO if webdataset else INDEX  # the file that makes the set whole, written last
+    stale: set[str] = set()  # the files of the set found there that this one does not have
     if (found := output.read(last)) is not None:
-        if (old := as_record(found)) is not None and old.get("fingerprint") == whole:
+        old = as_record(found)
+        same = old is not None and old.get("fingerprint") == whole
+        missing = next((job[1] for job in jobs if output.size(job[1]) is None), None) if same else None
+        if same and missing is None:
             log(f"{out} is complete already ({len(jobs)} shards): nothing to do")
             return old
         log(f"{out}/{last} is not an index (cut short or damaged): written again, after the shards its records do "
-            "not match" if old is None else f"{out} holds another shard set (other images or options): starting "
-            "over, shards rewritten")
+            "not match" if old is None else f"{out}/{missing} is missing: written again" if same else f"{out} holds "
+            "another shard set (other images or options): starting over, shards rewritten")
+        stale = set(listed_files(old)) - {job[1] for job in jobs}
         output.remove(last)  # never an index naming shards that are being rewritten
     started, tasks = time.time(), [(output, options, *job) for job in jobs]
     with Pool(workers) if workers > 1 else nullcontext() as pool:  # one worker: this process, no fork
         done = list(pool.imap(write_shard, tasks) if pool else map(write_shard, tasks))
     written = sum(fresh for fresh, _ in done)
+    for name in sorted(stale):  # (a reader would take a tar of the old set for one of this set's)
+        output.remove(name)
+        output.remove(f"{name}.json")
     log(f"{written} shards written, {len(jobs) - written} kept from an earlier run, in {time.time() - started:.1f} s")
     records = {split: [record for job, (_, record) in zip(jobs, done) if job[0] == split] for split in splits}
     changed = sum((Counter(r.get("changed") or {}) for shards in records.values() for r in shards), Counter())
@@ -244,6 +264,16 @@ def convert(source: str, out: str, options: Options, *, val_source: Optional[str
                                                   for split, shards in records.items()}}
     output.write(last, json.dumps(index).encode())
     return index
+
+
+def listed_files(index: Optional[dict]) -> list[str]:
+    """The shard files an index.json or _info.json lists (none when it is not one)."""
+    splits = (index or {}).get("splits")
+    found = [shard.get("file") if isinstance(shard, dict) else None for shards in splits.values()
+             for shard in (shards if isinstance(shards, list) else [])] if isinstance(splits, dict) else []
+    found += [name for record in (splits.values() if isinstance(splits, dict) else ()) if isinstance(record, dict)
+              for name in (record.get("filenames") if isinstance(record.get("filenames"), list) else ())]
+    return [name for name in found if isinstance(name, str) and "/" not in name and not name.startswith(".")]
 
 
 def log(message: str) -> None:

@@ -44,12 +44,19 @@ def tar_index(store, listing: Tars) -> Optional[dict[str, Any]]:
     if "train" not in splits or "val" not in splits:
         raise ConfigError(f"data.shards: {store.location}: WebDataset tars of both splits expected, found "
                           f"{sorted(splits)}: add the *-train-*.tar and *-validation-*.tar files")
-    entries = cached_entries(store, tars)
     try:  # timm's _info.json: the splits' files and lengths, and our class names (none, or not JSON: the file names)
         info = json.loads(store.read(INFO)) if INFO in listing else {}
     except (OSError, ValueError):
         info = {}
     info = info if isinstance(info, dict) else {}
+    splits_of = info["splits"] if isinstance(info.get("splits"), dict) else {}
+    listed = {split: record["filenames"] for split, record in splits_of.items()
+              if isinstance(record, dict) and isinstance(record.get("filenames"), list)}
+    for name in sorted(tars):  # a tar of an earlier set would be read as one of this set's (evaluation not exact)
+        if (split := NAME.fullmatch(name)[2]) in listed and name not in listed[split]:
+            raise ConfigError(f"data.shards: {store.location}/{shown(name)} is not one of the tars {INFO} lists for "
+                              f"{split}: a tar of another set (an earlier make_shards?); remove it, or rewrite the set")
+    entries = cached_entries(store, tars)
     check_info(store, info, entries)
     top = max((y for entry in entries.values() for y in entry["labels"]), default=0)
     names, labels = info.get("classes"), info.get("class_labels")  # make_shards writes them; HF's sets do not
