@@ -25,6 +25,7 @@ from torch import nn
 from classifier_engine import contract
 from classifier_engine.contract import display_names, eval_preprocessing
 from classifier_engine.errors import ConfigError, UserError, install_extra, load_config_file
+from classifier_engine.run.checkpoint_checks import check_checkpoint_fits
 from classifier_engine.run.checkpoint_io import load_checkpoint
 from classifier_engine.run_plan import Decision, RunPlan
 
@@ -253,5 +254,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m classifier
     from classifier_engine.cli import cli_main
 
     cli = cli_main(run_settings(config, trusted), run=False, model=model, data=data)
-    cli.model.load_state_dict(load_checkpoint(args.ckpt_path)["state_dict"])  # EMA's averaged weights, if any
+    checkpoint = load_checkpoint(args.ckpt_path)
+    check_checkpoint_fits(args.ckpt_path, checkpoint, cli.model, cli.datamodule)  # (one line, as a fit's)
+    cli.model.load_state_dict(checkpoint["state_dict"])  # EMA's averaged weights, if any
     return export_module(cli.model, cli.datamodule, out_dir, onnx=args.onnx)

@@ -19,7 +19,7 @@ from torch import nn
 from torchvision import models
 
 from classifier_engine.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from classifier_engine.errors import ConfigError
+from classifier_engine.errors import CheckpointError, ConfigError
 from classifier_engine.export import ExportCheckError, export_network, main, onnx_available
 from conftest import tiny_args
 
@@ -250,6 +250,14 @@ def test_main_exports_a_trained_run_from_its_checkpoint_and_config(tiny_root, tm
         files = main(["--ckpt_path", last, "--config", str(tmp_path / "no_class.yaml"), "--out_dir",
                       str(tmp_path / "default_class"), "--no-onnx"], model=model_class())
     assert files["pt2"] == tmp_path / "default_class" / "model.pt2"
+    # A config of another network than the checkpoint's: the fit's one line, not load_state_dict's traceback.
+    init = saved["model"]["init_args"]
+    wider = {**saved, "model": {**saved["model"], "init_args": {**init, "width": 2 * init["width"]}}}
+    (tmp_path / "wider.yaml").write_text(yaml.safe_dump(wider))
+    with mock.patch.dict(os.environ), pytest.raises(CheckpointError, match=r"^checkpoint .*last.ckpt holds another "
+                                                                           r"network \(its model.width is "):
+        main(["--ckpt_path", last, "--config", str(tmp_path / "wider.yaml"), "--out_dir", str(tmp_path / "wider")])
+    assert not (tmp_path / "wider").exists()
     exported, meta = read_export(run / "export")
     assert meta["class_names"] == ["cat", "dog", "fox"] and meta["module"] == "torch.nn.modules.container.Sequential"
     assert (meta["preprocessing"]["resize"], meta["preprocessing"]["crop"]) == (32, 32)  # the quickstart's eval sizes
