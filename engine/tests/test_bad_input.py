@@ -37,6 +37,9 @@ def broken(tiny_root, tmp_path_factory) -> dict[str, Path]:
     victim = made["truncated_jpeg"] / "train" / "cat" / "cat_003.jpg"
     victim.write_bytes(victim.read_bytes()[:200])
     made["victim"] = victim
+    made["bad_class_index"] = base / "bad_class_index"
+    shutil.copytree(tiny_root, made["bad_class_index"])
+    (made["bad_class_index"] / "class_index.json").write_text('[{"wnid": "cat"}]')  # no "name"
     made["yaml"] = base / "bad.yaml"
     made["yaml"].write_text("model:\n  arch: [resnet18\ndata:\n  batch_size: 8\n")
     made["jpeg_ckpt"] = next((tiny_root / "val" / "cat").iterdir())
@@ -53,6 +56,8 @@ CASES = {
     "data root unset": ("fit", ["--data.root=null"], None, "data.root is not set: pass --data.root"),
     "no val/ folder": ("fit", [], "{no_val}", "has no 'val/' folder; expected layout"),
     "empty class folder": ("fit", [], "{empty_class}", "1 class folder(s) without images (emu)"),
+    "class_index.json not one": ("fit", [], "{bad_class_index}", "class_index.json: not a class index (entry 0 has "
+                                 "no 'name'): expected a JSON list of "),
     "unknown option": ("fit", ["--model.lrr=0.1"], "tiny", "unrecognized arguments: --model.lrr=0.1"),
     "config with a YAML error": ("fit", ["--config", "{yaml}"], "tiny", "bad.yaml: YAML syntax error at line 3"),
     "run without an end": ("fit", ["--trainer.max_epochs=-1"], "tiny", "the run has no end"),

@@ -108,6 +108,12 @@ def test_a_manifest_trains_predicts_and_exports(manifests, tmp_path, monkeypatch
     assert meta["preprocessing"]["crop"] == 32 and meta["preprocessing"]["mean"] == [0.485, 0.456, 0.406]
 
 
+def write_bytes(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
 # (what is wrong, how the manifest is written, the text of the one line)
 BAD = {
     "missing file": (lambda d: d / "nowhere.csv", "data.val_manifest: {val} does not exist"),
@@ -120,6 +126,9 @@ BAD = {
     "empty split": (lambda d: write_manifest(d / "val.csv", []), "manifest {val} lists no images (data.val_manifest)"),
     "duplicated path": (lambda d: write_manifest(d / "val.csv", digits("val", 2)[:1] * 2),
                         "is listed twice (lines 2 and 3): list each image once"),
+    "not UTF-8 (Excel's cp1252)": (lambda d: write_bytes(d / "val.csv", b"path,label\ncaf\xe9.jpg,one\n"),
+                                   "manifest {val}: not UTF-8 text (invalid continuation byte at byte 14): save it as "
+                                   "UTF-8 (Excel: CSV UTF-8)"),
     "a device outside": (lambda d: write_manifest(d / "val.csv", [("/dev/zero", "one")]),
                          "manifest {val}, line 2: '/dev/zero' names a file outside"),
     "a file outside": (lambda d: write_manifest(d / "val.jsonl", [("../../elsewhere/a.png", "one")]),

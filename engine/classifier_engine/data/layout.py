@@ -84,5 +84,15 @@ def read_class_labels(root: Path, class_names: list[str]) -> list[str]:
     index_file = Path(root) / CLASS_INDEX_FILE
     if not index_file.is_file():
         return list(class_names)
-    names = {entry["wnid"]: entry["name"] for entry in json.loads(index_file.read_text())}
+    try:
+        entries = json.loads(index_file.read_text(encoding="utf-8"))
+        problem = "not a list" if not isinstance(entries, list) else next((
+            f"entry {k} has no {key!r}" for k, entry in enumerate(entries) for key in ("wnid", "name")
+            if not isinstance(entry, dict) or not isinstance(entry.get(key), str)), None)
+    except ValueError as error:  # (not JSON, not UTF-8)
+        problem = f"not JSON: {error}"
+    if problem is not None:
+        raise ConfigError(f"{index_file}: not a class index ({problem}): expected a JSON list of {{\"wnid\": <class "
+                          "folder>, \"name\": <its name>}, as tools/prepare_imagenet.py writes it; fix or delete it")
+    names = {entry["wnid"]: entry["name"] for entry in entries}
     return [names.get(folder, folder) for folder in class_names]

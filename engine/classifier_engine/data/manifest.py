@@ -20,6 +20,17 @@ COLUMNS = ("path", "label")
 
 def _records(manifest: Path) -> Iterator[tuple[int, dict]]:
     """(line number, record) of a CSV (with a header line) or, for .jsonl / .json, of JSON Lines."""
+    try:
+        yield from _lines(manifest)
+    except UnicodeDecodeError as error:  # (Excel's "CSV" is cp1252; its "Unicode text" UTF-16)
+        raise ConfigError(f"manifest {manifest}: not UTF-8 text ({error.reason} at byte {error.start}): save it as "
+                          "UTF-8 (Excel: CSV UTF-8)") from None
+    except csv.Error as error:
+        raise ConfigError(f"manifest {manifest}: not a CSV file ({error}): write one line per image, path,label") \
+            from None
+
+
+def _lines(manifest: Path) -> Iterator[tuple[int, dict]]:
     with open(manifest, newline="", encoding="utf-8-sig") as lines:  # -sig: Excel's "CSV UTF-8" starts with a BOM
         if manifest.suffix.lower() not in (".jsonl", ".json"):
             rows = csv.DictReader(lines)
