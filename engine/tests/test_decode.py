@@ -173,6 +173,26 @@ def test_scan_lists_unreadable_files(folder_with_a_broken_file, capsys, decoder)
     assert f"57 images checked under {root} with {decoder}, 1 unreadable" in err
 
 
+def test_scan_reads_what_a_fit_reads_and_bad_arguments_are_one_line(folder_with_a_broken_file, tmp_path, capsys):
+    # A dangling link was a FileNotFoundError traceback, a linked class folder was not looked into, and a missing root,
+    # --workers 0 and an unknown decoder were "0 images checked" (exit 0) or tracebacks.
+    root, victim = folder_with_a_broken_file
+    (root / "train" / "cat" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    shutil.move(root / "train" / "dog", tmp_path / "dog")
+    (root / "train" / "dog").symlink_to(tmp_path / "dog")
+    assert main([str(root), "--workers", "1", "--decoder", "pil"]) == 1
+    out, err = capsys.readouterr()
+    assert sorted(line.split(": ")[0] for line in out.splitlines()) == [str(root / "train" / "cat" / "gone.jpg"),
+                                                                         str(victim)], out
+    assert f"58 images checked under {root} with pil, 2 unreadable" in err
+    for argv, said in (([str(tmp_path / "none")], f"{tmp_path / 'none'} is not a folder: pass the data's root"),
+                       ([str(root), "--workers", "0"], "--workers 0: expected a number of processes >= 1"),
+                       ([str(root), "--decoder", "turbo"], "data.decoder must be one of auto, ")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and said in err, err
+
+
 def test_auto_takes_the_first_available_and_unknown_names_are_refused():
     first = "nvimgcodec" if HAS_NVIMGCODEC else "torchcodec" if HAS_TORCHCODEC else "torchvision"
     assert resolve_decoder("auto") == first

@@ -159,6 +159,8 @@ def _check(path: str, decode: Callable[[str], Any]) -> Optional[str]:
         decode(path)
     except UnreadableImageError as error:
         return f"{error.path}: {error.reason}"
+    except OSError as error:  # (a dangling link: a fit's loader names it the same way)
+        return f"{path}: {error.strerror or error}"
     return None
 
 
@@ -170,9 +172,17 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="decoding processes (default: the cores this process may use)")
     parser.add_argument("--decoder", default="auto", help="as data.decoder (a device decoder checks with its CPU one)")
     args = parser.parse_args(argv)
-    decoder = resolve_decoder(args.decoder)
+    try:
+        if not args.root.is_dir():
+            raise ConfigError(f"{args.root} is not a folder: pass the data's root (or any folder of images)")
+        if args.workers < 1:
+            raise ConfigError(f"--workers {args.workers}: expected a number of processes >= 1")
+        decoder = resolve_decoder(args.decoder)
+    except ValueError as error:  # (a ConfigError is one)
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
     decoder = DEVICE_DECODERS.get(decoder, decoder)
-    paths = sorted(str(Path(d) / f) for d, _, files in os.walk(args.root) for f in files
+    paths = sorted(str(Path(d) / f) for d, _, files in os.walk(args.root, followlinks=True) for f in files
                    if f.lower().endswith(IMG_EXTENSIONS) and all(map(is_data, Path(d, f).relative_to(args.root).parts)))
     # A forked worker inherits the caller's SIGTERM handler (a notebook's or a test's): Pool.terminate's SIGTERM would
     # then leave a worker waiting on the task queue's lock, and the exit wait for it forever (seen once in CI).
