@@ -65,6 +65,10 @@ def network_choice(given) -> list[Decision]:
     if backbone is None:
         return [Decision("network", model.arch, "model.arch")]
     path = backbone.get("class_path") if hasattr(backbone, "get") else str(backbone)
+    if model.get("arch") is not None and any(word.split("=")[0] in ("--model.arch", "--model.init_args.arch")
+                                             for word in given.argv or ()):  # (a flag: config files may set both)
+        raise ConfigError(f"--model.arch {model.arch} and model.backbone {path}: the backbone replaces the arch; drop "
+                          "--model.arch, or build it with --model.backbone=null")
     edits = (("model.init_args.arch", None),) if model.get("arch") is not None else ()
     return [Decision("network", path, "model.backbone (model.arch is not built: null in the config)", edits=edits)]
 

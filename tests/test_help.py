@@ -61,6 +61,17 @@ def test_print_config_shows_arch_null_beside_the_backbone_that_replaces_it(tmp_p
     assert model["arch"] is None and model["backbone"]["class_path"] == "torch.nn.Identity"
 
 
+def test_an_arch_flag_beside_a_backbone_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    # The backbone was built and the flag's arch dropped without a word ("null in the config", said the plan).
+    (tmp_path / "my_net.yaml").write_text(MY_NET)
+    args = ["fit", "--config", str(CONFIGS / "quickstart.yaml"), "--config", str(tmp_path / "my_net.yaml"),
+            f"--trainer.default_root_dir={tmp_path / 'runs'}", "--model.arch", "resnet50", "--plan"]
+    code, _, err = project_in_process(args, monkeypatch, capsys)
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "error: --model.arch resnet50 and model.backbone torch.nn.Identity: the backbone replaces the arch; drop "
+        "--model.arch, or build it with --model.backbone=null")
+
+
 def test_arch_null_without_a_backbone_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="model.arch is null and there is no model.backbone"):
         ImageClassifier(num_classes=3, arch=None)
