@@ -95,7 +95,10 @@ def user_message(error: BaseException) -> Optional[str]:
             error.__context__, UserError):  # the full disk that stopped the run failed a logger's finalize in
         return user_message(error.__context__)  # Lightning's clean-up too (compat: "a fit that fails calls each ...")
     if type(error).__name__ == "MisconfigurationException":  # Lightning's word for a setting that cannot work
-        return " ".join(str(error).split())
+        text = " ".join(str(error).split())
+        no_gpu = re.search(r"No supported gpu backend found|(GPU|CUDA)Accelerator` can not run", text)
+        return text + ("; this machine has no GPU torch can use: run on the CPU with --trainer.accelerator=cpu (or "
+                       "auto)" if no_gpu else "")
     if isinstance(error, KeyboardInterrupt):
         return "interrupted (Ctrl+C) before training started; nothing was trained"
     if isinstance(error, argparse.ArgumentError):  # jsonargparse: an unknown option, a value of the wrong type

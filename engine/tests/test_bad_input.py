@@ -78,6 +78,18 @@ CASES = {
 }
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
+def test_a_gpu_config_on_a_machine_without_one_names_the_fix(tiny_root, tmp_path, monkeypatch, capsys):
+    # Lightning's "No supported gpu backend found!" said what, not the fix.
+    monkeypatch.setattr(sys, "argv", [f"python -m {APP}", "fit", *tiny_args(tiny_root, tmp_path / "runs"),
+                                      "--trainer.accelerator=gpu"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: No supported gpu backend found!; this machine has no GPU torch can use: run on the CPU with "
+        "--trainer.accelerator=cpu (or auto)")
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_is_one_line_exit_2_no_traceback_nothing_written(case, broken, tiny_root, tmp_path, monkeypatch,
                                                                    capsys):
