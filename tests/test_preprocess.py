@@ -85,6 +85,20 @@ def test_preprocess_refuses_what_is_not_a_uint8_rgb_image():
         tool.preprocess(torch.rand(3, 8, 8), resize=8, crop=8, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
+def test_a_missing_export_or_image_is_one_line_exit_2(tmp_path, capsys):
+    tool = load_tool()
+    network = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 3)).eval()
+    export_network(network, tmp_path / "export", example=torch.randn(2, 3, 8, 8), class_names=["a", "b", "c"],
+                   preprocessing={"resize": 8, "crop": 8, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)},
+                   onnx=False)
+    for argv, said in (([tmp_path / "nowhere", tmp_path / "a.jpg"], f"{tmp_path / 'nowhere'}: no model.json there: "
+                        "pass the folder `python -m project export` wrote (RUN/export)"),
+                       ([tmp_path / "export", tmp_path / "a.jpg"], f"{tmp_path / 'a.jpg'}: not an image Pillow "
+                        "reads (No such file or directory)")):
+        assert tool.main(list(map(str, argv))) == 2
+        assert capsys.readouterr().err.strip() == f"error: {said}"
+
+
 @pytest.mark.slow  # another process
 def test_the_copied_file_runs_an_export_without_this_package_or_lightning(tmp_path):
     torch.manual_seed(0)

@@ -62,8 +62,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("images", type=Path, nargs="+", help="image files")
     parser.add_argument("--top", type=int, default=5, help="classes to print per image")
     args = parser.parse_args(argv)
-    model, meta = read_export(args.export)
-    batch = torch.stack([preprocess(load_rgb(path), **meta["preprocessing"]) for path in args.images])
+    try:
+        if not (args.export / "model.json").is_file():
+            raise ValueError(f"{args.export}: no model.json there: pass the folder `python -m project export` wrote "
+                             "(RUN/export)")
+        model, meta = read_export(args.export)
+        images = []
+        for path in args.images:
+            try:
+                images.append(load_rgb(path))
+            except OSError as error:
+                raise ValueError(f"{path}: not an image Pillow reads ({error.strerror or error})") from None
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    batch = torch.stack([preprocess(image, **meta["preprocessing"]) for image in images])
     with torch.no_grad():
         probs = model(batch).softmax(dim=1)
     names = meta["class_names"]
