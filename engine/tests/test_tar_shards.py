@@ -124,6 +124,12 @@ def add_member(path, name: str, body: bytes = b"x") -> None:
         tar.addfile(info, io.BytesIO(body))
 
 
+def cut_at_a_member(path, index: int) -> None:
+    with tarfile.open(path) as tar:
+        end = tar.getmembers()[index].offset  # where member `index`'s header starts: members before it whole
+    path.write_bytes(path.read_bytes()[:end])
+
+
 def one_line(text: str) -> str:
     lines = text.strip().splitlines()
     assert len(lines) == 1, text
@@ -145,6 +151,8 @@ CRAFTED = {
         (f / "train-0002.tar").read_bytes())), "train-0002.tar: unreadable as an uncompressed tar"),
     "a tar named without a split": (lambda f: shutil.copy(f / "train-0000.tar", f / "shard-0000.tar"),
                                     "shard-0000.tar: expected WebDataset tars named <set>-<train|validation|test>"),
+    "a tar cut at a member's end, no _info.json": (lambda f: [(f / "_info.json").unlink(), cut_at_a_member(
+        f / "train-0000.tar", 4)], "train-0000.tar: cut short after member '00000001.cls' (no end-of-archive blocks)"),
     "a tar _info.json lists missing": (lambda f: (f / "validation-0001.tar").unlink(),
                                        "validation-0001.tar is missing, and _info.json lists it in validation"),
 }

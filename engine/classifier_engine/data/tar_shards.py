@@ -123,8 +123,12 @@ def index_tar(path: Path, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: unreadable as an uncompressed tar ({error}); {FIX}") from None
     found: dict[str, list] = {"keys": [], "offsets": [], "lengths": [], "labels": []}
     with open(path, "rb") as file:
-        if any(os.pread(file.fileno(), 1024, end)):
+        tail = os.pread(file.fileno(), 1024, end)
+        if any(tail):
             raise ConfigError(f"{where}: a damaged tar header at byte {end}; {FIX}")
+        if len(tail) < 1024:  # a copy cut where a member ended (a tar ends in two zero blocks)
+            last = f" after member {name[:200]!r}" if members else ""
+            raise ConfigError(f"{where}: cut short{last} (no end-of-archive blocks); {FIX}")
         for key, files in members.items():
             image = next((files[extension] for extension in IMAGES if extension in files), None)
             if image is None or "cls" not in files:
