@@ -457,6 +457,13 @@ def test_the_writer_says_what_it_re_encodes_and_names_a_kept_file_that_is_not_an
     assert make_shards(["--source", str(root), "--out", str(tmp_path / "kept"), *SMALL, "--keep-original"]) == 2
     broken = root / "train" / "a" / "broken.jpg"
     assert capsys.readouterr().err.strip().startswith(f"make_shards: cannot decode {broken}")
+    # A JPEG cut short after its scan began: its headers verify, its pixels do not decode (kept or small enough to
+    # keep its bytes, it was packed, and the fit stopped on the shard).
+    data = (root / "train" / "a" / "a_000.jpg").read_bytes()
+    broken.write_bytes(data[:data.index(b"\xff\xda") + 200])
+    for flags in ((), ("--keep-original",)):
+        assert make_shards(["--source", str(root), "--out", str(tmp_path / "cut"), *SMALL, *flags]) == 2
+        assert capsys.readouterr().err.strip().startswith(f"make_shards: cannot decode {broken}")
 
 
 def test_a_rerun_rewrites_the_shards_of_changed_images_and_shards_gone_missing(tiny_root, tmp_path, capsys):

@@ -103,12 +103,10 @@ def encode(path: str, options: Options) -> tuple[bytes, Optional[str]]:
     data = Path(path).read_bytes()
     try:
         with Image.open(io.BytesIO(data)) as image:
-            if options.keep_original:
-                image.verify()  # an image at all: a broken file is named now, not by a fit that meets it
-                return data, None
             scale = options.max_short_side / min(image.size)
-            if scale >= 1 and image.format == "JPEG":
-                return data, None  # small enough already: no second lossy encoding
+            if options.keep_original or scale >= 1 and image.format == "JPEG":  # (small: no second lossy encoding)
+                image.load()  # its pixels decode: a broken file is named now, not by a fit that meets it
+                return data, None
             changed = [f"{image.format} as JPEG" if image.format != "JPEG" else "",
                        f"{image.mode} as RGB" if image.mode != "RGB" else ""]
             # The pixels auto's decoders read (a JPEG kept as it is keeps its orientation tag for them)
