@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import project
 from conftest import callback, cli_main, tiny_args
 
 # 40 images in batches of 4: 10 steps on one process. Steps count from 0; a step logs when (step + 1) % 5 == 0.
@@ -34,7 +35,7 @@ FP16_WITH_SCALER = ["--trainer.precision=null", "--trainer.plugins=" + json.dump
 def test_16_mixed_steps_read_nothing_back_the_grad_scaler_checks_on_the_device(tiny_root, tmp_path):
     # An unfused SGD under a GradScaler: GradScaler.step read its inf/NaN check with .item() every step.
     output = tmp_path / "syncs"
-    counter = callback("sync_counter.CountHostSyncs", output=str(output), packages=["project"])
+    counter = callback("sync_counter.CountHostSyncs", output=str(output), packages=[project.__name__])
     cli = cli_main(["fit", *tiny_args(tiny_root, tmp_path / "run", *SMALL, "--trainer.max_steps=3", *FP16_WITH_SCALER,
                                       counter)])
     per_step = counts(output)
