@@ -111,6 +111,18 @@ def test_train_bn_false_also_freezes_batchnorm_weights_and_statistics(tmp_path):
     assert bn.track_running_stats and bn.weight.requires_grad
 
 
+def test_the_frozen_line_names_batchnorm_layers_only_where_there_are_some(tmp_path, caplog):
+    # A ConvNeXt (LayerNorm only) was said to train "classifier.2 and the BatchNorm layers".
+    no_bn = SmallClassifier()
+    no_bn.network[1] = nn.Identity()
+    for model, said in ((SmallClassifier(), "training 5 and the BatchNorm layers (52 of"),
+                        (no_bn, "training 5 (36 of")):
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            fit(model, tmp_path, FreezeBackbone(unfreeze_at_epoch=1), max_epochs=1)
+        assert said in caplog.text, caplog.text
+
+
 def test_unfreeze_at_epoch_zero_freezes_nothing(tmp_path):
     snapshots = Snapshots()
     fit(SmallClassifier(), tmp_path, FreezeBackbone(unfreeze_at_epoch=0), snapshots, max_epochs=1)

@@ -76,7 +76,8 @@ class FreezeBackbone(L.Callback):
         BaseFinetuning.freeze(self._frozen, train_bn=self.train_bn)
         trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
         total = sum(p.numel() for p in network.parameters())
-        bn = " and the BatchNorm layers" if self.train_bn else ""
+        batch_norms = any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in self._frozen)
+        bn = " and the BatchNorm layers" if self.train_bn and batch_norms else ""
         rank_zero_info(f"backbone frozen until epoch {self.unfreeze_at_epoch}: training {head_name}{bn} "
                        f"({trainable:,} of {total:,} parameters)")
 
