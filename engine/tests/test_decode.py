@@ -154,6 +154,29 @@ def test_skip_mode_leaves_the_file_out_and_counts_it(folder_with_a_broken_file, 
     assert message.endswith("[1 skipped so far by the main process]")
 
 
+def test_skip_mode_leaves_out_an_evaluation_batch_none_of_whose_images_decode(tiny_root, tmp_path):
+    # It stopped the run ("all 2 images of a batch were unreadable"): predict then wrote none of the other predictions.
+    root = tmp_path / "data"
+    shutil.copytree(tiny_root, root)
+    first_two = sorted((root / "val" / "cat").iterdir())[:2]  # the first batch of the evaluation order
+    for path in first_two:
+        path.write_bytes(b"")
+    module = ImageFolderDataModule(root=str(root), batch_size=2, num_workers=0, pin_memory=False, decoder="pil",
+                                   on_corrupt="skip", eval_resize_size=32, eval_crop_size=32)
+    module.setup("validate")
+    assert sum(len(targets) for _images, targets in module.val_dataloader()) == 17 - 2
+
+
+def test_skip_mode_stops_on_a_training_batch_left_with_one_image_in_one_line():
+    # A training batch of one image raised BatchNorm's ValueError with a traceback.
+    sample = (torch.zeros(3, 8, 8), 0)
+    assert len(collate_readable([None, sample, sample])[1]) == 2
+    with pytest.raises(UnreadableImageError, match=r"^a training batch kept 1 of its 2 images \(the others were "
+                                                   r"unreadable, see the warnings naming them\): BatchNorm needs 2"):
+        collate_readable([None, sample], training=True)
+    assert len(collate_readable([None, sample])[1]) == 1  # an evaluation batch of one image is one
+
+
 @pytest.mark.parametrize("decoder", CPU_DECODERS)
 def test_error_mode_stops_the_loader_with_the_file_name(folder_with_a_broken_file, decoder):
     root, victim = folder_with_a_broken_file

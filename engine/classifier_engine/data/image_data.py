@@ -18,7 +18,13 @@ from classifier_engine.contract import EvalPreprocessing
 from classifier_engine.data.decoders import DEVICE_DECODERS, Decoder, OnCorrupt, resolve_decoder
 from classifier_engine.data.device_decode import CroppedBatch, DevicePipeline, EncodedBatch, TrainCrop
 from classifier_engine.data.device_prefetch import PrefetchingLoader, copied
-from classifier_engine.data.image_folders import DecodedImages, EncodedImages, collate_encoded, collate_readable
+from classifier_engine.data.image_folders import (
+    DecodedImages,
+    EncodedImages,
+    EvaluationLoader,
+    collate_encoded,
+    collate_readable,
+)
 from classifier_engine.data.predict import ImagePathDataset, list_images
 from classifier_engine.data.training_samples import ProgressiveResizing, TrainPresetPerEpoch
 from classifier_engine.data.transforms import (
@@ -203,10 +209,12 @@ class ImageDataModule(L.LightningDataModule):
     def _world(self) -> tuple[int, int]:
         return (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
 
-    def _loader(self, split: str, sampler, loader_class: type[DataLoader] = DataLoader, drop_last=False) -> DataLoader:
+    def _loader(self, split: str, sampler, loader_class: type[DataLoader] = EvaluationLoader,
+                drop_last=False) -> DataLoader:
         h, workers = self.hparams, {}
         # Skipped images (None) are left out; predict decodes in the workers whatever the decoder, as the CPU path.
-        collate = collate_encoded if self.device_pipeline is not None and split != "predict" else collate_readable
+        collate = collate_encoded if self.device_pipeline is not None and split != "predict" else functools.partial(
+            collate_readable, training=split == "train")
         if h.num_workers > 0:
             # A process started by spawn (ddp_spawn's ranks) inherits "spawn" as its default start method: fork.
             start = h.multiprocessing_context or ("fork" if sys.platform == "linux" else None)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Callable, Optional
 
 import torch
-from torch.utils.data import Dataset, default_collate, get_worker_info
+from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
 from classifier_engine.data.decoders import Decoder, OnCorrupt, image_loader
 from classifier_engine.data.device_decode import EncodedBatch, TrainCrop, load_for_device
@@ -52,13 +52,26 @@ class DecodedImages(Dataset):
         return image, target
 
 
-def collate_readable(batch: list):
-    """default_collate over the samples that decoded (DecodedImages returns None for skipped ones)."""
-    if not (readable := [sample for sample in batch if sample is not None]):
-        raise UnreadableImageError(f"all {len(batch)} images of a batch were unreadable (see the warnings naming "
-                                   "them): the data set is damaged; check it with python -m "
-                                   "classifier_engine.data.decoders ROOT")
-    return default_collate(readable)
+def collate_readable(batch: list, training: bool = False):
+    """default_collate over the samples that decoded (DecodedImages returns None for skipped ones). An evaluation batch
+    none of which decoded is None (EvaluationLoader leaves it out); a training batch needs 2 (BatchNorm), the same
+    number of steps on every rank (ddp) meaning none can be left out."""
+    readable = [sample for sample in batch if sample is not None]
+    check = "check the data with python -m classifier_engine.data.decoders ROOT"
+    if not readable and training:
+        raise UnreadableImageError(f"all {len(batch)} images of a training batch were unreadable (see the warnings "
+                                   f"naming them): the data set is damaged; {check}")
+    if training and len(readable) < min(2, len(batch)):
+        raise UnreadableImageError(f"a training batch kept 1 of its {len(batch)} images (the others were unreadable, "
+                                   f"see the warnings naming them): BatchNorm needs 2; remove them ({check})")
+    return default_collate(readable) if readable else None
+
+
+class EvaluationLoader(DataLoader):
+    """An evaluation DataLoader that leaves out a batch none of whose images decoded (on_corrupt="skip")."""
+
+    def __iter__(self):
+        return (batch for batch in super().__iter__() if batch is not None)
 
 
 class EncodedImages(DecodedImages):
