@@ -156,6 +156,18 @@ def test_a_ranks_error_note_removes_this_users_notes_a_day_old_and_keeps_the_oth
                                                                  f"classifier-engine-error-127.0.0.1-29412-{os.getpid()}"])
 
 
+@pytest.mark.parametrize("padding", [0, 230])  # the URI whole, or its password across the 300 characters kept
+def test_the_run_dirs_lock_names_its_command_line_without_a_uris_password(padding, tmp_path, monkeypatch):
+    # .lock kept `python <argv>` as given, a tracking URI's password included, and a second start printed it.
+    from classifier_engine.run.lock import claim
+
+    monkeypatch.setattr(sys, "argv", ["x.py", "fit", "-" * padding,
+                                      "--trainer.logger.init_args.tracking_uri=http://bob:PaSsW0rd9@127.0.0.1:5077"])
+    claim(tmp_path / "run").release()
+    held = (tmp_path / "run" / ".lock").read_text()
+    assert "Pa" not in held and ("bob:***@" in held or padding), held
+
+
 def test_a_file_written_whole_is_never_written_through_a_link_planted_at_its_temp_files_name(tmp_path):
     # atomic_write's temp file beside the target, .<name>.<host>-<pid>.partial, is a guessable name (in a shared
     # $TMPDIR: predictions rescued there); a link planted at it must not take the content.

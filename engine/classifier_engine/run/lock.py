@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from classifier_engine.errors import ConfigError, RunDirInUse
 from classifier_engine.run.run_dirs import CHECKPOINTS, LOCK_FILE, next_version, version_name
+from classifier_engine.run.trackers import redact
 
 
 @dataclass
@@ -120,7 +121,7 @@ def _lock(run_lock: RunLock) -> RunLock:
                        f"{run_lock.run_dir}")
         return run_lock
     holder = (f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-              f"{shlex.join(['python', *sys.argv])[:300]}")
+              f"{redact(shlex.join(['python', *sys.argv]))[:300]}")  # (a tracking URI's password: never written)
     os.ftruncate(fd, 0)
     os.pwrite(fd, holder.encode() + b"\n", 0)
     run_lock._fd = fd
