@@ -216,6 +216,12 @@ BAD = {
                               "a log range needs low > 0 and no step"),
     "validation on a batch-size-dependent subset": (["--trainer.limit_val_batches=4"],
                                                     "trainer.limit_val_batches 4: trials would score on the first"),
+    "validation on one batch": (["--trainer.limit_val_batches=1"],  # (an int: one batch; 1.0 is the whole split)
+                                "trainer.limit_val_batches 1: trials would score on the first"),
+    "a password in the storage URL": (["--sweep.storage=postgresql://ann:s3cret@127.0.0.1:1/db"],
+                                      "sweep.storage postgresql://ann:***@127.0.0.1:1/db cannot be opened"),
+    "an argument the sampler does not take": (["--sweep.sampler={class_path: TPESampler, init_args: {n_startup: 3}}"],
+                                              "sweep.sampler: its class takes no n_startup; drop it"),
     "an option only predict uses": (["--predictions.images=/tmp"],
                                      "--predictions.images is predict's: sweep does not use it; drop it"),
     "a prefix of one": (["--predictions=/tmp/x.csv"], "--predictions is predict's: sweep does not use it; drop it"),
@@ -374,6 +380,10 @@ def test_a_sweeps_plan_names_its_study_storage_score_and_space_and_opens_nothing
     space = "space: model.lr {'low': 0.01, 'high': 0.5, 'log': True}; model.width {'choices': [8, 16]}; "
     assert any(line.startswith(space) for line in lines), lines
     assert not tmp_path.joinpath("sweeps").exists()
+    # A storage URL's password is not printed (it was).
+    code, out, err = project_in_process(sweep_args(tmp_path, "--sweep.storage=postgresql://ann:s3cret@db/x", "--plan"),
+                                        monkeypatch, capsys)
+    assert code == 0 and "  storage: postgresql://ann:***@db/x (sweep.storage)" in out.splitlines(), out + err
 
 
 def test_a_sweep_file_names_the_fit_config_it_builds_on_in_its_configs(tmp_path, monkeypatch, capsys):

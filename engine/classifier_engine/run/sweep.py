@@ -30,7 +30,7 @@ from classifier_engine.contract import monitor_options
 from classifier_engine.errors import ConfigError, check_config_files, readable_parse_error
 from classifier_engine.options import refuse_others_options
 from classifier_engine.run.sweep_trials import BEST, CHECKPOINT, RUN_DIR, Worker, int_range, open_storage, param_flags
-from classifier_engine.run.trackers import hidden_credentials
+from classifier_engine.run.trackers import hidden_credentials, redact
 from classifier_engine.run_plan import Decision, RunPlan
 from classifier_engine.storage.files import atomic_write
 
@@ -136,7 +136,7 @@ def sweep_plan(sweep: Namespace, study_dir: Path, storage: str) -> RunPlan:
     sampler, pruner = (spec.get("class_path") if spec else "Optuna's default" for spec in (sweep.sampler, sweep.pruner))
     return RunPlan("sweep", (
         Decision("study", sweep.study, "sweep.study, else the sweep file's name", text=f"{sweep.study} in {study_dir}"),
-        Decision("storage", storage, given),
+        Decision("storage", redact(storage), given),
         Decision("score", {"metric": sweep.metric, "direction": sweep.direction}, "sweep.metric and direction (a loss "
                  "is minimized, anything else maximized, unless given)"),
         Decision("trials", sweep.n_trials, "sweep.n_trials, shared by every worker of the study"),
@@ -164,9 +164,13 @@ def parse(parser: ArgumentParser, args: list[str], validate: bool = True) -> Nam
         config = parser.parse_args(args, _skip_validation=not validate)
     except argparse.ArgumentError as error:
         text = readable_parse_error(str(error))
-        unknown = re.search(r"(?:arguments: --sweep\.|Group 'sweep' does not accept option ')(\w+)", text)
+        unknown = re.search(r"(?:arguments: --sweep\.|Group 'sweep' does not accept option ')([\w.]+)", text)
+        setting, _, argument = unknown[1].partition(".") if unknown else ("", "", "")
+        if setting in ("sampler", "pruner") and argument:  # (--sweep.sampler.x: an argument of the sampler's class)
+            raise ConfigError(f"sweep.{setting}: its class takes no {argument.rpartition('.')[2]}; drop it, or give "
+                              "an argument of the class's own signature") from None
         if unknown:
-            raise ConfigError(f"sweep.{unknown[1]} is not a sweep setting; they are: "
+            raise ConfigError(f"sweep.{setting} is not a sweep setting; they are: "
                               f"{', '.join(f.name for f in fields(Sweep))}") from None
         text = re.sub(r"sweep\.(sampler|pruner): Expected a dot import path string: (\S+)",
                       r"sweep.\1: cannot build optuna.\1s.\2", text)
@@ -275,7 +279,8 @@ def check_fit_options(parser: ArgumentParser, argv: list[str], config: Namespace
     if names.get("checkpoint.dirpath"):
         raise ConfigError("--checkpoint.dirpath cannot be given to a sweep: each trial's run dir decides it; leave "
                           "it out")
-    if names.get("trainer.limit_val_batches") not in (None, 1.0):
+    limit = names.get("trainer.limit_val_batches")  # (an int counts batches: 1 is one; the float 1.0 is the split)
+    if limit is not None and not (isinstance(limit, float) and limit == 1.0):
         raise ConfigError(f"trainer.limit_val_batches {names['trainer.limit_val_batches']}: trials would score on the "
                           "first batches of the validation split, other images for another data.batch_size; sweeps "
                           "score on the whole split: drop it (or make the split itself smaller)")
@@ -321,17 +326,17 @@ def open_study(sweep: Namespace, storage: str, study_dir: Path, sampler, *, crea
                                      load_if_exists=True) if create
                  else optuna.load_study(study_name=name, storage=opened, sampler=sampler))
     except KeyError:
-        raise ConfigError(f"no study {name!r} in {storage}; {start}") from None
+        raise ConfigError(f"no study {name!r} in {redact(storage)}; {start}") from None
     except Exception as error:  # noqa: BLE001  sqlalchemy's, OSError, ...: the storage cannot be used at all
         for directory in made:  # innermost first
             with contextlib.suppress(OSError):
                 directory.rmdir()
-        raise ConfigError(f"sweep.storage {storage} cannot be opened ({type(error).__name__}: "
-                          f"{' '.join(str(error).split())[:200]}); give a journal file on a filesystem every worker "
-                          "sees, or an RDB URL (sqlite:///sweep.db, postgresql://user@host/db)") from None
+        raise ConfigError(f"sweep.storage {redact(storage)} cannot be opened ({type(error).__name__}: "
+                          f"{redact(' '.join(str(error).split()))[:200]}); give a journal file on a filesystem every "
+                          "worker sees, or an RDB URL (sqlite:///sweep.db, postgresql://user@host/db)") from None
     wanted = (study.direction.name.lower(), study.user_attrs.get("metric", sweep.metric))
     if wanted != (sweep.direction, sweep.metric):
-        raise ConfigError(f"study {name!r} in {storage} was created to {' '.join(wanted)}, this sweep would "
+        raise ConfigError(f"study {name!r} in {redact(storage)} was created to {' '.join(wanted)}, this sweep would "
                           f"{sweep.direction} {sweep.metric}: name another study (--sweep.study=NAME)")
     if create and "metric" not in study.user_attrs:
         study.set_user_attr("metric", sweep.metric)
