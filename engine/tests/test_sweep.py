@@ -216,6 +216,9 @@ BAD = {
                               "a log range needs low > 0 and no step"),
     "validation on a batch-size-dependent subset": (["--trainer.limit_val_batches=4"],
                                                     "trainer.limit_val_batches 4: trials would score on the first"),
+    "a tracker that does not answer": (['--trainer.logger={"class_path": "lightning.pytorch.loggers.MLFlowLogger", '
+                                        '"init_args": {"tracking_uri": "http://127.0.0.1:9"}}'],
+                                       "the MLflow tracking server http://127.0.0.1:9 does not answer"),
     "validation on one batch": (["--trainer.limit_val_batches=1"],  # (an int: one batch; 1.0 is the whole split)
                                 "trainer.limit_val_batches 1: trials would score on the first"),
     "a password in the storage URL": (["--sweep.storage=postgresql://ann:s3cret@127.0.0.1:1/db"],

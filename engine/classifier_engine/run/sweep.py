@@ -30,7 +30,7 @@ from classifier_engine.contract import monitor_options
 from classifier_engine.errors import ConfigError, check_config_files, readable_parse_error
 from classifier_engine.options import refuse_others_options
 from classifier_engine.run.sweep_trials import BEST, CHECKPOINT, RUN_DIR, Worker, int_range, open_storage, param_flags
-from classifier_engine.run.trackers import hidden_credentials, redact
+from classifier_engine.run.trackers import check_trackers, hidden_credentials, redact
 from classifier_engine.run_plan import Decision, RunPlan
 from classifier_engine.storage.files import atomic_write
 
@@ -105,11 +105,14 @@ def main(argv: list[str], cli_main: Callable[..., Any]) -> None:
         print("\n".join(["plan of sweep (dry: no study opened, no trial run, nothing written):",
                          *(f"  {line}" for line in sweep_plan(sweep, study_dir, storage).lines())]), flush=True)
         return
+    options = None if summary_only else trial_options(parser, argv, config)
+    if not summary_only:  # (before the study is made: a trial that cannot track would fail, a trial slot used up)
+        check_trackers(config.trainer)
     study = open_study(sweep, storage, study_dir, sampler, create=not summary_only)
     code = 0
-    if not summary_only:
+    if options is not None:
         entry = parser.prog.removeprefix("python -m ").removesuffix(" sweep")  # trials: `python -m ENTRY fit`
-        code = Worker(study, storage, study_dir, trial_options(parser, argv, config), sweep, entry).run()
+        code = Worker(study, storage, study_dir, options, sweep, entry).run()
         if code == 2:  # a trial's bad input: its error stays the last line
             sys.exit(code)
     print(summarize(study, study_dir, sweep), flush=True)
