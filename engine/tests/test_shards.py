@@ -484,6 +484,9 @@ def test_a_rerun_rewrites_the_shards_of_changed_images_and_shards_gone_missing(t
     (out / "val-00002.shard").unlink()  # the index says complete; its shard is not there
     assert make_shards(["--source", str(source), "--out", str(out), *SMALL]) == 0
     assert "1 shards written, 7 kept from an earlier run" in capsys.readouterr().out
+    (out / "train-00003.shard").write_bytes(b"cut")  # the index says complete; its shard is cut short
+    assert make_shards(["--source", str(source), "--out", str(out), *SMALL]) == 0
+    assert "1 shards written, 7 kept from an earlier run" in capsys.readouterr().out
 
 
 def test_re_encoded_images_keep_16_bit_gray_and_the_exif_orientation_as_the_folder_decoders_read_them(tmp_path):

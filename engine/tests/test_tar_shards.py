@@ -215,8 +215,10 @@ def test_tars_on_an_object_store_read_as_the_local_ones_through_the_shard_cache(
 
 
 def test_a_rerun_over_fewer_images_leaves_no_tar_of_the_old_set_and_an_unlisted_tar_is_refused(tiny_root, tmp_path,
-                                                                                               capsys):
+                                                                                               monkeypatch, capsys):
     # A rerun that wrote fewer tars left the old set's last ones: validation counted images deleted from the source.
+    from classifier_engine.data.make_shards import encode
+
     source, out = tmp_path / "source", tmp_path / "wds"
     shutil.copytree(tiny_root, source)
     assert make_shards(["--source", str(source), "--out", str(out), *SMALL, "--format", "webdataset"]) == 0
@@ -224,10 +226,31 @@ def test_a_rerun_over_fewer_images_leaves_no_tar_of_the_old_set_and_an_unlisted_
         for folder in (source / split).iterdir():
             for path in sorted(folder.iterdir())[keep:]:
                 path.unlink()
+    encoded = []
+
+    def interrupted(path, options):  # the rerun is killed in its second tar: the old set's extra tars go first
+        encoded.append(path)
+        if len(encoded) == 9:
+            raise KeyboardInterrupt
+        return encode(path, options)
+
+    monkeypatch.setattr("classifier_engine.data.make_shards.encode", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        make_shards(["--source", str(source), "--out", str(out), *SMALL, "--format", "webdataset"])
+    monkeypatch.undo()
     assert make_shards(["--source", str(source), "--out", str(out), *SMALL, "--format", "webdataset"]) == 0
     tars = sorted(p.name for p in out.glob("*.tar"))
     assert tars == ["train-0000.tar", "train-0001.tar", "train-0002.tar", "validation-0000.tar"]
     assert len(data(out, tmp_path / "cache")._images("val", None)) == 6
+    # Another tool's set in --out (its own _info.json, no records of ours): a rerun leaves its tars alone.
+    (out / "imagenet1k-validation-00.tar").write_bytes((out / "validation-0000.tar").read_bytes())
+    info = json.loads((out / "_info.json").read_text())
+    info["fingerprint"] = "another set"
+    info["splits"]["validation"]["filenames"] = ["imagenet1k-validation-00.tar", "validation-0000.tar"]
+    (out / "_info.json").write_text(json.dumps(info))
+    assert make_shards(["--source", str(source), "--out", str(out), *SMALL, "--format", "webdataset"]) == 0
+    assert (out / "imagenet1k-validation-00.tar").is_file()
+    (out / "imagenet1k-validation-00.tar").unlink()
     shutil.copy(out / "validation-0000.tar", out / "validation-0001.tar")  # a tar _info.json does not list
     with pytest.raises(ConfigError, match=r"validation-0001.tar is not one of the tars _info.json lists for "
                                           r"validation: .* remove it, or rewrite the set"):

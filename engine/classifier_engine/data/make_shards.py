@@ -159,11 +159,16 @@ def as_record(data: Optional[bytes]) -> Optional[dict]:
     return value if isinstance(value, dict) else None
 
 
+def intact(output: Output, name: str) -> Optional[dict]:
+    """The record of the shard `name` when the shard is there whole (its recorded size); else None."""
+    record = as_record(output.read(f"{name}.json"))
+    return record if record is not None and output.size(name) == record.get("bytes") else None
+
+
 def write_shard(job: tuple[Output, Options, str, str, list[tuple[str, int]], str, int]) -> tuple[bool, dict]:
     """(written, record) of one shard: written, then its record, unless a record with its fingerprint is there."""
     output, options, _, name, samples, print_, first = job
-    old = as_record(output.read(f"{name}.json"))
-    if old is not None and old.get("fingerprint") == print_ and output.size(name) == old.get("bytes"):
+    if (old := intact(output, name)) is not None and old.get("fingerprint") == print_:
         return False, old
     encoded = [encode(path, options) for path, _ in samples]
     images, changed = [data for data, _ in encoded], [what for _, what in encoded if what]
@@ -221,26 +226,27 @@ def convert(source: str, out: str, options: Options, *, val_source: Optional[str
                           "s3:// URL") from None
     whole = hashlib.sha256("".join(job[3] for job in jobs).encode()).hexdigest()[:16]
     last = INFO if webdataset else INDEX  # the file that makes the set whole, written last
-    stale: set[str] = set()  # the files of the set found there that this one does not have
     if (found := output.read(last)) is not None:
         old = as_record(found)
         same = old is not None and old.get("fingerprint") == whole
-        missing = next((job[1] for job in jobs if output.size(job[1]) is None), None) if same else None
-        if same and missing is None:
+        broken = next((job[1] for job in jobs if intact(output, job[1]) is None), None) if same else None
+        if same and broken is None:
             log(f"{out} is complete already ({len(jobs)} shards): nothing to do")
             return old
         log(f"{out}/{last} is not an index (cut short or damaged): written again, after the shards its records do "
-            "not match" if old is None else f"{out}/{missing} is missing: written again" if same else f"{out} holds "
-            "another shard set (other images or options): starting over, shards rewritten")
-        stale = set(listed_files(old)) - {job[1] for job in jobs}
+            "not match" if old is None else f"{out}/{broken} is missing or cut short: written again" if same else
+            f"{out} holds another shard set (other images or options): starting over, shards rewritten")
+        # The old set's shards this one lacks (ours: a record beside each), removed before its index (a reader would
+        # take an old tar for one of this set's; a kill after the index went would leave them for good)
+        for name in sorted(set(listed_files(old)) - {job[1] for job in jobs}):
+            if output.read(f"{name}.json") is not None:
+                output.remove(name)
+                output.remove(f"{name}.json")
         output.remove(last)  # never an index naming shards that are being rewritten
     started, tasks = time.time(), [(output, options, *job) for job in jobs]
     with Pool(workers) if workers > 1 else nullcontext() as pool:  # one worker: this process, no fork
         done = list(pool.imap(write_shard, tasks) if pool else map(write_shard, tasks))
     written = sum(fresh for fresh, _ in done)
-    for name in sorted(stale):  # (a reader would take a tar of the old set for one of this set's)
-        output.remove(name)
-        output.remove(f"{name}.json")
     log(f"{written} shards written, {len(jobs) - written} kept from an earlier run, in {time.time() - started:.1f} s")
     records = {split: [record for job, (_, record) in zip(jobs, done) if job[0] == split] for split in splits}
     changed = sum((Counter(r.get("changed") or {}) for shards in records.values() for r in shards), Counter())
