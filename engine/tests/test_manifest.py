@@ -126,9 +126,10 @@ BAD = {
     "empty split": (lambda d: write_manifest(d / "val.csv", []), "manifest {val} lists no images (data.val_manifest)"),
     "duplicated path": (lambda d: write_manifest(d / "val.csv", digits("val", 2)[:1] * 2),
                         "is listed twice (lines 2 and 3): list each image once"),
-    "not UTF-8 (Excel's cp1252)": (lambda d: write_bytes(d / "val.csv", b"path,label\ncaf\xe9.jpg,one\n"),
-                                   "manifest {val}: not UTF-8 text (invalid continuation byte at byte 14): save it as "
-                                   "UTF-8 (Excel: CSV UTF-8)"),
+    "not UTF-8 (Excel's cp1252)": (lambda d: write_bytes(d / "val.csv", b"path,label\n" + b"".join(
+        b"a%d.png,one\n" % k for k in range(2000)) + b"caf\xe9.jpg,one\n"),  # past the reader's first chunk
+                                   "manifest {val}: not UTF-8 text (invalid continuation byte on line 2002): save it "
+                                   "as UTF-8 (Excel: CSV UTF-8)"),
     "a device outside": (lambda d: write_manifest(d / "val.csv", [("/dev/zero", "one")]),
                          "manifest {val}, line 2: '/dev/zero' names a file outside"),
     "a file outside": (lambda d: write_manifest(d / "val.jsonl", [("../../elsewhere/a.png", "one")]),

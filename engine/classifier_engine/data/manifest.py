@@ -23,8 +23,13 @@ def _records(manifest: Path) -> Iterator[tuple[int, dict]]:
     try:
         yield from _lines(manifest)
     except UnicodeDecodeError as error:  # (Excel's "CSV" is cp1252; its "Unicode text" UTF-16)
-        raise ConfigError(f"manifest {manifest}: not UTF-8 text ({error.reason} at byte {error.start}): save it as "
-                          "UTF-8 (Excel: CSV UTF-8)") from None
+        data, line = manifest.read_bytes(), "?"  # (the error's position is in the reader's chunk, not in the file)
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as whole:
+            line = data[:whole.start].count(b"\n") + 1
+        raise ConfigError(f"manifest {manifest}: not UTF-8 text ({error.reason} on line {line}): save it as UTF-8 "
+                          "(Excel: CSV UTF-8)") from None
     except csv.Error as error:
         raise ConfigError(f"manifest {manifest}: not a CSV file ({error}): write one line per image, path,label") \
             from None
