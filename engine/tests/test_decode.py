@@ -172,7 +172,8 @@ def test_skip_mode_stops_on_a_training_batch_left_with_one_image_in_one_line():
     sample = (torch.zeros(3, 8, 8), 0)
     assert len(collate_readable([None, sample, sample])[1]) == 2
     with pytest.raises(UnreadableImageError, match=r"^a training batch kept 1 of its 2 images \(the others were "
-                                                   r"unreadable, see the warnings naming them\): BatchNorm needs 2"):
+                                                   r"unreadable, see the warnings naming them\): a batch of 1 "
+                                                   r"may fail BatchNorm"):
         collate_readable([None, sample], training=True)
     assert len(collate_readable([None, sample])[1]) == 1  # an evaluation batch of one image is one
 
@@ -214,6 +215,12 @@ def test_scan_reads_what_a_fit_reads_and_bad_arguments_are_one_line(folder_with_
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and said in err, err
+    # As a command: the same one line (runpy warned first of the module the package had imported).
+    run = subprocess.run([sys.executable, "-m", "classifier_engine.data.decoders", str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=300)
+    assert (run.returncode, run.stderr.strip().splitlines()) == (2, [
+        f"python -m classifier_engine.data.decoders: error: {tmp_path / 'none'} is not a folder: pass the data's root "
+        "(or any folder of images)"]), run.stderr
 
 
 def test_auto_takes_the_first_available_and_unknown_names_are_refused():

@@ -1,8 +1,17 @@
-"""Image data modules: a folder of class folders, manifests, shards; and the base they share (ImageDataModule)."""
+"""Image data modules: a folder of class folders, manifests, shards; and the base they share (ImageDataModule).
+Imported on first use, so that `python -m classifier_engine.data.decoders` finds its module not loaded yet (runpy warns
+of one the package imported)."""
 
-from classifier_engine.data.folder import ImageFolderDataModule
-from classifier_engine.data.image_data import ImageDataModule
-from classifier_engine.data.manifest import ManifestDataModule
-from classifier_engine.data.shards import ShardDataModule
+from importlib import import_module
+from typing import Any
 
-__all__ = ["ImageDataModule", "ImageFolderDataModule", "ManifestDataModule", "ShardDataModule"]
+_MODULES = {"ImageDataModule": "image_data", "ImageFolderDataModule": "folder", "ManifestDataModule": "manifest",
+            "ShardDataModule": "shards"}
+__all__ = list(_MODULES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULES:
+        raise AttributeError(f"module 'classifier_engine.data' has no attribute {name!r}")
+    value = globals()[name] = getattr(import_module(f"{__name__}.{_MODULES[name]}"), name)
+    return value
