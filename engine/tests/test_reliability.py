@@ -142,9 +142,9 @@ def test_a_ranks_error_note_removes_this_users_notes_a_day_old_and_keeps_the_oth
     old, recent, other = (tmp_path / f"classifier-engine-error-127.0.0.1-{port}-7" for port in (29413, 29414, 29415))
     for note in (old, recent):
         note.write_text("error (rank 0): a line\n")
-    other.mkdir()  # not a note of ours: left as it is
+    other.symlink_to(tmp_path)  # not a plain file: left as it is
     for path in (old, other):
-        os.utime(path, (time.time() - 2 * 86400,) * 2)
+        os.utime(path, (time.time() - 2 * 86400,) * 2, follow_symlinks=False)
 
     def fails() -> None:
         raise ConfigError("data.batch_size must be >= 1, got 0")

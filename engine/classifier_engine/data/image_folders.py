@@ -54,8 +54,8 @@ class DecodedImages(Dataset):
 
 def collate_readable(batch: list, training: bool = False):
     """default_collate over the samples that decoded (DecodedImages returns None for skipped ones). An evaluation batch
-    none of which decoded is None (EvaluationLoader leaves it out); a training batch needs 2 (BatchNorm), the same
-    number of steps on every rank (ddp) meaning none can be left out."""
+    none of which decoded is None (EvaluationLoader leaves it out); a training batch keeps 2 (as drop_last does, for
+    BatchNorm), and none can be left out (under ddp every rank takes the same steps)."""
     readable = [sample for sample in batch if sample is not None]
     check = "check the data with python -m classifier_engine.data.decoders ROOT"
     if not readable and training:
@@ -63,7 +63,8 @@ def collate_readable(batch: list, training: bool = False):
                                    f"naming them): the data set is damaged; {check}")
     if training and len(readable) < min(2, len(batch)):
         raise UnreadableImageError(f"a training batch kept 1 of its {len(batch)} images (the others were unreadable, "
-                                   f"see the warnings naming them): BatchNorm needs 2; remove them ({check})")
+                                   f"see the warnings naming them): a batch of 1 may fail BatchNorm; remove them "
+                                   f"({check})")
     return default_collate(readable) if readable else None
 
 
