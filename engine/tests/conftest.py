@@ -162,3 +162,21 @@ def pytest_collection_modifyitems(items):
 def plain_argv(monkeypatch):
     """In-process cli_main gets its arguments from the test, not from pytest's own command line."""
     monkeypatch.setattr(sys, "argv", [f"python -m {APP}"])
+
+
+def make_shards_killed_at(image: int, monkeypatch, argv: list[str]) -> None:
+    """make_shards(argv), stopped while it encodes its `image`-th image, as a kill would (KeyboardInterrupt)."""
+    from classifier_engine.data import make_shards
+
+    encode, encoded = make_shards.encode, []
+
+    def interrupted(path, options):
+        encoded.append(path)
+        if len(encoded) == image:
+            raise KeyboardInterrupt
+        return encode(path, options)
+
+    monkeypatch.setattr(make_shards, "encode", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        make_shards.main(argv)
+    monkeypatch.undo()

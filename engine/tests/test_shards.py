@@ -23,7 +23,7 @@ from classifier_engine import ShardDataModule
 from classifier_engine.data.make_shards import encode
 from classifier_engine.data.make_shards import main as make_shards
 from classifier_engine.errors import ConfigError
-from conftest import QUICKSTART, SHRINK, callback, cli_main, project_in_process, run_project
+from conftest import QUICKSTART, SHRINK, callback, cli_main, make_shards_killed_at, project_in_process, run_project
 from local_services import free_port, s3_server
 from test_distributed import FORKED_DDP
 
@@ -53,23 +53,12 @@ def one_line(text: str) -> str:
 def test_a_rerun_keeps_finished_shards_and_the_index_is_written_last(tiny_root, shards, tmp_path, monkeypatch,
                                                                      capsys):
     out = tmp_path / "out"
-    encoded = []
-
-    def interrupted(path, options):  # the conversion stops while encoding image 21 (shard 2), as a kill would
-        encoded.append(path)
-        if len(encoded) == 21:
-            raise KeyboardInterrupt
-        return encode(path, options)
-
-    monkeypatch.setattr("classifier_engine.data.make_shards.encode", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        make_shards(["--source", str(tiny_root), "--out", str(out), *SMALL])
+    make_shards_killed_at(21, monkeypatch, ["--source", str(tiny_root), "--out", str(out), *SMALL])  # in shard 2
     assert sorted(p.name for p in out.iterdir()) == ["train-00000.shard", "train-00000.shard.json",
                                                      "train-00001.shard", "train-00001.shard.json"]
     with pytest.raises(ConfigError, match=r"no index.json: a conversion not finished.*data\.make_shards"):
         ShardDataModule(shards=str(out))
     kept = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-    monkeypatch.undo()
     capsys.readouterr()
     assert make_shards(["--source", str(tiny_root), "--out", str(out), *SMALL]) == 0
     assert "6 shards written, 2 kept from an earlier run" in capsys.readouterr().out

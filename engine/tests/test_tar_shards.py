@@ -20,7 +20,7 @@ from classifier_engine import ShardDataModule
 from classifier_engine.data.layout import check_layout, folder_samples
 from classifier_engine.data.make_shards import main as make_shards
 from classifier_engine.errors import ConfigError, UnreadableImageError
-from conftest import QUICKSTART, SHRINK, cli_main, project_in_process
+from conftest import QUICKSTART, SHRINK, cli_main, make_shards_killed_at, project_in_process
 from local_services import s3_server
 
 SMALL = ["--shard-size", "8", "--workers", "1"]  # tiny_root: 40 train images in 5 tars, 17 val in 3
@@ -217,8 +217,6 @@ def test_tars_on_an_object_store_read_as_the_local_ones_through_the_shard_cache(
 def test_a_rerun_over_fewer_images_leaves_no_tar_of_the_old_set_and_an_unlisted_tar_is_refused(tiny_root, tmp_path,
                                                                                                monkeypatch, capsys):
     # A rerun that wrote fewer tars left the old set's last ones: validation counted images deleted from the source.
-    from classifier_engine.data.make_shards import encode
-
     source, out = tmp_path / "source", tmp_path / "wds"
     shutil.copytree(tiny_root, source)
     assert make_shards(["--source", str(source), "--out", str(out), *SMALL, "--format", "webdataset"]) == 0
@@ -226,19 +224,9 @@ def test_a_rerun_over_fewer_images_leaves_no_tar_of_the_old_set_and_an_unlisted_
         for folder in (source / split).iterdir():
             for path in sorted(folder.iterdir())[keep:]:
                 path.unlink()
-    encoded = []
-
-    def interrupted(path, options):  # the rerun is killed in its second tar: the old set's extra tars go first
-        encoded.append(path)
-        if len(encoded) == 9:
-            raise KeyboardInterrupt
-        return encode(path, options)
-
-    monkeypatch.setattr("classifier_engine.data.make_shards.encode", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        make_shards(["--source", str(source), "--out", str(out), *SMALL, "--format", "webdataset"])
-    monkeypatch.undo()
-    assert make_shards(["--source", str(source), "--out", str(out), *SMALL, "--format", "webdataset"]) == 0
+    argv = ["--source", str(source), "--out", str(out), *SMALL, "--format", "webdataset"]
+    make_shards_killed_at(9, monkeypatch, argv)  # in its second tar: the old set's extra tars went first
+    assert make_shards(argv) == 0
     tars = sorted(p.name for p in out.glob("*.tar"))
     assert tars == ["train-0000.tar", "train-0001.tar", "train-0002.tar", "validation-0000.tar"]
     assert len(data(out, tmp_path / "cache")._images("val", None)) == 6
