@@ -236,12 +236,7 @@ def convert(source: str, out: str, options: Options, *, val_source: Optional[str
         log(f"{out}/{last} is not an index (cut short or damaged): written again, after the shards its records do "
             "not match" if old is None else f"{out}/{broken} is missing or cut short: written again" if same else
             f"{out} holds another shard set (other images or options): starting over, shards rewritten")
-        # The old set's shards this one lacks (ours: a record beside each), removed before its index (a reader would
-        # take an old tar for one of this set's; a kill after the index went would leave them for good)
-        for name in sorted(set(listed_files(old)) - {job[1] for job in jobs}):
-            if output.read(f"{name}.json") is not None:
-                output.remove(name)
-                output.remove(f"{name}.json")
+        remove_old_shards(output, old, {job[1] for job in jobs})
         output.remove(last)  # never an index naming shards that are being rewritten
     started, tasks = time.time(), [(output, options, *job) for job in jobs]
     with Pool(workers) if workers > 1 else nullcontext() as pool:  # one worker: this process, no fork
@@ -268,6 +263,15 @@ def convert(source: str, out: str, options: Options, *, val_source: Optional[str
                                                   for split, shards in records.items()}}
     output.write(last, json.dumps(index).encode())
     return index
+
+
+def remove_old_shards(output: Output, old: Optional[dict], kept: set[str]) -> None:
+    """The old index's shards the new set lacks (ours: a record beside each), removed before that index goes (a reader
+    would take an old tar for one of this set's; a kill after the index went would leave them for good)."""
+    for name in sorted(set(listed_files(old)) - kept):
+        if output.read(f"{name}.json") is not None:
+            output.remove(name)
+            output.remove(f"{name}.json")
 
 
 def listed_files(index: Optional[dict]) -> list[str]:
